@@ -1,0 +1,61 @@
+#pragma once
+// The agent <-> coordinator wire protocol: JSON text frames over wss.
+//
+// Every frame is an envelope {"v":1,"type":T,"seq":N,"ack":M?,"body":{...}}.
+//  - `seq` numbers the sender's frames on this connection, from 1.
+//  - Reliable frames (type "event") also carry body.id, the agent's durable
+//    event id from its on-disk spool. The coordinator stores an event before
+//    it acknowledges it ({"type":"ack","body":{"event_id":id}}, cumulative),
+//    and drops any id it already stored, so delivery is at least once and
+//    storage exactly once, across reconnects, reboots and crashes on either side.
+//  - Unknown types are ignored with a warning (forward compatible). A bad
+//    frame is answered with an "error" frame; the connection survives.
+//  - Frames are capped at kMaxFrameBytes, except "plan" which may be larger.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+
+namespace factory::proto {
+
+inline constexpr int kVersion = 1;
+inline constexpr size_t kMaxFrameBytes = 64 * 1024;
+inline constexpr size_t kMaxPlanFrameBytes = 1024 * 1024;
+inline constexpr std::string_view kAgentPath = "/v1/agent";
+
+namespace type {
+// agent -> coordinator
+inline constexpr std::string_view kEnroll = "enroll";        // {token, csr, agent_version}
+inline constexpr std::string_view kHello = "hello";          // {agent_id, agent_version, hostname, plan_hash?}
+inline constexpr std::string_view kEvent = "event";          // {id, time, kind, ...}
+inline constexpr std::string_view kRenew = "renew";          // {csr}
+inline constexpr std::string_view kHeartbeat = "heartbeat";  // {}
+// coordinator -> agent
+inline constexpr std::string_view kEnrolled = "enrolled";        // {tenant, certificate, ca, expires_at}
+inline constexpr std::string_view kWelcome = "welcome";          // {tenant, server_version, last_event_id}
+inline constexpr std::string_view kPlan = "plan";                // {hash, plan}
+inline constexpr std::string_view kCertificate = "certificate";  // {certificate, expires_at}
+inline constexpr std::string_view kCommand = "command";          // {action: "retry", step?}
+// both
+inline constexpr std::string_view kAck = "ack";      // {event_id?} and/or envelope ack
+inline constexpr std::string_view kError = "error";  // {code, message}
+}  // namespace type
+
+struct Envelope {
+  int v = kVersion;
+  std::string type;
+  uint64_t seq = 0;
+  std::optional<uint64_t> ack;
+  nlohmann::json body = nlohmann::json::object();
+};
+
+// Validates size, JSON syntax, version and envelope shape. Never throws.
+Result<Envelope> parse(std::string_view frame);
+std::string serialize(const Envelope& e);
+size_t max_frame_bytes_for(std::string_view type);
+
+}  // namespace factory::proto

@@ -1,0 +1,24 @@
+#pragma once
+// `-o table|json|yaml` for every command that prints objects, as kubectl does.
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+namespace factory::cli {
+
+enum class OutputFormat { table, json, yaml };
+
+// Adds `-o,--output` accepting the given formats (table first is the default).
+CLI::Option* add_output_option(CLI::App& cmd, OutputFormat& out, bool allow_table = true);
+
+// A plain column-aligned table like kubectl's: upper-case headers, two spaces.
+void print_table(std::ostream& os, const std::vector<std::string>& headers,
+                 const std::vector<std::vector<std::string>>& rows);
+
+// Prints doc as pretty JSON or YAML; returns false for table (caller prints its own).
+bool print_document(std::ostream& os, OutputFormat fmt, const nlohmann::json& doc);
+
+}  // namespace factory::cli

@@ -1,0 +1,185 @@
+#include "tests/support/test_support.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+extern char** environ;
+
+namespace factory::testing {
+namespace fs = std::filesystem;
+
+fs::path source_dir() { return FACTORY_SOURCE_DIR; }
+fs::path shared_dir() {
+  if (const char* s = ::getenv("FACTORY_SHARED_DIR")) return s;
+  return fs::weakly_canonical(fs::path(FACTORY_SHARED_DIR));
+}
+fs::path fixtures_dir() { return shared_dir() / "fixtures" / "real"; }
+std::string factory_bin() { return FACTORY_BIN; }
+std::string agent_bin() { return FACTORY_AGENT_BIN; }
+
+TempDir::TempDir(const std::string& prefix) {
+  fs::path base = fs::path(FACTORY_BINARY_DIR) / "test-tmp";
+  fs::create_directories(base);
+  std::mt19937_64 rng{std::random_device{}()};
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = prefix;
+  if (info) name += std::string("-") + info->name();
+  for (auto& c : name)
+    if (!isalnum(static_cast<unsigned char>(c)) && c != '-') c = '_';
+  path_ = base / (name + "-" + std::to_string(rng() % 1000000));
+  fs::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  if (::getenv("FACTORY_KEEP_TEST_DIRS")) return;
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+int free_loopback_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+CommandResult run(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
+                  const std::map<std::string, std::string>& env) {
+  CommandSpec spec;
+  spec.argv = argv;
+  spec.timeout = timeout;
+  spec.env = env;
+  auto r = run_command(spec);
+  if (!r) {
+    ADD_FAILURE() << "could not run " << argv[0] << ": " << r.error().message;
+    return {};
+  }
+  return *r;
+}
+
+bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
+                std::chrono::milliseconds every) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(every);
+  }
+  return pred();
+}
+
+Process::Process(const std::vector<std::string>& argv, const fs::path& log_file,
+                 const std::map<std::string, std::string>& env)
+    : log_(log_file) {
+  std::vector<std::string> envs;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos && env.count(kv.substr(0, eq))) continue;
+    envs.push_back(kv);
+  }
+  for (auto& [k, v] : env) envs.push_back(k + "=" + v);
+  std::vector<char*> envp, args;
+  for (auto& s : envs) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> a = argv;
+  for (auto& s : a) args.push_back(s.data());
+  args.push_back(nullptr);
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::setpgid(0, 0);
+    int fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    ::dup2(devnull, 0);
+    ::execve(a[0].c_str(), args.data(), envp.data());
+    _exit(127);
+  }
+}
+
+Process::~Process() { stop(); }
+
+Process::Process(Process&& o) noexcept
+    : pid_(std::exchange(o.pid_, -1)), status_(o.status_), reaped_(o.reaped_), log_(o.log_) {}
+
+Process& Process::operator=(Process&& o) noexcept {
+  if (this != &o) {
+    stop();
+    pid_ = std::exchange(o.pid_, -1);
+    status_ = o.status_;
+    reaped_ = o.reaped_;
+    log_ = o.log_;
+  }
+  return *this;
+}
+
+bool Process::running() {
+  if (pid_ <= 0 || reaped_) return false;
+  int st;
+  pid_t r = ::waitpid(pid_, &st, WNOHANG);
+  if (r == pid_) {
+    reaped_ = true;
+    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return false;
+  }
+  return true;
+}
+
+void Process::kill(int sig) {
+  if (pid_ > 0 && !reaped_) ::kill(pid_, sig);
+}
+
+int Process::wait() {
+  if (pid_ <= 0) return -1;
+  if (!reaped_) {
+    int st;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = true;
+    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+  return status_;
+}
+
+void Process::stop() {
+  if (pid_ <= 0 || reaped_) return;
+  ::kill(pid_, SIGTERM);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (running() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (running()) {
+    ::kill(-pid_, SIGKILL);
+    ::kill(pid_, SIGKILL);
+  }
+  wait();
+}
+
+std::string Process::log() const { return slurp(log_); }
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace factory::testing

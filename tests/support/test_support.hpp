@@ -1,0 +1,76 @@
+#pragma once
+// Helpers every test uses: temp dirs, paths to the built binaries and the
+// shared fixtures, running a binary and capturing its output, free loopback
+// ports, and starting a real `factory serve` on loopback.
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/subprocess.hpp"
+
+namespace factory::testing {
+
+std::filesystem::path source_dir();
+std::filesystem::path shared_dir();   // ../shared: seeds, fixtures, schemas
+std::filesystem::path fixtures_dir(); // ../shared/fixtures/real
+std::string factory_bin();
+std::string agent_bin();
+
+// A directory under the build tree, removed when the object goes away
+// (kept when FACTORY_KEEP_TEST_DIRS is set, for post-mortems).
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "t");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& p) const { return path_ / p; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int free_loopback_port();
+
+// Runs a binary (no shell) and returns its result; fails the test if it cannot start.
+CommandResult run(const std::vector<std::string>& argv,
+                  std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                  const std::map<std::string, std::string>& env = {});
+
+// Polls until pred() is true or the timeout passes.
+bool eventually(const std::function<bool()>& pred,
+                std::chrono::milliseconds timeout = std::chrono::seconds(10),
+                std::chrono::milliseconds every = std::chrono::milliseconds(20));
+
+// A child process running in the background (a server, an agent), its output
+// going to a log file; killed (SIGTERM, then SIGKILL) when destroyed.
+class Process {
+ public:
+  Process() = default;
+  Process(const std::vector<std::string>& argv, const std::filesystem::path& log_file,
+          const std::map<std::string, std::string>& env = {});
+  ~Process();
+  Process(Process&& o) noexcept;
+  Process& operator=(Process&& o) noexcept;
+  int pid() const { return pid_; }
+  bool running();
+  void kill(int sig);
+  int wait();  // exit status (128+sig if signalled)
+  void stop();  // SIGTERM then wait, SIGKILL after 5 s
+  std::string log() const;
+  const std::filesystem::path& log_file() const { return log_; }
+
+ private:
+  int pid_ = -1;
+  int status_ = 0;
+  bool reaped_ = false;
+  std::filesystem::path log_;
+};
+
+std::string slurp(const std::filesystem::path& p);
+
+}  // namespace factory::testing
