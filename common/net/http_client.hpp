@@ -1,0 +1,55 @@
+#pragma once
+// A small synchronous HTTP/1.1 client over Beast, for http:// and https://
+// URLs: the admin CLI talking to the coordinator, the Kubernetes client, the
+// agent talking to Ollama on loopback. One connection per request unless the
+// caller keeps the client; TLS verifies the peer and the host name unless told
+// otherwise. IPv6 literals ([::1]) work.
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include "common/error.hpp"
+
+namespace factory::net {
+
+struct TlsClientOptions {
+  std::string ca_pem;                 // trust only these CAs (empty: system store)
+  bool insecure_skip_verify = false;  // kubeconfig's insecure-skip-tls-verify
+  std::string client_cert_pem;        // mTLS
+  std::string client_key_pem;
+  std::string server_name;            // override SNI / verified host name
+};
+
+struct HttpRequest {
+  std::string method = "GET";
+  std::string url;                            // http(s)://host[:port]/path?query
+  std::map<std::string, std::string> headers; // e.g. Authorization, Content-Type
+  std::string body;
+  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+};
+
+struct HttpResponse {
+  int status = 0;
+  std::map<std::string, std::string> headers;  // keys lower-case
+  std::string body;
+};
+
+class HttpClient {
+ public:
+  explicit HttpClient(TlsClientOptions tls = {});
+  // Errors: unavailable (connect refused / DNS), timeout, protocol, and
+  // unauthenticated for a TLS verification failure. HTTP error statuses are
+  // NOT errors: the caller reads status.
+  Result<HttpResponse> request(const HttpRequest& req);
+  // Streams the body as it arrives (watch streams, progress). on_data returns
+  // false to stop early. Returns the HTTP status.
+  Result<int> stream(const HttpRequest& req,
+                     const std::function<bool(std::string_view chunk)>& on_data);
+
+ private:
+  TlsClientOptions tls_;
+};
+
+}  // namespace factory::net
