@@ -1,0 +1,47 @@
+#pragma once
+// NVML loaded at run time with dlopen: the agent binary has no link-time
+// dependency on the NVIDIA driver, so the same binary runs on a guest before
+// the driver is installed (and reports that NVML is absent) and after.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/health/gpu_report.hpp"
+#include "agent/plan/step.hpp"
+#include "common/error.hpp"
+
+namespace factory::agent {
+
+class NvmlLibrary {
+ public:
+  // Tries each candidate (a soname or a path) in turn. Errors: not_found when
+  // none opens (NVML not installed), failed_precondition when a library opens
+  // but lacks a symbol or nvmlInit_v2 fails (e.g. the driver is not loaded).
+  static Result<std::unique_ptr<NvmlLibrary>> load(const std::vector<std::string>& candidates);
+  ~NvmlLibrary();  // nvmlShutdown, dlclose
+  NvmlLibrary(const NvmlLibrary&) = delete;
+  NvmlLibrary& operator=(const NvmlLibrary&) = delete;
+
+  const std::string& path() const { return path_; }
+  // Driver version and every GPU NVML sees.
+  Result<GpuReport> read();
+
+ private:
+  struct Api;
+  NvmlLibrary() = default;
+  void* handle_ = nullptr;
+  std::unique_ptr<Api> api_;
+  std::string path_;
+  bool initialized_ = false;
+};
+
+// Where to look for libnvidia-ml. On the real guest (root "/"), the dynamic
+// loader's own search for "libnvidia-ml.so.1"; on a simulated guest only the
+// library directories under its root, so a test never reads the build
+// machine's GPU by accident.
+std::vector<std::string> nvml_library_candidates(const GuestEnv& env);
+
+// nvml_library_candidates + load + read.
+Result<GpuReport> read_gpus_via_nvml(const GuestEnv& env);
+
+}  // namespace factory::agent

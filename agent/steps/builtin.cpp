@@ -1,0 +1,21 @@
+#include "agent/steps/builtin.hpp"
+
+#include "agent/plan/script_step.hpp"
+#include "agent/steps/apt_packages.hpp"
+#include "agent/steps/gpu_present.hpp"
+#include "agent/steps/nvidia_driver.hpp"
+#include "agent/steps/ollama_install.hpp"
+#include "agent/steps/ollama_model.hpp"
+
+namespace factory::agent {
+
+void register_builtin_steps(StepRegistry& registry) {
+  registry.add("gpu_present", steps::make_gpu_present);
+  registry.add("apt_packages", steps::make_apt_packages);
+  registry.add("nvidia_driver", steps::make_nvidia_driver);
+  registry.add("ollama_install", steps::make_ollama_install);
+  registry.add("ollama_model", steps::make_ollama_model);
+  register_script_step(registry);
+}
+
+}  // namespace factory::agent

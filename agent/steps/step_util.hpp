@@ -1,0 +1,61 @@
+#pragma once
+// Small things every step kind needs: reading its params with defaults,
+// running a command within the step's deadline, rate-limited progress, and
+// a little per-step state kept in the agent's state directory (not under the
+// guest root: it is the agent's own memory, e.g. the boot id at install time).
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/plan/step.hpp"
+#include "common/subprocess.hpp"
+
+namespace factory::agent::steps {
+
+// Param readers: the catalog validated types already; these give defaults and
+// a clear error when a plan built by hand is wrong.
+Result<std::string> string_param(const nlohmann::json& p, const std::string& key,
+                                 const std::string& step_id, const char* fallback = nullptr);
+Result<std::vector<std::string>> string_list_param(const nlohmann::json& p, const std::string& key,
+                                                   const std::string& step_id,
+                                                   std::vector<std::string> fallback = {},
+                                                   bool required = false);
+bool bool_param(const nlohmann::json& p, const std::string& key, bool fallback);
+long long int_param(const nlohmann::json& p, const std::string& key, long long fallback);
+
+// The time a command may take: what is left of the step's deadline, at most cap.
+std::chrono::milliseconds time_left(const StepContext& ctx, std::chrono::milliseconds cap);
+
+// Runs argv through PATH within the step's deadline (at most cap). Errors only
+// when the command could not start; a non-zero exit is in the result.
+Result<CommandResult> run_in_step(const StepContext& ctx, std::vector<std::string> argv,
+                                  std::chrono::milliseconds cap = std::chrono::minutes(30),
+                                  std::map<std::string, std::string> env = {});
+
+// "apt-get install -y a b" for messages.
+std::string command_line(const std::vector<std::string>& argv);
+
+// At most one progress event per interval (the coordinator and the spool
+// need no more than a couple a second), but always the final one.
+class ProgressLimiter {
+ public:
+  explicit ProgressLimiter(std::chrono::milliseconds interval) : interval_(interval) {}
+  bool due(bool final = false);
+
+ private:
+  std::chrono::milliseconds interval_;
+  std::chrono::steady_clock::time_point last_{};
+  bool sent_any_ = false;
+};
+
+void emit_progress(const StepContext& ctx, nlohmann::json fields);
+
+// Per-step state: <state_dir>/steps/<step id>.json, written atomically.
+nlohmann::json load_step_state(const StepContext& ctx);
+Status save_step_state(const StepContext& ctx, const nlohmann::json& state);
+
+}  // namespace factory::agent::steps
