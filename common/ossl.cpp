@@ -9,7 +9,9 @@ namespace {
 
 // Without this callback OpenSSL's default one would read a passphrase from
 // the terminal when handed an encrypted key: a server must fail instead.
-int no_passphrase(char*, int, int, void*) { return 0; }
+int no_passphrase(char*, int, int, void*) {
+  return 0;
+}
 
 BioPtr read_bio(std::string_view pem) {
   return BioPtr(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
@@ -36,7 +38,9 @@ std::string error_text(const std::string& what) {
   return reasons.empty() ? what : what + ": " + reasons;
 }
 
-void clear_errors() { ERR_clear_error(); }
+void clear_errors() {
+  ERR_clear_error();
+}
 
 Result<X509Ptr> load_certificate(std::string_view pem) {
   if (pem.size() > INT32_MAX) return Error(Errc::invalid_argument, "certificate PEM too large");

@@ -19,7 +19,9 @@ namespace factory::ossl {
 template <auto FreeFn>
 struct Free {
   template <class T>
-  void operator()(T* p) const { FreeFn(p); }
+  void operator()(T* p) const {
+    FreeFn(p);
+  }
 };
 
 using X509Ptr = std::unique_ptr<X509, Free<X509_free>>;

@@ -96,7 +96,8 @@ Result<CertInfo> inspect_certificate(const std::string& cert_pem) {
   if (hex == nullptr) return Error(Errc::internal, ossl::error_text("certificate serial"));
   info.serial_hex = hex;
   OPENSSL_free(hex);
-  for (char& c : info.serial_hex) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (char& c : info.serial_hex)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
 
   auto nb = asn1_time(X509_get0_notBefore(x));
   if (!nb.ok()) return nb.error();
@@ -105,8 +106,8 @@ Result<CertInfo> inspect_certificate(const std::string& cert_pem) {
   info.not_before = *nb;
   info.not_after = *na;
 
-  ossl::GeneralNamesPtr sans(static_cast<GENERAL_NAMES*>(
-      X509_get_ext_d2i(x, NID_subject_alt_name, nullptr, nullptr)));
+  ossl::GeneralNamesPtr sans(
+      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(x, NID_subject_alt_name, nullptr, nullptr)));
   for (int i = 0; sans && i < sk_GENERAL_NAME_num(sans.get()); ++i) {
     const GENERAL_NAME* gn = sk_GENERAL_NAME_value(sans.get(), i);
     if (gn->type == GEN_DNS) {
@@ -119,8 +120,8 @@ Result<CertInfo> inspect_certificate(const std::string& cert_pem) {
     }
   }
 
-  auto* bc = static_cast<BASIC_CONSTRAINTS*>(
-      X509_get_ext_d2i(x, NID_basic_constraints, nullptr, nullptr));
+  auto* bc =
+      static_cast<BASIC_CONSTRAINTS*>(X509_get_ext_d2i(x, NID_basic_constraints, nullptr, nullptr));
   if (bc != nullptr) {
     info.is_ca = bc->ca != 0;
     BASIC_CONSTRAINTS_free(bc);

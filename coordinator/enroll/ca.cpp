@@ -22,7 +22,9 @@ Clock::time_point now_seconds() {
   return std::chrono::time_point_cast<std::chrono::seconds>(Clock::now());
 }
 
-Error internal(const std::string& what) { return Error(Errc::internal, ossl::error_text(what)); }
+Error internal(const std::string& what) {
+  return Error(Errc::internal, ossl::error_text(what));
+}
 
 // A random, positive 128-bit serial (top bit set, so it always prints as 32
 // hex digits). RFC 5280 wants serials unique per CA; 127 random bits are.
@@ -72,8 +74,8 @@ bool is_dns_name(const std::string& host) {
       label = 0;
       continue;
     }
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '-';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
     if (!ok || ++label > 63) return false;
   }
   return true;
@@ -85,8 +87,10 @@ Status add_subject_alt_names(X509* x, const std::vector<std::string>& hosts) {
   for (const std::string& host : hosts) {
     unsigned char ip[16];
     int ip_len = 0;
-    if (inet_pton(AF_INET, host.c_str(), ip) == 1) ip_len = 4;
-    else if (inet_pton(AF_INET6, host.c_str(), ip) == 1) ip_len = 16;
+    if (inet_pton(AF_INET, host.c_str(), ip) == 1)
+      ip_len = 4;
+    else if (inet_pton(AF_INET6, host.c_str(), ip) == 1)
+      ip_len = 16;
     else if (!is_dns_name(host))
       return Error(Errc::invalid_argument,
                    "server certificate host '" + host +
@@ -145,15 +149,18 @@ std::string key_description(EVP_PKEY* key) {
   std::string out = type ? type : "unknown";
   char group[64] = {};
   size_t len = 0;
-  if (EVP_PKEY_get_group_name(key, group, sizeof group, &len) == 1) out += std::string(" ") + group;
-  else out += " " + std::to_string(EVP_PKEY_get_bits(key)) + "-bit";
+  if (EVP_PKEY_get_group_name(key, group, sizeof group, &len) == 1)
+    out += std::string(" ") + group;
+  else
+    out += " " + std::to_string(EVP_PKEY_get_bits(key)) + "-bit";
   ossl::clear_errors();
   return out;
 }
 
 Result<ossl::X509Ptr> make_ca_certificate(EVP_PKEY* key, Clock::time_point now) {
   ossl::X509Ptr x(X509_new());
-  if (!x || X509_set_version(x.get(), X509_VERSION_3) != 1) return internal("allocate CA certificate");
+  if (!x || X509_set_version(x.get(), X509_VERSION_3) != 1)
+    return internal("allocate CA certificate");
   if (auto st = set_random_serial(x.get()); !st.ok()) return st.error();
   X509_NAME* name = X509_get_subject_name(x.get());
   if (auto st = add_name_entry(name, NID_commonName, kCaCommonName); !st.ok()) return st.error();
@@ -182,9 +189,9 @@ Status check_key_file_private(const fs::path& key_path) {
   if ((st.permissions() & open_to_others) != fs::perms::none) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.permissions()) & 07777);
-    return Error(Errc::failed_precondition,
-                 "CA private key " + key_path.string() + " is accessible to group or others (mode " +
-                     mode + "); run: chmod 600 " + key_path.string());
+    return Error(Errc::failed_precondition, "CA private key " + key_path.string() +
+                                                " is accessible to group or others (mode " + mode +
+                                                "); run: chmod 600 " + key_path.string());
   }
   return {};
 }
@@ -201,7 +208,8 @@ Result<CertificateAuthority> CertificateAuthority::load_or_create(const fs::path
   std::string cert_pem, key_pem;
   if (!have_cert && !have_key) {
     if (!fs::exists(state_dir, ec)) {
-      if (auto st = ensure_dir(state_dir, 0700); !st.ok()) return st.error().with_context("create CA");
+      if (auto st = ensure_dir(state_dir, 0700); !st.ok())
+        return st.error().with_context("create CA");
     }
     auto key = new_p256_key();
     if (!key.ok()) return key.error().with_context("create CA");
@@ -228,7 +236,8 @@ Result<CertificateAuthority> CertificateAuthority::load_or_create(const fs::path
                      " is missing; restore it from a backup, or remove " + present.string() +
                      " to create a new CA (every enrolled agent must then enroll again)");
   } else {
-    if (auto st = check_key_file_private(key_path); !st.ok()) return st.error().with_context("load CA");
+    if (auto st = check_key_file_private(key_path); !st.ok())
+      return st.error().with_context("load CA");
     auto cp = read_file(cert_path);
     if (!cp.ok()) return cp.error().with_context("load CA");
     auto kp = read_file(key_path);
@@ -240,17 +249,17 @@ Result<CertificateAuthority> CertificateAuthority::load_or_create(const fs::path
   auto cert = ossl::load_certificate(cert_pem);
   if (!cert.ok()) return cert.error().with_context("load CA: " + cert_path.string());
   auto key = ossl::load_private_key(key_pem);
-  ossl::clear_errors();
   if (!key.ok()) return key.error().with_context("load CA: " + key_path.string());
   if (!pki::key_matches_certificate(key_pem, cert_pem))
-    return Error(Errc::failed_precondition,
-                 "load CA: " + key_path.string() + " is not the key of " + cert_path.string() +
-                     "; restore the matching pair from a backup");
+    return Error(Errc::failed_precondition, "load CA: " + key_path.string() +
+                                                " is not the key of " + cert_path.string() +
+                                                "; restore the matching pair from a backup");
   auto info = pki::inspect_certificate(cert_pem);
   if (!info.ok()) return info.error().with_context("load CA: " + cert_path.string());
   if (!info->is_ca)
     return Error(Errc::failed_precondition,
-                 "load CA: " + cert_path.string() + " is not a CA certificate (basicConstraints CA:TRUE missing)");
+                 "load CA: " + cert_path.string() +
+                     " is not a CA certificate (basicConstraints CA:TRUE missing)");
   auto digest = pki::certificate_sha256(cert_pem);
   if (!digest.ok()) return digest.error().with_context("load CA");
 
@@ -274,9 +283,9 @@ Result<IssuedCertificate> CertificateAuthority::issue(EVP_PKEY* subject_key,
   const Clock::time_point now = now_seconds();
   const Clock::time_point not_after = std::min(now + ttl, not_after_);
   if (not_after <= now)
-    return Error(Errc::failed_precondition,
-                 "the CA certificate expired at " + format_rfc3339(not_after_) +
-                     "; it can no longer issue certificates");
+    return Error(Errc::failed_precondition, "the CA certificate expired at " +
+                                                format_rfc3339(not_after_) +
+                                                "; it can no longer issue certificates");
 
   ossl::X509Ptr x(X509_new());
   if (!x || X509_set_version(x.get(), X509_VERSION_3) != 1) return internal("allocate certificate");
@@ -286,7 +295,8 @@ Result<IssuedCertificate> CertificateAuthority::issue(EVP_PKEY* subject_key,
   X509_NAME* name = X509_get_subject_name(x.get());
   if (auto st = add_name_entry(name, NID_commonName, subject_cn); !st.ok()) return st.error();
   if (subject_o != nullptr) {
-    if (auto st = add_name_entry(name, NID_organizationName, subject_o); !st.ok()) return st.error();
+    if (auto st = add_name_entry(name, NID_organizationName, subject_o); !st.ok())
+      return st.error();
   }
   if (auto st = set_validity(x.get(), now - kClockSkewAllowance, not_after); !st.ok())
     return st.error();
@@ -368,7 +378,8 @@ Result<std::string> tenant_of_client_certificate(X509* cert) {
   uint32_t eku = X509_get_extended_key_usage(cert);
   ossl::clear_errors();
   if ((eku & XKU_SSL_CLIENT) == 0)
-    return Error(Errc::permission_denied, "agent certificate is not valid for client authentication");
+    return Error(Errc::permission_denied,
+                 "agent certificate is not valid for client authentication");
   if (auto st = validate_tenant_name(cn); !st.ok())
     return Error(Errc::permission_denied, "agent certificate CN: " + st.error().message);
   return cn;

@@ -26,8 +26,9 @@ inline constexpr std::chrono::minutes kClockSkewAllowance{5};
 
 struct IssuedCertificate {
   std::string certificate_pem;  // the leaf, then the CA certificate
-  std::string private_key_pem;  // PKCS#8; empty when signed from a CSR (the key stays with its owner)
-  std::string serial_hex;       // lower-case hex, as pki::inspect_certificate reports it
+  std::string
+      private_key_pem;     // PKCS#8; empty when signed from a CSR (the key stays with its owner)
+  std::string serial_hex;  // lower-case hex, as pki::inspect_certificate reports it
   Clock::time_point not_after;
 };
 

@@ -5,7 +5,9 @@
 namespace factory::enroll {
 
 namespace {
-bool lower_alnum(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
+bool lower_alnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+}
 
 Error invalid(std::string_view name, const std::string& why) {
   // Printable names are echoed; anything else could mess up a terminal or a log.
@@ -21,8 +23,8 @@ Error invalid(std::string_view name, const std::string& why) {
 Status validate_tenant_name(std::string_view name) {
   if (name.empty()) return invalid(name, "it is empty");
   if (name.size() > kMaxTenantNameLength)
-    return invalid(name, "it is longer than " + std::to_string(kMaxTenantNameLength) +
-                             " characters");
+    return invalid(name,
+                   "it is longer than " + std::to_string(kMaxTenantNameLength) + " characters");
   for (char c : name)
     if (!lower_alnum(c) && c != '-')
       return invalid(name, "it contains a character other than a-z, 0-9 and '-'");

@@ -70,7 +70,8 @@ Result<TokenRecord> from_json(const json& j) {
   t.secret_sha256 = j["secret_sha256"].get<std::string>();
   if (!token_chars(t.id, kTokenIdLength))
     return Error(Errc::invalid_argument, "bad token id '" + t.id + "'");
-  if (auto st = validate_tenant_name(t.tenant); !st.ok()) return st.error().with_context("token " + t.id);
+  if (auto st = validate_tenant_name(t.tenant); !st.ok())
+    return st.error().with_context("token " + t.id);
   if (!lower_hex(t.secret_sha256, 64))
     return Error(Errc::invalid_argument, "token " + t.id + ": secret_sha256 is not 64 hex digits");
   auto created = time_field(j, "created_at");
@@ -92,7 +93,9 @@ Result<TokenRecord> from_json(const json& j) {
   return t;
 }
 
-Error unauthenticated(const std::string& why) { return Error(Errc::unauthenticated, why); }
+Error unauthenticated(const std::string& why) {
+  return Error(Errc::unauthenticated, why);
+}
 
 }  // namespace
 
@@ -113,9 +116,10 @@ Result<TokenBook> TokenBook::load(const fs::path& path) {
   auto text = read_file(path);
   if (!text.ok()) return text.error().with_context("load token book");
   auto corrupt = [&](const std::string& why) {
-    return Error(Errc::failed_precondition,
-                 "token book " + path.string() + " is corrupt (" + why +
-                     "); repair it, or remove it to start empty (outstanding tokens then stop working)");
+    return Error(
+        Errc::failed_precondition,
+        "token book " + path.string() + " is corrupt (" + why +
+            "); repair it, or remove it to start empty (outstanding tokens then stop working)");
   };
   json doc = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return corrupt("not valid JSON");
@@ -137,7 +141,8 @@ Status TokenBook::save(Clock::time_point now) {
   // Old used / expired entries only make the file grow; after a day a retry
   // with such a token reads "unknown token", which is just as much a refusal.
   std::erase_if(tokens_, [&](const TokenRecord& t) {
-    return now - t.expires_at > kTokenRetention || (t.used_at && now - *t.used_at > kTokenRetention);
+    return now - t.expires_at > kTokenRetention ||
+           (t.used_at && now - *t.used_at > kTokenRetention);
   });
   json doc = {{"version", kFormatVersion}, {"tokens", json::array()}};
   for (const TokenRecord& t : tokens_) doc["tokens"].push_back(to_json(t));
@@ -153,7 +158,8 @@ Status TokenBook::save(Clock::time_point now) {
 
 Result<IssuedToken> TokenBook::issue(const std::string& tenant, std::chrono::seconds ttl,
                                      Clock::time_point now) {
-  if (auto st = validate_tenant_name(tenant); !st.ok()) return st.error().with_context("create token");
+  if (auto st = validate_tenant_name(tenant); !st.ok())
+    return st.error().with_context("create token");
   if (ttl <= std::chrono::seconds(0))
     return Error(Errc::invalid_argument, "create token: TTL must be positive (e.g. 1h)");
   now = floor_seconds(now);
@@ -195,15 +201,16 @@ Result<std::string> TokenBook::redeem(std::string_view token, Clock::time_point 
     return unauthenticated("unknown token '" + std::string(id) + "'");
   if (it->revoked) return unauthenticated("token revoked");
   if (it->used_at) return unauthenticated("token already used at " + format_rfc3339(*it->used_at));
-  if (now >= it->expires_at) return unauthenticated("token expired at " + format_rfc3339(it->expires_at));
+  if (now >= it->expires_at)
+    return unauthenticated("token expired at " + format_rfc3339(it->expires_at));
 
   // Fail closed: once we try to record the use, the token stays used in this
   // process even if the write failed (the admin makes a new token).
   it->used_at = now;
   std::string tenant = it->tenant;
   if (auto st = save(now); !st.ok())
-    return Error(Errc::unavailable, "could not record token '" + std::string(id) +
-                                        "' as used (" + st.error().message +
+    return Error(Errc::unavailable, "could not record token '" + std::string(id) + "' as used (" +
+                                        st.error().message +
                                         "); it is refused, create a new token");
   return tenant;
 }
@@ -217,7 +224,8 @@ Result<size_t> TokenBook::revoke_tenant(const std::string& tenant, Clock::time_p
     }
   }
   if (n == 0) return n;
-  if (auto st = save(floor_seconds(now)); !st.ok()) return st.error().with_context("revoke tokens of " + tenant);
+  if (auto st = save(floor_seconds(now)); !st.ok())
+    return st.error().with_context("revoke tokens of " + tenant);
   return n;
 }
 

@@ -20,7 +20,9 @@ using factory::testing::TempDir;
 
 namespace {
 
-std::string read(const std::filesystem::path& p) { return factory::testing::slurp(p); }
+std::string read(const std::filesystem::path& p) {
+  return factory::testing::slurp(p);
+}
 
 // A self-signed certificate made by the openssl CLI with known fields.
 struct CliCert {
@@ -32,11 +34,28 @@ CliCert openssl_cli_cert(const TempDir& dir, const std::string& name, bool ca) {
   auto key = dir / (name + ".key");
   auto crt = dir / (name + ".crt");
   std::vector<std::string> argv = {
-      "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-      "-nodes", "-keyout", key.string(), "-out", crt.string(), "-days", "30",
-      "-subj", "/O=Example Org/CN=" + name, "-set_serial", "0x0a1b2c3d4e5f",
-      "-addext", "subjectAltName=DNS:" + name + ".example.com,DNS:localhost,IP:127.0.0.1,IP:::1",
-      "-addext", ca ? "basicConstraints=critical,CA:TRUE" : "basicConstraints=critical,CA:FALSE"};
+      "openssl",
+      "req",
+      "-x509",
+      "-newkey",
+      "ec",
+      "-pkeyopt",
+      "ec_paramgen_curve:P-256",
+      "-nodes",
+      "-keyout",
+      key.string(),
+      "-out",
+      crt.string(),
+      "-days",
+      "30",
+      "-subj",
+      "/O=Example Org/CN=" + name,
+      "-set_serial",
+      "0x0a1b2c3d4e5f",
+      "-addext",
+      "subjectAltName=DNS:" + name + ".example.com,DNS:localhost,IP:127.0.0.1,IP:::1",
+      "-addext",
+      ca ? "basicConstraints=critical,CA:TRUE" : "basicConstraints=critical,CA:FALSE"};
   auto r = factory::testing::run(argv);
   EXPECT_TRUE(r.ok()) << r.output;
   return {read(crt), read(key)};
@@ -77,7 +96,8 @@ TEST(Pki, CsrIsSignedByTheKeyAndNamesTheCn) {
   // And the openssl CLI agrees the signature is good.
   TempDir dir("pki");
   ASSERT_TRUE(factory::write_file_atomic(dir / "a.csr", *csr).ok());
-  auto r = factory::testing::run({"openssl", "req", "-in", (dir / "a.csr").string(), "-verify", "-noout"});
+  auto r = factory::testing::run(
+      {"openssl", "req", "-in", (dir / "a.csr").string(), "-verify", "-noout"});
   EXPECT_TRUE(r.ok()) << r.output;
 }
 
@@ -115,7 +135,8 @@ TEST(Pki, InspectsACertificateTheOpensslCliMade) {
   ASSERT_TRUE(ca_info.ok());
   EXPECT_TRUE(ca_info->is_ca);
 
-  auto bad = pki::inspect_certificate("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+  auto bad =
+      pki::inspect_certificate("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().code, factory::Errc::invalid_argument);
   EXPECT_FALSE(pki::inspect_certificate("").ok());
@@ -133,7 +154,8 @@ TEST(Pki, CertificateSha256MatchesTheOpensslCliFingerprint) {
   std::string theirs = r.output.substr(r.output.find('=') + 1);
   std::string norm;
   for (char c : theirs)
-    if (std::isxdigit(static_cast<unsigned char>(c))) norm.push_back(static_cast<char>(std::tolower(c)));
+    if (std::isxdigit(static_cast<unsigned char>(c)))
+      norm.push_back(static_cast<char>(std::tolower(c)));
   EXPECT_EQ(*ours, norm);
   EXPECT_EQ(ours->size(), 64u);
   EXPECT_FALSE(pki::certificate_sha256("garbage").ok());
@@ -143,7 +165,8 @@ TEST(Pki, SplitsABundle) {
   TempDir dir("pki");
   CliCert a = openssl_cli_cert(dir, "a", false);
   CliCert b = openssl_cli_cert(dir, "b", true);
-  std::string bundle = "comment line\n" + a.cert_pem + "\n" + b.cert_pem + "-----BEGIN CERTIFICATE-----\nMII";
+  std::string bundle =
+      "comment line\n" + a.cert_pem + "\n" + b.cert_pem + "-----BEGIN CERTIFICATE-----\nMII";
   auto parts = pki::split_pem_certificates(bundle);
   ASSERT_EQ(parts.size(), 2u);  // the truncated third block is not a certificate
   EXPECT_EQ(parts[0], a.cert_pem);
@@ -190,8 +213,10 @@ TEST(Pki, RandomTokenCharsAreUniformOverTheAlphabet) {
 }
 
 TEST(Pki, Sha256KnownAnswers) {
-  EXPECT_EQ(pki::sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(pki::sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(pki::sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(pki::sha256_hex(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 }
 
 TEST(Pki, SecureEquals) {

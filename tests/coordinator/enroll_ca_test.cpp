@@ -1,7 +1,5 @@
 // The enrollment CA with real OpenSSL: what it issues is checked with
 // X509_verify_cert and, where it matters, with the `openssl` command line.
-#include "coordinator/enroll/ca.hpp"
-
 #include <gtest/gtest.h>
 #include <openssl/pem.h>
 #include <sys/stat.h>
@@ -11,6 +9,7 @@
 #include "common/atomic_file.hpp"
 #include "common/ossl.hpp"
 #include "common/pki.hpp"
+#include "coordinator/enroll/ca.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
 #include "tests/support/test_support.hpp"
 
@@ -53,7 +52,8 @@ std::string verify(const std::string& leaf_pem, const std::string& ca_pem, int p
   if (!host.empty()) X509_VERIFY_PARAM_set1_host(param, host.c_str(), 0);
   if (!ip.empty()) X509_VERIFY_PARAM_set1_ip_asc(param, ip.c_str());
   int rc = X509_verify_cert(ctx.get());
-  std::string why = rc == 1 ? "" : X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx.get()));
+  std::string why =
+      rc == 1 ? "" : X509_verify_cert_error_string(X509_STORE_CTX_get_error(ctx.get()));
   ossl::clear_errors();
   return why;
 }
@@ -78,7 +78,8 @@ std::string tamper(const std::string& csr_pem, const std::string& from, const st
   bytes.replace(at, from.size(), to);
   ossl::BioPtr bio(BIO_new(BIO_s_mem()));
   PEM_write_bio(bio.get(), "CERTIFICATE REQUEST", "",
-                reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<long>(bytes.size()));
+                reinterpret_cast<const unsigned char*>(bytes.data()),
+                static_cast<long>(bytes.size()));
   char* data = nullptr;
   long n = BIO_get_mem_data(bio.get(), &data);
   return std::string(data, static_cast<size_t>(n));
@@ -111,18 +112,22 @@ TEST(EnrollCa, CreatedOnceThenReloadedIdentical) {
   EXPECT_EQ(info->issuer_cn, "factory coordinator CA");
   EXPECT_TRUE(info->is_ca);
   EXPECT_EQ(info->serial_hex.size(), 32u);
-  EXPECT_NEAR(std::chrono::duration<double>(info->not_after - Clock::now()).count(), 3650.0 * 86400, 5);
+  EXPECT_NEAR(std::chrono::duration<double>(info->not_after - Clock::now()).count(), 3650.0 * 86400,
+              5);
   EXPECT_TRUE(pki::key_matches_certificate(key_before, ca.certificate_pem()));
   EXPECT_EQ(verify(ca.certificate_pem(), ca.certificate_pem(), X509_PURPOSE_ANY), "");
 
   // The extensions as an independent reader sees them.
-  auto text = factory::testing::run({"openssl", "x509", "-in", (state / "ca.crt").string(), "-noout", "-text"});
+  auto text = factory::testing::run(
+      {"openssl", "x509", "-in", (state / "ca.crt").string(), "-noout", "-text"});
   ASSERT_TRUE(text.ok()) << text.output;
   EXPECT_NE(text.output.find("ASN1 OID: prime256v1"), std::string::npos) << text.output;
-  EXPECT_NE(text.output.find("X509v3 Basic Constraints: critical\n                CA:TRUE"), std::string::npos)
-      << text.output;
-  EXPECT_NE(text.output.find("X509v3 Key Usage: critical\n                Certificate Sign, CRL Sign"),
+  EXPECT_NE(text.output.find("X509v3 Basic Constraints: critical\n                CA:TRUE"),
             std::string::npos)
+      << text.output;
+  EXPECT_NE(
+      text.output.find("X509v3 Key Usage: critical\n                Certificate Sign, CRL Sign"),
+      std::string::npos)
       << text.output;
   EXPECT_NE(text.output.find("X509v3 Subject Key Identifier"), std::string::npos);
 
@@ -175,7 +180,8 @@ TEST(EnrollCa, RefusesHalfACaAndLeavesItAlone) {
 TEST(EnrollCa, ServerCertificateVerifiesWithItsSans) {
   TempDir tmp("ca");
   CertificateAuthority ca = make_ca(tmp.path());
-  auto issued = ca.issue_server_certificate({"127.0.0.1", "::1", "localhost", "factory.example.com"}, 24h);
+  auto issued =
+      ca.issue_server_certificate({"127.0.0.1", "::1", "localhost", "factory.example.com"}, 24h);
   ASSERT_TRUE(issued.ok()) << issued.error().message;
 
   auto chain = pki::split_pem_certificates(issued->certificate_pem);
@@ -199,7 +205,8 @@ TEST(EnrollCa, ServerCertificateVerifiesWithItsSans) {
   EXPECT_EQ(verify(chain[0], ca.certificate_pem(), X509_PURPOSE_SSL_SERVER, "localhost"), "");
   EXPECT_EQ(verify(chain[0], ca.certificate_pem(), X509_PURPOSE_SSL_SERVER, "", "127.0.0.1"), "");
   EXPECT_EQ(verify(chain[0], ca.certificate_pem(), X509_PURPOSE_SSL_SERVER, "", "::1"), "");
-  EXPECT_NE(verify(chain[0], ca.certificate_pem(), X509_PURPOSE_SSL_SERVER, "evil.example.com"), "");
+  EXPECT_NE(verify(chain[0], ca.certificate_pem(), X509_PURPOSE_SSL_SERVER, "evil.example.com"),
+            "");
   EXPECT_NE(verify(chain[0], ca.certificate_pem(), X509_PURPOSE_SSL_SERVER, "", "10.0.0.1"), "");
   // serverAuth only: it cannot be used as a client certificate.
   EXPECT_NE(verify(chain[0], ca.certificate_pem(), X509_PURPOSE_SSL_CLIENT), "");
@@ -209,8 +216,8 @@ TEST(EnrollCa, ServerCertificateVerifiesWithItsSans) {
 
   // The openssl CLI agrees.
   ASSERT_TRUE(factory::write_file_atomic(tmp / "server.crt", chain[0]).ok());
-  auto r = factory::testing::run({"openssl", "verify", "-CAfile", (tmp / "ca.crt").string(), "-purpose",
-                                  "sslserver", "-verify_hostname", "localhost",
+  auto r = factory::testing::run({"openssl", "verify", "-CAfile", (tmp / "ca.crt").string(),
+                                  "-purpose", "sslserver", "-verify_hostname", "localhost",
                                   (tmp / "server.crt").string()});
   EXPECT_TRUE(r.ok()) << r.output;
 }
@@ -326,22 +333,26 @@ TEST(EnrollCa, TenantOfClientCertificateOnlyForAgentCertificates) {
   auto key = pki::generate_private_key();
   TempDir cli("cli");
   ASSERT_TRUE(factory::write_file_atomic(cli / "k.pem", *key, 0600).ok());
-  auto made = factory::testing::run({"openssl", "req", "-x509", "-key", (cli / "k.pem").string(), "-out",
-                                     (cli / "c.pem").string(), "-days", "1", "-subj",
-                                     "/O=factory-agent/CN=t1", "-addext", "extendedKeyUsage=serverAuth"});
+  auto made =
+      factory::testing::run({"openssl", "req", "-x509", "-key", (cli / "k.pem").string(), "-out",
+                             (cli / "c.pem").string(), "-days", "1", "-subj",
+                             "/O=factory-agent/CN=t1", "-addext", "extendedKeyUsage=serverAuth"});
   ASSERT_TRUE(made.ok()) << made.output;
-  auto server_eku = factory::enroll::tenant_of_client_certificate(factory::testing::slurp(cli / "c.pem"));
+  auto server_eku =
+      factory::enroll::tenant_of_client_certificate(factory::testing::slurp(cli / "c.pem"));
   ASSERT_FALSE(server_eku.ok());
   EXPECT_EQ(server_eku.error().code, Errc::permission_denied);
 }
 
 TEST(TenantName, AcceptsDns1123Labels) {
   using factory::enroll::validate_tenant_name;
-  for (const char* ok : {"a", "t1", "team-a", "0", "a-b-c-9", "abcdefghijklmnopqrstuvwxyz0123456789-abcdefghijklmnopqrstuvwxyz"})
+  for (const char* ok : {"a", "t1", "team-a", "0", "a-b-c-9",
+                         "abcdefghijklmnopqrstuvwxyz0123456789-abcdefghijklmnopqrstuvwxyz"})
     EXPECT_TRUE(validate_tenant_name(ok).ok()) << ok;
-  for (std::string bad : {std::string(""), std::string("-a"), std::string("a-"), std::string("Team"),
-                          std::string("team_a"), std::string("a.b"), std::string("a b"),
-                          std::string(64, 'a'), std::string("caf\xc3\xa9"), std::string("a\nb")}) {
+  for (std::string bad :
+       {std::string(""), std::string("-a"), std::string("a-"), std::string("Team"),
+        std::string("team_a"), std::string("a.b"), std::string("a b"), std::string(64, 'a'),
+        std::string("caf\xc3\xa9"), std::string("a\nb")}) {
     auto st = validate_tenant_name(bad);
     ASSERT_FALSE(st.ok()) << bad;
     EXPECT_EQ(st.error().code, Errc::invalid_argument);

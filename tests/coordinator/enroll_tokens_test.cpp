@@ -1,7 +1,5 @@
 // Bootstrap tokens: one use each, bound to a tenant, stored hashed, and the
 // book on disk is the truth (a fresh load after every operation sees it).
-#include "coordinator/enroll/tokens.hpp"
-
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -9,6 +7,7 @@
 
 #include "common/atomic_file.hpp"
 #include "common/pki.hpp"
+#include "coordinator/enroll/tokens.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace fs = std::filesystem;
@@ -67,7 +66,8 @@ TEST(EnrollTokens, RedeemsOnceThenAlreadyUsed) {
   auto tenant = book.redeem(token, t0 + 10min);
   ASSERT_TRUE(tenant.ok()) << tenant.error().message;
   EXPECT_EQ(*tenant, "team-a");
-  expect_refused(book.redeem(token, t0 + 11min), "token already used at " + format_rfc3339(t0 + 10min));
+  expect_refused(book.redeem(token, t0 + 11min),
+                 "token already used at " + format_rfc3339(t0 + 10min));
   EXPECT_EQ(factory::enroll::token_state(book.list()[0], t0 + 11min), "used");
 }
 
@@ -79,7 +79,8 @@ TEST(EnrollTokens, UseIsOnDiskBeforeRedeemReturns) {
   std::string token = issue(book, "team-a");
   ASSERT_TRUE(book.redeem(token, t0 + 1min).ok());
   TokenBook after_crash = load(tmp / "tokens.json");
-  expect_refused(after_crash.redeem(token, t0 + 2min), "token already used at " + format_rfc3339(t0 + 1min));
+  expect_refused(after_crash.redeem(token, t0 + 2min),
+                 "token already used at " + format_rfc3339(t0 + 1min));
 }
 
 TEST(EnrollTokens, ExpiredTokenIsRefused) {
@@ -210,9 +211,11 @@ TEST(EnrollTokens, MissingFileIsEmptyCorruptFileIsAnError) {
        {std::string("{not json"), std::string("[]"), std::string("{\"version\":1}"),
         std::string("{\"version\":2,\"tokens\":[]}"),
         std::string("{\"version\":1,\"tokens\":[{\"id\":\"abcdef\"}]}"),
-        "{\"version\":1,\"tokens\":[{\"id\":\"ABCDEF\",\"tenant\":\"t\",\"secret_sha256\":\"" + good_hash +
+        "{\"version\":1,\"tokens\":[{\"id\":\"ABCDEF\",\"tenant\":\"t\",\"secret_sha256\":\"" +
+            good_hash +
             "\",\"created_at\":\"2030-01-01T00:00:00Z\",\"expires_at\":\"2030-01-01T01:00:00Z\"}]}",
-        "{\"version\":1,\"tokens\":[{\"id\":\"abcdef\",\"tenant\":\"t\",\"secret_sha256\":\"" + good_hash +
+        "{\"version\":1,\"tokens\":[{\"id\":\"abcdef\",\"tenant\":\"t\",\"secret_sha256\":\"" +
+            good_hash +
             "\",\"created_at\":\"yesterday\",\"expires_at\":\"2030-01-01T01:00:00Z\"}]}"}) {
     ASSERT_TRUE(factory::write_file_atomic(tmp / "bad.json", text, 0600).ok());
     auto b = TokenBook::load(tmp / "bad.json");
@@ -221,12 +224,15 @@ TEST(EnrollTokens, MissingFileIsEmptyCorruptFileIsAnError) {
     EXPECT_NE(b.error().message.find("bad.json"), std::string::npos) << b.error().message;
   }
   // The well-formed version of the last one loads.
-  ASSERT_TRUE(factory::write_file_atomic(
-                  tmp / "ok.json",
-                  "{\"version\":1,\"tokens\":[{\"id\":\"abcdef\",\"tenant\":\"t\",\"secret_sha256\":\"" +
-                      good_hash + "\",\"created_at\":\"2030-01-01T00:00:00Z\",\"expires_at\":\"2030-01-01T01:00:00Z\"}]}",
-                  0600)
-                  .ok());
+  ASSERT_TRUE(
+      factory::write_file_atomic(
+          tmp / "ok.json",
+          "{\"version\":1,\"tokens\":[{\"id\":\"abcdef\",\"tenant\":\"t\",\"secret_sha256\":\"" +
+              good_hash +
+              "\",\"created_at\":\"2030-01-01T00:00:00Z\",\"expires_at\":\"2030-01-01T01:00:00Z\"}]"
+              "}",
+          0600)
+          .ok());
   EXPECT_EQ(load(tmp / "ok.json").list().size(), 1u);
 }
 
