@@ -288,8 +288,6 @@ Status check_rke2(const json& p, const std::string& where) {
   if (!dns) return bad(cw + ".cluster-dns", dns.error().message);
   if (pods->overlaps(*svcs))
     return bad(cw, "cluster-cidr " + pods->str() + " overlaps service-cidr " + svcs->str());
-  if (!svcs->contains(*dns))
-    return bad(cw + ".cluster-dns", Ipv4Cidr::format_address(*dns) + " is outside service-cidr " + svcs->str());
   const Ipv4Cidr host_pods = *Ipv4Cidr::parse("10.42.0.0/16");
   const Ipv4Cidr host_svcs = *Ipv4Cidr::parse("10.43.0.0/16");
   for (auto& [key, r] : {std::pair{"cluster-cidr", *pods}, std::pair{"service-cidr", *svcs}})
@@ -298,6 +296,8 @@ Status check_rke2(const json& p, const std::string& where) {
         return bad(cw + "." + key, r.str() + " overlaps " + host.str() +
                                        ", a range of the host cluster (RKE2/k3s default): the guest's "
                                        "DNS would clash with the host's; pick e.g. 10.52.0.0/16 and 10.53.0.0/16");
+  if (!svcs->contains(*dns))
+    return bad(cw + ".cluster-dns", Ipv4Cidr::format_address(*dns) + " is outside service-cidr " + svcs->str());
   return ok_status();
 }
 
@@ -414,13 +414,14 @@ const std::regex kStepId("^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$");
 const std::regex kQuantity("^[0-9]+(\\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$");
 const std::regex kResourceName("^[A-Za-z0-9.-]+/[A-Za-z0-9_.-]+$");
 
-Result<std::string> get_string(const json& obj, const std::string& key, const std::string& where,
+// `prefix` ends with its separator: "tier 'x': " for a tier's keys, "tier 'x': vm." inside vm.
+Result<std::string> get_string(const json& obj, const std::string& key, const std::string& prefix,
                                bool required) {
   if (!obj.contains(key) || obj[key].is_null()) {
-    if (required) return bad(where + "." + key, "required");
+    if (required) return bad(prefix + key, "required");
     return std::string();
   }
-  if (!obj[key].is_string()) return bad(where + "." + key, "must be a string, got " + type_name(obj[key]));
+  if (!obj[key].is_string()) return bad(prefix + key, "must be a string, got " + type_name(obj[key]));
   return obj[key].get<std::string>();
 }
 
@@ -431,17 +432,17 @@ Result<VmShape> parse_vm(const json& v, const std::string& where) {
   VmShape vm;
   // `cpu: 8` and `cpu: "8"` mean the same: the VM spec wants a quantity string.
   if (v.contains("cpu") && v["cpu"].is_number_integer()) vm.cpu = std::to_string(v["cpu"].get<int64_t>());
-  else if (auto c = get_string(v, "cpu", where, true); c) vm.cpu = *c;
+  else if (auto c = get_string(v, "cpu", where + ".", true); c) vm.cpu = *c;
   else return c.error();
   for (auto [key, field] : {std::pair{"memory", &vm.memory}, std::pair{"disk", &vm.disk}}) {
-    auto s = get_string(v, key, where, true);
+    auto s = get_string(v, key, where + ".", true);
     if (!s) return s.error();
     *field = *s;
   }
   for (auto [key, val] : {std::pair{"cpu", vm.cpu}, std::pair{"memory", vm.memory}, std::pair{"disk", vm.disk}})
     if (!std::regex_match(val, kQuantity))
       return bad(where + "." + key, "'" + val + "' is not a Kubernetes quantity (e.g. 8, 500m, 16Gi)");
-  auto image = get_string(v, "image", where, true);
+  auto image = get_string(v, "image", where + ".", true);
   if (!image) return image.error();
   if (!is_http_url(*image)) return bad(where + ".image", "must be an http(s):// URL of a cloud image");
   vm.image = *image;
@@ -449,7 +450,7 @@ Result<VmShape> parse_vm(const json& v, const std::string& where) {
   if (!v["gpus"].is_number_integer() || v["gpus"].get<int64_t>() < 1 || v["gpus"].get<int64_t>() > 16)
     return bad(where + ".gpus", "must be a whole number from 1 to 16");
   vm.gpus = v["gpus"].get<int>();
-  auto res = get_string(v, "gpu_resource", where, false);
+  auto res = get_string(v, "gpu_resource", where + ".", false);
   if (!res) return res.error();
   if (!res->empty() && !std::regex_match(*res, kResourceName))
     return bad(where + ".gpu_resource",
@@ -488,9 +489,9 @@ Result<std::vector<StepDef>> parse_steps(const json& steps, const json& scope, c
     if (s.contains("id") && s["id"].is_string()) sw = "step '" + s["id"].get<std::string>() + "'";
     if (auto st = only_keys(s, {"id", "kind", "params", "timeout", "retries", "for_each"}, sw); !st)
       return st.error();
-    auto id = get_string(s, "id", sw, true);
+    auto id = get_string(s, "id", sw + ": ", true);
     if (!id) return id.error();
-    auto kind = get_string(s, "kind", sw, true);
+    auto kind = get_string(s, "kind", sw + ": ", true);
     if (!kind) return kind.error();
     std::chrono::seconds timeout{std::chrono::minutes(30)};
     if (s.contains("timeout")) {
@@ -556,15 +557,15 @@ Result<Tier> parse_tier(const json& t, const std::string& where_in) {
   if (auto s = only_keys(t, {"name", "description", "cost", "vm", "versions", "settings", "steps"}, where); !s)
     return s.error();
   Tier tier;
-  auto name = get_string(t, "name", where, true);
+  auto name = get_string(t, "name", where + ": ", true);
   if (!name) return name.error();
   if (!std::regex_match(*name, kTierName))
     return bad(where + ": name", "must be a DNS-1123 label (lower-case letters, digits and '-', at most 63)");
   tier.name = *name;
-  auto desc = get_string(t, "description", where, true);
+  auto desc = get_string(t, "description", where + ": ", true);
   if (!desc) return desc.error();
   tier.description = *desc;
-  auto cost = get_string(t, "cost", where, false);
+  auto cost = get_string(t, "cost", where + ": ", false);
   if (!cost) return cost.error();
   tier.cost = *cost;
   auto vm = parse_vm(t.contains("vm") ? t["vm"] : json(), where + ": vm");
