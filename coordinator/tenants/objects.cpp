@@ -1,0 +1,197 @@
+#include "coordinator/tenants/objects.hpp"
+
+#include "coordinator/tenants/k8s_names.hpp"
+
+namespace factory::tenants {
+
+using nlohmann::json;
+
+namespace {
+
+Error invalid(std::string message) {
+  return Error(Errc::invalid_argument, std::move(message));
+}
+
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+// CDI fetches the image itself (source.http); it takes http and https. The
+// URL must have a host and no whitespace or control characters, which would
+// only surface later as an import pod failing in a loop.
+Status validate_image_url(std::string_view url) {
+  std::string_view rest;
+  if (starts_with(url, "https://"))
+    rest = url.substr(8);
+  else if (starts_with(url, "http://"))
+    rest = url.substr(7);
+  else
+    return invalid("image URL '" + std::string(url.substr(0, 100)) +
+                   "' must start with https:// or http:// (CDI downloads it into the VM's "
+                   "root disk)");
+  if (rest.empty() || rest.front() == '/')
+    return invalid("image URL '" + std::string(url.substr(0, 100)) + "' has no host");
+  for (char c : url)
+    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f)
+      return invalid("image URL contains a space or a control character: percent-encode it");
+  return {};
+}
+
+json labels_json(const std::map<std::string, std::string>& labels) {
+  json out = json::object();
+  for (const auto& [k, v] : labels) out[k] = v;
+  return out;
+}
+
+json object_meta(const VmSpec& spec, const std::string& name) {
+  return {{"name", name}, {"namespace", spec.ns}, {"labels", labels_json(tenant_labels(spec))}};
+}
+
+}  // namespace
+
+std::string cloud_init_secret_name(const std::string& vm_name) {
+  return vm_name + "-cloud-init";
+}
+std::string root_volume_name(const std::string& vm_name) {
+  return vm_name + "-root";
+}
+std::string ssh_service_name(const std::string& vm_name) {
+  return vm_name + "-ssh";
+}
+
+Status validate_vm_spec(const VmSpec& spec) {
+  if (auto st = validate_vm_name(spec.name); !st.ok()) return st;
+  if (auto st = validate_namespace_name(spec.ns); !st.ok()) return st;
+  if (auto st = validate_quantity("--cpu", spec.cpu); !st.ok()) return st;
+  if (auto st = validate_quantity("--memory", spec.memory); !st.ok()) return st;
+  if (auto st = validate_quantity("--disk", spec.disk); !st.ok()) return st;
+  if (auto st = validate_image_url(spec.image_url); !st.ok()) return st;
+  if (spec.gpus < 0 || spec.gpus > kMaxGpusPerVm)
+    return invalid("--gpus " + std::to_string(spec.gpus) + " is out of range: want 0-" +
+                   std::to_string(kMaxGpusPerVm));
+  if (spec.gpus > 0) {
+    if (spec.gpu_resource.empty())
+      return invalid("no GPU resource name for a VM with " + std::to_string(spec.gpus) +
+                     " GPU(s): allowlist the card with `factory kubevirt allowlist` and name "
+                     "its resource in the tier");
+    if (auto st = validate_resource_name(spec.gpu_resource); !st.ok()) return st;
+  }
+  if (spec.ssh_node_port != 0)
+    if (auto st = validate_node_port(spec.ssh_node_port); !st.ok()) return st;
+  if (spec.tier.empty()) return invalid("no tier for tenant '" + spec.name + "'");
+  if (auto st = validate_label(kTierLabel, spec.tier); !st.ok()) return st;
+  for (const auto& [k, v] : spec.labels) {
+    if (auto st = validate_label(k, v); !st.ok()) return st;
+    // Factory finds its objects by these; a caller's label must not shadow them.
+    if (k == kManagedByLabel || k == kDomainLabel || starts_with(k, "factory.dev/"))
+      return invalid("label '" + k + "' is reserved for Factory's own bookkeeping");
+  }
+  return {};
+}
+
+std::map<std::string, std::string> tenant_labels(const VmSpec& spec) {
+  auto labels = spec.labels;
+  labels[kManagedByLabel] = kManagedByValue;
+  labels[kTenantLabel] = spec.name;
+  labels[kTierLabel] = spec.tier;
+  return labels;
+}
+
+std::string tenant_selector(const std::string& tenant) {
+  return std::string(kManagedByLabel) + "=" + kManagedByValue + "," + kTenantLabel + "=" + tenant;
+}
+
+json namespace_object(const std::string& ns) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Namespace"},
+          {"metadata", {{"name", ns}, {"labels", {{kManagedByLabel, kManagedByValue}}}}}};
+}
+
+json cloud_init_secret(const VmSpec& spec, const std::string& userdata) {
+  // stringData, as the runbook: the API server stores it base64'd under data,
+  // and a `--dry-run -o yaml` reader sees the user-data as text.
+  return {{"apiVersion", "v1"},
+          {"kind", "Secret"},
+          {"metadata", object_meta(spec, cloud_init_secret_name(spec.name))},
+          {"type", "Opaque"},
+          {"stringData", {{kUserDataKey, userdata}}}};
+}
+
+json virtual_machine(const VmSpec& spec) {
+  json labels = labels_json(tenant_labels(spec));
+
+  json gpus = json::array();
+  for (int i = 1; i <= spec.gpus; ++i)
+    gpus.push_back({{"name", "gpu" + std::to_string(i)}, {"deviceName", spec.gpu_resource}});
+
+  json devices = {
+      {"disks",
+       {{{"name", "rootdisk"}, {"disk", {{"bus", "virtio"}}}},
+        {{"name", "cloudinitdisk"}, {"disk", {{"bus", "virtio"}}}}}},
+      {"interfaces", {{{"name", "default"}, {"masquerade", json::object()}}}},
+  };
+  // gpus, not hostDevices: KubeVirt hands a PCI function to `gpus` without
+  // the alpha HostDevices feature gate, and the runbook's VMs use it.
+  if (spec.gpus > 0) devices["gpus"] = gpus;
+
+  json template_labels = labels;
+  // The SSH Service selects the launcher pod by this label.
+  template_labels[kDomainLabel] = spec.name;
+
+  json root_volume_meta = {{"name", root_volume_name(spec.name)}, {"labels", labels}};
+
+  return {
+      {"apiVersion", "kubevirt.io/v1"},
+      {"kind", "VirtualMachine"},
+      {"metadata", object_meta(spec, spec.name)},
+      {"spec",
+       {
+           // Always: KubeVirt starts the VM now, and again whenever it
+           // stops (a guest poweroff, an evicted launcher pod).
+           {"runStrategy", "Always"},
+           {"dataVolumeTemplates",
+            {{{"metadata", root_volume_meta},
+              {"spec",
+               {{"source", {{"http", {{"url", spec.image_url}}}}},
+                // storage (not pvc): CDI picks access and volume mode from
+                // the default StorageClass's profile.
+                {"storage", {{"resources", {{"requests", {{"storage", spec.disk}}}}}}}}}}}},
+           {"template",
+            {{"metadata", {{"labels", template_labels}}},
+             {"spec",
+              {{"architecture", "amd64"},
+               {"domain",
+                {// q35: the GPU is a PCIe device and needs a PCIe root complex.
+                 {"machine", {{"type", "q35"}}},
+                 {"devices", devices},
+                 {"resources", {{"requests", {{"cpu", spec.cpu}, {"memory", spec.memory}}}}}}},
+               {"networks", {{{"name", "default"}, {"pod", json::object()}}}},
+               {"volumes",
+                {{{"name", "rootdisk"}, {"dataVolume", {{"name", root_volume_name(spec.name)}}}},
+                 {{"name", "cloudinitdisk"},
+                  // secretRef, not inline userData: KubeVirt caps inline
+                  // user-data at 2048 bytes, and it holds a password.
+                  {"cloudInitNoCloud",
+                   {{"secretRef", {{"name", cloud_init_secret_name(spec.name)}}}}}}}}}}}},
+       }},
+  };
+}
+
+json ssh_service(const VmSpec& spec) {
+  json port = {{"name", "ssh"}, {"port", 22}, {"targetPort", 22}};
+  if (spec.ssh_node_port != 0) port["nodePort"] = spec.ssh_node_port;
+  return {{"apiVersion", "v1"},
+          {"kind", "Service"},
+          {"metadata", object_meta(spec, ssh_service_name(spec.name))},
+          {"spec",
+           {{"type", "NodePort"},
+            {"selector", {{kDomainLabel, spec.name}}},
+            {"ports", json::array({port})}}}};
+}
+
+std::vector<json> tenant_objects(const VmSpec& spec, const std::string& userdata) {
+  return {namespace_object(spec.ns), cloud_init_secret(spec, userdata), virtual_machine(spec),
+          ssh_service(spec)};
+}
+
+}  // namespace factory::tenants
