@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "common/yaml_json.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
@@ -111,13 +112,15 @@ inline std::string k8s_validator_script() {
   return {};
 }
 
-// Runs the schema validator on a multi-document YAML file.
-inline CommandResult validate_k8s_file(const std::filesystem::path& file) {
+// Runs the schema validator on YAML files (one object each).
+inline CommandResult validate_k8s_files(const std::vector<std::string>& files) {
   EXPECT_TRUE(std::filesystem::exists(debian_python()))
       << debian_python() << " (Debian's python3 with python3-jsonschema) is missing";
   auto script = k8s_validator_script();
   if (script.empty()) return {};
-  return run({debian_python(), script, "validate", file.string()});
+  std::vector<std::string> argv = {debian_python(), script, "validate"};
+  argv.insert(argv.end(), files.begin(), files.end());
+  return run(argv);
 }
 
 // Runs Debian's `cloud-init schema --config-file FILE`; FAILS if cloud-init is absent.
