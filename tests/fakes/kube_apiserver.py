@@ -1,0 +1,1178 @@
+"""A fake Kubernetes API server (with a fake KubeVirt behind it) for tests.
+
+STANDS IN FOR: the host cluster's kube-apiserver as Factory's Kubernetes
+client sees it, plus the parts of KubeVirt and CDI whose effects Factory
+reads back. It speaks the real protocol: HTTPS on loopback with a real CA,
+bearer-token and client-certificate authentication, the REST paths
+(/api/v1/..., /apis/<group>/<version>/...), Kubernetes `Status` error bodies
+(401, 403, 404, 409, 410, 422 with details.causes), resourceVersion on every
+write, list with labelSelector / fieldSelector, watch as a chunked stream of
+JSON lines (ADDED / MODIFIED / DELETED / BOOKMARK, and ERROR 410 "too old
+resource version" after compaction), create, update (PUT, conditional on
+resourceVersion), server-side apply (PATCH application/apply-patch+yaml,
+fieldManager required), JSON merge patch (conditional when it carries a
+resourceVersion), delete with propagationPolicy (owned objects are
+garbage-collected unless Orphan), dryRun=All.
+
+Every object a client writes is validated by k8s_schema.py against the real
+OpenAPI schemas (KubeVirt, CDI) or python3-kubernetes' models (core kinds),
+unknown fields rejected; an invalid object gets 422 Invalid like a strict
+server. Service node ports are checked for range (30000-32767) and clashes.
+
+PLAYS KUBEVIRT: one Node (--node-name, default "utho") whose
+status.allocatable has, for each entry of the KubeVirt CR's
+spec.configuration.permittedHostDevices.pciHostDevices without
+externalResourceProvider, the number of host cards with that vendor:device
+on vfio-pci (from --vfio-cards 10DE:27B8=2, or from a sysfs tree given by
+--host-root), recomputed shortly after the CR changes (--device-plugin-delay),
+as virt-handler's device plugins do. A VirtualMachine with runStrategy Always
+(or running: true) gets its DataVolumes (from dataVolumeTemplates, reported
+Succeeded) and a VirtualMachineInstance that goes Pending -> Scheduling ->
+Scheduled -> Running with status.nodeName and status.interfaces[].ipAddress;
+if its GPUs (gpus[].deviceName, hostDevices[].deviceName) are not free on the
+node, the VMI stays in Scheduling with condition PodScheduled=False,
+reason Unschedulable, "0/1 nodes are available: 1 Insufficient <resource>",
+and the VM's printableStatus is ErrorUnschedulable, as with KubeVirt.
+Deleting the VM deletes its VMI and DataVolumes (ownerReferences).
+
+DOES NOT: persist anything, run admission webhooks beyond the schemas,
+track managedFields or detect apply conflicts between field managers (apply
+merges maps and replaces lists), implement strategic merge patch or JSON
+patch, serve the /status subresources (clients' status writes are ignored),
+keep Terminating namespaces (a namespace and its contents go at once),
+paginate lists, run pods, or boot anything.
+
+Usage:
+  /usr/bin/python3 kube_apiserver.py --pki-dir DIR [--port-file F] [--port N]
+      [--vfio-cards 10DE:27B8=2 | --host-root DIR] [--node-name utho]
+      [--token T] [--forbid VERB:RESOURCE[:NAMESPACE]] [--drop-watch-after N]
+      [--seed FILE.yaml] [--no-kubevirt-cr] [--bookmark-interval S]
+
+It writes into --pki-dir: ca.crt (the cluster CA), admin.crt / admin.key (a
+client certificate it accepts), token (a bearer token it accepts) and
+kubeconfig (server + CA data + admin client certificate data), and prints
+"kube_apiserver: listening on https://127.0.0.1:PORT".
+
+Test-control endpoints (no auth, loopback only), under /_fake/:
+  POST /_fake/compact          forget watch history: older versions get 410
+  POST /_fake/drop-watches     cut every open watch stream mid-body
+  POST /_fake/forbid           {"verb","resource","namespace"} -> 403 from now on
+  DELETE /_fake/forbid         clear those rules
+  POST /_fake/vfio             {"10DE:27B8": 1}: the host's cards on vfio-pci now
+  POST /_fake/gone             {"style": "event"|"http"}: how a too-old watch is refused
+  GET  /_fake/requests         the requests seen so far (method, path, headers of note)
+"""
+import argparse
+import base64
+import copy
+import datetime
+import json
+import os
+import re
+import secrets
+import socket
+import ssl
+import sys
+import threading
+import time
+import urllib.parse
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import k8s_schema  # noqa: E402
+import testpki  # noqa: E402
+
+# group, version, kind, plural, namespaced
+RESOURCES = [
+    ("", "v1", "Namespace", "namespaces", False),
+    ("", "v1", "Secret", "secrets", True),
+    ("", "v1", "Service", "services", True),
+    ("", "v1", "Node", "nodes", False),
+    ("", "v1", "ConfigMap", "configmaps", True),
+    ("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", True),
+    ("", "v1", "Pod", "pods", True),
+    ("coordination.k8s.io", "v1", "Lease", "leases", True),
+    ("kubevirt.io", "v1", "KubeVirt", "kubevirts", True),
+    ("kubevirt.io", "v1", "VirtualMachine", "virtualmachines", True),
+    ("kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances", True),
+    ("cdi.kubevirt.io", "v1beta1", "DataVolume", "datavolumes", True),
+]
+# Kinds whose status belongs to a controller (the fake), never to clients.
+CONTROLLER_STATUS = {"Node", "KubeVirt", "VirtualMachine", "VirtualMachineInstance",
+                     "DataVolume", "Namespace", "Service", "PersistentVolumeClaim", "Pod"}
+NODE_PORT_RANGE = (30000, 32767)
+
+
+class Resource:
+    def __init__(self, group, version, kind, plural, namespaced):
+        self.group, self.version, self.kind, self.plural, self.namespaced = \
+            group, version, kind, plural, namespaced
+
+    @property
+    def api_version(self):
+        return self.group + "/" + self.version if self.group else self.version
+
+    @property
+    def qualified(self):  # "kubevirts.kubevirt.io", "secrets"
+        return self.plural + "." + self.group if self.group else self.plural
+
+    @property
+    def kind_qualified(self):  # "VirtualMachine.kubevirt.io", "Service"
+        return self.kind + "." + self.group if self.group else self.kind
+
+
+RES_BY_PATH = {(r[0], r[1], r[3]): Resource(*r) for r in RESOURCES}
+RES_BY_KIND = {(Resource(*r).api_version, r[2]): Resource(*r) for r in RESOURCES}
+
+
+class ApiError(Exception):
+    def __init__(self, code, reason, message, details=None):
+        super().__init__(message)
+        self.code, self.reason, self.message, self.details = code, reason, message, details
+
+
+def status_doc(code, reason, message, details=None):
+    doc = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code}
+    if details:
+        doc["details"] = details
+    return doc
+
+
+def now_rfc3339():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def not_found(res, name):
+    return ApiError(404, "NotFound", '%s "%s" not found' % (res.qualified, name),
+                    {"name": name, "group": res.group, "kind": res.plural})
+
+
+# ---------------------------------------------------------------- selectors
+
+def parse_label_selector(text):
+    """[(op, key, values)] for equality, set-based and existence terms."""
+    terms = []
+    for part in re.split(r",(?![^()]*\))", text or ""):
+        part = part.strip()
+        if not part:
+            continue
+        m = re.match(r"^(\S+)\s+(in|notin)\s+\((.*)\)$", part)
+        if m:
+            terms.append((m.group(2), m.group(1), [v.strip() for v in m.group(3).split(",")]))
+        elif "!=" in part:
+            k, v = part.split("!=", 1)
+            terms.append(("!=", k.strip(), [v.strip()]))
+        elif "==" in part or "=" in part:
+            k, v = re.split(r"==?", part, 1)
+            terms.append(("=", k.strip(), [v.strip()]))
+        elif part.startswith("!"):
+            terms.append(("!", part[1:].strip(), []))
+        else:
+            terms.append(("exists", part, []))
+    return terms
+
+
+def labels_match(terms, obj):
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for op, k, vals in terms:
+        have = k in labels
+        v = labels.get(k)
+        if op == "=" and v != vals[0]:
+            return False
+        if op == "!=" and v == vals[0]:
+            return False
+        if op == "in" and v not in vals:
+            return False
+        if op == "notin" and have and v in vals:
+            return False
+        if op == "exists" and not have:
+            return False
+        if op == "!" and have:
+            return False
+    return True
+
+
+def fields_match(text, obj):
+    md = obj.get("metadata") or {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        neg = "!=" in part
+        k, v = re.split(r"!=|==?", part, 1)
+        k, v = k.strip(), v.strip()
+        if k == "metadata.name":
+            have = md.get("name")
+        elif k == "metadata.namespace":
+            have = md.get("namespace")
+        else:
+            raise ApiError(400, "BadRequest", 'field label not supported: %s' % k)
+        if (have == v) == neg:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- merging
+
+def merge_patch(target, patch):
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def apply_merge(live, applied):
+    """Server-side apply as far as Factory uses it: maps merge, lists and
+    scalars from the applied configuration win."""
+    if isinstance(live, dict) and isinstance(applied, dict):
+        out = copy.deepcopy(live)
+        for k, v in applied.items():
+            out[k] = apply_merge(live.get(k), v)
+        return out
+    return copy.deepcopy(applied)
+
+
+# ---------------------------------------------------------------- the store
+
+class Store:
+    def __init__(self, args):
+        self.args = args
+        self.cond = threading.Condition()
+        self.rv = 100
+        self.objects = {}       # (plural, ns, name) -> object
+        self.history = []       # (rv, type, Resource, object)
+        self.compacted = 0      # history at or below this rv is gone
+        self.drop_generation = 0
+        self.forbidden = []     # (verb, resource, namespace)
+        self.gone_style = "event"
+        self.requests = []
+        self.vfio = dict(args.vfio_inventory)
+        self.node_ports = {}
+        self.next_ip = 98
+        self.plugin_due = 0.0   # when the device plugins next look at the CR
+
+    # --- primitives (call with self.cond held)
+
+    def bump(self):
+        self.rv += 1
+        return str(self.rv)
+
+    def record(self, type_, res, obj):
+        self.history.append((int(obj["metadata"]["resourceVersion"]), type_, res, copy.deepcopy(obj)))
+        if len(self.history) > 5000:
+            cut = self.history[:1000]
+            self.history = self.history[1000:]
+            self.compacted = max(self.compacted, cut[-1][0])
+        self.cond.notify_all()
+
+    def get(self, res, ns, name):
+        return self.objects.get((res.plural, ns if res.namespaced else "", name))
+
+    def items(self, res, ns=None):
+        out = []
+        for (plural, ons, _), obj in sorted(self.objects.items()):
+            if plural != res.plural:
+                continue
+            if res.namespaced and ns and ons != ns:
+                continue
+            out.append(obj)
+        return out
+
+    def put(self, res, obj, type_):
+        md = obj["metadata"]
+        md["resourceVersion"] = self.bump()
+        self.objects[(res.plural, md.get("namespace", "") if res.namespaced else "", md["name"])] = obj
+        self.record(type_, res, obj)
+        return obj
+
+    def drop(self, res, obj, propagation="Background"):
+        md = obj["metadata"]
+        key = (res.plural, md.get("namespace", "") if res.namespaced else "", md["name"])
+        if key not in self.objects:
+            return
+        del self.objects[key]
+        gone = copy.deepcopy(obj)
+        gone["metadata"]["resourceVersion"] = self.bump()
+        self.record("DELETED", res, gone)
+        if res.kind == "Service":
+            for p in (obj.get("spec") or {}).get("ports") or []:
+                self.node_ports.pop(p.get("nodePort"), None)
+        if res.kind == "Namespace":
+            for (plural, ns, name), o in list(self.objects.items()):
+                if ns == md["name"]:
+                    self.drop(RES_BY_KIND[(o["apiVersion"], o["kind"])], o)
+        if propagation != "Orphan":
+            uid = md.get("uid")
+            for o in list(self.objects.values()):
+                owners = (o.get("metadata") or {}).get("ownerReferences") or []
+                if any(ref.get("uid") == uid for ref in owners):
+                    self.drop(RES_BY_KIND[(o["apiVersion"], o["kind"])], o)
+
+    def make(self, res, obj, ns):
+        """Server-set metadata for a new object."""
+        obj = copy.deepcopy(obj)
+        md = obj.setdefault("metadata", {})
+        if not md.get("name") and md.get("generateName"):
+            md["name"] = md["generateName"] + secrets.token_hex(3)[:5]
+        if res.namespaced:
+            md["namespace"] = ns
+        md["uid"] = str(uuid.uuid4())
+        md["creationTimestamp"] = now_rfc3339()
+        if res.group:
+            md["generation"] = 1
+        obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+        return obj
+
+
+# ---------------------------------------------------------------- validation
+
+def validate_or_422(res, obj):
+    errors = k8s_schema.validate(obj)
+    if not errors:
+        return
+    name = (obj.get("metadata") or {}).get("name", "")
+    causes = []
+    for e in errors:
+        field, _, msg = e.partition(": ")
+        reason = "FieldValueRequired" if msg.startswith("Required value") else \
+            "FieldValueNotSupported" if msg.startswith("Unsupported value") else "FieldValueInvalid"
+        causes.append({"reason": reason, "message": msg, "field": field})
+    joined = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+    raise ApiError(422, "Invalid", '%s "%s" is invalid: %s' % (res.kind_qualified, name, joined),
+                   {"name": name, "group": res.group, "kind": res.kind, "causes": causes})
+
+
+def check_service(store, obj, old):
+    """NodePort range and clashes, and allocation of the ones left out."""
+    spec = obj.setdefault("spec", {})
+    if old is not None and (old.get("spec") or {}).get("clusterIP"):
+        spec["clusterIP"] = old["spec"]["clusterIP"]
+    spec.setdefault("clusterIP", "10.43.%d.%d" % (store.rv // 250 % 250, store.rv % 250 + 1))
+    if spec.get("type") not in ("NodePort", "LoadBalancer"):
+        return
+    mine = obj["metadata"]["namespace"] + "/" + obj["metadata"]["name"]
+    causes = []
+    for i, p in enumerate(spec.get("ports") or []):
+        np = p.get("nodePort")
+        if np is None:
+            np = next(n for n in range(*NODE_PORT_RANGE) if n not in store.node_ports)
+            p["nodePort"] = np
+        elif not NODE_PORT_RANGE[0] <= np <= NODE_PORT_RANGE[1]:
+            causes.append(("spec.ports[%d].nodePort" % i,
+                           "Invalid value: %d: provided port is not in the valid range. "
+                           "The range of valid ports is %d-%d" % (np, *NODE_PORT_RANGE)))
+        elif store.node_ports.get(np, mine) != mine:
+            causes.append(("spec.ports[%d].nodePort" % i,
+                           "Invalid value: %d: provided port is already allocated" % np))
+    if causes:
+        name = obj["metadata"]["name"]
+        raise ApiError(422, "Invalid", 'Service "%s" is invalid: %s' % (
+            name, "; ".join(f + ": " + m for f, m in causes)),
+            {"name": name, "group": "", "kind": "Service",
+             "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f} for f, m in causes]})
+
+
+def reserve_node_ports(store, obj):
+    mine = obj["metadata"]["namespace"] + "/" + obj["metadata"]["name"]
+    for n, owner in list(store.node_ports.items()):
+        if owner == mine:
+            del store.node_ports[n]
+    for p in (obj.get("spec") or {}).get("ports") or []:
+        if p.get("nodePort"):
+            store.node_ports[p["nodePort"]] = mine
+
+
+# ---------------------------------------------------------------- KubeVirt
+
+def host_vfio_inventory(root):
+    """vendor:device (upper case) -> functions on vfio-pci, from a sysfs tree."""
+    inv = {}
+    devdir = os.path.join(root, "sys", "bus", "pci", "devices")
+    for addr in sorted(os.listdir(devdir)):
+        d = os.path.join(devdir, addr)
+        try:
+            with open(os.path.join(d, "vendor")) as f:
+                vendor = f.read().strip().lower().replace("0x", "")
+            with open(os.path.join(d, "device")) as f:
+                device = f.read().strip().lower().replace("0x", "")
+        except OSError:
+            continue
+        drv = os.path.join(d, "driver")
+        if os.path.islink(drv) and os.path.basename(os.readlink(drv)) == "vfio-pci":
+            key = (vendor + ":" + device).upper()
+            inv[key] = inv.get(key, 0) + 1
+    return inv
+
+
+def gpu_requests(vmi_spec):
+    out = {}
+    devices = ((vmi_spec or {}).get("domain") or {}).get("devices") or {}
+    for d in (devices.get("gpus") or []) + (devices.get("hostDevices") or []):
+        name = d.get("deviceName")
+        if name:
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
+class KubeVirtController:
+    """What virt-operator, virt-handler's device plugins, virt-controller and
+    CDI would do, reduced to what Factory observes. Runs on a timer thread;
+    every change goes through the store, so watches see it."""
+
+    def __init__(self, store, node_name):
+        self.store, self.node_name = store, node_name
+        self.res = {k: RES_BY_KIND[v] for k, v in {
+            "node": ("v1", "Node"), "kv": ("kubevirt.io/v1", "KubeVirt"),
+            "vm": ("kubevirt.io/v1", "VirtualMachine"),
+            "vmi": ("kubevirt.io/v1", "VirtualMachineInstance"),
+            "dv": ("cdi.kubevirt.io/v1beta1", "DataVolume")}.items()}
+
+    def update_status(self, res, obj, status):
+        if obj.get("status") != status:
+            obj = copy.deepcopy(obj)
+            obj["status"] = status
+            self.store.put(res, obj, "MODIFIED")
+
+    def tick(self):
+        s = self.store
+        with s.cond:
+            if time.monotonic() >= s.plugin_due:
+                self.sync_node()
+            self.sync_vms()
+            self.sync_vmis()
+
+    def permitted(self):
+        out = []
+        for kv in s_items(self.store, self.res["kv"]):
+            phd = ((((kv.get("spec") or {}).get("configuration") or {})
+                    .get("permittedHostDevices") or {}).get("pciHostDevices")) or []
+            out.extend(phd)
+        return out
+
+    def sync_node(self):
+        node = self.store.get(self.res["node"], "", self.node_name)
+        if node is None:
+            return
+        status = copy.deepcopy(node.get("status") or {})
+        alloc = dict(status.get("allocatable") or {})
+        cap = dict(status.get("capacity") or {})
+        advertised = set()
+        for d in self.permitted():
+            if d.get("externalResourceProvider"):
+                continue  # an external device plugin's job, not KubeVirt's
+            name = d.get("resourceName")
+            count = self.store.vfio.get(str(d.get("pciVendorSelector", "")).upper(), 0)
+            advertised.add(name)
+            alloc[name] = cap[name] = str(count)
+        # A device plugin that went away leaves its resource at 0 (kubelet).
+        for name in list(alloc):
+            if name not in advertised and "/" in name and not name.startswith("devices.kubevirt.io/") \
+                    and name not in ("hugepages-1Gi", "hugepages-2Mi"):
+                alloc[name] = cap[name] = "0"
+        status["allocatable"], status["capacity"] = alloc, cap
+        self.update_status(self.res["node"], node, status)
+
+    def sync_vms(self):
+        s = self.store
+        for vm in s_items(s, self.res["vm"]):
+            md, spec = vm["metadata"], vm.get("spec") or {}
+            ns = md["namespace"]
+            strategy = spec.get("runStrategy") or ("Always" if spec.get("running") else "Halted")
+            owner = [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": md["name"],
+                      "uid": md["uid"], "controller": True, "blockOwnerDeletion": True}]
+            for tpl in spec.get("dataVolumeTemplates") or []:
+                name = (tpl.get("metadata") or {}).get("name")
+                if name and s.get(self.res["dv"], ns, name) is None:
+                    dv = s.make(self.res["dv"], {"metadata": {"name": name, "ownerReferences": owner},
+                                                 "spec": copy.deepcopy(tpl.get("spec") or {})}, ns)
+                    dv["status"] = {"phase": "Succeeded", "progress": "100.0%", "claimName": name}
+                    s.put(self.res["dv"], dv, "ADDED")
+            vmi = s.get(self.res["vmi"], ns, md["name"])
+            want = strategy in ("Always", "RerunOnFailure", "Once")
+            if want and vmi is None:
+                tmpl = spec.get("template") or {}
+                labels = dict((tmpl.get("metadata") or {}).get("labels") or {})
+                new = s.make(self.res["vmi"], {
+                    "metadata": {"name": md["name"], "labels": labels, "ownerReferences": owner},
+                    "spec": copy.deepcopy(tmpl.get("spec") or {})}, ns)
+                new["status"] = {"phase": "Pending"}
+                s.put(self.res["vmi"], new, "ADDED")
+                vmi = new
+            elif not want and strategy != "Manual" and vmi is not None:
+                s.drop(self.res["vmi"], vmi)
+                vmi = None
+            phase = (vmi or {}).get("status", {}).get("phase")
+            unschedulable = any(c.get("reason") == "Unschedulable"
+                                for c in (vmi or {}).get("status", {}).get("conditions") or [])
+            status = {"printableStatus": "Stopped", "ready": False, "runStrategy": strategy}
+            if vmi is not None:
+                status["created"] = True
+                status["printableStatus"] = {"Running": "Running"}.get(
+                    phase, "ErrorUnschedulable" if unschedulable else "Starting")
+                status["ready"] = phase == "Running"
+                if unschedulable:
+                    status["conditions"] = [c for c in vmi["status"]["conditions"]
+                                            if c.get("reason") == "Unschedulable"]
+            self.update_status(self.res["vm"], vm, status)
+
+    def sync_vmis(self):
+        s = self.store
+        node = s.get(self.res["node"], "", self.node_name) or {}
+        alloc = (node.get("status") or {}).get("allocatable") or {}
+        in_use = {}
+        for vmi in s_items(s, self.res["vmi"]):
+            if (vmi.get("status") or {}).get("phase") in ("Scheduled", "Running"):
+                for k, v in gpu_requests(vmi.get("spec")).items():
+                    in_use[k] = in_use.get(k, 0) + v
+        for vmi in s_items(s, self.res["vmi"]):
+            st = copy.deepcopy(vmi.get("status") or {})
+            phase = st.get("phase", "Pending")
+            if phase == "Pending":
+                st["phase"] = "Scheduling"
+            elif phase == "Scheduling":
+                short = [k for k, v in gpu_requests(vmi.get("spec")).items()
+                         if int(alloc.get(k, "0")) - in_use.get(k, 0) < v]
+                if short:
+                    msg = "0/1 nodes are available: %s. preemption: 0/1 nodes are available: " \
+                          "1 No preemption victims found for incoming pod." % \
+                          ", ".join("1 Insufficient " + k for k in sorted(short))
+                    st["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                         "reason": "Unschedulable", "message": msg}]
+                else:
+                    for k, v in gpu_requests(vmi.get("spec")).items():
+                        in_use[k] = in_use.get(k, 0) + v
+                    st["phase"] = "Scheduled"
+                    st["nodeName"] = self.node_name
+                    st.pop("conditions", None)
+            elif phase == "Scheduled":
+                ip = "10.42.0.%d" % s.next_ip
+                s.next_ip += 1
+                st["phase"] = "Running"
+                st["interfaces"] = [{"name": "default", "interfaceName": "eth0",
+                                     "ipAddress": ip, "ipAddresses": [ip],
+                                     "mac": "02:00:00:%02x:%02x:%02x" % (s.next_ip % 256, 0, 1),
+                                     "infoSource": "domain, guest-agent"}]
+                st["conditions"] = [{"type": "Ready", "status": "True"}]
+            self.update_status(self.res["vmi"], vmi, st)
+
+
+def s_items(store, res):
+    return list(store.items(res))
+
+
+# ---------------------------------------------------------------- HTTP
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fake-kube-apiserver"
+
+    def log_message(self, fmt, *args):
+        if self.server.args.verbose:
+            sys.stderr.write("kube_apiserver: " + (fmt % args) + "\n")
+
+    # --- plumbing
+
+    @property
+    def store(self):
+        return self.server.store
+
+    def send_json(self, code, doc):
+        body = json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def send_error_status(self, e):
+        self.send_json(e.code, status_doc(e.code, e.reason, e.message, e.details))
+
+    def read_body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else b""
+
+    def user(self):
+        auth = self.headers.get("Authorization", "")
+        if auth.startswith("Bearer ") and auth[7:].strip() in self.server.tokens:
+            return "token-user"
+        if isinstance(self.connection, ssl.SSLSocket):
+            cert = self.connection.getpeercert()
+            if cert:
+                for rdn in cert.get("subject", ()):
+                    for k, v in rdn:
+                        if k == "commonName":
+                            return v
+        if self.server.args.anonymous:
+            return "system:anonymous"
+        return None
+
+    def handle_any(self):
+        u = urllib.parse.urlsplit(self.path)
+        q = dict(urllib.parse.parse_qsl(u.query, keep_blank_values=True))
+        body = self.read_body()
+        try:
+            if u.path.startswith("/_fake/"):
+                return self.control(u.path, body)
+            user = self.user()
+            with self.store.cond:
+                self.store.requests.append({
+                    "method": self.command, "path": self.path, "user": user,
+                    "contentType": self.headers.get("Content-Type", "")})
+                self.store.requests = self.store.requests[-2000:]
+            if user is None:
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            if u.path == "/version":
+                return self.send_json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake",
+                                            "platform": "linux/amd64"})
+            if u.path in ("/healthz", "/readyz", "/livez"):
+                return self.send_json(200, "ok")
+            res, ns, name = self.route(u.path)
+            verb = self.verb(name, q)
+            self.authorize(user, verb, res, ns, name)
+            if verb == "watch":
+                return self.watch(res, ns, q)
+            handler = {"get": self.do_get_one, "list": self.do_list, "create": self.do_create,
+                       "update": self.do_update, "patch": self.do_patch, "delete": self.do_delete}
+            if verb not in handler:
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+            code, doc = handler[verb](res, ns, name, q, body)
+            self.send_json(code, doc)
+        except ApiError as e:
+            self.send_error_status(e)
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError):
+            self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = handle_any
+
+    def route(self, path):
+        parts = [p for p in path.split("/") if p]
+        if parts[:2] == ["api", "v1"]:
+            group, version, rest = "", "v1", parts[2:]
+        elif len(parts) >= 3 and parts[0] == "apis":
+            group, version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        ns = ""
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            ns, rest = rest[1], rest[2:]
+        elif len(rest) == 2 and rest[0] == "namespaces":
+            rest = ["namespaces", rest[1]]
+        if not rest or len(rest) > 2:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        res = RES_BY_PATH.get((group, version, rest[0]))
+        if res is None or (ns and not res.namespaced):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        return res, ns, rest[1] if len(rest) == 2 else ""
+
+    def verb(self, name, q):
+        m = self.command
+        if m == "GET":
+            if q.get("watch") in ("1", "true"):
+                return "watch"
+            return "get" if name else "list"
+        if m == "POST" and not name:
+            return "create"
+        if m == "PUT" and name:
+            return "update"
+        if m == "PATCH" and name:
+            return "patch"
+        if m == "DELETE" and name:
+            return "delete"
+        return "unsupported"
+
+    def authorize(self, user, verb, res, ns, name):
+        for v, r, n in self.store.forbidden:
+            if v in (verb, "*") and r in (res.plural, res.qualified, "*") and n in (ns, "*", ""):
+                where = ' in the namespace "%s"' % ns if ns else ""
+                what = ('%s "%s"' % (res.qualified, name)) if name else res.qualified
+                group = res.group
+                raise ApiError(403, "Forbidden",
+                               '%s is forbidden: User "%s" cannot %s resource "%s" in API group "%s"%s'
+                               % (what, user, verb, res.plural, group, where if res.namespaced else " at the cluster scope"),
+                               {"name": name, "group": res.group, "kind": res.plural})
+
+    # --- verbs
+
+    def require_namespace(self, res, ns):
+        if res.namespaced and ns and self.store.get(RES_BY_KIND[("v1", "Namespace")], "", ns) is None:
+            raise ApiError(404, "NotFound", 'namespaces "%s" not found' % ns,
+                           {"name": ns, "kind": "namespaces"})
+
+    def do_get_one(self, res, ns, name, q, body):
+        with self.store.cond:
+            obj = self.store.get(res, ns, name)
+            if obj is None:
+                raise not_found(res, name)
+            return 200, obj
+
+    def _list(self, res, ns, q):
+        terms = parse_label_selector(q.get("labelSelector"))
+        with self.store.cond:
+            items = [copy.deepcopy(o) for o in self.store.items(res, ns)
+                     if labels_match(terms, o) and fields_match(q.get("fieldSelector"), o)]
+            rv = str(self.store.rv)
+        if not res.group:
+            # The API server leaves kind/apiVersion off the items of built-in lists.
+            for o in items:
+                o.pop("kind", None)
+                o.pop("apiVersion", None)
+        return 200, {"kind": res.kind + "List", "apiVersion": res.api_version,
+                     "metadata": {"resourceVersion": rv}, "items": items}
+
+    def do_list(self, res, ns, name, q, body):
+        return self._list(res, ns, q)
+
+    def parse_object(self, body, content_type):
+        try:
+            if "yaml" in content_type:
+                obj = yaml.safe_load(body.decode())
+            else:
+                obj = json.loads(body.decode() or "null")
+        except (ValueError, yaml.YAMLError) as e:
+            raise ApiError(400, "BadRequest", "the body of the request was in an unknown format: %s" % e)
+        if not isinstance(obj, dict):
+            raise ApiError(400, "BadRequest", "the body of the request must be an object")
+        return obj
+
+    def check_identity(self, res, ns, name, obj):
+        if obj.get("apiVersion") != res.api_version or obj.get("kind") != res.kind:
+            raise ApiError(400, "BadRequest", "the API version in the data (%s) does not match the "
+                           "expected API version (%s)" % (obj.get("apiVersion"), res.api_version)
+                           if obj.get("apiVersion") != res.api_version else
+                           "the kind in the data (%s) does not match the expected kind (%s)"
+                           % (obj.get("kind"), res.kind))
+        md = obj.get("metadata") or {}
+        if res.namespaced and md.get("namespace") and md["namespace"] != ns:
+            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match "
+                           "the namespace sent on the request")
+        if name and md.get("name") and md["name"] != name:
+            raise ApiError(400, "BadRequest", "the name of the object (%s) does not match the name "
+                           "on the URL (%s)" % (md["name"], name))
+
+    def finish_write(self, res, obj, old, q, type_):
+        """Validation, controller-owned fields, storage (unless dryRun)."""
+        if res.kind in CONTROLLER_STATUS:
+            if old is not None and "status" in old:
+                obj["status"] = copy.deepcopy(old["status"])
+            elif old is None:
+                obj.pop("status", None)
+        validate_or_422(res, obj)
+        if res.kind == "Secret":
+            # stringData is write-only: the API server folds it into data.
+            string_data = obj.pop("stringData", None) or {}
+            if string_data:
+                data = obj.setdefault("data", {})
+                for k, v in string_data.items():
+                    data[k] = base64.b64encode(v.encode()).decode()
+            obj.setdefault("type", "Opaque")
+        if res.kind == "Service":
+            check_service(self.store, obj, old)
+        if old is not None and res.group and old.get("spec") != obj.get("spec"):
+            obj["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        if q.get("dryRun") == "All":
+            obj["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"] if old else ""
+            return obj
+        self.store.put(res, obj, type_)
+        if res.kind == "Service":
+            reserve_node_ports(self.store, obj)
+        if res.kind == "KubeVirt":
+            self.store.plugin_due = time.monotonic() + self.server.args.device_plugin_delay
+        return obj
+
+    def do_create(self, res, ns, name, q, body):
+        obj = self.parse_object(body, self.headers.get("Content-Type", ""))
+        self.check_identity(res, ns, "", obj)
+        with self.store.cond:
+            self.require_namespace(res, ns)
+            md = obj.get("metadata") or {}
+            if md.get("name") and self.store.get(res, ns, md["name"]) is not None:
+                raise ApiError(409, "AlreadyExists", '%s "%s" already exists' % (res.qualified, md["name"]),
+                               {"name": md["name"], "group": res.group, "kind": res.plural})
+            for k in ("resourceVersion",):
+                if md.get(k):
+                    raise ApiError(400, "BadRequest", "resourceVersion should not be set on objects to be created")
+            new = self.store.make(res, obj, ns)
+            if res.kind == "Namespace":
+                new["status"] = {"phase": "Active"}
+                new.setdefault("spec", {"finalizers": ["kubernetes"]})
+            return 201, self.finish_write(res, new, None, q, "ADDED")
+
+    def conflict(self, res, name):
+        return ApiError(409, "Conflict", 'Operation cannot be fulfilled on %s "%s": the object has been '
+                        'modified; please apply your changes to the latest version and try again'
+                        % (res.qualified, name), {"name": name, "group": res.group, "kind": res.plural})
+
+    def do_update(self, res, ns, name, q, body):
+        obj = self.parse_object(body, self.headers.get("Content-Type", ""))
+        self.check_identity(res, ns, name, obj)
+        with self.store.cond:
+            old = self.store.get(res, ns, name)
+            if old is None:
+                raise not_found(res, name)
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if not rv and res.group:
+                raise ApiError(422, "Invalid", '%s "%s" is invalid: metadata.resourceVersion: Invalid '
+                               'value: 0x0: must be specified for an update' % (res.kind_qualified, name))
+            if rv and rv != old["metadata"]["resourceVersion"]:
+                raise self.conflict(res, name)
+            new = copy.deepcopy(obj)
+            new["metadata"] = dict(new.get("metadata") or {})
+            for k in ("uid", "creationTimestamp", "generation"):
+                if k in old["metadata"]:
+                    new["metadata"][k] = old["metadata"][k]
+            new["metadata"]["namespace"] = old["metadata"].get("namespace")
+            if not res.namespaced:
+                new["metadata"].pop("namespace", None)
+            return 200, self.finish_write(res, new, old, q, "MODIFIED")
+
+    def do_patch(self, res, ns, name, q, body):
+        ctype = self.headers.get("Content-Type", "").split(";")[0].strip()
+        with self.store.cond:
+            old = self.store.get(res, ns, name)
+            if ctype == "application/apply-patch+yaml":
+                if not q.get("fieldManager"):
+                    raise ApiError(400, "BadRequest", "PATCH, fieldManager is required for apply requests")
+                applied = self.parse_object(body, "yaml")
+                self.check_identity(res, ns, name, applied)
+                if not (applied.get("metadata") or {}).get("name"):
+                    raise ApiError(400, "BadRequest", "metadata.name is required for apply requests")
+                if old is None:
+                    self.require_namespace(res, ns)
+                    new = self.store.make(res, applied, ns)
+                    return 201, self.finish_write(res, new, None, q, "ADDED")
+                new = apply_merge(old, applied)
+                new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+                return 200, self.finish_write(res, new, old, q, "MODIFIED")
+            if ctype == "application/merge-patch+json":
+                if old is None:
+                    raise not_found(res, name)
+                patch = self.parse_object(body, "json")
+                prv = (patch.get("metadata") or {}).get("resourceVersion")
+                if prv and prv != old["metadata"]["resourceVersion"]:
+                    raise self.conflict(res, name)
+                new = merge_patch(old, patch)
+                for k in ("uid", "creationTimestamp", "name", "namespace"):
+                    if k in old["metadata"]:
+                        new["metadata"][k] = old["metadata"][k]
+                self.check_identity(res, ns, name, new)
+                return 200, self.finish_write(res, new, old, q, "MODIFIED")
+            raise ApiError(415, "UnsupportedMediaType",
+                           "the fake API server does not support patch type %s" % ctype)
+
+    def do_delete(self, res, ns, name, q, body):
+        opts = {}
+        if body:
+            try:
+                opts = json.loads(body.decode())
+            except ValueError:
+                raise ApiError(400, "BadRequest", "DeleteOptions are not valid JSON")
+        propagation = q.get("propagationPolicy") or opts.get("propagationPolicy") or "Background"
+        with self.store.cond:
+            old = self.store.get(res, ns, name)
+            if old is None:
+                raise not_found(res, name)
+            if q.get("dryRun") != "All":
+                self.store.drop(res, old, propagation)
+            return 200, old
+
+    # --- watch
+
+    def watch(self, res, ns, q):
+        s = self.store
+        terms = parse_label_selector(q.get("labelSelector"))
+        fsel = q.get("fieldSelector")
+        timeout = float(q.get("timeoutSeconds") or 1800)
+        bookmarks = q.get("allowWatchBookmarks") in ("true", "1")
+        rv = q.get("resourceVersion", "")
+        deadline = time.monotonic() + timeout
+        drop_after = self.server.args.drop_watch_after
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(doc):
+            data = json.dumps(doc).encode() + b"\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def matches(o):
+            if res.namespaced and ns and o["metadata"].get("namespace") != ns:
+                return False
+            return labels_match(terms, o) and fields_match(fsel, o)
+
+        with s.cond:
+            gen = s.drop_generation
+            if rv not in ("", "0") and int(rv) < s.compacted:
+                msg = "too old resource version: %s (%d)" % (rv, s.compacted)
+                if s.gone_style == "http":
+                    # Some servers refuse the request itself instead.
+                    doc = status_doc(410, "Expired", msg)
+                    body = json.dumps(doc).encode()
+                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+                    return
+                chunk({"type": "ERROR", "object": status_doc(410, "Expired", msg)})
+                self.wfile.write(b"0\r\n\r\n")
+                return
+            if rv in ("", "0"):
+                initial = [copy.deepcopy(o) for o in s.items(res, ns) if matches(o)]
+                pos = s.rv
+            else:
+                initial, pos = [], int(rv)
+        sent = 0
+        try:
+            for o in initial:
+                chunk({"type": "ADDED", "object": o})
+                sent += 1
+            last_bookmark = time.monotonic()
+            while True:
+                with s.cond:
+                    events = [(r, t, o) for (r, t, er, o) in s.history
+                              if r > pos and er.plural == res.plural and matches(o)]
+                    if not events:
+                        wait = min(deadline - time.monotonic(), self.server.args.bookmark_interval, 0.25)
+                        if wait > 0:
+                            s.cond.wait(wait)
+                        events = [(r, t, o) for (r, t, er, o) in s.history
+                                  if r > pos and er.plural == res.plural and matches(o)]
+                    head = s.rv
+                    dropped = s.drop_generation != gen
+                if dropped:
+                    return self.abort()
+                for r, t, o in events:
+                    chunk({"type": t, "object": o})
+                    pos = r
+                    sent += 1
+                    if drop_after and sent >= drop_after:
+                        return self.abort()
+                if not events:
+                    pos = max(pos, head)
+                if bookmarks and time.monotonic() - last_bookmark >= self.server.args.bookmark_interval:
+                    chunk({"type": "BOOKMARK", "object": {
+                        "kind": res.kind, "apiVersion": res.api_version,
+                        "metadata": {"resourceVersion": str(pos)}}})
+                    last_bookmark = time.monotonic()
+                if time.monotonic() >= deadline:
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                    return
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
+            self.close_connection = True
+
+    def abort(self):
+        """Cut the stream: no terminating chunk, no TLS close_notify."""
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    # --- test control
+
+    def control(self, path, body):
+        s = self.store
+        doc = json.loads(body.decode() or "{}") if body else {}
+        with s.cond:
+            if path == "/_fake/compact":
+                s.compacted = s.rv
+                s.history = []
+            elif path == "/_fake/drop-watches":
+                s.drop_generation += 1
+                s.cond.notify_all()
+            elif path == "/_fake/forbid" and self.command == "POST":
+                s.forbidden.append((doc["verb"], doc["resource"], doc.get("namespace", "*")))
+            elif path == "/_fake/forbid" and self.command == "DELETE":
+                s.forbidden = []
+            elif path == "/_fake/vfio":
+                s.vfio = {k.upper(): int(v) for k, v in doc.items()}
+                s.plugin_due = time.monotonic() + self.server.args.device_plugin_delay
+            elif path == "/_fake/gone":
+                s.gone_style = doc.get("style", "event")
+            elif path == "/_fake/requests":
+                return self.send_json(200, {"requests": list(s.requests)})
+            else:
+                return self.send_json(404, {"error": "no such control endpoint"})
+            rv = s.rv
+        self.send_json(200, {"ok": True, "resourceVersion": str(rv)})
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, addr, family, ctx, store, args, tokens):
+        self.address_family = family
+        self.ssl_context, self.store, self.args, self.tokens = ctx, store, args, tokens
+        super().__init__(addr, Handler)
+
+    def finish_request(self, request, client_address):
+        # The TLS handshake runs in the connection's own thread.
+        try:
+            request = self.ssl_context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as e:
+            if self.args.verbose:
+                sys.stderr.write("kube_apiserver: TLS handshake failed: %s\n" % e)
+            return
+        super().finish_request(request, client_address)
+
+
+# ---------------------------------------------------------------- start-up
+
+def seed(store, args):
+    def add(obj):
+        res = RES_BY_KIND[(obj["apiVersion"], obj["kind"])]
+        ns = (obj.get("metadata") or {}).get("namespace", "")
+        new = store.make(res, obj, ns)
+        if "status" in obj:
+            new["status"] = obj["status"]
+        errors = k8s_schema.validate(new)
+        if errors:
+            sys.exit("kube_apiserver: seed object %s/%s is invalid: %s" %
+                     (obj["kind"], obj["metadata"].get("name"), "; ".join(errors)))
+        store.put(res, new, "ADDED")
+
+    for ns in ("default", "kube-system", "kubevirt"):
+        add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
+             "status": {"phase": "Active"}})
+    add({"apiVersion": "v1", "kind": "Node",
+         "metadata": {"name": args.node_name, "labels": {
+             "kubernetes.io/hostname": args.node_name, "kubevirt.io/schedulable": "true"}},
+         "status": {"capacity": {"cpu": "64", "memory": "263842456Ki", "pods": "110",
+                                 "devices.kubevirt.io/kvm": "1k"},
+                    "allocatable": {"cpu": "64", "memory": "263740056Ki", "pods": "110",
+                                    "devices.kubevirt.io/kvm": "1k"},
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                    "message": "kubelet is posting ready status"}]}})
+    if not args.no_kubevirt_cr:
+        # The runbook's CR before any allowlist (kubevirt/kubevirt-cr.yaml).
+        add({"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+             "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+             "spec": {"configuration": {"imagePullPolicy": "IfNotPresent"},
+                      "imagePullPolicy": "IfNotPresent"},
+             "status": {"phase": "Deployed", "observedKubeVirtVersion": "v1.9.0"}})
+    for path in args.seed or []:
+        with open(path) as f:
+            for doc in yaml.safe_load_all(f):
+                if not doc:
+                    continue
+                res = RES_BY_KIND[(doc["apiVersion"], doc["kind"])]
+                ns = (doc.get("metadata") or {}).get("namespace", "")
+                old = store.get(res, ns, doc["metadata"]["name"])
+                if old is not None:
+                    store.drop(res, old, "Orphan")
+                add(doc)
+
+
+def write_pki(directory, port):
+    os.makedirs(directory, exist_ok=True)
+    ca = testpki.make_ca(directory, "ca", "fake-kubernetes-ca")
+    server = testpki.make_cert(directory, "apiserver", ca, "kube-apiserver",
+                               ["IP:127.0.0.1", "IP:::1", "DNS:localhost",
+                                "DNS:kubernetes.default.svc"])
+    testpki.make_cert(directory, "admin", ca, "admin", client=True, org="system:masters")
+    token = secrets.token_urlsafe(24)
+    token_path = os.path.join(directory, "token")
+    with open(os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(token + "\n")
+    return ca, server, token
+
+
+def write_kubeconfig(directory, url):
+    def b64(name):
+        with open(os.path.join(directory, name), "rb") as f:
+            return base64.b64encode(f.read()).decode()
+    cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
+           "clusters": [{"name": "fake", "cluster": {"server": url,
+                                                     "certificate-authority-data": b64("ca.crt")}}],
+           "users": [{"name": "admin", "user": {"client-certificate-data": b64("admin.crt"),
+                                                "client-key-data": b64("admin.key")}}],
+           "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "admin"}}]}
+    path = os.path.join(directory, "kubeconfig")
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        yaml.safe_dump(cfg, f)
+
+
+def parse_vfio(specs):
+    inv = {}
+    for spec in specs or []:
+        for part in spec.split(","):
+            k, _, v = part.partition("=")
+            inv[k.strip().upper()] = int(v or "1")
+    return inv
+
+
+def main():
+    p = argparse.ArgumentParser(description="fake Kubernetes API server with a fake KubeVirt")
+    p.add_argument("--bind", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--port-file")
+    p.add_argument("--pki-dir", required=True)
+    p.add_argument("--token", action="append", default=[], help="an extra accepted bearer token")
+    p.add_argument("--anonymous", action="store_true", help="accept unauthenticated requests")
+    p.add_argument("--forbid", action="append", default=[], help="VERB:RESOURCE[:NAMESPACE] -> 403")
+    p.add_argument("--drop-watch-after", type=int, default=0)
+    p.add_argument("--bookmark-interval", type=float, default=1.0)
+    p.add_argument("--device-plugin-delay", type=float, default=0.3)
+    p.add_argument("--node-name", default="utho")
+    p.add_argument("--vfio-cards", action="append", help="VENDOR:DEVICE=COUNT on vfio-pci")
+    p.add_argument("--host-root", help="a sysfs tree to count vfio-pci cards in")
+    p.add_argument("--seed", action="append", help="YAML objects to start with")
+    p.add_argument("--no-kubevirt-cr", action="store_true")
+    p.add_argument("--tick", type=float, default=0.1, help="controller period (s)")
+    p.add_argument("--verbose", action="store_true")
+    args = p.parse_args()
+    args.vfio_inventory = host_vfio_inventory(args.host_root) if args.host_root else parse_vfio(args.vfio_cards)
+
+    ca, server_cert, token = write_pki(args.pki_dir, args.port)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(*server_cert)
+    ctx.load_verify_locations(ca[0])
+    ctx.verify_mode = ssl.CERT_OPTIONAL  # token clients send no certificate
+    tokens = {token} | set(args.token)
+
+    store = Store(args)
+    with store.cond:
+        seed(store, args)
+    family = socket.AF_INET6 if ":" in args.bind else socket.AF_INET
+    srv = Server((args.bind, args.port), family, ctx, store, args, tokens)
+    for f in args.forbid:
+        parts = f.split(":")
+        store.forbidden.append((parts[0], parts[1], parts[2] if len(parts) > 2 else "*"))
+    port = srv.server_address[1]
+    host = "[%s]" % args.bind if ":" in args.bind else args.bind
+    url = "https://%s:%d" % (host, port)
+    write_kubeconfig(args.pki_dir, url)
+
+    controller = KubeVirtController(store, args.node_name)
+
+    def loop():
+        while True:
+            try:
+                controller.tick()
+            except Exception as e:  # a bug in the fake must be loud, not fatal
+                sys.stderr.write("kube_apiserver: controller error: %r\n" % e)
+            time.sleep(args.tick)
+    threading.Thread(target=loop, daemon=True).start()
+
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(str(port))
+        os.rename(tmp, args.port_file)
+    print("kube_apiserver: listening on " + url, flush=True)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
