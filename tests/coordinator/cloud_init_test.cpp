@@ -441,6 +441,9 @@ class InstallScript : public ::testing::Test {
   void lay_out(const std::string& sha) {
     auto p = sample_cloud_init_params();
     p.agent_sha256 = sha;
+    lay_out(p);
+  }
+  void lay_out(const CloudInitParams& p) {
     doc_ = parsed(render_ok(p).text);
     for (const auto& f : doc_["write_files"]) {
       fs::path path = root_ / f["path"].get<std::string>().substr(1);
@@ -540,6 +543,73 @@ TEST_F(InstallScript, StopsWhenTheDownloadFails) {
   auto r = run_script();
   EXPECT_FALSE(r.ok()) << r.output;
   EXPECT_NE(r.output.find("503"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(installed()));
+  EXPECT_FALSE(leftovers());
+  EXPECT_FALSE(fs::exists(dir_ / "systemctl.log"));
+}
+
+// The whole fetch with the real curl against a real TLS server on loopback
+// (tests/fakes/http_test_server.py, certificates from testpki.py): the
+// download works when the server's certificate chains to the CA in the
+// user-data, and nothing is installed when it does not.
+class InstallScriptRealCurl : public InstallScript {
+ protected:
+  void SetUp() override {
+    InstallScript::SetUp();
+    curl_ = which("curl");
+    ASSERT_FALSE(curl_.empty()) << "curl is not installed";
+    pki_ = dir_ / "pki";
+    fs::create_directories(pki_);
+    auto testpki = (source_dir() / "tests/fakes/testpki.py").string();
+    for (const auto& argv : std::vector<std::vector<std::string>>{
+             {debian_python(), testpki, "ca", pki_.string(), "ca"},
+             {debian_python(), testpki, "ca", pki_.string(), "other-ca"},
+             {debian_python(), testpki, "cert", pki_.string(), "server", "ca", "127.0.0.1", "--san",
+              "IP:127.0.0.1"}}) {
+      auto r = run(argv);
+      ASSERT_TRUE(r.ok()) << r.output;
+    }
+    auto port_file = dir_ / "port";
+    server_ = Process({debian_python(), (source_dir() / "tests/fakes/http_test_server.py").string(),
+                       "--port-file", port_file.string(), "--cert", (pki_ / "server.crt").string(),
+                       "--key", (pki_ / "server.key").string()},
+                      dir_ / "server.log");
+    ASSERT_TRUE(eventually([&] { return fs::exists(port_file); })) << server_.log();
+    port_ = slurp(port_file);
+    // The real curl, but with no retries: the script's 60 x 10 s are for a
+    // guest waiting for its coordinator, not for a test expecting a failure.
+    fake("curl", "echo \"$@\" > '" + (dir_ / "curl.args").string() + "'\nexec " + curl_ +
+                     " \"$@\" --retry 0\n");
+    fake("systemctl", "echo \"$@\" >> '" + (dir_ / "systemctl.log").string() + "'\n");
+  }
+
+  CloudInitParams params(const std::string& ca_name, size_t bytes) {
+    auto p = sample_cloud_init_params();
+    p.ca_pem = slurp(pki_ / (ca_name + ".crt"));
+    p.agent_binary_url = "https://127.0.0.1:" + port_ + "/big?bytes=" + std::to_string(bytes);
+    p.agent_sha256 = sha256_hex(std::string(bytes, 'x'));  // what /big serves
+    return p;
+  }
+
+  std::string curl_, port_;
+  fs::path pki_;
+  Process server_;
+};
+
+TEST_F(InstallScriptRealCurl, DownloadsOverTlsPinnedToTheUserDataCa) {
+  lay_out(params("ca", 100000));
+  auto r = run_script();
+  ASSERT_TRUE(r.ok()) << r.describe() << ":\n" << r.output << "\nserver:\n" << server_.log();
+  EXPECT_EQ(slurp(installed()), std::string(100000, 'x'));
+  EXPECT_EQ(slurp(dir_ / "systemctl.log"), "daemon-reload\nenable --now factory-agent.service\n");
+}
+
+TEST_F(InstallScriptRealCurl, RefusesAServerItsCaDidNotSign) {
+  lay_out(params("other-ca", 1000));
+  auto r = run_script();
+  EXPECT_FALSE(r.ok()) << r.output;
+  EXPECT_NE(r.output.find("curl: (60)"), std::string::npos) << "want a certificate error:\n"
+                                                            << r.output;
   EXPECT_FALSE(fs::exists(installed()));
   EXPECT_FALSE(leftovers());
   EXPECT_FALSE(fs::exists(dir_ / "systemctl.log"));
