@@ -1,0 +1,177 @@
+#!/bin/bash
+# The guest simulator: builds a directory tree that the agent treats as an
+# Ubuntu guest's root (GuestEnv::root), with stand-in programs on PATH that
+# keep their state under it. It is a SIMULATION, for tests on a machine with
+# no GPU and no VM: see tests/guestsim/README.md for what it models and what
+# it does not.
+#
+#   guestsim.sh create ROOT [--profile l4|h200|l4-gpu-operator|none]
+#                           [--ollama-port PORT] [--fixtures DIR] [--python PYTHON]
+#   guestsim.sh path ROOT       the PATH the agent runs with in this guest
+#   guestsim.sh stop ROOT       stops the guest's services (the stand-in Ollama server)
+#   guestsim.sh counters ROOT   every invocation counter, NAME=N per line
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$(readlink -f "$0")")" && pwd)"
+
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+cmd="${1:-}"; root="${2:-}"
+[ -n "$cmd" ] && [ -n "$root" ] || usage
+shift 2
+
+case "$cmd" in
+  path)
+    echo "$root/.guestsim/bin:$root/.guestsim/installed-bin:/usr/bin:/bin"
+    exit 0 ;;
+  counters)
+    for f in "$root"/.guestsim/state/counters/*; do
+      [ -f "$f" ] || continue
+      case "$f" in *.lock|*.tmp) continue ;; esac
+      echo "$(basename "$f")=$(cat "$f")"
+    done
+    exit 0 ;;
+  stop)
+    for f in "$root"/.guestsim/state/services/*.pid; do
+      [ -f "$f" ] || continue
+      pid="$(cat "$f")"
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+      kill -9 "$pid" 2>/dev/null || true
+      rm -f "$f"
+    done
+    exit 0 ;;
+  create) ;;
+  *) usage ;;
+esac
+
+profile=l4
+port=11434
+fixtures="$(cd "$HERE/../../.." && pwd)/shared/fixtures/real"
+[ -n "${FACTORY_SHARED_DIR:-}" ] && fixtures="$FACTORY_SHARED_DIR/fixtures/real"
+python=/usr/bin/python3
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --profile) profile="$2"; shift 2 ;;
+    --ollama-port) port="$2"; shift 2 ;;
+    --fixtures) fixtures="$2"; shift 2 ;;
+    --python) python="$2"; shift 2 ;;
+    *) usage ;;
+  esac
+done
+pf="$HERE/profiles/$profile.env"
+[ -f "$pf" ] || { echo "guestsim: unknown profile '$profile' (profiles: $(ls "$HERE/profiles" | sed 's/\.env$//' | tr '\n' ' '))" >&2; exit 2; }
+[ -d "$fixtures" ] || { echo "guestsim: no fixtures at $fixtures (set FACTORY_SHARED_DIR or --fixtures)" >&2; exit 2; }
+if [ -e "$root/.guestsim" ]; then
+  echo "guestsim: $root already holds a simulated guest" >&2; exit 1
+fi
+# shellcheck source=/dev/null
+source "$pf"
+
+G="$root/.guestsim"
+mkdir -p "$G"/{bin,installed-bin,knobs,data,log} "$G"/state/{counters,dpkg,dkms,services,apt,ollama}
+root="$(cd "$root" && pwd)"
+G="$root/.guestsim"
+
+cat > "$G/config" <<EOF
+profile=$profile
+kernel=$KERNEL
+hostname=$HOSTNAME
+ollama_port=$port
+python=$python
+fixtures=$fixtures
+ollama_latest=0.40.2
+network_nvidia_package_version=615.71.09-1ubuntu1
+EOF
+cp "$pf" "$G/profile.env"
+
+# The captures the stand-ins answer with, copied from the shared fixtures.
+cp "$fixtures/l4-runbook/tenant1-nvidia-smi-idle.txt" "$G/data/l4-nvidia-smi-idle.txt"
+cp "$fixtures/l4-runbook/tenant1-nvidia-smi-ollama-loaded.txt" "$G/data/l4-nvidia-smi-ollama-loaded.txt"
+cp "$fixtures/h200-passthrough-vm/nvidia-smi.txt" "$G/data/h200-nvidia-smi.txt"
+cp "$fixtures/h200-passthrough-vm/nvidia-smi-q-x.xml" "$G/data/h200-nvidia-smi-q-x.xml"
+cp "$fixtures/third-party/pci.ids-nvidia-2025.07.11" "$G/data/pci.ids"
+chmod u+w "$G"/data/*
+
+# The commands every Ubuntu guest has; nvidia-smi and ollama appear in
+# installed-bin only when a package or the install script puts them there.
+for f in "$HERE"/bin/*; do
+  case "$(basename "$f")" in _*) continue ;; esac
+  ln -s "$f" "$G/bin/$(basename "$f")"
+done
+
+# sysfs: one directory per PCI function, with the attribute files and the
+# driver symlink the kernel provides.
+mkdir -p "$root/sys/bus/pci/devices" "$root/sys/bus/pci/drivers" "$root/sys/module"
+add_function() {  # address vendor device class driver subvendor subdevice revision
+  local d="$root/sys/bus/pci/devices/$1"
+  mkdir -p "$d"
+  echo "$2" > "$d/vendor"; echo "$3" > "$d/device"; echo "$4" > "$d/class"
+  echo "${6:-0x0000}" > "$d/subsystem_vendor"; echo "${7:-0x0000}" > "$d/subsystem_device"
+  echo "${8:-0x00}" > "$d/revision"
+  if [ -n "$5" ]; then
+    mkdir -p "$root/sys/bus/pci/drivers/$5"
+    ln -s "../../../bus/pci/drivers/$5" "$d/driver"
+  fi
+}
+for spec in $OTHER_FUNCTIONS; do
+  IFS=',' read -r a v d c drv <<< "$spec"
+  sv="$v"; sd="$d"; [ "$v" = 0x8086 ] && { sv=0x0000; sd=0x0000; }
+  add_function "$a" "$v" "$d" "$c" "$drv" "$sv" "$sd"
+done
+for a in $GPU_FUNCTIONS; do
+  add_function "$a" "$GPU_VENDOR" "$GPU_DEVICE" "$GPU_CLASS" "" "$GPU_SUBSYSTEM_VENDOR" "$GPU_SUBSYSTEM_DEVICE" "$GPU_REVISION"
+done
+
+# /proc and the boot id.
+mkdir -p "$root/proc/sys/kernel/random"
+cat /proc/sys/kernel/random/uuid > "$root/proc/sys/kernel/random/boot_id"
+printf '%s\n' "virtio_net 77824 0 - Live 0x0000000000000000" "virtio_blk 28672 2 - Live 0x0000000000000000" > "$root/proc/modules"
+
+# /etc: Ubuntu 24.04, as the real VM's os-release says (host-facts.txt).
+mkdir -p "$root/etc/apt/sources.list.d" "$root/etc/systemd/system" "$root/usr/share/keyrings" \
+         "$root/var/log" "$root/var/cache" "$root/var/lib/dpkg"
+cat > "$root/etc/os-release" <<'EOF'
+PRETTY_NAME="Ubuntu 24.04.3 LTS"
+NAME="Ubuntu"
+VERSION_ID="24.04"
+VERSION="24.04.3 LTS (Noble Numbat)"
+VERSION_CODENAME=noble
+ID=ubuntu
+ID_LIKE=debian
+UBUNTU_CODENAME=noble
+EOF
+echo "$HOSTNAME" > "$root/etc/hostname"
+
+# What a fresh Ubuntu cloud image has installed (of what the plan touches).
+pkg() { printf 'Status: install ok installed\nVersion: %s\n' "$2" > "$G/state/dpkg/$1"; }
+pkg ca-certificates 20240203
+pkg curl 8.5.0-2ubuntu10.6
+
+ts() { date '+%b %e %H:%M:%S'; }
+{
+  echo "$(ts) $HOSTNAME kernel: [    0.000000] Linux version $KERNEL (buildd@lcy02-amd64-001) #1 SMP PREEMPT_DYNAMIC"
+  for a in $GPU_FUNCTIONS; do
+    echo "$(ts) $HOSTNAME kernel: [    0.412345] pci $a: [${GPU_VENDOR#0x}:${GPU_DEVICE#0x}] type 00 class $GPU_CLASS PCIe Legacy Endpoint"
+  done
+} > "$root/var/log/kern.log"
+sed 's/^.*kernel: //' "$root/var/log/kern.log" > "$G/state/dmesg"
+
+# A driver that came with the image (the H200 VM), or with the GPU Operator.
+live_driver() {
+  mkdir -p "$root/sys/module/nvidia" "$root/sys/bus/pci/drivers/nvidia"
+  echo "$DRIVER_VERSION" > "$root/sys/module/nvidia/version"
+  echo "nvidia 14376960 0 - Live 0x0000000000000000 (POE)" >> "$root/proc/modules"
+  for a in $GPU_FUNCTIONS; do ln -sfn ../../../bus/pci/drivers/nvidia "$root/sys/bus/pci/devices/$a/driver"; done
+}
+case "$DRIVER_PREINSTALLED" in
+  yes)
+    echo "$DRIVER_VERSION" > "$G/state/dkms/nvidia.$KERNEL"
+    live_driver
+    ln -s "$HERE/opt/nvidia-smi" "$G/installed-bin/nvidia-smi" ;;
+  operator)
+    live_driver
+    mkdir -p "$root/run/nvidia/driver/usr/bin"
+    ln -s "$HERE/opt/nvidia-smi" "$root/run/nvidia/driver/usr/bin/nvidia-smi" ;;
+esac
+echo "guestsim: created a simulated '$profile' guest at $root"
