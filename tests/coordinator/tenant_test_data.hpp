@@ -3,9 +3,9 @@
 // manifests (tests/fixtures/runbook, copied verbatim from the seed), sample
 // public keys and a CA certificate (public halves only; the private keys were
 // thrown away), and the real validators those tests run:
-//   - Kubernetes objects: tests/fakes/k8s_schema.py when the fake API server
-//     has it, else tests/fakes/validate_kubevirt.py (real KubeVirt OpenAPI,
-//     python3-kubernetes' models for core kinds);
+//   - Kubernetes objects: tests/fakes/k8s_schema.py, the fake API server's
+//     validator (the real KubeVirt and CDI OpenAPI documents, python3-kubernetes'
+//     models for core kinds, unknown fields rejected);
 //   - user-data: Debian's `cloud-init schema --config-file`.
 // A missing validator fails the test with the reason; it never passes quietly.
 #include <gtest/gtest.h>
@@ -102,13 +102,11 @@ inline const std::string& debian_python() {
   return p;
 }
 
-// The Kubernetes object validator this tree has; FAILS the test if none.
+// The fake API server's schema validator; FAILS the test if it is missing.
 inline std::string k8s_validator_script() {
-  auto fakes = source_dir() / "tests" / "fakes";
-  for (const char* name : {"k8s_schema.py", "validate_kubevirt.py"})
-    if (std::filesystem::exists(fakes / name)) return (fakes / name).string();
-  ADD_FAILURE() << "no Kubernetes schema validator in " << fakes
-                << " (want k8s_schema.py or validate_kubevirt.py)";
+  auto script = source_dir() / "tests" / "fakes" / "k8s_schema.py";
+  if (std::filesystem::exists(script)) return script.string();
+  ADD_FAILURE() << "the Kubernetes schema validator " << script << " is missing";
   return {};
 }
 
