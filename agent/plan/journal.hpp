@@ -1,0 +1,101 @@
+#pragma once
+// The plan journal: the agent's memory of where it is in a plan, on disk so it
+// survives the agent being killed and the guest rebooting. It is written
+// (atomically, fsync'd) BEFORE each action, so after any interruption the
+// agent knows which step it was in and what it had asked for (a reboot, and
+// from which boot).
+//
+// Files under <state_dir>/plan/:
+//   journal.json          the current plan's journal
+//   journal.prev.json     the previous plan's, kept when a new plan arrives
+//   journal.corrupt.json  a journal that failed to load, kept for post-mortems
+//
+// A journal carries a checksum of its own content; one that does not parse,
+// has the wrong schema or a wrong checksum is "corrupt" and the engine starts
+// the plan over (every step's check() makes that cheap).
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+
+namespace factory::agent {
+
+enum class StepState { pending, running, succeeded, failed, reboot_requested };
+enum class PlanState { running, succeeded, failed };
+
+const char* to_string(StepState s);
+const char* to_string(PlanState s);
+std::optional<StepState> step_state_from(const std::string& s);
+std::optional<PlanState> plan_state_from(const std::string& s);
+
+struct StepRecord {
+  std::string id;
+  std::string kind;
+  StepState state = StepState::pending;
+  bool skipped = false;        // check() found it already done
+  std::string phase;           // what it was doing: check | apply | verify | verify_after_reboot
+  int attempts = 0;            // apply() calls
+  int failures = 0;            // failed attempts, against the step's retries
+  int entries = 0;             // times entered without finishing: the crash counter
+  int reboot_requests = 0;
+  std::string boot_id;         // the boot in which the last reboot was requested
+  std::string message;         // last outcome, one line
+  std::string output_tail;     // last lines of the failing command
+  nlohmann::json diagnosis;    // null, or Diagnosis::to_json()
+  std::string started_at;      // RFC 3339
+  std::string finished_at;
+
+  void reset();                // back to pending, counters cleared (retry)
+  nlohmann::json to_json() const;
+};
+
+struct JournalState {
+  std::string plan_hash;
+  std::string tier;
+  nlohmann::json plan;         // the plan itself, so it resumes after boot without the coordinator
+  PlanState state = PlanState::running;
+  std::vector<StepRecord> steps;
+  std::string created_at;
+  std::string updated_at;
+
+  size_t steps_done() const;   // succeeded steps
+  nlohmann::json to_json() const;  // the document on disk, without its checksum
+};
+
+class PlanJournal {
+ public:
+  static constexpr const char* kSchema = "factory.plan-journal/v1";
+  // Output tails are capped so a chatty failing command cannot bloat the journal.
+  static constexpr size_t kMaxTail = 4096;
+
+  explicit PlanJournal(std::filesystem::path dir);
+
+  struct Loaded {
+    enum class Kind { missing, ok, corrupt } kind = Kind::missing;
+    JournalState state;
+    std::string problem;  // why it is corrupt
+  };
+  Loaded load() const;
+  Status save(JournalState& state) const;  // stamps updated_at; atomic + fsync
+  Status archive() const;                  // journal.json -> journal.prev.json
+  Status quarantine() const;               // journal.json -> journal.corrupt.json
+
+  const std::filesystem::path& dir() const { return dir_; }
+  std::filesystem::path file() const { return dir_ / "journal.json"; }
+  std::filesystem::path prev_file() const { return dir_ / "journal.prev.json"; }
+  std::filesystem::path corrupt_file() const { return dir_ / "journal.corrupt.json"; }
+
+  // Parses and checks a journal document (schema, checksum, plan hash, step
+  // list matching the plan). Used by load(); public for tests.
+  static Result<JournalState> parse(const std::string& text);
+
+ private:
+  Status rename_current(const std::filesystem::path& to) const;
+  std::filesystem::path dir_;
+};
+
+}  // namespace factory::agent
