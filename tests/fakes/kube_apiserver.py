@@ -46,7 +46,8 @@ Usage:
   /usr/bin/python3 kube_apiserver.py --pki-dir DIR [--port-file F] [--port N]
       [--vfio-cards 10DE:27B8=2 | --host-root DIR] [--node-name utho]
       [--token T] [--forbid VERB:RESOURCE[:NAMESPACE]] [--drop-watch-after N]
-      [--seed FILE.yaml] [--no-kubevirt-cr] [--bookmark-interval S]
+      [--seed FILE.yaml] [--no-kubevirt-cr] [--no-group cdi.kubevirt.io]
+      [--bookmark-interval S] [--device-plugin-delay S]
 
 It writes into --pki-dir: ca.crt (the cluster CA), admin.crt / admin.key (a
 client certificate it accepts), token (a bearer token it accepts) and
@@ -671,7 +672,7 @@ class Handler(BaseHTTPRequestHandler):
         if not rest or len(rest) > 2:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         res = RES_BY_PATH.get((group, version, rest[0]))
-        if res is None or (ns and not res.namespaced):
+        if res is None or (ns and not res.namespaced) or group in self.server.args.no_group:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         return res, ns, rest[1] if len(rest) == 2 else ""
 
@@ -897,10 +898,11 @@ class Handler(BaseHTTPRequestHandler):
         rv = q.get("resourceVersion", "")
         deadline = time.monotonic() + timeout
         drop_after = self.server.args.drop_watch_after
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+        def start():
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
 
         def chunk(doc):
             data = json.dumps(doc).encode() + b"\n"
@@ -918,10 +920,8 @@ class Handler(BaseHTTPRequestHandler):
                 msg = "too old resource version: %s (%d)" % (rv, s.compacted)
                 if s.gone_style == "http":
                     # Some servers refuse the request itself instead.
-                    doc = status_doc(410, "Expired", msg)
-                    body = json.dumps(doc).encode()
-                    self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
-                    return
+                    return self.send_json(410, status_doc(410, "Expired", msg))
+                start()
                 chunk({"type": "ERROR", "object": status_doc(410, "Expired", msg)})
                 self.wfile.write(b"0\r\n\r\n")
                 return
@@ -930,6 +930,7 @@ class Handler(BaseHTTPRequestHandler):
                 pos = s.rv
             else:
                 initial, pos = [], int(rv)
+        start()
         sent = 0
         try:
             for o in initial:
@@ -1129,6 +1130,8 @@ def main():
     p.add_argument("--host-root", help="a sysfs tree to count vfio-pci cards in")
     p.add_argument("--seed", action="append", help="YAML objects to start with")
     p.add_argument("--no-kubevirt-cr", action="store_true")
+    p.add_argument("--no-group", action="append", default=[],
+                   help="serve no such API group (as if its CRDs were not installed)")
     p.add_argument("--tick", type=float, default=0.1, help="controller period (s)")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args()
