@@ -32,13 +32,20 @@ std::string join(const std::vector<std::string>& v, const std::string& sep = ", 
 
 std::string type_name(const json& j) {
   switch (j.type()) {
-    case json::value_t::object: return "a map";
-    case json::value_t::array: return "a list";
-    case json::value_t::string: return "a string";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::null: return "empty";
-    case json::value_t::number_float: return "a number";
-    default: return "a number";
+    case json::value_t::object:
+      return "a map";
+    case json::value_t::array:
+      return "a list";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::null:
+      return "empty";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "a number";
   }
 }
 
@@ -53,7 +60,8 @@ std::vector<std::string> keys_of(const json& o) {
 }
 
 // Rejects keys outside `allowed`, so a typo ("pakages") is an error, not a default.
-Status only_keys(const json& obj, const std::vector<std::string>& allowed, const std::string& where) {
+Status only_keys(const json& obj, const std::vector<std::string>& allowed,
+                 const std::string& where) {
   for (auto& [key, _] : obj.items())
     if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
       return bad(where, "unknown key '" + key + "' (known: " + join(allowed) + ")");
@@ -182,13 +190,17 @@ struct KindSpec {
   KindCheck check;
 };
 
-bool is_https_url(const std::string& s) { return s.rfind("https://", 0) == 0 && s.size() > 8; }
+bool is_https_url(const std::string& s) {
+  return s.rfind("https://", 0) == 0 && s.size() > 8;
+}
 bool is_http_url(const std::string& s) {
   return is_https_url(s) || (s.rfind("http://", 0) == 0 && s.size() > 7);
 }
 
 Status check_type(const json& v, T t, const std::string& where) {
-  auto want = [&](const char* what) { return bad(where, std::string("must be ") + what + ", got " + type_name(v)); };
+  auto want = [&](const char* what) {
+    return bad(where, std::string("must be ") + what + ", got " + type_name(v));
+  };
   switch (t) {
     case T::string:
       if (!v.is_string()) return want("a string");
@@ -212,9 +224,11 @@ Status check_type(const json& v, T t, const std::string& where) {
     case T::string_map:
       if (!v.is_object()) return want("a map of strings");
       for (auto& [k, x] : v.items())
-        if (!x.is_string()) return bad(where + "." + k, "must be a string (quote it), got " + type_name(x));
+        if (!x.is_string())
+          return bad(where + "." + k, "must be a string (quote it), got " + type_name(x));
       break;
-    case T::any: break;
+    case T::any:
+      break;
   }
   return ok_status();
 }
@@ -223,8 +237,9 @@ Status url_param(const json& p, const std::string& key, const std::string& where
   if (!p.contains(key)) return ok_status();
   const std::string& u = p[key].get_ref<const std::string&>();
   if (https_only ? !is_https_url(u) : !is_http_url(u))
-    return bad(where + "." + key, std::string("must be an ") + (https_only ? "https://" : "http(s)://") +
-                                      " URL, got '" + u + "'");
+    return bad(where + "." + key, std::string("must be an ") +
+                                      (https_only ? "https://" : "http(s)://") + " URL, got '" + u +
+                                      "'");
   return ok_status();
 }
 
@@ -252,7 +267,9 @@ Status check_nvidia_driver(const json& p, const std::string& where) {
   std::string rw = where + ".repo";
   if (auto s = only_keys(repo, {"kind", "url", "cache_dir"}, rw); !s) return s;
   if (!repo.contains("kind") || !repo["kind"].is_string())
-    return bad(rw + ".kind", "required: local (NVIDIA's local repository package) or network (the cuda-keyring package)");
+    return bad(rw + ".kind",
+               "required: local (NVIDIA's local repository package) or network (the cuda-keyring "
+               "package)");
   std::string kind = repo["kind"].get<std::string>();
   if (kind != "local" && kind != "network")
     return bad(rw + ".kind", "must be local or network, got '" + kind + "'");
@@ -278,8 +295,10 @@ Status check_rke2(const json& p, const std::string& where) {
   std::string cw = where + ".config";
   for (const char* k : {"cluster-cidr", "service-cidr", "cluster-dns"})
     if (!c.contains(k) || !c[k].is_string())
-      return bad(cw, std::string("'") + k +
-                         "' is required: the guest cluster needs ranges that cannot clash with the host's");
+      return bad(
+          cw,
+          std::string("'") + k +
+              "' is required: the guest cluster needs ranges that cannot clash with the host's");
   auto pods = Ipv4Cidr::parse(c["cluster-cidr"].get<std::string>());
   if (!pods) return bad(cw + ".cluster-cidr", pods.error().message);
   auto svcs = Ipv4Cidr::parse(c["service-cidr"].get<std::string>());
@@ -293,11 +312,13 @@ Status check_rke2(const json& p, const std::string& where) {
   for (auto& [key, r] : {std::pair{"cluster-cidr", *pods}, std::pair{"service-cidr", *svcs}})
     for (auto& host : {host_pods, host_svcs})
       if (r.overlaps(host))
-        return bad(cw + "." + key, r.str() + " overlaps " + host.str() +
-                                       ", a range of the host cluster (RKE2/k3s default): the guest's "
-                                       "DNS would clash with the host's; pick e.g. 10.52.0.0/16 and 10.53.0.0/16");
+        return bad(cw + "." + key,
+                   r.str() + " overlaps " + host.str() +
+                       ", a range of the host cluster (RKE2/k3s default): the guest's "
+                       "DNS would clash with the host's; pick e.g. 10.52.0.0/16 and 10.53.0.0/16");
   if (!svcs->contains(*dns))
-    return bad(cw + ".cluster-dns", Ipv4Cidr::format_address(*dns) + " is outside service-cidr " + svcs->str());
+    return bad(cw + ".cluster-dns",
+               Ipv4Cidr::format_address(*dns) + " is outside service-cidr " + svcs->str());
   return ok_status();
 }
 
@@ -330,12 +351,18 @@ Status check_apt_packages(const json& p, const std::string& where) {
   return ok_status();
 }
 
-Status check_none(const json&, const std::string&) { return ok_status(); }
+Status check_none(const json&, const std::string&) {
+  return ok_status();
+}
 
 const std::vector<KindSpec>& kind_specs() {
   static const std::vector<KindSpec> specs = {
-      {"gpu_present", {{"vendor", T::string, false}, {"min_count", T::integer, false}}, check_gpu_present},
-      {"apt_packages", {{"packages", T::string_list, true}, {"update", T::boolean, false}}, check_apt_packages},
+      {"gpu_present",
+       {{"vendor", T::string, false}, {"min_count", T::integer, false}},
+       check_gpu_present},
+      {"apt_packages",
+       {{"packages", T::string_list, true}, {"update", T::boolean, false}},
+       check_apt_packages},
       {"nvidia_driver",
        {{"version", T::string, true},
         {"package_version", T::string, true},
@@ -346,9 +373,13 @@ const std::vector<KindSpec>& kind_specs() {
         {"reboot", T::boolean, false}},
        check_nvidia_driver},
       {"ollama_install",
-       {{"version", T::string, true}, {"install_url", T::string, false}, {"service", T::string, false}},
+       {{"version", T::string, true},
+        {"install_url", T::string, false},
+        {"service", T::string, false}},
        check_ollama_install},
-      {"ollama_model", {{"model", T::string, true}, {"require_full_gpu", T::boolean, false}}, check_none},
+      {"ollama_model",
+       {{"model", T::string, true}, {"require_full_gpu", T::boolean, false}},
+       check_none},
       {"rke2",
        {{"version", T::string, true},
         {"install_url", T::string, false},
@@ -371,10 +402,14 @@ const std::vector<KindSpec>& kind_specs() {
         {"values", T::object, false}},
        check_helm_release},
       {"node_label",
-       {{"labels", T::string_map, true}, {"nodes", T::any, false}, {"kubeconfig", T::string, false}},
+       {{"labels", T::string_map, true},
+        {"nodes", T::any, false},
+        {"kubeconfig", T::string, false}},
        check_node_label},
       {"wait_allocatable",
-       {{"resource", T::string, true}, {"count", T::integer, true}, {"kubeconfig", T::string, false}},
+       {{"resource", T::string, true},
+        {"count", T::integer, true},
+        {"kubeconfig", T::string, false}},
        check_wait_allocatable},
       {"script",
        {{"check", T::string, false},
@@ -389,8 +424,10 @@ const std::vector<KindSpec>& kind_specs() {
 
 Status validate_params(const std::string& kind, const json& params, const std::string& where) {
   const auto& specs = kind_specs();
-  auto it = std::find_if(specs.begin(), specs.end(), [&](const KindSpec& k) { return k.kind == kind; });
-  if (it == specs.end()) return bad(where, "unknown step kind '" + kind + "' (known: " + join(step_kinds()) + ")");
+  auto it =
+      std::find_if(specs.begin(), specs.end(), [&](const KindSpec& k) { return k.kind == kind; });
+  if (it == specs.end())
+    return bad(where, "unknown step kind '" + kind + "' (known: " + join(step_kinds()) + ")");
   std::string pw = where + ": params";
   if (!params.is_object()) return bad(pw, "must be a map, got " + type_name(params));
   std::vector<std::string> names;
@@ -421,40 +458,50 @@ Result<std::string> get_string(const json& obj, const std::string& key, const st
     if (required) return bad(prefix + key, "required");
     return std::string();
   }
-  if (!obj[key].is_string()) return bad(prefix + key, "must be a string, got " + type_name(obj[key]));
+  if (!obj[key].is_string())
+    return bad(prefix + key, "must be a string, got " + type_name(obj[key]));
   return obj[key].get<std::string>();
 }
 
 Result<VmShape> parse_vm(const json& v, const std::string& where) {
-  if (!v.is_object()) return bad(where, "required: a map with cpu, memory, disk, image, gpus, gpu_resource");
+  if (!v.is_object())
+    return bad(where, "required: a map with cpu, memory, disk, image, gpus, gpu_resource");
   if (auto s = only_keys(v, {"cpu", "memory", "disk", "image", "gpus", "gpu_resource"}, where); !s)
     return s.error();
   VmShape vm;
   // `cpu: 8` and `cpu: "8"` mean the same: the VM spec wants a quantity string.
-  if (v.contains("cpu") && v["cpu"].is_number_integer()) vm.cpu = std::to_string(v["cpu"].get<int64_t>());
-  else if (auto c = get_string(v, "cpu", where + ".", true); c) vm.cpu = *c;
-  else return c.error();
+  if (v.contains("cpu") && v["cpu"].is_number_integer())
+    vm.cpu = std::to_string(v["cpu"].get<int64_t>());
+  else if (auto c = get_string(v, "cpu", where + ".", true); c)
+    vm.cpu = *c;
+  else
+    return c.error();
   for (auto [key, field] : {std::pair{"memory", &vm.memory}, std::pair{"disk", &vm.disk}}) {
     auto s = get_string(v, key, where + ".", true);
     if (!s) return s.error();
     *field = *s;
   }
-  for (auto [key, val] : {std::pair{"cpu", vm.cpu}, std::pair{"memory", vm.memory}, std::pair{"disk", vm.disk}})
+  for (auto [key, val] :
+       {std::pair{"cpu", vm.cpu}, std::pair{"memory", vm.memory}, std::pair{"disk", vm.disk}})
     if (!std::regex_match(val, kQuantity))
-      return bad(where + "." + key, "'" + val + "' is not a Kubernetes quantity (e.g. 8, 500m, 16Gi)");
+      return bad(where + "." + key,
+                 "'" + val + "' is not a Kubernetes quantity (e.g. 8, 500m, 16Gi)");
   auto image = get_string(v, "image", where + ".", true);
   if (!image) return image.error();
-  if (!is_http_url(*image)) return bad(where + ".image", "must be an http(s):// URL of a cloud image");
+  if (!is_http_url(*image))
+    return bad(where + ".image", "must be an http(s):// URL of a cloud image");
   vm.image = *image;
   if (!v.contains("gpus")) return bad(where + ".gpus", "required");
-  if (!v["gpus"].is_number_integer() || v["gpus"].get<int64_t>() < 1 || v["gpus"].get<int64_t>() > 16)
+  if (!v["gpus"].is_number_integer() || v["gpus"].get<int64_t>() < 1 ||
+      v["gpus"].get<int64_t>() > 16)
     return bad(where + ".gpus", "must be a whole number from 1 to 16");
   vm.gpus = v["gpus"].get<int>();
   auto res = get_string(v, "gpu_resource", where + ".", false);
   if (!res) return res.error();
   if (!res->empty() && !std::regex_match(*res, kResourceName))
     return bad(where + ".gpu_resource",
-               "'" + *res + "' is not a resource name like nvidia.com/AD104GL_L4 (empty: any allowlisted)");
+               "'" + *res +
+                   "' is not a resource name like nvidia.com/AD104GL_L4 (empty: any allowlisted)");
   vm.gpu_resource = *res;
   return vm;
 }
@@ -470,16 +517,19 @@ Status check_versions(const json& v, const std::string& where) {
     }
     if (!ok) {
       if (x.is_number())
-        return bad(where + "." + k, "YAML reads " + x.dump() + " as a number: quote the version (\"" +
-                                        x.dump() + "\") so it is kept exactly as written");
+        return bad(where + "." + k, "YAML reads " + x.dump() +
+                                        " as a number: quote the version (\"" + x.dump() +
+                                        "\") so it is kept exactly as written");
       return bad(where + "." + k, "must be a version string or a list of strings");
     }
   }
   return ok_status();
 }
 
-Result<std::vector<StepDef>> parse_steps(const json& steps, const json& scope, const std::string& where) {
-  if (!steps.is_array() || steps.empty()) return bad(where, "required: a list of at least one step");
+Result<std::vector<StepDef>> parse_steps(const json& steps, const json& scope,
+                                         const std::string& where) {
+  if (!steps.is_array() || steps.empty())
+    return bad(where, "required: a list of at least one step");
   std::vector<StepDef> out;
   std::set<std::string> seen;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -497,8 +547,9 @@ Result<std::vector<StepDef>> parse_steps(const json& steps, const json& scope, c
     if (s.contains("timeout")) {
       if (!s["timeout"].is_string() && !s["timeout"].is_number_integer())
         return bad(sw + ": timeout", "must be a duration like 90s, 30m or 1h");
-      auto d = parse_duration(s["timeout"].is_string() ? s["timeout"].get<std::string>()
-                                                       : std::to_string(s["timeout"].get<int64_t>()));
+      auto d =
+          parse_duration(s["timeout"].is_string() ? s["timeout"].get<std::string>()
+                                                  : std::to_string(s["timeout"].get<int64_t>()));
       if (!d) return bad(sw + ": timeout", d.error().message);
       if (d->count() <= 0) return bad(sw + ": timeout", "must be longer than 0s");
       timeout = *d;
@@ -507,7 +558,8 @@ Result<std::vector<StepDef>> parse_steps(const json& steps, const json& scope, c
     if (s.contains("retries")) {
       if (!s["retries"].is_number_integer() || s["retries"].get<int64_t>() < 0 ||
           s["retries"].get<int64_t>() > kMaxRetries)
-        return bad(sw + ": retries", "must be a whole number from 0 to " + std::to_string(kMaxRetries));
+        return bad(sw + ": retries",
+                   "must be a whole number from 0 to " + std::to_string(kMaxRetries));
       retries = s["retries"].get<int>();
     }
     json params = s.contains("params") && !s["params"].is_null() ? s["params"] : json::object();
@@ -520,23 +572,28 @@ Result<std::vector<StepDef>> parse_steps(const json& steps, const json& scope, c
       auto list = resolve(s["for_each"], scope, sw + ": for_each");
       if (!list) return list.error();
       if (!list->is_array() || list->empty())
-        return bad(sw + ": for_each", "must be a non-empty list (or a reference to one), got " + type_name(*list));
+        return bad(sw + ": for_each",
+                   "must be a non-empty list (or a reference to one), got " + type_name(*list));
       items.assign(list->begin(), list->end());
     }
     for (const json& item : items) {
       json sc = scope;
-      if (expand) sc["item"] = item;
-      else sc.erase("item");
+      if (expand)
+        sc["item"] = item;
+      else
+        sc.erase("item");
       auto rid = resolve(*id, sc, sw + ": id");
       if (!rid) return rid.error();
       if (!rid->is_string() || !std::regex_match(rid->get<std::string>(), kStepId))
-        return bad(sw + ": id", "'" + scalar_text(*rid) +
-                                    "' must be 1-63 letters, digits or . _ : - (it names the step in "
-                                    "`factory tenant retry --step`)");
+        return bad(sw + ": id",
+                   "'" + scalar_text(*rid) +
+                       "' must be 1-63 letters, digits or . _ : - (it names the step in "
+                       "`factory tenant retry --step`)");
       StepDef def;
       def.id = rid->get<std::string>();
       std::string dw = expand ? "step '" + def.id + "'" : sw;
-      if (!seen.insert(def.id).second) return bad(dw, "duplicate step id (ids must be unique in a tier)");
+      if (!seen.insert(def.id).second)
+        return bad(dw, "duplicate step id (ids must be unique in a tier)");
       def.kind = *kind;
       auto rp = resolve(params, sc, dw + ": params");
       if (!rp) return rp.error();
@@ -553,14 +610,18 @@ Result<std::vector<StepDef>> parse_steps(const json& steps, const json& scope, c
 Result<Tier> parse_tier(const json& t, const std::string& where_in) {
   std::string where = where_in;
   if (!t.is_object()) return bad(where, "must be a map with name, description, vm, steps");
-  if (t.contains("name") && t["name"].is_string()) where = "tier '" + t["name"].get<std::string>() + "'";
-  if (auto s = only_keys(t, {"name", "description", "cost", "vm", "versions", "settings", "steps"}, where); !s)
+  if (t.contains("name") && t["name"].is_string())
+    where = "tier '" + t["name"].get<std::string>() + "'";
+  if (auto s = only_keys(t, {"name", "description", "cost", "vm", "versions", "settings", "steps"},
+                         where);
+      !s)
     return s.error();
   Tier tier;
   auto name = get_string(t, "name", where + ": ", true);
   if (!name) return name.error();
   if (!std::regex_match(*name, kTierName))
-    return bad(where + ": name", "must be a DNS-1123 label (lower-case letters, digits and '-', at most 63)");
+    return bad(where + ": name",
+               "must be a DNS-1123 label (lower-case letters, digits and '-', at most 63)");
   tier.name = *name;
   auto desc = get_string(t, "description", where + ": ", true);
   if (!desc) return desc.error();
@@ -579,7 +640,8 @@ Result<Tier> parse_tier(const json& t, const std::string& where_in) {
     if (!t["settings"].is_object()) return bad(where + ": settings", "must be a map");
     tier.settings = t["settings"];
   }
-  json scope = {{"vm", tier.vm.to_json()}, {"versions", tier.versions}, {"settings", tier.settings}};
+  json scope = {
+      {"vm", tier.vm.to_json()}, {"versions", tier.versions}, {"settings", tier.settings}};
   auto steps = parse_steps(t.contains("steps") ? t["steps"] : json(), scope, "steps");
   if (!steps) return steps.error().context(where);
   tier.steps = std::move(*steps);
@@ -591,12 +653,15 @@ Result<Tier> parse_tier(const json& t, const std::string& where_in) {
 // ---------------------------------------------------------------------------
 
 json VmShape::to_json() const {
-  return {{"cpu", cpu}, {"memory", memory}, {"disk", disk}, {"image", image},
-          {"gpus", gpus}, {"gpu_resource", gpu_resource}};
+  return {{"cpu", cpu},     {"memory", memory}, {"disk", disk},
+          {"image", image}, {"gpus", gpus},     {"gpu_resource", gpu_resource}};
 }
 
 json StepDef::to_plan_json() const {
-  return {{"id", id}, {"kind", kind}, {"params", params}, {"timeout_seconds", timeout.count()},
+  return {{"id", id},
+          {"kind", kind},
+          {"params", params},
+          {"timeout_seconds", timeout.count()},
           {"retries", retries}};
 }
 
@@ -609,11 +674,19 @@ json Tier::plan() const {
 json Tier::to_json() const {
   json steps_json = json::array();
   for (auto& s : steps)
-    steps_json.push_back({{"id", s.id}, {"kind", s.kind}, {"timeout", format_duration(s.timeout)},
-                          {"retries", s.retries}, {"params", s.params}});
-  return {{"name", name},         {"description", description}, {"cost", cost},
-          {"vm", vm.to_json()},   {"versions", versions},       {"settings", settings},
-          {"plan_hash", plan_hash(plan())}, {"steps", steps_json}};
+    steps_json.push_back({{"id", s.id},
+                          {"kind", s.kind},
+                          {"timeout", format_duration(s.timeout)},
+                          {"retries", s.retries},
+                          {"params", s.params}});
+  return {{"name", name},
+          {"description", description},
+          {"cost", cost},
+          {"vm", vm.to_json()},
+          {"versions", versions},
+          {"settings", settings},
+          {"plan_hash", plan_hash(plan())},
+          {"steps", steps_json}};
 }
 
 const Tier* Catalog::find(std::string_view name) const {
@@ -624,7 +697,8 @@ const Tier* Catalog::find(std::string_view name) const {
 
 Result<const Tier*> Catalog::tier(std::string_view name) const {
   if (const Tier* t = find(name)) return t;
-  return Error(Errc::not_found, "unknown tier '" + std::string(name) + "' (known: " + join(names()) + ")");
+  return Error(Errc::not_found,
+               "unknown tier '" + std::string(name) + "' (known: " + join(names()) + ")");
 }
 
 std::vector<std::string> Catalog::names() const {
@@ -649,8 +723,8 @@ Result<Catalog> from_json(const json& doc, const std::string& source) {
   if (!doc.contains("version") || !doc["version"].is_number_integer())
     return bad(where, "'version: " + std::to_string(kCatalogVersion) + "' is required");
   if (doc["version"].get<int64_t>() != kCatalogVersion)
-    return bad(where, "unsupported catalog version " + doc["version"].dump() + " (this factory reads version " +
-                          std::to_string(kCatalogVersion) + ")");
+    return bad(where, "unsupported catalog version " + doc["version"].dump() +
+                          " (this factory reads version " + std::to_string(kCatalogVersion) + ")");
   if (!doc.contains("tiers") || !doc["tiers"].is_array() || doc["tiers"].empty())
     return bad(where, "'tiers' must be a list of at least one tier");
   Catalog cat;
@@ -670,9 +744,13 @@ Result<Catalog> parse(const std::string& yaml_text, const std::string& source) {
   return from_json(*doc, source);
 }
 
-std::string_view builtin_yaml() { return kBuiltinCatalogYaml; }
+std::string_view builtin_yaml() {
+  return kBuiltinCatalogYaml;
+}
 
-Result<Catalog> builtin() { return parse(std::string(builtin_yaml()), "built-in"); }
+Result<Catalog> builtin() {
+  return parse(std::string(builtin_yaml()), "built-in");
+}
 
 Result<Catalog> load_file(const std::string& path) {
   auto text = read_file(path);
@@ -680,7 +758,9 @@ Result<Catalog> load_file(const std::string& path) {
   return parse(*text, path);
 }
 
-Result<Catalog> load(const std::string& path) { return path.empty() ? builtin() : load_file(path); }
+Result<Catalog> load(const std::string& path) {
+  return path.empty() ? builtin() : load_file(path);
+}
 
 Result<json> plan_for(const Catalog& catalog, std::string_view tier) {
   auto t = catalog.tier(tier);
@@ -694,7 +774,9 @@ std::string canonical_json(const json& j) {
   return j.dump(-1, ' ', true, json::error_handler_t::replace);
 }
 
-std::string plan_hash(const json& plan) { return sha256_hex(canonical_json(plan)); }
+std::string plan_hash(const json& plan) {
+  return sha256_hex(canonical_json(plan));
+}
 
 std::string sha256_hex(std::string_view data) {
   unsigned char md[EVP_MAX_MD_SIZE];

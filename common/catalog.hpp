@@ -8,11 +8,10 @@
 // reported as one line naming the tier, the step and the key, never found
 // later by a guest halfway through its first boot.
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 
@@ -20,10 +19,10 @@ namespace factory::catalog {
 
 // What the tenant's VM looks like. Quantities are Kubernetes quantities.
 struct VmShape {
-  std::string cpu;           // "8"
-  std::string memory;        // "16Gi"
-  std::string disk;          // "100Gi"
-  std::string image;         // cloud image URL (CDI imports it)
+  std::string cpu;     // "8"
+  std::string memory;  // "16Gi"
+  std::string disk;    // "100Gi"
+  std::string image;   // cloud image URL (CDI imports it)
   int gpus = 1;
   std::string gpu_resource;  // "" = any GPU resource allowlisted on the host
   nlohmann::json to_json() const;
@@ -43,10 +42,10 @@ struct StepDef {
 struct Tier {
   std::string name;
   std::string description;
-  std::string cost;                                      // what it costs to run, in words
+  std::string cost;  // what it costs to run, in words
   VmShape vm;
-  nlohmann::json versions = nlohmann::json::object();   // what it pins, for people
-  nlohmann::json settings = nlohmann::json::object();   // other knobs its steps refer to
+  nlohmann::json versions = nlohmann::json::object();  // what it pins, for people
+  nlohmann::json settings = nlohmann::json::object();  // other knobs its steps refer to
   std::vector<StepDef> steps;
 
   // The plan for this tier: {"tier": name, "steps": [StepDef::to_plan_json()...]}.
@@ -80,7 +79,9 @@ Result<Catalog> load(const std::string& path);
 
 // The plan for a tier, or the unknown-tier error.
 Result<nlohmann::json> plan_for(const Catalog& catalog, std::string_view tier);
-inline nlohmann::json plan_for(const Tier& tier) { return tier.plan(); }
+inline nlohmann::json plan_for(const Tier& tier) {
+  return tier.plan();
+}
 
 // A plan's content address: SHA-256 (lower-case hex) of its canonical JSON
 // (keys sorted, no whitespace), so the same plan always has the same hash

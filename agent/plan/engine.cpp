@@ -17,7 +17,9 @@ using Clock_ = std::chrono::steady_clock;
 
 namespace {
 
-std::string now_text() { return format_rfc3339(Clock::now()); }
+std::string now_text() {
+  return format_rfc3339(Clock::now());
+}
 
 std::string trim(std::string s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
@@ -37,7 +39,8 @@ StepOutcome guarded(const char* what, F&& f) {
   try {
     return f();
   } catch (const std::exception& e) {
-    return StepOutcome::failure(std::string(what) + " threw: " + e.what() + " (a bug in the agent)");
+    return StepOutcome::failure(std::string(what) + " threw: " + e.what() +
+                                " (a bug in the agent)");
   }
 }
 
@@ -49,10 +52,14 @@ std::string catalog_hash_or_empty(const json& plan) {
 
 const char* PlanEngine::to_string(Outcome o) {
   switch (o) {
-    case Outcome::succeeded: return "succeeded";
-    case Outcome::failed: return "failed";
-    case Outcome::rebooting: return "rebooting";
-    case Outcome::idle: return "idle";
+    case Outcome::succeeded:
+      return "succeeded";
+    case Outcome::failed:
+      return "failed";
+    case Outcome::rebooting:
+      return "rebooting";
+    case Outcome::idle:
+      return "idle";
   }
   return "unknown";
 }
@@ -69,7 +76,7 @@ RebootHook system_reboot_hook() {
                                           : std::vector<std::string>{"systemctl", "reboot"};
     cmd.timeout = std::chrono::minutes(1);
     auto r = run_checked(cmd);
-    if (!r) return r.error().with_context("reboot");
+    if (!r) return r.error();  // request_reboot says "could not reboot the guest: ..."
     return ok_status();
   };
 }
@@ -82,7 +89,8 @@ PlanEngine::PlanEngine(GuestEnv env, StepRegistry steps, PlanEventSink sink, Reb
       reboot_(std::move(reboot)),
       opts_(std::move(options)),
       journal_(env_.state_dir / "plan") {
-  if (!opts_.sleep) opts_.sleep = [](std::chrono::milliseconds d) { std::this_thread::sleep_for(d); };
+  if (!opts_.sleep)
+    opts_.sleep = [](std::chrono::milliseconds d) { std::this_thread::sleep_for(d); };
   // Know the last plan's state from the start, so the agent can report it
   // before it runs anything.
   auto loaded = journal_.load();
@@ -109,26 +117,30 @@ StepRecord PlanEngine::record(size_t i) const {
   return state_.steps.at(i);
 }
 
-void PlanEngine::emit_step(const PlanSpec& spec, size_t i, const std::string& state, const std::string& message,
-                           const std::string& tail, const json& diagnosis, int attempt) const {
+void PlanEngine::emit_step(const PlanSpec& spec, size_t i, const std::string& state,
+                           const std::string& message, const std::string& tail,
+                           const json& diagnosis, int attempt) const {
   if (attempt <= 0) attempt = record(i).failures + 1;
-  json e = {{"kind", "progress"}, {"plan_hash", spec.hash}, {"step", spec.steps[i].id},
-            {"state", state},     {"attempt", attempt}};
+  json e = {{"kind", "progress"},
+            {"plan_hash", spec.hash},
+            {"step", spec.steps[i].id},
+            {"state", state},
+            {"attempt", attempt}};
   if (!message.empty()) e["message"] = message;
   if (!tail.empty()) e["output_tail"] = tail;
   if (!diagnosis.is_null()) e["diagnosis"] = diagnosis;
   emit(std::move(e));
 }
 
-void PlanEngine::emit_plan(const PlanSpec& spec, const std::string& state, const std::string& message,
-                           const std::string& failed_step) const {
+void PlanEngine::emit_plan(const PlanSpec& spec, const std::string& state,
+                           const std::string& message, const std::string& failed_step) const {
   size_t done;
   {
     std::lock_guard lock(mu_);
     done = state_.steps_done();
   }
-  json e = {{"kind", "plan"},       {"plan_hash", spec.hash},          {"tier", spec.tier},
-            {"state", state},       {"steps_total", spec.steps.size()}, {"steps_done", done}};
+  json e = {{"kind", "plan"}, {"plan_hash", spec.hash},           {"tier", spec.tier},
+            {"state", state}, {"steps_total", spec.steps.size()}, {"steps_done", done}};
   if (!message.empty()) e["message"] = message;
   if (!failed_step.empty()) e["failed_step"] = failed_step;
   emit(std::move(e));
@@ -141,14 +153,16 @@ Status PlanEngine::commit(const std::function<void(JournalState&)>& change) {
 }
 
 void PlanEngine::report_corrupt(const std::string& plan_hash, const std::string& problem) {
-  spdlog::warn("plan: the journal {} is corrupt ({}): setting it aside as {} and starting the plan over",
-               journal_.file().string(), problem, journal_.corrupt_file().filename().string());
+  spdlog::warn(
+      "plan: the journal {} is corrupt ({}): setting it aside as {} and starting the plan over",
+      journal_.file().string(), problem, journal_.corrupt_file().filename().string());
   if (auto s = journal_.quarantine(); !s) spdlog::warn("plan: {}", s.error().message);
   emit({{"kind", "journal_reset"},
         {"plan_hash", plan_hash},
         {"reason", problem},
-        {"message", "the plan journal was corrupt (" + problem +
-                        "): starting the plan over; steps already done are skipped by their checks"}});
+        {"message",
+         "the plan journal was corrupt (" + problem +
+             "): starting the plan over; steps already done are skipped by their checks"}});
 }
 
 // ---------------------------------------------------------------------------
@@ -173,8 +187,9 @@ bool PlanEngine::start_new(const PlanSpec& spec) {
   }
   if (!saved) {
     // Without a journal a reboot or crash would lose our place: do not act.
-    emit_plan(spec, "failed", "cannot write the plan journal: " + saved.error().message +
-                                  " (free space under " + journal_.dir().string() + "?)");
+    emit_plan(spec, "failed",
+              "cannot write the plan journal: " + saved.error().message + " (free space under " +
+                  journal_.dir().string() + "?)");
     return false;
   }
   return true;
@@ -229,7 +244,8 @@ PlanEngine::Outcome PlanEngine::run(const json& plan) {
     if (finished) return report_finished(*spec);
     return execute(*spec);
   } else if (loaded.kind == Kind::ok) {
-    spdlog::info("plan: new plan {} for tier {} replaces {}", spec->hash, spec->tier, loaded.state.plan_hash);
+    spdlog::info("plan: new plan {} for tier {} replaces {}", spec->hash, spec->tier,
+                 loaded.state.plan_hash);
     if (auto s = journal_.archive(); !s) spdlog::warn("plan: {}", s.error().message);
   }
   if (!start_new(*spec)) return Outcome::failed;
@@ -272,7 +288,8 @@ Result<PlanEngine::Outcome> PlanEngine::retry(const std::optional<std::string>& 
   auto loaded = journal_.load();
   if (loaded.kind != PlanJournal::Loaded::Kind::ok)
     return Error(Errc::failed_precondition,
-                 "no plan to retry: the agent has no readable plan journal (the coordinator sends the plan again)");
+                 "no plan to retry: the agent has no readable plan journal (the coordinator sends "
+                 "the plan again)");
   auto spec = adopt_loaded(loaded);
   if (!spec) return spec.error();
   size_t from = spec->steps.size();
@@ -287,7 +304,8 @@ Result<PlanEngine::Outcome> PlanEngine::retry(const std::optional<std::string>& 
       if (from == spec->steps.size()) {
         std::string known;
         for (auto& id : ids) known += (known.empty() ? "" : ", ") + id;
-        return Error(Errc::invalid_argument, "no step '" + *step_id + "' in this plan (steps: " + known + ")");
+        return Error(Errc::invalid_argument,
+                     "no step '" + *step_id + "' in this plan (steps: " + known + ")");
       }
     } else {
       for (size_t i = 0; i < state_.steps.size(); ++i)
@@ -316,11 +334,27 @@ Result<PlanEngine::Outcome> PlanEngine::retry(const std::optional<std::string>& 
 
 PlanEngine::Outcome PlanEngine::execute(const PlanSpec& spec) {
   emit_plan(spec, "running");
+  // A plan this agent cannot finish is refused before it changes anything.
+  for (size_t i = 0; i < spec.steps.size(); ++i)
+    if (record(i).state != StepState::succeeded && !steps_.has(spec.steps[i].kind)) {
+      fail_step(
+          spec, i,
+          StepOutcome::failure("unknown step kind '" + spec.steps[i].kind +
+                               "': this agent is older than the plan; update the agent binary"));
+      return finish_plan(spec, PlanState::failed,
+                         "step '" + spec.steps[i].id + "' failed: " + record(i).message);
+    }
   for (size_t i = 0; i < spec.steps.size(); ++i) {
-    if (record(i).state == StepState::succeeded) continue;
+    StepState st = record(i).state;
+    if (st == StepState::succeeded) continue;
+    if (st == StepState::failed)  // the agent stopped between failing the step and the plan
+      return finish_plan(spec, PlanState::failed,
+                         "step '" + spec.steps[i].id + "' failed: " + record(i).message);
     switch (run_step(spec, i)) {
-      case StepRun::done: break;
-      case StepRun::rebooting: return Outcome::rebooting;
+      case StepRun::done:
+        break;
+      case StepRun::rebooting:
+        return Outcome::rebooting;
       case StepRun::failed: {
         StepRecord r = record(i);
         return finish_plan(spec, PlanState::failed, "step '" + r.id + "' failed: " + r.message);
@@ -330,7 +364,8 @@ PlanEngine::Outcome PlanEngine::execute(const PlanSpec& spec) {
   return finish_plan(spec, PlanState::succeeded);
 }
 
-PlanEngine::Outcome PlanEngine::finish_plan(const PlanSpec& spec, PlanState state, const std::string& message) {
+PlanEngine::Outcome PlanEngine::finish_plan(const PlanSpec& spec, PlanState state,
+                                            const std::string& message) {
   Status saved = commit([&](JournalState& st) { st.state = state; });
   if (!saved) spdlog::warn("plan: {}", saved.error().message);
   std::string failed_step;
@@ -362,7 +397,8 @@ PlanEngine::StepRun PlanEngine::succeed_step(const PlanSpec& spec, size_t i, boo
   if (!saved) {
     // The work is done but we could not record it: stop rather than run on
     // with a journal that no longer says where we are.
-    return fail_step(spec, i, StepOutcome::failure("cannot write the plan journal: " + saved.error().message));
+    return fail_step(
+        spec, i, StepOutcome::failure("cannot write the plan journal: " + saved.error().message));
   }
   emit_step(spec, i, skipped ? "skipped" : "succeeded", record(i).message);
   return StepRun::done;
@@ -387,13 +423,15 @@ PlanEngine::StepRun PlanEngine::fail_step(const PlanSpec& spec, size_t i, const 
   return StepRun::failed;
 }
 
-PlanEngine::StepRun PlanEngine::request_reboot(const PlanSpec& spec, size_t i, const std::string& message) {
+PlanEngine::StepRun PlanEngine::request_reboot(const PlanSpec& spec, size_t i,
+                                               const std::string& message) {
   StepRecord r = record(i);
   if (r.reboot_requests >= opts_.max_reboot_requests)
-    return fail_step(spec, i,
-                     StepOutcome::failure("the step asked for a reboot " + plural(r.reboot_requests, "time") +
-                                          " and is still not done after it: see its last message; fix the "
-                                          "cause, then retry the plan"));
+    return fail_step(
+        spec, i,
+        StepOutcome::failure("the step asked for a reboot " + plural(r.reboot_requests, "time") +
+                             " and is still not done after it: see its last message; fix the "
+                             "cause, then retry the plan"));
   std::string boot = read_boot_id(env_);
   std::string msg = message.empty() ? "rebooting the guest" : message;
   // Journaled before the reboot, with the boot we are in: on the next start a
@@ -408,14 +446,18 @@ PlanEngine::StepRun PlanEngine::request_reboot(const PlanSpec& spec, size_t i, c
     rec.message = msg;
   });
   if (!saved)
-    return fail_step(spec, i, StepOutcome::failure("cannot write the plan journal before rebooting: " +
-                                                   saved.error().message));
+    return fail_step(spec, i,
+                     StepOutcome::failure("cannot write the plan journal before rebooting: " +
+                                          saved.error().message));
   spdlog::info("plan: step {} requests a reboot (boot {}): {}", spec.steps[i].id, boot, msg);
   emit_step(spec, i, "reboot_requested", msg);
-  Status rebooted = reboot_ ? reboot_() : Status(Error(Errc::failed_precondition, "no reboot hook"));
+  Status rebooted =
+      reboot_ ? reboot_() : Status(Error(Errc::failed_precondition, "no reboot hook"));
   if (!rebooted)
-    return fail_step(spec, i, StepOutcome::failure("could not reboot the guest: " + rebooted.error().message +
-                                                   "; reboot the VM, the plan continues after boot"));
+    return fail_step(
+        spec, i,
+        StepOutcome::failure("could not reboot the guest: " + rebooted.error().message +
+                             "; reboot the VM, the plan continues after boot"));
   return StepRun::rebooting;
 }
 
@@ -434,10 +476,12 @@ PlanEngine::StepRun PlanEngine::run_step(const PlanSpec& spec, size_t i) {
       // reboot command did nothing. Ask again, a bounded number of times.
       if (rec.reboot_requests >= opts_.max_reboot_requests)
         return fail_step(spec, i,
-                         StepOutcome::failure("asked the guest to reboot " + plural(rec.reboot_requests, "time") +
-                                              " but it is still in the same boot (boot id " + boot +
-                                              "): restart the VM from the host, then retry the plan"));
-      emit_step(spec, i, "progress", "the reboot requested for this step has not happened yet: requesting it again");
+                         StepOutcome::failure(
+                             "asked the guest to reboot " + plural(rec.reboot_requests, "time") +
+                             " but it is still in the same boot (boot id " + boot +
+                             "): restart the VM from the host, then retry the plan"));
+      emit_step(spec, i, "progress",
+                "the reboot requested for this step has not happened yet: requesting it again");
       return request_reboot(spec, i, rec.message);
     }
     // A different boot (or one we cannot tell: then verify() is the judge).
@@ -447,10 +491,11 @@ PlanEngine::StepRun PlanEngine::run_step(const PlanSpec& spec, size_t i) {
   if (rec.entries >= opts_.max_entries)
     return fail_step(
         spec, i,
-        StepOutcome::failure("the agent stopped " + plural(rec.entries, "time") +
-                             " while running this step (crash or kill) without finishing it: marked failed "
-                             "instead of trying forever; see the agent's log (journalctl -u factory-agent), "
-                             "fix the cause, then retry the plan"));
+        StepOutcome::failure(
+            "the agent stopped " + plural(rec.entries, "time") +
+            " while running this step (crash or kill) without finishing it: marked failed "
+            "instead of trying forever; see the agent's log (journalctl -u factory-agent), "
+            "fix the cause, then retry the plan"));
 
   Status saved = commit([&](JournalState& st) {
     auto& r = st.steps[i];
@@ -460,13 +505,17 @@ PlanEngine::StepRun PlanEngine::run_step(const PlanSpec& spec, size_t i) {
     if (r.started_at.empty()) r.started_at = now_text();
   });
   if (!saved)
-    return fail_step(spec, i, StepOutcome::failure("cannot write the plan journal: " + saved.error().message));
+    return fail_step(
+        spec, i, StepOutcome::failure("cannot write the plan journal: " + saved.error().message));
   emit_step(spec, i, "started", verify_first ? "the guest rebooted: verifying" : "");
 
   int attempt_no = 0;
   auto progress = [this, &spec, i, &attempt_no](json fields) {
-    json e = {{"kind", "progress"}, {"plan_hash", spec.hash}, {"step", spec.steps[i].id},
-              {"state", "progress"}, {"attempt", attempt_no}};
+    json e = {{"kind", "progress"},
+              {"plan_hash", spec.hash},
+              {"step", spec.steps[i].id},
+              {"state", "progress"},
+              {"attempt", attempt_no}};
     if (fields.is_object())
       for (auto& [k, v] : fields.items())
         if (k != "kind" && k != "plan_hash" && k != "step") e[k] = v;
@@ -492,7 +541,8 @@ PlanEngine::StepRun PlanEngine::run_step(const PlanSpec& spec, size_t i) {
       // (The entry above already journaled the first check.)
       if (!first)
         if (auto s = set_phase("check", false); !s)
-          return fail_step(spec, i, StepOutcome::failure("cannot write the plan journal: " + s.error().message));
+          return fail_step(
+              spec, i, StepOutcome::failure("cannot write the plan journal: " + s.error().message));
       Result<bool> done = Error(Errc::internal, "");
       try {
         done = step.check(ctx);
@@ -504,11 +554,14 @@ PlanEngine::StepRun PlanEngine::run_step(const PlanSpec& spec, size_t i) {
         out = StepOutcome::failure("check failed: " + done.error().message);
       } else {
         if (auto s = set_phase("apply", true); !s)
-          return fail_step(spec, i, StepOutcome::failure("cannot write the plan journal: " + s.error().message));
+          return fail_step(
+              spec, i, StepOutcome::failure("cannot write the plan journal: " + s.error().message));
         out = guarded("apply", [&] { return step.apply(ctx); });
         if (out.ok()) {
           if (auto s = set_phase("verify", false); !s)
-            return fail_step(spec, i, StepOutcome::failure("cannot write the plan journal: " + s.error().message));
+            return fail_step(
+                spec, i,
+                StepOutcome::failure("cannot write the plan journal: " + s.error().message));
           out = guarded("verify", [&] { return step.verify(ctx); });
         }
       }
@@ -544,7 +597,8 @@ PlanEngine::StepRun PlanEngine::run_step(const PlanSpec& spec, size_t i) {
 
 json PlanEngine::status_json() const {
   std::lock_guard lock(mu_);
-  if (!have_state_) return {{"state", "none"}, {"steps_total", 0}, {"steps_done", 0}, {"steps", json::array()}};
+  if (!have_state_)
+    return {{"state", "none"}, {"steps_total", 0}, {"steps_done", 0}, {"steps", json::array()}};
   json steps = json::array();
   for (auto& r : state_.steps)
     steps.push_back({{"id", r.id},

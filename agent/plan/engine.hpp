@@ -20,10 +20,9 @@
 #include <chrono>
 #include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "agent/plan/journal.hpp"
 #include "agent/plan/plan_spec.hpp"
@@ -97,8 +96,9 @@ class PlanEngine {
   Status commit(const std::function<void(JournalState&)>& change);
   void emit(nlohmann::json event) const;
   // attempt 0: the attempt under way (failures + 1).
-  void emit_step(const PlanSpec& spec, size_t i, const std::string& state, const std::string& message = {},
-                 const std::string& tail = {}, const nlohmann::json& diagnosis = nullptr, int attempt = 0) const;
+  void emit_step(const PlanSpec& spec, size_t i, const std::string& state,
+                 const std::string& message = {}, const std::string& tail = {},
+                 const nlohmann::json& diagnosis = nullptr, int attempt = 0) const;
   void emit_plan(const PlanSpec& spec, const std::string& state, const std::string& message = {},
                  const std::string& failed_step = {}) const;
   StepRecord record(size_t i) const;
@@ -110,8 +110,8 @@ class PlanEngine {
   PlanEngineOptions opts_;
   PlanJournal journal_;
 
-  std::mutex run_mu_;          // one plan operation at a time
-  mutable std::mutex mu_;      // guards state_
+  std::mutex run_mu_;      // one plan operation at a time
+  mutable std::mutex mu_;  // guards state_
   JournalState state_;
   bool have_state_ = false;
 };

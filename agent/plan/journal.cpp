@@ -15,14 +15,19 @@ using nlohmann::json;
 namespace {
 
 const std::pair<StepState, const char*> kStepStates[] = {
-    {StepState::pending, "pending"},     {StepState::running, "running"},
-    {StepState::succeeded, "succeeded"}, {StepState::failed, "failed"},
+    {StepState::pending, "pending"},
+    {StepState::running, "running"},
+    {StepState::succeeded, "succeeded"},
+    {StepState::failed, "failed"},
     {StepState::reboot_requested, "reboot_requested"},
 };
-const std::pair<PlanState, const char*> kPlanStates[] = {
-    {PlanState::running, "running"}, {PlanState::succeeded, "succeeded"}, {PlanState::failed, "failed"}};
+const std::pair<PlanState, const char*> kPlanStates[] = {{PlanState::running, "running"},
+                                                         {PlanState::succeeded, "succeeded"},
+                                                         {PlanState::failed, "failed"}};
 
-std::string now_text() { return format_rfc3339(Clock::now()); }
+std::string now_text() {
+  return format_rfc3339(Clock::now());
+}
 
 // The checksum covers the canonical form of everything but itself, so it is
 // independent of how the file is indented.
@@ -31,7 +36,9 @@ std::string checksum_of(json doc) {
   return catalog::sha256_hex(catalog::canonical_json(doc));
 }
 
-Error corrupt(const std::string& what) { return Error(Errc::protocol, what); }
+Error corrupt(const std::string& what) {
+  return Error(Errc::protocol, what);
+}
 
 template <class T>
 bool get_to(const json& o, const char* key, T& out) {
@@ -122,7 +129,8 @@ Result<JournalState> PlanJournal::parse(const std::string& text) {
     return corrupt(std::string("schema is not ") + kSchema);
   std::string sum;
   if (!get_to(doc, "checksum", sum)) return corrupt("no checksum");
-  if (sum != checksum_of(doc)) return corrupt("checksum mismatch (the file was altered or damaged)");
+  if (sum != checksum_of(doc))
+    return corrupt("checksum mismatch (the file was altered or damaged)");
 
   JournalState st;
   std::string state;
@@ -139,7 +147,8 @@ Result<JournalState> PlanJournal::parse(const std::string& text) {
   auto spec = parse_plan(st.plan);
   if (!spec) return corrupt("stored plan: " + spec.error().message);
   if (spec->hash != st.plan_hash) return corrupt("stored plan does not match its hash");
-  if (spec->steps.size() != doc["steps"].size()) return corrupt("step records do not match the plan");
+  if (spec->steps.size() != doc["steps"].size())
+    return corrupt("step records do not match the plan");
   for (size_t i = 0; i < doc["steps"].size(); ++i) {
     const json& r = doc["steps"][i];
     StepRecord rec;
@@ -194,10 +203,12 @@ Status PlanJournal::save(JournalState& state) const {
   state.updated_at = now_text();
   if (state.created_at.empty()) state.created_at = state.updated_at;
   for (auto& r : state.steps)
-    if (r.output_tail.size() > kMaxTail) r.output_tail = r.output_tail.substr(r.output_tail.size() - kMaxTail);
+    if (r.output_tail.size() > kMaxTail)
+      r.output_tail = r.output_tail.substr(r.output_tail.size() - kMaxTail);
   json doc = state.to_json();
   doc["checksum"] = checksum_of(doc);
-  auto s = write_file_atomic(file(), doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n", 0600);
+  auto s = write_file_atomic(file(), doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n",
+                             0600);
   if (!s) return s.error().with_context("plan journal");
   return ok_status();
 }
@@ -206,11 +217,16 @@ Status PlanJournal::rename_current(const std::filesystem::path& to) const {
   std::error_code ec;
   if (!std::filesystem::exists(file(), ec)) return ok_status();
   if (std::rename(file().c_str(), to.c_str()) != 0)
-    return errno_error("plan journal: rename " + file().string() + " to " + to.filename().string(), errno);
+    return errno_error("plan journal: rename " + file().string() + " to " + to.filename().string(),
+                       errno);
   return fsync_dir(dir_);
 }
 
-Status PlanJournal::archive() const { return rename_current(prev_file()); }
-Status PlanJournal::quarantine() const { return rename_current(corrupt_file()); }
+Status PlanJournal::archive() const {
+  return rename_current(prev_file());
+}
+Status PlanJournal::quarantine() const {
+  return rename_current(corrupt_file());
+}
 
 }  // namespace factory::agent

@@ -14,11 +14,10 @@
 // has the wrong schema or a wrong checksum is "corrupt" and the engine starts
 // the plan over (every step's check() makes that cheap).
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 
@@ -36,33 +35,33 @@ struct StepRecord {
   std::string id;
   std::string kind;
   StepState state = StepState::pending;
-  bool skipped = false;        // check() found it already done
-  std::string phase;           // what it was doing: check | apply | verify | verify_after_reboot
-  int attempts = 0;            // apply() calls
-  int failures = 0;            // failed attempts, against the step's retries
-  int entries = 0;             // times entered without finishing: the crash counter
+  bool skipped = false;  // check() found it already done
+  std::string phase;     // what it was doing: check | apply | verify | verify_after_reboot
+  int attempts = 0;      // apply() calls
+  int failures = 0;      // failed attempts, against the step's retries
+  int entries = 0;       // times entered without finishing: the crash counter
   int reboot_requests = 0;
-  std::string boot_id;         // the boot in which the last reboot was requested
-  std::string message;         // last outcome, one line
-  std::string output_tail;     // last lines of the failing command
-  nlohmann::json diagnosis;    // null, or Diagnosis::to_json()
-  std::string started_at;      // RFC 3339
+  std::string boot_id;       // the boot in which the last reboot was requested
+  std::string message;       // last outcome, one line
+  std::string output_tail;   // last lines of the failing command
+  nlohmann::json diagnosis;  // null, or Diagnosis::to_json()
+  std::string started_at;    // RFC 3339
   std::string finished_at;
 
-  void reset();                // back to pending, counters cleared (retry)
+  void reset();  // back to pending, counters cleared (retry)
   nlohmann::json to_json() const;
 };
 
 struct JournalState {
   std::string plan_hash;
   std::string tier;
-  nlohmann::json plan;         // the plan itself, so it resumes after boot without the coordinator
+  nlohmann::json plan;  // the plan itself, so it resumes after boot without the coordinator
   PlanState state = PlanState::running;
   std::vector<StepRecord> steps;
   std::string created_at;
   std::string updated_at;
 
-  size_t steps_done() const;   // succeeded steps
+  size_t steps_done() const;       // succeeded steps
   nlohmann::json to_json() const;  // the document on disk, without its checksum
 };
 

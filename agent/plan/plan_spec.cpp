@@ -14,7 +14,8 @@ Error bad(const std::string& where, const std::string& what) {
 
 Result<PlanSpec> parse_plan(const nlohmann::json& plan) {
   if (!plan.is_object()) return bad("document", "must be an object with tier and steps");
-  if (!plan.contains("tier") || !plan["tier"].is_string() || plan["tier"].get<std::string>().empty())
+  if (!plan.contains("tier") || !plan["tier"].is_string() ||
+      plan["tier"].get<std::string>().empty())
     return bad("tier", "required (a string)");
   if (!plan.contains("steps") || !plan["steps"].is_array() || plan["steps"].empty())
     return bad("steps", "required (a non-empty list)");

@@ -3,10 +3,9 @@
 // Tier::plan()): {"tier": "gpu-vm", "steps": [{id, kind, params,
 // timeout_seconds, retries}, ...]}, content-addressed by catalog::plan_hash.
 // The agent recomputes the hash itself rather than trusting a field beside it.
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "agent/plan/step.hpp"
 #include "common/error.hpp"
@@ -15,8 +14,8 @@ namespace factory::agent {
 
 struct PlanSpec {
   std::string tier;
-  std::string hash;      // catalog::plan_hash(raw)
-  nlohmann::json raw;    // the plan as received, kept in the journal to resume after a reboot
+  std::string hash;    // catalog::plan_hash(raw)
+  nlohmann::json raw;  // the plan as received, kept in the journal to resume after a reboot
   std::vector<StepSpec> steps;
 };
 

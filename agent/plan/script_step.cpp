@@ -14,7 +14,10 @@ class ScriptStep : public Step {
  public:
   ScriptStep(std::string check, std::string run, std::string verify, bool reboot,
              std::map<std::string, std::string> env)
-      : check_(std::move(check)), run_(std::move(run)), verify_(std::move(verify)), reboot_(reboot),
+      : check_(std::move(check)),
+        run_(std::move(run)),
+        verify_(std::move(verify)),
+        reboot_(reboot),
         env_(std::move(env)) {}
 
   Result<bool> check(StepContext& ctx) override {
@@ -44,9 +47,11 @@ class ScriptStep : public Step {
   }
 
  private:
-  Result<CommandResult> sh(StepContext& ctx, const char* what, const std::string& script, bool stream) {
+  Result<CommandResult> sh(StepContext& ctx, const char* what, const std::string& script,
+                           bool stream) {
     milliseconds left = ctx.remaining();
-    if (left <= milliseconds(0)) return Error(Errc::timeout, std::string(what) + ": the step's deadline passed");
+    if (left <= milliseconds(0))
+      return Error(Errc::timeout, std::string(what) + ": the step's deadline passed");
     CommandSpec cmd = shell_command(script);
     cmd.timeout = left;
     cmd.env = env_;
@@ -92,6 +97,8 @@ Result<std::unique_ptr<Step>> make_script_step(const StepSpec& spec) {
       new ScriptStep(str_param(p, "check"), run, str_param(p, "verify"), reboot, std::move(env)));
 }
 
-void register_script_step(StepRegistry& registry) { registry.add("script", make_script_step); }
+void register_script_step(StepRegistry& registry) {
+  registry.add("script", make_script_step);
+}
 
 }  // namespace factory::agent

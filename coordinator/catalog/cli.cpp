@@ -45,9 +45,11 @@ int list(const Context& ctx, const CatalogOptions& o) {
   if (print_document(std::cout, o.list_out, doc)) return 0;
   std::vector<std::vector<std::string>> rows;
   for (auto& t : cat->tiers)
-    rows.push_back({t.name, std::to_string(t.vm.gpus) + (t.vm.gpu_resource.empty() ? "" : " " + t.vm.gpu_resource),
-                    t.vm.cpu, t.vm.memory, t.vm.disk, std::to_string(t.steps.size()),
-                    versions_text(t.versions)});
+    rows.push_back(
+        {t.name,
+         std::to_string(t.vm.gpus) + (t.vm.gpu_resource.empty() ? "" : " " + t.vm.gpu_resource),
+         t.vm.cpu, t.vm.memory, t.vm.disk, std::to_string(t.steps.size()),
+         versions_text(t.versions)});
   print_table(std::cout, {"tier", "gpus", "cpu", "memory", "disk", "steps", "pins"}, rows);
   return 0;
 }
@@ -93,14 +95,17 @@ void add_catalog_commands(CLI::App& app, Context& ctx) {
   add_output_option(*l, opts->list_out);
   l->callback([&ctx, opts] { ctx.run = [&ctx, opts] { return list(ctx, *opts); }; });
 
-  auto* s = group->add_subcommand("show", "Show one tier: VM shape, versions and its resolved steps");
+  auto* s =
+      group->add_subcommand("show", "Show one tier: VM shape, versions and its resolved steps");
   s->add_option("TIER", opts->tier, "Tier name, e.g. gpu-vm")->required();
   s->add_flag("--plan", opts->plan, "Print the plan the guest agent receives and its hash instead");
   add_output_option(*s, opts->show_out, /*allow_table=*/false);
   s->callback([&ctx, opts] { ctx.run = [&ctx, opts] { return show(ctx, *opts); }; });
 
   auto* v = group->add_subcommand("validate", "Check a catalog file without using it");
-  v->add_option("FILE", opts->validate_file, "Catalog YAML file")->required()->check(CLI::ExistingFile);
+  v->add_option("FILE", opts->validate_file, "Catalog YAML file")
+      ->required()
+      ->check(CLI::ExistingFile);
   v->callback([&ctx, opts] { ctx.run = [opts] { return validate(*opts); }; });
 }
 

@@ -13,7 +13,8 @@ Result<std::string> configured_path(const std::string& flag_path, const std::str
   if (config_path.empty() || !std::filesystem::exists(config_path, ec)) return std::string();
   auto cfg = load_yaml_file(config_path);
   if (!cfg) return cfg.error();
-  if (!cfg->is_object() || !cfg->contains("catalog") || (*cfg)["catalog"].is_null()) return std::string();
+  if (!cfg->is_object() || !cfg->contains("catalog") || (*cfg)["catalog"].is_null())
+    return std::string();
   if (!(*cfg)["catalog"].is_string())
     return Error(Errc::invalid_argument,
                  "config " + config_path + ": catalog: must be the path of a catalog file");

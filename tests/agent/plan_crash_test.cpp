@@ -5,10 +5,9 @@
 // The agent runs in a fork()ed child that is really SIGKILLed; the parent then
 // plays systemd (start the agent again) and the guest (boot), using only what
 // a real guest keeps: the files on disk. See tests/agent/plan_fakes.hpp.
-#include "agent/plan/engine.hpp"
-
 #include <gtest/gtest.h>
 
+#include "agent/plan/engine.hpp"
 #include "tests/agent/plan_fakes.hpp"
 
 using namespace factory::agent;
@@ -51,12 +50,15 @@ TEST(PlanReboot, StepIsVerifiedAfterBootAndNotReapplied) {
   EXPECT_EQ(g.count("effect-model"), 1);
   EXPECT_EQ(g.boots(), 1);
   EXPECT_EQ(step_trail(events),
-            (std::vector<std::string>{"gpu:started", "gpu:succeeded", "driver:started", "driver:reboot_requested",
-                                      "driver:started", "driver:succeeded", "ollama:started", "ollama:succeeded",
+            (std::vector<std::string>{"gpu:started", "gpu:succeeded", "driver:started",
+                                      "driver:reboot_requested", "driver:started",
+                                      "driver:succeeded", "ollama:started", "ollama:succeeded",
                                       "model:started", "model:succeeded"}));
-  for (auto& ev : of_kind(events, "progress"))
-    if (ev["step"] == "driver" && ev["state"] == "reboot_requested")
+  for (auto& ev : of_kind(events, "progress")) {
+    if (ev["step"] == "driver" && ev["state"] == "reboot_requested") {
       EXPECT_EQ(ev["message"], "driver installed; a reboot loads it");
+    }
+  }
 }
 
 TEST(PlanReboot, ARebootThatDoesNotHappenIsRequestedAgainThenFails) {
@@ -74,7 +76,8 @@ TEST(PlanReboot, ARebootThatDoesNotHappenIsRequestedAgainThenFails) {
   EXPECT_EQ(e->resume(), Outcome::failed);
   EXPECT_EQ(g.count("reboot-requests"), 3);
   EXPECT_EQ(e->status_json()["steps"][1]["message"],
-            "asked the guest to reboot 3 times but it is still in the same boot (boot id boot-1): restart the "
+            "asked the guest to reboot 3 times but it is still in the same boot (boot id boot-1): "
+            "restart the "
             "VM from the host, then retry the plan");
   // Once the VM is restarted by hand, retry finishes the plan.
   g.boot();
@@ -92,7 +95,8 @@ TEST(PlanReboot, VerifyFailingAfterBootUsesTheRetries) {
   bump_in(g.env.root, "boots");
   std::ofstream(g.env.root / "proc/sys/kernel/random/boot_id") << "boot-other\n";
   std::vector<json> events;
-  EXPECT_EQ(g.engine(&events)->resume(), Outcome::rebooting);  // retry: apply asks for another reboot
+  EXPECT_EQ(g.engine(&events)->resume(),
+            Outcome::rebooting);  // retry: apply asks for another reboot
   EXPECT_EQ(g.count("verify-driver"), 1);
   g.boot();
   auto e = g.engine(&events);
@@ -119,7 +123,8 @@ TEST(PlanCrash, KillInsideEveryStepThenResumeConverges) {
     FakeGuest g;
     g.kill_at(point);
     int status = in_child([&] { g.converge(reboot_plan()); });
-    ASSERT_TRUE(killed_by_sigkill(status)) << "the agent was not killed at " << point << " (status " << status << ")";
+    ASSERT_TRUE(killed_by_sigkill(status))
+        << "the agent was not killed at " << point << " (status " << status << ")";
     ASSERT_FALSE(g.has("kill-at"));
 
     std::vector<json> events;
@@ -147,8 +152,10 @@ TEST(PlanCrash, StepThatKillsTheAgentEveryTimeIsFailedAfterThreeEntries) {
   EXPECT_EQ(e->resume(), Outcome::failed);
   EXPECT_EQ(g.count("apply-ollama"), 3);  // not entered a fourth time
   EXPECT_EQ(e->status_json()["steps"][2]["message"],
-            "the agent stopped 3 times while running this step (crash or kill) without finishing it: marked "
-            "failed instead of trying forever; see the agent's log (journalctl -u factory-agent), fix the "
+            "the agent stopped 3 times while running this step (crash or kill) without finishing "
+            "it: marked "
+            "failed instead of trying forever; see the agent's log (journalctl -u factory-agent), "
+            "fix the "
             "cause, then retry the plan");
   EXPECT_EQ(of_kind(events, "plan").back()["failed_step"], "ollama");
   // Stays failed across restarts: no loop.

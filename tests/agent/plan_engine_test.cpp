@@ -1,10 +1,11 @@
 // The plan engine on a simulated guest (tests/agent/plan_fakes.hpp): order of
 // steps, check/apply/verify, retries, failures with their tail and diagnosis,
 // events, finished plans not re-run, new plans, corrupt journals, retry.
-#include "agent/plan/engine.hpp"
-
 #include <gtest/gtest.h>
 
+#include <fstream>
+
+#include "agent/plan/engine.hpp"
 #include "common/catalog.hpp"
 #include "tests/agent/plan_fakes.hpp"
 
@@ -13,7 +14,9 @@ using namespace factory::agent::testfakes;
 using Outcome = PlanEngine::Outcome;
 
 namespace {
-json abc_plan() { return plan_of({fake("a"), fake("b"), fake("c")}); }
+json abc_plan() {
+  return plan_of({fake("a"), fake("b"), fake("c")});
+}
 }  // namespace
 
 TEST(PlanEngine, RunsEveryStepOnceInOrderAndReports) {
@@ -27,18 +30,26 @@ TEST(PlanEngine, RunsEveryStepOnceInOrderAndReports) {
     EXPECT_EQ(g.count(std::string("verify-") + s), 1) << s;
   }
   EXPECT_EQ(step_trail(events),
-            (std::vector<std::string>{"a:started", "a:succeeded", "b:started", "b:succeeded", "c:started",
-                                      "c:succeeded"}));
+            (std::vector<std::string>{"a:started", "a:succeeded", "b:started", "b:succeeded",
+                                      "c:started", "c:succeeded"}));
   std::string hash = factory::catalog::plan_hash(abc_plan());
   auto plans = of_kind(events, "plan");
   ASSERT_EQ(plans.size(), 2u);
-  EXPECT_EQ(plans[0], json({{"kind", "plan"}, {"plan_hash", hash}, {"tier", "test-tier"}, {"state", "running"},
-                            {"steps_total", 3}, {"steps_done", 0}}));
+  EXPECT_EQ(plans[0], json({{"kind", "plan"},
+                            {"plan_hash", hash},
+                            {"tier", "test-tier"},
+                            {"state", "running"},
+                            {"steps_total", 3},
+                            {"steps_done", 0}}));
   EXPECT_EQ(plans[1]["state"], "succeeded");
   EXPECT_EQ(plans[1]["steps_done"], 3);
   auto progress = of_kind(events, "progress");
-  EXPECT_EQ(progress[1], json({{"kind", "progress"}, {"plan_hash", hash}, {"step", "a"}, {"state", "succeeded"},
-                               {"attempt", 1}, {"message", "verified a"}}));
+  EXPECT_EQ(progress[1], json({{"kind", "progress"},
+                               {"plan_hash", hash},
+                               {"step", "a"},
+                               {"state", "succeeded"},
+                               {"attempt", 1},
+                               {"message", "verified a"}}));
 
   json st = e->status_json();
   EXPECT_EQ(st["state"], "succeeded");
@@ -96,7 +107,8 @@ TEST(PlanEngine, FailedAttemptIsRetriedAsTheSpecSays) {
     g.clear("fail-b");
   };
   auto e = g.engine(&events, opts);
-  EXPECT_EQ(e->run(plan_of({fake("a"), fake("b", {}, /*retries=*/2), fake("c")})), Outcome::succeeded);
+  EXPECT_EQ(e->run(plan_of({fake("a"), fake("b", {}, /*retries=*/2), fake("c")})),
+            Outcome::succeeded);
   EXPECT_EQ(g.count("apply-b"), 2);
   EXPECT_EQ(g.count("effect-b"), 1);
   ASSERT_EQ(g.slept.size(), 1u);
@@ -147,7 +159,8 @@ TEST(PlanEngine, FailureStopsThePlanWithMessageTailAndDiagnosis) {
 
   // A failed plan is not re-run by itself (a restart or a resent plan only reports it).
   std::vector<json> again;
-  EXPECT_EQ(g.engine(&again)->run(plan_of({fake("a"), fake("b", {}, 1), fake("c")})), Outcome::failed);
+  EXPECT_EQ(g.engine(&again)->run(plan_of({fake("a"), fake("b", {}, 1), fake("c")})),
+            Outcome::failed);
   EXPECT_EQ(g.count("apply-b"), 2);
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0]["state"], "failed");
@@ -169,7 +182,8 @@ TEST(PlanEngine, RetryRunsAgainFromTheFailedStep) {
   EXPECT_EQ(g.count("apply-b"), 2);
   EXPECT_EQ(g.count("effect-b"), 1);
   EXPECT_EQ(g.count("effect-c"), 1);
-  EXPECT_EQ(step_trail(events), (std::vector<std::string>{"b:started", "b:succeeded", "c:started", "c:succeeded"}));
+  EXPECT_EQ(step_trail(events),
+            (std::vector<std::string>{"b:started", "b:succeeded", "c:started", "c:succeeded"}));
   EXPECT_EQ(e->status_json()["steps"][1]["failures"], 0);  // counters start over
 }
 
@@ -184,7 +198,8 @@ TEST(PlanEngine, RetryFromANamedStepRunsItAndEveryLaterOne) {
   EXPECT_EQ(g.count("check-b"), 2);
   EXPECT_EQ(g.count("check-c"), 2);
   EXPECT_EQ(g.count("effect-b"), 1);  // still done: its check skips it
-  EXPECT_EQ(step_trail(events), (std::vector<std::string>{"b:started", "b:skipped", "c:started", "c:skipped"}));
+  EXPECT_EQ(step_trail(events),
+            (std::vector<std::string>{"b:started", "b:skipped", "c:started", "c:skipped"}));
 }
 
 TEST(PlanEngine, RetryRefusesWhenThereIsNothingToRetry) {
@@ -195,7 +210,8 @@ TEST(PlanEngine, RetryRefusesWhenThereIsNothingToRetry) {
   ASSERT_EQ(g.engine()->run(abc_plan()), Outcome::succeeded);
   auto done = g.engine()->retry();
   ASSERT_FALSE(done.ok());
-  EXPECT_EQ(done.error().message, "the plan succeeded: nothing to retry (name a step to run it again)");
+  EXPECT_EQ(done.error().message,
+            "the plan succeeded: nothing to retry (name a step to run it again)");
   auto unknown = g.engine()->retry("z");
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.error().message, "no step 'z' in this plan (steps: a, b, c)");
@@ -226,21 +242,32 @@ TEST(PlanEngine, CorruptOrTruncatedJournalStartsThePlanOverSafely) {
     const char* reason;
   };
   std::vector<Damage> damages = {
-      {"truncated", [](const std::string& s) { return s.substr(0, s.size() / 2); }, "not valid JSON (truncated?)"},
-      {"empty", [](const std::string&) { return std::string(); }, "the file is empty"},
-      {"garbage", [](const std::string&) { return std::string("\x7f" "ELF\x02\x01\x01", 7); },
+      {"truncated", [](const std::string& s) { return s.substr(0, s.size() / 2); },
        "not valid JSON (truncated?)"},
-      {"other schema", [](const std::string& s) {
+      {"empty", [](const std::string&) { return std::string(); }, "the file is empty"},
+      {"garbage",
+       [](const std::string&) {
+         return std::string(
+             "\x7f"
+             "ELF\x02\x01\x01",
+             7);
+       },
+       "not valid JSON (truncated?)"},
+      {"other schema",
+       [](const std::string& s) {
          json j = json::parse(s);
          j["schema"] = "something/v9";
          return j.dump();
-       }, "schema is not factory.plan-journal/v1"},
-      {"edited", [](const std::string& s) {
+       },
+       "schema is not factory.plan-journal/v1"},
+      {"edited",
+       [](const std::string& s) {
          // A flipped state with the checksum left as it was.
          json j = json::parse(s);
          j["steps"][2]["state"] = "pending";
          return j.dump();
-       }, "checksum mismatch (the file was altered or damaged)"},
+       },
+       "checksum mismatch (the file was altered or damaged)"},
   };
   for (auto& d : damages) {
     SCOPED_TRACE(d.what);
@@ -251,7 +278,8 @@ TEST(PlanEngine, CorruptOrTruncatedJournalStartsThePlanOverSafely) {
 
     std::vector<json> events;
     auto e = g.engine(&events);
-    EXPECT_EQ(e->status_json()["state"], "none");  // a corrupt journal is not trusted for status either
+    EXPECT_EQ(e->status_json()["state"],
+              "none");  // a corrupt journal is not trusted for status either
     EXPECT_EQ(e->run(abc_plan()), Outcome::succeeded);
     auto resets = of_kind(events, "journal_reset");
     ASSERT_EQ(resets.size(), 1u);
@@ -285,7 +313,8 @@ TEST(PlanEngine, CorruptJournalAtStartWaitsForThePlan) {
 
 TEST(PlanEngine, JournalIsWrittenBeforeTheAction) {
   FakeGuest g;
-  ASSERT_EQ(g.engine()->run(plan_of({fake("a"), fake("b", {{"observe_journal", true}})})), Outcome::succeeded);
+  ASSERT_EQ(g.engine()->run(plan_of({fake("a"), fake("b", {{"observe_journal", true}})})),
+            Outcome::succeeded);
   // What apply() saw on disk: state/phase/entries/attempts.
   EXPECT_EQ(factory::testing::slurp(g.env.root / "fake" / "observed-b"), "running/apply/1/1");
 }
@@ -297,15 +326,23 @@ TEST(PlanEngine, StepProgressReachesTheSink) {
   json p;
   for (auto& e : of_kind(events, "progress"))
     if (e["state"] == "progress") p = e;
-  EXPECT_EQ(p, json({{"kind", "progress"}, {"plan_hash", factory::catalog::plan_hash(plan_of({fake("m", {{"progress", true}})}))},
-                     {"step", "m"}, {"state", "progress"}, {"attempt", 1}, {"percent", 42}, {"message", "halfway"}}));
+  EXPECT_EQ(
+      p,
+      json({{"kind", "progress"},
+            {"plan_hash", factory::catalog::plan_hash(plan_of({fake("m", {{"progress", true}})}))},
+            {"step", "m"},
+            {"state", "progress"},
+            {"attempt", 1},
+            {"percent", 42},
+            {"message", "halfway"}}));
 }
 
 TEST(PlanEngine, StepPastItsDeadlineFailsAsTimedOut) {
   FakeGuest g;
   std::vector<json> events;
   auto e = g.engine(&events);
-  EXPECT_EQ(e->run(plan_of({fake("slow", {{"sleep_ms", 1100}}, 0, /*timeout_s=*/1)})), Outcome::failed);
+  EXPECT_EQ(e->run(plan_of({fake("slow", {{"sleep_ms", 1100}}, 0, /*timeout_s=*/1)})),
+            Outcome::failed);
   EXPECT_EQ(e->status_json()["steps"][0]["message"], "timed out after 1s: deadline passed");
 }
 
@@ -316,14 +353,62 @@ TEST(PlanEngine, AStepThatThrowsFailsThePlanNotTheAgent) {
   EXPECT_EQ(e->status_json()["steps"][0]["message"], "apply threw: boom in t (a bug in the agent)");
 }
 
-TEST(PlanEngine, UnknownStepKindFailsThatStep) {
+TEST(PlanEngine, PlanWithAnUnknownStepKindIsRefusedBeforeAnythingRuns) {
   FakeGuest g;
   json plan = plan_of({fake("a"), {{"id", "x"}, {"kind", "teleport"}}});
-  auto e = g.engine();
+  std::vector<json> events;
+  auto e = g.engine(&events);
   EXPECT_EQ(e->run(plan), Outcome::failed);
-  EXPECT_EQ(g.count("effect-a"), 1);
-  EXPECT_EQ(e->status_json()["steps"][1]["message"],
-            "step 'x': unknown step kind 'teleport' (agent too old for this plan?)");
+  EXPECT_EQ(g.count("check-a"), 0);
+  EXPECT_EQ(
+      e->status_json()["steps"][1]["message"],
+      "unknown step kind 'teleport': this agent is older than the plan; update the agent binary");
+  EXPECT_EQ(of_kind(events, "plan").back()["failed_step"], "x");
+}
+
+TEST(PlanEngine, SystemRebootHookUsesSystemctlOrRebootFromPath) {
+  // Stand-ins on a PATH of their own: nothing here can reboot the machine.
+  factory::testing::TempDir dir;
+  auto bin = dir / "bin";
+  std::filesystem::create_directories(bin);
+  auto stand_in = [&](const std::string& name, const std::string& body) {
+    std::ofstream(bin / name) << "#!/bin/sh\n" << body << "\n";
+    std::filesystem::permissions(bin / name, std::filesystem::perms::owner_all);
+  };
+  std::string old_path = ::getenv("PATH") ? ::getenv("PATH") : "";
+  ::setenv("PATH", bin.c_str(), 1);
+  auto hook = system_reboot_hook();
+  auto none = hook();
+  stand_in("reboot", "echo \"reboot $*\" >> " + (dir / "calls").string());
+  auto by_reboot = hook();
+  stand_in("systemctl", "echo \"systemctl $*\" >> " + (dir / "calls").string());
+  auto by_systemctl = hook();
+  stand_in("systemctl", "echo 'Failed to reboot: access denied'; exit 1");
+  auto refused = hook();
+  ::setenv("PATH", old_path.c_str(), 1);
+
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.error().message, "reboot: command not found on PATH");
+  EXPECT_TRUE(by_reboot.ok());
+  EXPECT_TRUE(by_systemctl.ok());
+  EXPECT_EQ(factory::testing::slurp(dir / "calls"), "reboot \nsystemctl reboot\n");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("access denied"), std::string::npos)
+      << refused.error().message;
+}
+
+TEST(PlanEngine, AStepFailedJustBeforeACrashIsNotRunAgain) {
+  // Killed between journaling the failed step and the failed plan: the journal
+  // says "running" with a failed step; the restarted agent reports the failure.
+  FakeGuest g;
+  g.set("fail-b");
+  ASSERT_EQ(g.engine()->run(abc_plan()), Outcome::failed);
+  auto st = PlanJournal::parse(factory::testing::slurp(g.journal_file()));
+  ASSERT_TRUE(st.ok());
+  st->state = PlanState::running;
+  ASSERT_TRUE(PlanJournal(g.journal_file().parent_path()).save(*st).ok());
+  EXPECT_EQ(g.engine()->resume(), Outcome::failed);
+  EXPECT_EQ(g.count("apply-b"), 1);
 }
 
 TEST(PlanEngine, MalformedPlanIsRefusedWithoutTouchingTheJournal) {
@@ -335,4 +420,20 @@ TEST(PlanEngine, MalformedPlanIsRefusedWithoutTouchingTheJournal) {
   EXPECT_EQ(events[0]["state"], "failed");
   EXPECT_EQ(events[0]["message"], "plan: step 'a': kind: required (a string)");
   EXPECT_FALSE(std::filesystem::exists(g.journal_file()));
+}
+
+TEST(PlanEngine, ARebootThatCannotBeRequestedFailsTheStep) {
+  FakeGuest g;
+  std::vector<json> events;
+  PlanEngine e(
+      g.env, fake_registry(), [&](json ev) { events.push_back(ev); },
+      [] {
+        return factory::Status(
+            factory::Error(factory::Errc::not_found, "reboot: command not found on PATH"));
+      });
+  EXPECT_EQ(e.run(plan_of({fake("driver", {{"reboot", true}})})), Outcome::failed);
+  EXPECT_EQ(e.status_json()["steps"][0]["message"],
+            "could not reboot the guest: reboot: command not found on PATH; reboot the VM, the "
+            "plan continues "
+            "after boot");
 }

@@ -23,11 +23,10 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "agent/plan/engine.hpp"
 #include "common/atomic_file.hpp"
@@ -38,7 +37,9 @@ namespace factory::agent::testfakes {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-inline fs::path fake_dir(const fs::path& root) { return root / "fake"; }
+inline fs::path fake_dir(const fs::path& root) {
+  return root / "fake";
+}
 
 inline int count_in(const fs::path& root, const std::string& what) {
   std::ifstream in(fake_dir(root) / ("count-" + what));
@@ -51,12 +52,16 @@ inline void bump_in(const fs::path& root, const std::string& what) {
   fs::create_directories(fake_dir(root));
   std::ofstream(fake_dir(root) / ("count-" + what), std::ios::app) << "x\n";
 }
-inline bool has_in(const fs::path& root, const std::string& flag) { return fs::exists(fake_dir(root) / flag); }
+inline bool has_in(const fs::path& root, const std::string& flag) {
+  return fs::exists(fake_dir(root) / flag);
+}
 inline void set_in(const fs::path& root, const std::string& flag, const std::string& content = "") {
   fs::create_directories(fake_dir(root));
   std::ofstream(fake_dir(root) / flag) << content;
 }
-inline void clear_in(const fs::path& root, const std::string& flag) { fs::remove(fake_dir(root) / flag); }
+inline void clear_in(const fs::path& root, const std::string& flag) {
+  fs::remove(fake_dir(root) / flag);
+}
 
 // Kills this process (SIGKILL: no cleanup, no flush) if the test armed this point.
 inline void maybe_kill(const fs::path& root, const std::string& point) {
@@ -70,7 +75,8 @@ inline void maybe_kill(const fs::path& root, const std::string& point) {
 
 class FakeStep : public Step {
  public:
-  explicit FakeStep(const StepSpec& spec) : p_(spec.params), name_(spec.params.value("name", spec.id)) {}
+  explicit FakeStep(const StepSpec& spec)
+      : p_(spec.params), name_(spec.params.value("name", spec.id)) {}
 
   Result<bool> check(StepContext& ctx) override {
     const auto& root = ctx.env.root;
@@ -89,10 +95,12 @@ class FakeStep : public Step {
     if (p_.value("progress", false)) ctx.progress({{"percent", 42}, {"message", "halfway"}});
     if (int ms = p_.value("sleep_ms", 0)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-      if (ctx.remaining() <= std::chrono::milliseconds(0)) return StepOutcome::failure("deadline passed");
+      if (ctx.remaining() <= std::chrono::milliseconds(0))
+        return StepOutcome::failure("deadline passed");
     }
     if (has_in(root, "fail-" + name_)) {
-      Diagnosis d{"simulated_failure", name_ + " failed as the test asked", "remove the fail file", {}};
+      Diagnosis d{
+          "simulated_failure", name_ + " failed as the test asked", "remove the fail file", {}};
       return StepOutcome::failure("simulated failure of " + name_, "line 1\nline 2: the end", d);
     }
     // Re-entrant as every real step must be: the effect happens once however
@@ -113,8 +121,9 @@ class FakeStep : public Step {
     bump_in(root, "verify-" + name_);
     if (reboot()) {
       if (has_in(root, "loaded-" + name_)) return StepOutcome::success("loaded");
-      return StepOutcome::failure(name_ + " installed but not loaded", "",
-                                  Diagnosis{"driver_reboot_pending", "reboot pending", "reboot the guest", {}});
+      return StepOutcome::failure(
+          name_ + " installed but not loaded", "",
+          Diagnosis{"driver_reboot_pending", "reboot pending", "reboot the guest", {}});
     }
     return has_in(root, "done-" + name_) ? StepOutcome::success("verified " + name_)
                                          : StepOutcome::failure(name_ + " is not done");
@@ -128,8 +137,9 @@ class FakeStep : public Step {
     for (auto& s : doc.value("steps", json::array()))
       if (s.value("id", "") == ctx.spec.id)
         set_in(ctx.env.root, "observed-" + name_,
-               s.value("state", "") + "/" + s.value("phase", "") + "/" + std::to_string(s.value("entries", -1)) +
-                   "/" + std::to_string(s.value("attempts", -1)));
+               s.value("state", "") + "/" + s.value("phase", "") + "/" +
+                   std::to_string(s.value("entries", -1)) + "/" +
+                   std::to_string(s.value("attempts", -1)));
   }
 
   json p_;
@@ -144,9 +154,14 @@ inline StepRegistry fake_registry() {
   return r;
 }
 
-inline json fake(const std::string& name, json params = json::object(), int retries = 0, int timeout_s = 60) {
+inline json fake(const std::string& name, json params = json::object(), int retries = 0,
+                 int timeout_s = 60) {
   params["name"] = name;
-  return {{"id", name}, {"kind", "fake"}, {"params", params}, {"timeout_seconds", timeout_s}, {"retries", retries}};
+  return {{"id", name},
+          {"kind", "fake"},
+          {"params", params},
+          {"timeout_seconds", timeout_s},
+          {"retries", retries}};
 }
 
 inline json plan_of(std::vector<json> steps, const std::string& tier = "test-tier") {
@@ -193,7 +208,8 @@ class FakeGuest {
     };
   }
 
-  std::unique_ptr<PlanEngine> engine(std::vector<json>* events = nullptr, PlanEngineOptions opts = {}) {
+  std::unique_ptr<PlanEngine> engine(std::vector<json>* events = nullptr,
+                                     PlanEngineOptions opts = {}) {
     if (!opts.sleep) opts.sleep = [this](std::chrono::milliseconds d) { slept.push_back(d); };
     opts.retry_delay = std::chrono::milliseconds(1000);
     PlanEventSink sink = [events](json e) {
@@ -205,7 +221,8 @@ class FakeGuest {
   // What the agent does, as systemd runs it: at start it resumes the journal's
   // plan, or takes the coordinator's; when it asked for a reboot the guest
   // boots and the agent starts again. Returns the final outcome.
-  PlanEngine::Outcome converge(const json& plan, std::vector<json>* events = nullptr, int max_starts = 12) {
+  PlanEngine::Outcome converge(const json& plan, std::vector<json>* events = nullptr,
+                               int max_starts = 12) {
     PlanEngine::Outcome o = PlanEngine::Outcome::idle;
     for (int i = 0; i < max_starts; ++i) {
       auto e = engine(events);
@@ -240,7 +257,9 @@ inline int in_child(const std::function<void()>& fn) {
   return status;
 }
 
-inline bool killed_by_sigkill(int status) { return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL; }
+inline bool killed_by_sigkill(int status) {
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+}
 
 inline std::vector<json> of_kind(const std::vector<json>& events, const std::string& kind) {
   std::vector<json> out;
@@ -253,7 +272,8 @@ inline std::vector<json> of_kind(const std::vector<json>& events, const std::str
 inline std::vector<std::string> step_trail(const std::vector<json>& events) {
   std::vector<std::string> out;
   for (auto& e : of_kind(events, "progress"))
-    if (e["state"] != "progress") out.push_back(e["step"].get<std::string>() + ":" + e["state"].get<std::string>());
+    if (e["state"] != "progress")
+      out.push_back(e["step"].get<std::string>() + ":" + e["state"].get<std::string>());
   return out;
 }
 

@@ -1,9 +1,8 @@
 // PlanJournal on its own: round trip, checksum, schema, the files it keeps.
-#include "agent/plan/journal.hpp"
-
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include "agent/plan/journal.hpp"
 #include "common/atomic_file.hpp"
 #include "common/catalog.hpp"
 #include "tests/support/test_support.hpp"
@@ -15,10 +14,11 @@ using nlohmann::json;
 namespace {
 
 JournalState sample() {
-  json plan = {{"tier", "gpu-vm"},
-               {"steps",
-                {{{"id", "gpu"}, {"kind", "gpu_present"}, {"params", json::object()}},
-                 {{"id", "driver"}, {"kind", "nvidia_driver"}, {"params", {{"version", "615.71.09"}}}}}}};
+  json plan = {
+      {"tier", "gpu-vm"},
+      {"steps",
+       {{{"id", "gpu"}, {"kind", "gpu_present"}, {"params", json::object()}},
+        {{"id", "driver"}, {"kind", "nvidia_driver"}, {"params", {{"version", "615.71.09"}}}}}}};
   JournalState st;
   st.plan = plan;
   st.plan_hash = factory::catalog::plan_hash(plan);

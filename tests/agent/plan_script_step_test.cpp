@@ -1,9 +1,8 @@
 // The `script` step kind with a real /bin/sh, alone and through the engine.
-#include "agent/plan/script_step.hpp"
-
 #include <gtest/gtest.h>
 
 #include "agent/plan/engine.hpp"
+#include "agent/plan/script_step.hpp"
 #include "common/catalog.hpp"
 #include "tests/support/test_support.hpp"
 
@@ -60,14 +59,16 @@ TEST(ScriptStep, CheckRunVerify) {
 
 TEST(ScriptStep, FailingRunCarriesItsOutputTail) {
   ScriptFixture f;
-  auto s = f.spec({{"run", "echo downloading; echo 'E: Unable to locate package nope' >&2; exit 100"}});
+  auto s =
+      f.spec({{"run", "echo downloading; echo 'E: Unable to locate package nope' >&2; exit 100"}});
   auto step = make_script_step(s);
   ASSERT_TRUE(step.ok());
   auto c = f.ctx(s);
   auto out = (*step)->apply(c);
   EXPECT_EQ(out.kind, StepOutcome::Kind::failed);
   EXPECT_EQ(out.message, "run exited 100");
-  EXPECT_NE(out.output_tail.find("E: Unable to locate package nope"), std::string::npos) << out.output_tail;
+  EXPECT_NE(out.output_tail.find("E: Unable to locate package nope"), std::string::npos)
+      << out.output_tail;
 }
 
 TEST(ScriptStep, WithoutCheckItRunsAndWithoutVerifyRunDecides) {
@@ -137,8 +138,8 @@ tiers:
   register_script_step(reg);
   std::vector<json> events;
   auto engine = [&] {
-    return std::make_unique<PlanEngine>(f.env, reg, [&](json e) { events.push_back(e); },
-                                        [] { return factory::ok_status(); });
+    return std::make_unique<PlanEngine>(
+        f.env, reg, [&](json e) { events.push_back(e); }, [] { return factory::ok_status(); });
   };
   EXPECT_EQ(engine()->run(plan), PlanEngine::Outcome::succeeded);
   EXPECT_EQ(factory::testing::slurp(f.env.root / "tool-version"), "3.1\n");

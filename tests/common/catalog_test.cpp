@@ -89,12 +89,14 @@ TEST(Catalog, GpuVmMatchesTheRunbook) {
   EXPECT_EQ(t->vm.cpu, "8");
   EXPECT_EQ(t->vm.memory, "16Gi");
   EXPECT_EQ(t->vm.disk, "100Gi");
-  EXPECT_EQ(t->vm.image, "https://cloud-images.ubuntu.com/noble/current/noble-server-cloudimg-amd64.img");
+  EXPECT_EQ(t->vm.image,
+            "https://cloud-images.ubuntu.com/noble/current/noble-server-cloudimg-amd64.img");
   EXPECT_EQ(t->vm.gpus, 1);
   EXPECT_EQ(t->vm.gpu_resource, "");
   std::vector<std::string> kinds;
   for (auto& s : t->steps) kinds.push_back(s.kind);
-  EXPECT_EQ(kinds, (std::vector<std::string>{"gpu_present", "nvidia_driver", "ollama_install", "ollama_model"}));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"gpu_present", "nvidia_driver", "ollama_install",
+                                             "ollama_model"}));
 
   json plan = t->plan();
   EXPECT_EQ(plan["tier"], "gpu-vm");
@@ -106,8 +108,9 @@ TEST(Catalog, GpuVmMatchesTheRunbook) {
   EXPECT_EQ(p["packages"], json({"nvidia-headless-open", "nvidia-persistenced"}));
   EXPECT_EQ(p["reboot"], true);
   EXPECT_EQ(p["repo"]["kind"], "local");
-  EXPECT_NE(p["repo"]["url"].get<std::string>().find("nvidia-driver-local-repo-ubuntu2404-615.71.09"),
-            std::string::npos);
+  EXPECT_NE(
+      p["repo"]["url"].get<std::string>().find("nvidia-driver-local-repo-ubuntu2404-615.71.09"),
+      std::string::npos);
   EXPECT_EQ((*drv)["timeout_seconds"], 45 * 60);
   const json* ollama = step_by_id(plan, "ollama");
   ASSERT_NE(ollama, nullptr);
@@ -128,10 +131,10 @@ TEST(Catalog, GpuK8sMatchesTheRunbook) {
     ids.push_back(s.id);
     kinds.push_back(s.kind);
   }
-  EXPECT_EQ(kinds, (std::vector<std::string>{"gpu_present", "rke2", "helm_release", "node_label", "helm_release",
-                                             "wait_allocatable"}));
-  EXPECT_EQ(ids, (std::vector<std::string>{"gpu-present", "rke2", "gpu-operator", "label-gpu-node", "hami",
-                                           "gpus-allocatable"}));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"gpu_present", "rke2", "helm_release", "node_label",
+                                             "helm_release", "wait_allocatable"}));
+  EXPECT_EQ(ids, (std::vector<std::string>{"gpu-present", "rke2", "gpu-operator", "label-gpu-node",
+                                           "hami", "gpus-allocatable"}));
   json plan = t->plan();
   const json& rke2 = (*step_by_id(plan, "rke2"))["params"];
   EXPECT_EQ(rke2["version"], "v1.36.4+rke2r1");
@@ -143,7 +146,8 @@ TEST(Catalog, GpuK8sMatchesTheRunbook) {
   EXPECT_EQ(op["values"]["devicePlugin"]["enabled"], false);
   json env = op["values"]["toolkit"]["env"];
   ASSERT_EQ(env.size(), 4u);
-  EXPECT_EQ(env[0], json({{"name", "CONTAINERD_SOCKET"}, {"value", "/run/k3s/containerd/containerd.sock"}}));
+  EXPECT_EQ(env[0], json({{"name", "CONTAINERD_SOCKET"},
+                          {"value", "/run/k3s/containerd/containerd.sock"}}));
   EXPECT_EQ(env[3], json({{"name", "CONTAINERD_SET_AS_DEFAULT"}, {"value", "true"}}));
   const json& label = (*step_by_id(plan, "label-gpu-node"))["params"];
   EXPECT_EQ(label["labels"], json({{"gpu", "on"}}));
@@ -154,7 +158,9 @@ TEST(Catalog, GpuK8sMatchesTheRunbook) {
   EXPECT_EQ(hami["values"]["devicePlugin"]["nvidiaDriverRoot"], "/run/nvidia/driver");
   EXPECT_EQ(hami["values"]["devicePlugin"]["gpuOperatorToolkitReady"]["enabled"], true);
   const json& alloc = (*step_by_id(plan, "gpus-allocatable"))["params"];
-  EXPECT_EQ(alloc, json({{"resource", "nvidia.com/gpu"}, {"count", 10}, {"kubeconfig", "/etc/rancher/rke2/rke2.yaml"}}));
+  EXPECT_EQ(alloc, json({{"resource", "nvidia.com/gpu"},
+                         {"count", 10},
+                         {"kubeconfig", "/etc/rancher/rke2/rke2.yaml"}}));
 }
 
 TEST(Catalog, ReferencesForEachAndEscapes) {
@@ -188,17 +194,21 @@ TEST(Catalog, PlanHashIsStableAndFollowsContent) {
   json reordered = json::parse(pa->dump());
   EXPECT_EQ(cat::plan_hash(reordered), cat::plan_hash(*pa));
   // Known vector: SHA-256("abc").
-  EXPECT_EQ(cat::sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(cat::sha256_hex("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 
   // Changing one pinned version changes the gpu-vm plan's hash and nothing else's.
-  std::string changed = replace(std::string(cat::builtin_yaml()), "ollama: 0.40.2", "ollama: 0.40.3");
+  std::string changed =
+      replace(std::string(cat::builtin_yaml()), "ollama: 0.40.2", "ollama: 0.40.3");
   auto c = cat::parse(changed, "changed");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_NE(cat::plan_hash(*cat::plan_for(*c, "gpu-vm")), cat::plan_hash(*pa));
-  EXPECT_EQ(cat::plan_hash(*cat::plan_for(*c, "gpu-k8s")), cat::plan_hash(*cat::plan_for(*a, "gpu-k8s")));
+  EXPECT_EQ(cat::plan_hash(*cat::plan_for(*c, "gpu-k8s")),
+            cat::plan_hash(*cat::plan_for(*a, "gpu-k8s")));
   // So does a step's retries (it is part of what the agent runs).
-  std::string retries = replace(std::string(cat::builtin_yaml()), "timeout: 15m\n        retries: 2",
-                                "timeout: 15m\n        retries: 3");
+  std::string retries =
+      replace(std::string(cat::builtin_yaml()), "timeout: 15m\n        retries: 2",
+              "timeout: 15m\n        retries: 3");
   auto d = cat::parse(retries, "retries");
   ASSERT_TRUE(d.ok()) << d.error().message;
   EXPECT_NE(cat::plan_hash(*cat::plan_for(*d, "gpu-vm")), cat::plan_hash(*pa));
@@ -215,49 +225,63 @@ TEST(Catalog, UnknownTierNamesTheKnownOnes) {
 
 TEST(Catalog, ErrorsNameTheTierStepAndKey) {
   std::string m = kMini;
-  EXPECT_EQ(error_of(replace(m, "kind: wait_allocatable", "kind: wait_alocatable")),
-            "catalog test.yaml: tier 'mini': step 'alloc': unknown step kind 'wait_alocatable' (known: "
-            "gpu_present, apt_packages, nvidia_driver, ollama_install, ollama_model, rke2, helm_release, "
-            "node_label, wait_allocatable, script)");
+  EXPECT_EQ(
+      error_of(replace(m, "kind: wait_allocatable", "kind: wait_alocatable")),
+      "catalog test.yaml: tier 'mini': step 'alloc': unknown step kind 'wait_alocatable' (known: "
+      "gpu_present, apt_packages, nvidia_driver, ollama_install, ollama_model, rke2, helm_release, "
+      "node_label, wait_allocatable, script)");
   EXPECT_EQ(error_of(replace(m, "{resource: nvidia.com/gpu, ", "{resourse: nvidia.com/gpu, ")),
-            "catalog test.yaml: tier 'mini': step 'alloc': params: unknown key 'resourse' (known: resource, "
+            "catalog test.yaml: tier 'mini': step 'alloc': params: unknown key 'resourse' (known: "
+            "resource, "
             "count, kubeconfig)");
   EXPECT_EQ(error_of(replace(m, "run: echo", "runn: echo")),
-            "catalog test.yaml: tier 'mini': step 'one': params: unknown key 'runn' (known: check, run, verify, "
+            "catalog test.yaml: tier 'mini': step 'one': params: unknown key 'runn' (known: check, "
+            "run, verify, "
             "reboot, env)");
   EXPECT_EQ(error_of(replace(m, "${settings.count}", "${settings.cuont}")),
-            "catalog test.yaml: tier 'mini': step 'alloc': params.count: unknown reference ${settings.cuont} "
+            "catalog test.yaml: tier 'mini': step 'alloc': params.count: unknown reference "
+            "${settings.cuont} "
             "(known: settings.count)");
   EXPECT_EQ(error_of(replace(m, "tool: \"1.2\"", "tool: 1.2")),
-            "catalog test.yaml: tier 'mini': versions.tool: YAML reads 1.2 as a number: quote the version "
+            "catalog test.yaml: tier 'mini': versions.tool: YAML reads 1.2 as a number: quote the "
+            "version "
             "(\"1.2\") so it is kept exactly as written");
   EXPECT_EQ(error_of(replace(m, "id: alloc", "id: one")),
-            "catalog test.yaml: tier 'mini': step 'one': duplicate step id (ids must be unique in a tier)");
+            "catalog test.yaml: tier 'mini': step 'one': duplicate step id (ids must be unique in "
+            "a tier)");
   EXPECT_EQ(error_of(replace(m, "memory: 4Gi", "memory: 4 gigs")),
-            "catalog test.yaml: tier 'mini': vm.memory: '4 gigs' is not a Kubernetes quantity (e.g. 8, 500m, 16Gi)");
+            "catalog test.yaml: tier 'mini': vm.memory: '4 gigs' is not a Kubernetes quantity "
+            "(e.g. 8, 500m, 16Gi)");
   EXPECT_EQ(error_of(replace(m, "gpus: 1", "gpus: 0")),
             "catalog test.yaml: tier 'mini': vm.gpus: must be a whole number from 1 to 16");
   EXPECT_EQ(error_of(replace(m, "timeout: 90s", "timeout: 90x")),
-            "catalog test.yaml: tier 'mini': step 'alloc': timeout: invalid duration unit in '90x' (use s, m, h or d)");
-  EXPECT_EQ(error_of(replace(m, "retries: 2", "retries: -1")),
-            "catalog test.yaml: tier 'mini': step 'alloc': retries: must be a whole number from 0 to 10");
+            "catalog test.yaml: tier 'mini': step 'alloc': timeout: invalid duration unit in '90x' "
+            "(use s, m, h or d)");
+  EXPECT_EQ(
+      error_of(replace(m, "retries: 2", "retries: -1")),
+      "catalog test.yaml: tier 'mini': step 'alloc': retries: must be a whole number from 0 to 10");
   EXPECT_EQ(error_of(replace(m, "    description: A test tier.\n", "")),
             "catalog test.yaml: tier 'mini': description: required");
   EXPECT_EQ(error_of(replace(m, "name: mini", "name: Mini_Tier")),
-            "catalog test.yaml: tier 'Mini_Tier': name: must be a DNS-1123 label (lower-case letters, digits "
+            "catalog test.yaml: tier 'Mini_Tier': name: must be a DNS-1123 label (lower-case "
+            "letters, digits "
             "and '-', at most 63)");
   EXPECT_EQ(error_of(replace(m, "    settings:", "    setings:")),
-            "catalog test.yaml: tier 'mini': unknown key 'setings' (known: name, description, cost, vm, versions, "
+            "catalog test.yaml: tier 'mini': unknown key 'setings' (known: name, description, "
+            "cost, vm, versions, "
             "settings, steps)");
   EXPECT_EQ(error_of(replace(m, "version: 1", "version: 2")),
             "catalog test.yaml: unsupported catalog version 2 (this factory reads version 1)");
-  EXPECT_NE(error_of("version: 1\ntiers: [\n").find("catalog test.yaml: invalid YAML at line"), std::string::npos);
+  EXPECT_NE(error_of("version: 1\ntiers: [\n").find("catalog test.yaml: invalid YAML at line"),
+            std::string::npos);
   EXPECT_EQ(error_of(replace(m, "for_each: ${versions.models}", "for_each: ${versions.tool}")),
-            "catalog test.yaml: tier 'mini': step 'model-${item}': for_each: must be a non-empty list (or a "
+            "catalog test.yaml: tier 'mini': step 'model-${item}': for_each: must be a non-empty "
+            "list (or a "
             "reference to one), got a string");
   // A list can stand alone as a value but not inside text.
   EXPECT_EQ(error_of(replace(m, "run: echo ${versions.tool}", "run: echo ${versions.models}")),
-            "catalog test.yaml: tier 'mini': step 'one': params.run: ${versions.models} is a list: it can only be "
+            "catalog test.yaml: tier 'mini': step 'one': params.run: ${versions.models} is a list: "
+            "it can only be "
             "used as the whole value, not inside text");
   // Two tiers with one name.
   std::string twice = m + std::string(m).substr(std::string(m).find("  - name: mini"));
@@ -268,37 +292,48 @@ TEST(Catalog, Rke2RangesMustNotClashWithTheHostCluster) {
   std::string k8s = std::string(cat::builtin_yaml());
   // RKE2's default service range: the runbook's DNS clash.
   EXPECT_EQ(error_of(replace(k8s, "service_cidr: 10.53.0.0/16", "service_cidr: 10.43.0.0/16")),
-            "catalog test.yaml: tier 'gpu-k8s': step 'rke2': params.config.service-cidr: 10.43.0.0/16 overlaps "
-            "10.43.0.0/16, a range of the host cluster (RKE2/k3s default): the guest's DNS would clash with the "
+            "catalog test.yaml: tier 'gpu-k8s': step 'rke2': params.config.service-cidr: "
+            "10.43.0.0/16 overlaps "
+            "10.43.0.0/16, a range of the host cluster (RKE2/k3s default): the guest's DNS would "
+            "clash with the "
             "host's; pick e.g. 10.52.0.0/16 and 10.53.0.0/16");
   EXPECT_EQ(error_of(replace(k8s, "cluster_dns: 10.53.0.10", "cluster_dns: 10.54.0.10")),
-            "catalog test.yaml: tier 'gpu-k8s': step 'rke2': params.config.cluster-dns: 10.54.0.10 is outside "
+            "catalog test.yaml: tier 'gpu-k8s': step 'rke2': params.config.cluster-dns: 10.54.0.10 "
+            "is outside "
             "service-cidr 10.53.0.0/16");
   EXPECT_EQ(error_of(replace(k8s, "cluster_cidr: 10.52.0.0/16", "cluster_cidr: 10.53.0.0/17")),
-            "catalog test.yaml: tier 'gpu-k8s': step 'rke2': params.config: cluster-cidr 10.53.0.0/17 overlaps "
+            "catalog test.yaml: tier 'gpu-k8s': step 'rke2': params.config: cluster-cidr "
+            "10.53.0.0/17 overlaps "
             "service-cidr 10.53.0.0/16");
 }
 
 TEST(Catalog, StepKindParamsAreChecked) {
   std::string vm = std::string(cat::builtin_yaml());
   EXPECT_EQ(error_of(replace(vm, "kind: local", "kind: lokal")),
-            "catalog test.yaml: tier 'gpu-vm': step 'nvidia-driver': params.repo.kind: must be local or network, "
+            "catalog test.yaml: tier 'gpu-vm': step 'nvidia-driver': params.repo.kind: must be "
+            "local or network, "
             "got 'lokal'");
-  EXPECT_EQ(error_of(replace(vm, "          packages: [nvidia-headless-open, nvidia-persistenced]\n", "")),
-            "catalog test.yaml: tier 'gpu-vm': step 'nvidia-driver': params.packages: required for a "
-            "nvidia_driver step");
+  EXPECT_EQ(
+      error_of(
+          replace(vm, "          packages: [nvidia-headless-open, nvidia-persistenced]\n", "")),
+      "catalog test.yaml: tier 'gpu-vm': step 'nvidia-driver': params.packages: required for a "
+      "nvidia_driver step");
   EXPECT_EQ(error_of(replace(vm, "vendor: \"10de\"", "vendor: 10de0")),
-            "catalog test.yaml: tier 'gpu-vm': step 'gpu-present': params.vendor: must be a 4-digit PCI vendor ID "
+            "catalog test.yaml: tier 'gpu-vm': step 'gpu-present': params.vendor: must be a "
+            "4-digit PCI vendor ID "
             "like \"10de\" (quote it)");
   EXPECT_EQ(error_of(replace(vm, "install_url: https://ollama.com/install.sh",
                              "install_url: http://ollama.com/install.sh")),
-            "catalog test.yaml: tier 'gpu-vm': step 'ollama': params.install_url: must be an https:// URL, got "
+            "catalog test.yaml: tier 'gpu-vm': step 'ollama': params.install_url: must be an "
+            "https:// URL, got "
             "'http://ollama.com/install.sh'");
   EXPECT_EQ(error_of(replace(vm, "wait_timeout: 20m", "wait_timeout: soon")),
-            "catalog test.yaml: tier 'gpu-k8s': step 'gpu-operator': params.wait_timeout: invalid duration 'soon' "
+            "catalog test.yaml: tier 'gpu-k8s': step 'gpu-operator': params.wait_timeout: invalid "
+            "duration 'soon' "
             "(use e.g. 90s, 30m, 1h, 7d)");
   EXPECT_EQ(error_of(replace(vm, "gpu: \"on\"", "gpu: true")),
-            "catalog test.yaml: tier 'gpu-k8s': step 'label-gpu-node': params.labels.gpu: must be a string (quote "
+            "catalog test.yaml: tier 'gpu-k8s': step 'label-gpu-node': params.labels.gpu: must be "
+            "a string (quote "
             "it), got a boolean");
 }
 

@@ -2,7 +2,6 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "common/catalog.hpp"
@@ -103,7 +102,8 @@ TEST(CatalogCli, UnknownTierIsOneClearLine) {
 TEST(CatalogCli, OwnCatalogByFlagAndByConfig) {
   TempDir dir;
   std::ofstream(dir / "own.yaml") << kOwnCatalog;
-  auto r = run(fac(dir, {"catalog", "--catalog", (dir / "own.yaml").string(), "list", "-o", "json"}));
+  auto r =
+      run(fac(dir, {"catalog", "--catalog", (dir / "own.yaml").string(), "list", "-o", "json"}));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   json doc = json::parse(r.output);
   EXPECT_EQ(doc["source"], (dir / "own.yaml").string());
@@ -112,13 +112,13 @@ TEST(CatalogCli, OwnCatalogByFlagAndByConfig) {
 
   // The config's `catalog:` key, relative to the config file's folder.
   std::ofstream(dir / "coordinator.yaml") << "catalog: own.yaml\n";
-  auto c = run({factory_bin(), "--config", (dir / "coordinator.yaml").string(), "catalog", "show", "cpu-box",
-                "-o", "json"});
+  auto c = run({factory_bin(), "--config", (dir / "coordinator.yaml").string(), "catalog", "show",
+                "cpu-box", "-o", "json"});
   ASSERT_EQ(c.exit_code, 0) << c.output;
   EXPECT_EQ(json::parse(c.output)["vm"]["cpu"], "4");
   // The flag wins over the config.
-  auto b = run({factory_bin(), "--config", (dir / "coordinator.yaml").string(), "catalog", "--catalog",
-                (dir / "own.yaml").string(), "show", "gpu-vm"});
+  auto b = run({factory_bin(), "--config", (dir / "coordinator.yaml").string(), "catalog",
+                "--catalog", (dir / "own.yaml").string(), "show", "gpu-vm"});
   EXPECT_NE(b.exit_code, 0);
   EXPECT_EQ(b.output, "factory: unknown tier 'gpu-vm' (known: cpu-box)\n");
 }
@@ -135,8 +135,9 @@ TEST(CatalogCli, ValidateReportsTheFirstMistake) {
   std::ofstream(dir / "broken.yaml") << broken;
   auto bad = run(fac(dir, {"catalog", "validate", (dir / "broken.yaml").string()}));
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_EQ(bad.output, "factory: catalog " + (dir / "broken.yaml").string() +
-                            ": tier 'cpu-box': step 'jq': unknown step kind 'shell' (known: gpu_present, "
-                            "apt_packages, nvidia_driver, ollama_install, ollama_model, rke2, helm_release, "
-                            "node_label, wait_allocatable, script)\n");
+  EXPECT_EQ(bad.output,
+            "factory: catalog " + (dir / "broken.yaml").string() +
+                ": tier 'cpu-box': step 'jq': unknown step kind 'shell' (known: gpu_present, "
+                "apt_packages, nvidia_driver, ollama_install, ollama_model, rke2, helm_release, "
+                "node_label, wait_allocatable, script)\n");
 }
