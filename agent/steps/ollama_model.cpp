@@ -42,9 +42,11 @@ class OllamaModelStep final : public Step {
         tail += e.status + "\n";
         last_status = e.status;
       }
-      int pct = sum.percent();
+      // Ollama announces layers as it gets to them, so the summed total
+      // grows and the raw ratio can step back; the user sees it only grow,
+      // and 100 only once Ollama says "success".
       bool final = e.status == "success";
-      if (final) pct = 100;
+      int pct = final ? 100 : std::min(99, std::max(std::max(last_percent, 0), sum.percent()));
       if ((pct != last_percent || final) && limiter.due(final)) {
         last_percent = pct;
         emit_progress(ctx, {{"state", "progress"},

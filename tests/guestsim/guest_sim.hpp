@@ -97,16 +97,22 @@ class GuestSim {
   }
   std::string counters() const { return factory::testing::run({script(), "counters", root_.string()}).output; }
 
-  // Runs a command in the guest (its PATH) and returns the result.
+  // Runs a command in the guest (its PATH) and returns the result. The
+  // guest's PATH is this process's PATH while it runs: run_command looks
+  // argv[0] up in the caller's PATH, and a host command must never stand in
+  // for a guest's (this machine's real apt-get or reboot!).
   CommandResult sh(const std::vector<std::string>& argv,
                    std::map<std::string, std::string> env = {}) const {
     env["PATH"] = path();
+    PathScope scope(path());
     return factory::testing::run(argv, std::chrono::seconds(60), env);
   }
 
   // The simulated reboot, without ending this process (the test is driving
   // the steps itself, so it plays the agent that starts again after boot).
-  CommandResult reboot() const { return sh({"reboot"}, {{"FACTORY_GUESTSIM_REBOOT_KILL", "none"}}); }
+  CommandResult reboot() const {
+    return sh({(root_ / ".guestsim/bin/reboot").string()}, {{"FACTORY_GUESTSIM_REBOOT_KILL", "none"}});
+  }
 
   std::string calls_log() const { return slurp(root_ / ".guestsim/log/calls.log"); }
   std::string ollama_log() const { return slurp(root_ / ".guestsim/log/ollama.log"); }

@@ -32,11 +32,12 @@ case "$cmd" in
     done
     exit 0 ;;
   stop)
+    alive() { [ -r "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
     for f in "$root"/.guestsim/state/services/*.pid; do
       [ -f "$f" ] || continue
       pid="$(cat "$f")"
       kill "$pid" 2>/dev/null || true
-      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+      for _ in $(seq 1 50); do alive "$pid" || break; sleep 0.05; done
       kill -9 "$pid" 2>/dev/null || true
       rm -f "$f"
     done

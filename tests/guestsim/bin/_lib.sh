@@ -145,10 +145,16 @@ gs_unload_nvidia() {
   done
 }
 
+# A process that exists and is not a zombie (an exited service waits for
+# init to reap it, and kill -0 still succeeds on it).
+gs_alive() {
+  [ -r "/proc/$1/stat" ] && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]
+}
+
 # Services: state/services/<unit>.enabled, state/services/<unit>.pid.
 gs_service_running() {
   local pidf="$GS_STATE/services/$1.pid"
-  [ -f "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null
+  [ -f "$pidf" ] && gs_alive "$(cat "$pidf")"
 }
 
 gs_unit_file() {
@@ -194,7 +200,7 @@ gs_service_stop() {
   if [ -f "$pidf" ]; then
     pid="$(cat "$pidf")"
     kill "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+    for i in $(seq 1 50); do gs_alive "$pid" || break; sleep 0.05; done
     kill -9 "$pid" 2>/dev/null || true
     rm -f "$pidf"
   fi

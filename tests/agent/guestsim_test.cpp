@@ -1,0 +1,142 @@
+// The guest simulator itself (tests/guestsim): that it answers as the real
+// machines did (byte for byte where a capture exists), keeps its state, and
+// that its reboot ends the agent the way the test harness expects.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "tests/guestsim/guest_sim.hpp"
+
+namespace factory::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The runbook's lines after its shell prompt line.
+std::string capture_without_prompt(const fs::path& p) {
+  std::string s = slurp(p);
+  return s.substr(s.find('\n') + 1);
+}
+
+void install_driver_and_reboot(const GuestSim& sim) {
+  for (auto argv : std::vector<std::vector<std::string>>{
+           {"apt-get", "update"},
+           {"apt-get", "install", "-y", "linux-headers-6.8.0-142-generic"},
+           {"curl", "-fsSL", "-o", (sim.root() / "var/cache/repo.deb").string(),
+            "https://developer.download.nvidia.com/compute/nvidia-driver/615.71.09/local_installers/"
+            "nvidia-driver-local-repo-ubuntu2404-615.71.09_1.0-1_amd64.deb"},
+           {"dpkg", "-i", (sim.root() / "var/cache/repo.deb").string()},
+           {"sh", "-c", "cp \"$0\"/var/nvidia-driver-local-repo-ubuntu2404-615.71.09/*-keyring.gpg \"$0\"/usr/share/keyrings/",
+            sim.root().string()},
+           {"apt-get", "update"},
+           {"apt-get", "install", "-y", "nvidia-headless-open=615.71.09-1ubuntu1",
+            "nvidia-persistenced=615.71.09-1ubuntu1"}}) {
+    auto r = sim.sh(argv);
+    ASSERT_EQ(r.exit_code, 0) << argv[0] << ": " << r.output;
+  }
+  auto r = sim.reboot();
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(GuestSim, AnswersWithTheRunbooksCapturesAfterTheDriverInstall) {
+  TempDir dir("gsim");
+  GuestSim sim(dir.path());
+  auto before = sim.sh({"lspci", "-nnk", "-d", "10de:"});
+  EXPECT_EQ(before.output.find("Kernel driver in use"), std::string::npos) << before.output;
+  // Not installed: not on PATH.
+  EXPECT_EQ(sim.sh({"sh", "-c", "command -v nvidia-smi || echo absent"}).output, "absent\n");
+
+  install_driver_and_reboot(sim);
+
+  // `lspci -nnk -d 10de: | grep -A3 '3D controller'` as the runbook shows it.
+  auto lspci = sim.sh({"lspci", "-nnk", "-d", "10de:"});
+  EXPECT_EQ(lspci.output, capture_without_prompt(fixtures_dir() / "l4-runbook/tenant1-lspci-nnk.txt"));
+  // `nvidia-smi` as the runbook shows it after the reboot.
+  auto smi = sim.sh({"nvidia-smi"});
+  EXPECT_EQ(smi.exit_code, 0);
+  EXPECT_EQ(smi.output, slurp(fixtures_dir() / "l4-runbook/tenant1-nvidia-smi-idle.txt"));
+  EXPECT_EQ(sim.sh({"uname", "-r"}).output, "6.8.0-142-generic\n");
+}
+
+TEST(GuestSim, H200AnswersWithTheRealMachinesOutput) {
+  TempDir dir("gsim");
+  GuestSim sim(dir.path(), {"h200", 0});
+  std::string capture = slurp(fixtures_dir() / "h200-passthrough-vm/nvidia-smi.txt");
+  auto table = sim.sh({"nvidia-smi"});
+  EXPECT_EQ(table.output, capture.substr(0, capture.find("GPU 0:")));
+  auto list = sim.sh({"nvidia-smi", "-L"});
+  EXPECT_EQ(list.output, "GPU 0: NVIDIA H200 (UUID: GPU-0108b095-397f-7583-e087-ade158522fa2)\n");
+  auto xml = sim.sh({"nvidia-smi", "-q", "-x"});
+  EXPECT_EQ(xml.output, slurp(fixtures_dir() / "h200-passthrough-vm/nvidia-smi-q-x.xml"));
+  // The capture's own csv values, in the order asked.
+  auto csv = sim.sh({"nvidia-smi", "--query-gpu=uuid,name,pci.bus_id,driver_version,memory.total,memory.used,memory.free",
+                     "--format=csv,noheader,nounits"});
+  EXPECT_EQ(csv.output,
+            "GPU-0108b095-397f-7583-e087-ade158522fa2, NVIDIA H200, 00000000:00:06.0, 580.159.04, 143771, 0, 143156\n");
+  auto bad = sim.sh({"nvidia-smi", "--query-gpu=name,bogus", "--format=csv"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("Field \"bogus\" is not a valid field to query."), std::string::npos);
+}
+
+TEST(GuestSim, RebootChangesTheBootIdAndRestartsEnabledServices) {
+  TempDir dir("gsim");
+  GuestSim sim(dir.path(), {"h200", 0});
+  auto boot_id = [&] { return slurp(sim.root() / "proc/sys/kernel/random/boot_id"); };
+  std::string first = boot_id();
+  auto inst = sim.sh({"sh", "-c", "curl -fsSL https://ollama.com/install.sh | sh"});
+  ASSERT_EQ(inst.exit_code, 0) << inst.output;
+  std::string pid_before = slurp(sim.root() / ".guestsim/state/services/ollama.pid");
+  ASSERT_FALSE(pid_before.empty());
+
+  ASSERT_EQ(sim.reboot().exit_code, 0);
+  EXPECT_NE(boot_id(), first);
+  EXPECT_EQ(sim.counter("reboot"), 1);
+  std::string pid_after = slurp(sim.root() / ".guestsim/state/services/ollama.pid");
+  EXPECT_NE(pid_after, pid_before);  // stopped at shutdown, started at boot
+  EXPECT_EQ(sim.sh({"systemctl", "is-active", "ollama"}).output, "active\n");
+  // The H200's driver came with the image and loads again at boot.
+  EXPECT_TRUE(fs::exists(sim.root() / "sys/module/nvidia"));
+}
+
+TEST(GuestSim, RebootEndsItsCallerWithSigkill) {
+  TempDir dir("gsim");
+  GuestSim sim(dir.path(), {"h200", 0});
+  // No process named factory-agent above it: the parent (this sh) is the agent.
+  auto r = sim.sh({"sh", "-c", "reboot; echo survived"});
+  EXPECT_EQ(r.signal, 9) << r.describe() << r.output;
+  EXPECT_EQ(r.output.find("survived"), std::string::npos);
+  EXPECT_EQ(sim.counter("reboot"), 1);
+
+  // The nearest ancestor named factory-agent is the one ended, however deep
+  // the call (here: factory-agent -> sh -> systemctl reboot).
+  fs::copy_file("/bin/sh", dir.path() / "factory-agent");
+  auto agent = sim.sh({(dir.path() / "factory-agent").string(), "-c", "sh -c 'systemctl reboot; true'; echo survived"});
+  EXPECT_EQ(agent.signal, 9) << agent.describe() << agent.output;
+  EXPECT_EQ(agent.output.find("survived"), std::string::npos);
+  EXPECT_EQ(sim.counter("reboot"), 2);
+  EXPECT_NE(sim.calls_log().find("(factory-agent)"), std::string::npos) << sim.calls_log();
+}
+
+TEST(GuestSim, AptWaitsForTheDpkgLockOrFailsLikeApt) {
+  TempDir dir("gsim");
+  GuestSim sim(dir.path());
+  fs::path lock = sim.root() / "var/lib/dpkg/lock-frontend";
+  // Hold the lock for a moment, as an orphaned apt-get (or unattended-upgrades) would.
+  Process holder({"/usr/bin/flock", lock.string(), "-c", "sleep 1.5"}, dir.path() / "holder.log");
+  ASSERT_TRUE(eventually([&] { return fs::exists(lock); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto now = sim.sh({"apt-get", "update"});
+  EXPECT_EQ(now.exit_code, 100);
+  EXPECT_NE(now.output.find("Could not get lock /var/lib/dpkg/lock-frontend"), std::string::npos) << now.output;
+  auto waits = sim.sh({"apt-get", "-o", "DPkg::Lock::Timeout=30", "update"});
+  EXPECT_EQ(waits.exit_code, 0) << waits.output;
+}
+
+TEST(GuestSim, StandInsRefuseToRunOutsideASimulatedGuest) {
+  auto r = run({(source_dir() / "tests/guestsim/bin/apt-get").string(), "update"});
+  EXPECT_EQ(r.exit_code, 127);
+  EXPECT_NE(r.output.find("is not a simulated guest"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace factory::testing
