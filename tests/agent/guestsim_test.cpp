@@ -101,11 +101,16 @@ TEST(GuestSim, RebootChangesTheBootIdAndRestartsEnabledServices) {
 TEST(GuestSim, RebootEndsItsCallerWithSigkill) {
   TempDir dir("gsim");
   GuestSim sim(dir.path(), {"h200", 0});
-  // No process named factory-agent above it: the parent (this sh) is the agent.
-  auto r = sim.sh({"sh", "-c", "reboot; echo survived"});
+  // No process named factory-agent above it: nothing is ended (never a
+  // guessed process), unless told that the parent plays the agent.
+  auto nobody = sim.sh({"sh", "-c", "reboot; echo survived"});
+  EXPECT_EQ(nobody.exit_code, 0) << nobody.describe();
+  EXPECT_NE(nobody.output.find("survived"), std::string::npos);
+  EXPECT_NE(sim.calls_log().find("no factory-agent process above the reboot"), std::string::npos);
+  auto r = sim.sh({"sh", "-c", "reboot; echo survived"}, {{"FACTORY_GUESTSIM_REBOOT_KILL", "parent"}});
   EXPECT_EQ(r.signal, 9) << r.describe() << r.output;
   EXPECT_EQ(r.output.find("survived"), std::string::npos);
-  EXPECT_EQ(sim.counter("reboot"), 1);
+  EXPECT_EQ(sim.counter("reboot"), 2);
 
   // The nearest ancestor named factory-agent is the one ended, however deep
   // the call (here: factory-agent -> sh -> systemctl reboot).
@@ -113,7 +118,7 @@ TEST(GuestSim, RebootEndsItsCallerWithSigkill) {
   auto agent = sim.sh({(dir.path() / "factory-agent").string(), "-c", "sh -c 'systemctl reboot; true'; echo survived"});
   EXPECT_EQ(agent.signal, 9) << agent.describe() << agent.output;
   EXPECT_EQ(agent.output.find("survived"), std::string::npos);
-  EXPECT_EQ(sim.counter("reboot"), 2);
+  EXPECT_EQ(sim.counter("reboot"), 3);
   EXPECT_NE(sim.calls_log().find("(factory-agent)"), std::string::npos) << sim.calls_log();
 }
 
