@@ -59,8 +59,11 @@ Step modprobe_step(const HostRoot& root, const std::string& module) {
   s.command = "modprobe " + module;
   s.apply = [root, module]() -> Result<bool> {
     if (auto st = run_tool({"modprobe", module}); !st) return st.error();
-    std::error_code ec;
-    if (!fs::is_directory(root("/sys/module/" + module), ec))
+    // probe_vfio_modules counts modules.builtin too, so a built-in module passes.
+    bool loaded = false;
+    for (const auto& m : probe_vfio_modules(root))
+      if (m.name == module) loaded = m.loaded;
+    if (!loaded)
       return Error(Errc::failed_precondition,
                    "modprobe " + module + " succeeded but /sys/module/" + module + " is not there");
     return true;
@@ -371,7 +374,7 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
   std::vector<std::string> not_at_boot;
   for (const auto& m : modules) {
     if (!m.loaded && !plan.cards.empty()) plan.prepare.push_back(modprobe_step(root, m.name));
-    if (m.boot_file.empty()) not_at_boot.push_back(m.name);
+    if (m.boot_file.empty() && !m.builtin) not_at_boot.push_back(m.name);
   }
   if (!not_at_boot.empty()) plan.prepare.push_back(modules_load_step(root, not_at_boot));
   if (stop_persistenced) {

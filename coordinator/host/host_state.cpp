@@ -71,7 +71,7 @@ std::vector<std::string> modules_load_files(const HostRoot& root) {
 std::vector<ModuleState> probe_vfio_modules(const HostRoot& root) {
   std::vector<ModuleState> out;
   const std::string rel = kernel_release(root);
-  std::vector<std::string> on_disk;
+  std::vector<std::string> on_disk, builtin;
   bool can_tell = false;
   if (!rel.empty()) {
     for (const char* f : {"modules.dep", "modules.builtin"}) {
@@ -80,7 +80,9 @@ std::vector<ModuleState> probe_vfio_modules(const HostRoot& root) {
       can_tell = true;
       for (const auto& l : lines_of(*text)) {
         std::string m = module_from_path(l);
-        if (!m.empty()) on_disk.push_back(m);
+        if (m.empty()) continue;
+        on_disk.push_back(m);
+        if (std::string_view(f) == "modules.builtin") builtin.push_back(m);
       }
     }
   }
@@ -101,7 +103,8 @@ std::vector<ModuleState> probe_vfio_modules(const HostRoot& root) {
     ModuleState m;
     m.name = name;
     std::error_code ec;
-    m.loaded = fs::is_directory(root("/sys/module/" + name), ec);
+    m.builtin = std::find(builtin.begin(), builtin.end(), name) != builtin.end();
+    m.loaded = m.builtin || fs::is_directory(root("/sys/module/" + name), ec);
     if (can_tell) m.available = m.loaded || std::find(on_disk.begin(), on_disk.end(), name) != on_disk.end();
     else if (m.loaded) m.available = true;
     for (const auto& [mod, file] : at_boot)

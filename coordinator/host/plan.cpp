@@ -58,15 +58,26 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return s;
 }
 
+// A step's error usually starts with the step's own command; it is already
+// named, so it is not repeated.
+std::string reason(const Step& s, const Error& e) {
+  const std::string prefix = s.command + ": ";
+  return e.message.rfind(prefix, 0) == 0 ? e.message.substr(prefix.size()) : e.message;
+}
+
 // Runs the finishing steps; their failures are reported but do not hide the
 // main result.
 void run_finish(HostPlan& plan, std::ostream& out, std::vector<std::string>& problems) {
+  bool header = false;
   for (auto& s : plan.finish) {
     auto r = s.apply();
+    if (r && !*r) continue;
+    if (!header) out << "afterwards:\n";
+    header = true;
     if (!r) {
-      out << "  FAIL  " << s.command << ": " << r.error().message << "\n";
-      problems.push_back(r.error().message);
-    } else if (*r) {
+      out << "  FAIL  " << s.command << ": " << reason(s, r.error()) << "\n";
+      problems.push_back(s.command + ": " + reason(s, r.error()));
+    } else {
       print_step(out, "  ok    ", s);
     }
   }
@@ -96,10 +107,10 @@ Status execute_plan(const HostRoot& root, HostPlan& plan, std::ostream& out) {
   for (auto& s : plan.prepare) {
     auto r = s.apply();
     if (!r) {
-      out << "  FAIL  " << s.command << ": " << r.error().message << "\n";
+      out << "  FAIL  " << s.command << ": " << reason(s, r.error()) << "\n";
       run_finish(plan, out, finish_problems);
       return Error(r.error().code, plan.verb + " stopped before touching any card: \"" + s.command +
-                                       "\" failed: " + r.error().message);
+                                       "\" failed: " + reason(s, r.error()));
     }
     print_step(out, *r ? "  ok    " : "  skip  ", s);
   }
@@ -116,7 +127,7 @@ Status execute_plan(const HostRoot& root, HostPlan& plan, std::ostream& out) {
         continue;
       }
       // The step failed: put the card back, then say exactly where it is.
-      out << "  FAIL  " << s.command << ": " << r.error().message << "\n";
+      out << "  FAIL  " << s.command << ": " << reason(s, r.error()) << "\n";
       std::vector<std::string> undo_errors;
       if (plan.rollback) {
         for (auto it = applied.rbegin(); it != applied.rend(); ++it) {
@@ -148,7 +159,7 @@ Status execute_plan(const HostRoot& root, HostPlan& plan, std::ostream& out) {
       }
       run_finish(plan, out, finish_problems);
       std::string msg = plan.verb + " " + c.card.str() + " failed at \"" + s.command + "\": " +
-                        r.error().message + "; ";
+                        reason(s, r.error()) + "; ";
       if (plan.rollback && back_as_before)
         msg += "rolled back: " + join(where, "; ") + ", as before the " + plan.verb;
       else

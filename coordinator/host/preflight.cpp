@@ -143,12 +143,18 @@ Check modules_check(const std::vector<ModuleState>& mods, const std::string& rel
 }
 
 Check boot_modules_check(const std::vector<ModuleState>& mods, bool any_on_vfio) {
-  std::vector<std::string> missing, files;
+  std::vector<std::string> missing, files, builtin;
   for (const auto& m : mods) {
-    if (m.boot_file.empty()) missing.push_back(m.name);
+    if (m.builtin) builtin.push_back(m.name);
+    else if (m.boot_file.empty()) missing.push_back(m.name);
     else if (std::find(files.begin(), files.end(), m.boot_file) == files.end()) files.push_back(m.boot_file);
   }
-  if (missing.empty()) return ok("vfio-modules-at-boot", "listed in " + join(files, ", "));
+  if (missing.empty()) {
+    std::vector<std::string> parts;
+    if (!files.empty()) parts.push_back("listed in " + join(files, ", "));
+    if (!builtin.empty()) parts.push_back(join(builtin, ", ") + " built into the kernel");
+    return ok("vfio-modules-at-boot", join(parts, "; "));
+  }
   const std::string detail = join(missing, ", ") + " not in any modules-load.d file";
   if (!any_on_vfio) return ok("vfio-modules-at-boot", detail + " (factory host bind adds them)");
   return warn("vfio-modules-at-boot",

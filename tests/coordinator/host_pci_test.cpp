@@ -240,3 +240,18 @@ TEST(IommuGroup, CardFunctionsMoveBridgesStayHostDevicesBlock) {
   EXPECT_TRUE(ga.blockers().empty());
   EXPECT_EQ(ga.to_move().size(), 2u);
 }
+
+TEST(HostState, BuiltInVfioNeedsNoLoadingAndNoModulesLoadFile) {
+  TempDir dir("host");
+  HostTree t(dir);
+  build_l4_runbook(t);
+  // Some distributions build vfio into the kernel (modules.builtin lists it).
+  write_text(t / "/lib/modules/6.8.0-45-generic/modules.builtin",
+             "kernel/drivers/vfio/vfio.ko\nkernel/drivers/vfio/vfio_iommu_type1.ko\n"
+             "kernel/drivers/vfio/pci/vfio-pci.ko\n");
+  auto mods = probe_vfio_modules(HostRoot(t.root()));
+  for (const auto& m : mods) {
+    EXPECT_TRUE(m.builtin) << m.name;
+    EXPECT_TRUE(m.loaded) << m.name;
+  }
+}

@@ -302,10 +302,11 @@ class KernelStandIn {
   KernelStandIn(const KernelStandIn&) = delete;
   KernelStandIn& operator=(const KernelStandIn&) = delete;
 
-  // The kernel refusing a bind (a probe that fails): the write is seen, no link appears.
-  void refuse_binds_of(const std::string& addr) {
+  // The kernel refusing to bind a device to a driver (its probe failing): the
+  // write is seen, no link appears.
+  void refuse_bind(const std::string& addr, const std::string& driver) {
     std::lock_guard<std::mutex> l(mu_);
-    refused_.insert(addr);
+    refused_.insert(addr + " " + driver);
   }
 
  private:
@@ -364,8 +365,12 @@ class KernelStandIn {
     if (w.kind == Kind::device) {
       if (file != "driver_override" || value == "(null)") return;
       log("write " + w.host_dir + "/" + file + " " + value);
-      // An empty write clears the override; sysfs then reads "(null)".
-      if (value.empty()) write_text(path, "(null)\n");
+      // An empty write clears the override; sysfs then reads "(null)". Written
+      // aside and renamed over, so factory never reads half of it.
+      if (value.empty()) {
+        write_text(path.string() + ".standin", "(null)\n");
+        fs::rename(path.string() + ".standin", path);
+      }
       return;
     }
     if (value.empty()) return;
@@ -391,7 +396,7 @@ class KernelStandIn {
     if (!fs::exists(tree_ / ("/sys/bus/pci/drivers/" + target))) return;
     {
       std::lock_guard<std::mutex> l(mu_);
-      if (refused_.count(addr)) return;
+      if (refused_.count(addr + " " + target)) return;
     }
     tree_.link_driver(addr, target);
   }
