@@ -3,9 +3,6 @@
 #include "coordinator/cli/commands.hpp"
 
 namespace factory::cli {
-void add_serve_command(CLI::App&, Context&) {}
-void add_token_commands(CLI::App&, Context&) {}
-void add_status_command(CLI::App&, Context&) {}
 void add_host_commands(CLI::App&, Context&) {}
 void add_kubevirt_commands(CLI::App&, Context&) {}
 void add_tenant_commands(CLI::App&, Context&) {}
