@@ -40,13 +40,21 @@ class HttpClient {
  public:
   explicit HttpClient(TlsClientOptions tls = {});
   // Errors: unavailable (connect refused / DNS), timeout, protocol, and
-  // unauthenticated for a TLS verification failure. HTTP error statuses are
+  // unauthenticated for a TLS verification failure. Messages start with the
+  // origin ("https://127.0.0.1:6443: connection refused"). Bodies over 64 MiB
+  // are refused (protocol). HTTP error statuses are
   // NOT errors: the caller reads status.
   Result<HttpResponse> request(const HttpRequest& req);
   // Streams the body as it arrives (watch streams, progress). on_data returns
-  // false to stop early. Returns the HTTP status.
+  // false to stop early. Returns the HTTP status. on_head, if given, sees the
+  // status and headers before any body (so a caller can collect an error
+  // body instead of parsing it as stream data); returning false stops there.
+  // req.timeout bounds the connect, handshake and headers, and then each wait
+  // for more body (an idle timeout), since a stream may run indefinitely.
+  // A stream cut before its end (chunked body unfinished) is unavailable.
   Result<int> stream(const HttpRequest& req,
-                     const std::function<bool(std::string_view chunk)>& on_data);
+                     const std::function<bool(std::string_view chunk)>& on_data,
+                     const std::function<bool(const HttpResponse& head)>& on_head = nullptr);
 
  private:
   TlsClientOptions tls_;

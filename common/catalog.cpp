@@ -1,0 +1,713 @@
+#include "common/catalog.hpp"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <array>
+#include <regex>
+#include <set>
+
+#include "common/atomic_file.hpp"
+#include "common/cidr.hpp"
+#include "common/durations.hpp"
+#include "common/yaml_json.hpp"
+
+namespace factory::catalog {
+
+// Defined in the file CMake generates from catalog/catalog.yaml (cmake/embed_text.cmake).
+extern const char kBuiltinCatalogYaml[];
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int kCatalogVersion = 1;
+constexpr int kMaxRetries = 10;
+
+std::string join(const std::vector<std::string>& v, const std::string& sep = ", ") {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+std::string type_name(const json& j) {
+  switch (j.type()) {
+    case json::value_t::object: return "a map";
+    case json::value_t::array: return "a list";
+    case json::value_t::string: return "a string";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::null: return "empty";
+    case json::value_t::number_float: return "a number";
+    default: return "a number";
+  }
+}
+
+Error bad(const std::string& where, const std::string& what) {
+  return Error(Errc::invalid_argument, where + ": " + what);
+}
+
+std::vector<std::string> keys_of(const json& o) {
+  std::vector<std::string> k;
+  for (auto& [key, _] : o.items()) k.push_back(key);
+  return k;
+}
+
+// Rejects keys outside `allowed`, so a typo ("pakages") is an error, not a default.
+Status only_keys(const json& obj, const std::vector<std::string>& allowed, const std::string& where) {
+  for (auto& [key, _] : obj.items())
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+      return bad(where, "unknown key '" + key + "' (known: " + join(allowed) + ")");
+  return ok_status();
+}
+
+// ---------------------------------------------------------------------------
+// ${...} references. A tier names its versions and settings once; steps refer
+// to them, so the versions `catalog show` prints are the ones the guest
+// installs. Only the roots below are references: anything else (a shell's
+// ${HOME} in a script step) is left as written, and "$${" is a literal "${".
+
+const std::array<std::string, 4> kRefRoots = {"vm", "versions", "settings", "item"};
+
+bool is_ref_name(const std::string& name) {
+  std::string root = name.substr(0, name.find('.'));
+  return std::find(kRefRoots.begin(), kRefRoots.end(), root) != kRefRoots.end();
+}
+
+Result<json> lookup(const json& scope, const std::string& name, const std::string& where) {
+  const json* cur = &scope;
+  size_t pos = 0;
+  while (true) {
+    size_t dot = name.find('.', pos);
+    std::string part = name.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos);
+    if (!cur->is_object() || !cur->contains(part)) {
+      std::string root = name.substr(0, name.find('.'));
+      std::vector<std::string> known;
+      if (scope.contains(root) && scope[root].is_object())
+        for (auto& k : keys_of(scope[root])) known.push_back(root + "." + k);
+      else if (scope.contains(root))
+        known.push_back(root);
+      return bad(where, "unknown reference ${" + name + "}" +
+                            (known.empty() ? std::string(" (this tier has no '" + root + "')")
+                                           : " (known: " + join(known) + ")"));
+    }
+    cur = &(*cur)[part];
+    if (dot == std::string::npos) return *cur;
+    pos = dot + 1;
+  }
+}
+
+std::string scalar_text(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  return v.dump();
+}
+
+Result<json> resolve_string(const std::string& s, const json& scope, const std::string& where) {
+  // A string that is exactly one reference takes the referenced value's type,
+  // so `count: ${settings.split_count}` stays a number and a list stays a list.
+  if (s.size() > 3 && s.rfind("${", 0) == 0 && s.back() == '}' &&
+      s.find("${", 2) == std::string::npos && s.find('}') == s.size() - 1) {
+    std::string name = s.substr(2, s.size() - 3);
+    if (is_ref_name(name)) return lookup(scope, name, where);
+  }
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    if (s.compare(i, 3, "$${") == 0) {
+      out += "${";
+      i += 3;
+      continue;
+    }
+    if (s.compare(i, 2, "${") == 0) {
+      size_t end = s.find('}', i + 2);
+      if (end != std::string::npos) {
+        std::string name = s.substr(i + 2, end - i - 2);
+        if (is_ref_name(name)) {
+          auto v = lookup(scope, name, where);
+          if (!v) return v.error();
+          if (v->is_object() || v->is_array() || v->is_null())
+            return bad(where, "${" + name + "} is " + type_name(*v) +
+                                  ": it can only be used as the whole value, not inside text");
+          out += scalar_text(*v);
+          i = end + 1;
+          continue;
+        }
+      }
+    }
+    out += s[i++];
+  }
+  return json(out);
+}
+
+Result<json> resolve(const json& v, const json& scope, const std::string& where) {
+  if (v.is_string()) return resolve_string(v.get<std::string>(), scope, where);
+  if (v.is_object()) {
+    json out = json::object();
+    for (auto& [k, child] : v.items()) {
+      auto r = resolve(child, scope, where + "." + k);
+      if (!r) return r.error();
+      out[k] = std::move(*r);
+    }
+    return out;
+  }
+  if (v.is_array()) {
+    json out = json::array();
+    for (size_t i = 0; i < v.size(); ++i) {
+      auto r = resolve(v[i], scope, where + "[" + std::to_string(i) + "]");
+      if (!r) return r.error();
+      out.push_back(std::move(*r));
+    }
+    return out;
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// Step kinds and the shape of their params. The agent's implementations read
+// the same keys (catalog/README.md documents each one).
+
+enum class T { string, integer, boolean, object, string_list, string_map, any };
+
+struct ParamSpec {
+  std::string name;
+  T type;
+  bool required;
+};
+
+using KindCheck = Status (*)(const json& params, const std::string& where);
+
+struct KindSpec {
+  std::string kind;
+  std::vector<ParamSpec> params;
+  KindCheck check;
+};
+
+bool is_https_url(const std::string& s) { return s.rfind("https://", 0) == 0 && s.size() > 8; }
+bool is_http_url(const std::string& s) {
+  return is_https_url(s) || (s.rfind("http://", 0) == 0 && s.size() > 7);
+}
+
+Status check_type(const json& v, T t, const std::string& where) {
+  auto want = [&](const char* what) { return bad(where, std::string("must be ") + what + ", got " + type_name(v)); };
+  switch (t) {
+    case T::string:
+      if (!v.is_string()) return want("a string");
+      if (v.get<std::string>().empty()) return bad(where, "must not be empty");
+      break;
+    case T::integer:
+      if (!v.is_number_integer()) return want("a whole number");
+      break;
+    case T::boolean:
+      if (!v.is_boolean()) return want("true or false");
+      break;
+    case T::object:
+      if (!v.is_object()) return want("a map");
+      break;
+    case T::string_list:
+      if (!v.is_array()) return want("a list of strings");
+      for (size_t i = 0; i < v.size(); ++i)
+        if (!v[i].is_string() || v[i].get<std::string>().empty())
+          return bad(where + "[" + std::to_string(i) + "]", "must be a non-empty string");
+      break;
+    case T::string_map:
+      if (!v.is_object()) return want("a map of strings");
+      for (auto& [k, x] : v.items())
+        if (!x.is_string()) return bad(where + "." + k, "must be a string (quote it), got " + type_name(x));
+      break;
+    case T::any: break;
+  }
+  return ok_status();
+}
+
+Status url_param(const json& p, const std::string& key, const std::string& where, bool https_only) {
+  if (!p.contains(key)) return ok_status();
+  const std::string& u = p[key].get_ref<const std::string&>();
+  if (https_only ? !is_https_url(u) : !is_http_url(u))
+    return bad(where + "." + key, std::string("must be an ") + (https_only ? "https://" : "http(s)://") +
+                                      " URL, got '" + u + "'");
+  return ok_status();
+}
+
+Status duration_param(const json& p, const std::string& key, const std::string& where) {
+  if (!p.contains(key)) return ok_status();
+  auto d = parse_duration(p[key].get<std::string>());
+  if (!d) return bad(where + "." + key, d.error().message);
+  return ok_status();
+}
+
+Status check_gpu_present(const json& p, const std::string& where) {
+  if (p.contains("vendor")) {
+    static const std::regex hex4("^[0-9a-fA-F]{4}$");
+    if (!std::regex_match(p["vendor"].get<std::string>(), hex4))
+      return bad(where + ".vendor", "must be a 4-digit PCI vendor ID like \"10de\" (quote it)");
+  }
+  if (p.contains("min_count") && p["min_count"].get<int64_t>() < 1)
+    return bad(where + ".min_count", "must be at least 1");
+  return ok_status();
+}
+
+Status check_nvidia_driver(const json& p, const std::string& where) {
+  if (p["packages"].empty()) return bad(where + ".packages", "must list at least one package");
+  const json& repo = p["repo"];
+  std::string rw = where + ".repo";
+  if (auto s = only_keys(repo, {"kind", "url", "cache_dir"}, rw); !s) return s;
+  if (!repo.contains("kind") || !repo["kind"].is_string())
+    return bad(rw + ".kind", "required: local (NVIDIA's local repository package) or network (the cuda-keyring package)");
+  std::string kind = repo["kind"].get<std::string>();
+  if (kind != "local" && kind != "network")
+    return bad(rw + ".kind", "must be local or network, got '" + kind + "'");
+  if (!repo.contains("url") || !repo["url"].is_string())
+    return bad(rw + ".url", "required: the URL of the repository package (.deb)");
+  if (auto s = url_param(repo, "url", rw, false); !s) return s;
+  if (repo.contains("cache_dir") &&
+      (!repo["cache_dir"].is_string() || repo["cache_dir"].get<std::string>().rfind('/', 0) != 0))
+    return bad(rw + ".cache_dir", "must be an absolute path");
+  return ok_status();
+}
+
+Status check_ollama_install(const json& p, const std::string& where) {
+  return url_param(p, "install_url", where, true);
+}
+
+// The guest cluster's ranges must not clash with each other or with the
+// ranges RKE2 and k3s use by default, which is what the host cluster most
+// likely runs: the runbook's guest lost its DNS to exactly that clash.
+Status check_rke2(const json& p, const std::string& where) {
+  if (auto s = url_param(p, "install_url", where, true); !s) return s;
+  const json& c = p["config"];
+  std::string cw = where + ".config";
+  for (const char* k : {"cluster-cidr", "service-cidr", "cluster-dns"})
+    if (!c.contains(k) || !c[k].is_string())
+      return bad(cw, std::string("'") + k +
+                         "' is required: the guest cluster needs ranges that cannot clash with the host's");
+  auto pods = Ipv4Cidr::parse(c["cluster-cidr"].get<std::string>());
+  if (!pods) return bad(cw + ".cluster-cidr", pods.error().message);
+  auto svcs = Ipv4Cidr::parse(c["service-cidr"].get<std::string>());
+  if (!svcs) return bad(cw + ".service-cidr", svcs.error().message);
+  auto dns = Ipv4Cidr::parse_address(c["cluster-dns"].get<std::string>());
+  if (!dns) return bad(cw + ".cluster-dns", dns.error().message);
+  if (pods->overlaps(*svcs))
+    return bad(cw, "cluster-cidr " + pods->str() + " overlaps service-cidr " + svcs->str());
+  if (!svcs->contains(*dns))
+    return bad(cw + ".cluster-dns", Ipv4Cidr::format_address(*dns) + " is outside service-cidr " + svcs->str());
+  const Ipv4Cidr host_pods = *Ipv4Cidr::parse("10.42.0.0/16");
+  const Ipv4Cidr host_svcs = *Ipv4Cidr::parse("10.43.0.0/16");
+  for (auto& [key, r] : {std::pair{"cluster-cidr", *pods}, std::pair{"service-cidr", *svcs}})
+    for (auto& host : {host_pods, host_svcs})
+      if (r.overlaps(host))
+        return bad(cw + "." + key, r.str() + " overlaps " + host.str() +
+                                       ", a range of the host cluster (RKE2/k3s default): the guest's "
+                                       "DNS would clash with the host's; pick e.g. 10.52.0.0/16 and 10.53.0.0/16");
+  return ok_status();
+}
+
+Status check_helm_release(const json& p, const std::string& where) {
+  if (auto s = url_param(p, "repo_url", where, false); !s) return s;
+  if (auto s = url_param(p, "helm_installer", where, true); !s) return s;
+  return duration_param(p, "wait_timeout", where);
+}
+
+Status check_node_label(const json& p, const std::string& where) {
+  if (p["labels"].empty()) return bad(where + ".labels", "must set at least one label");
+  if (p.contains("nodes")) {
+    const json& n = p["nodes"];
+    bool all = n.is_string() && n.get<std::string>() == "all";
+    if (!all) {
+      if (auto s = check_type(n, T::string_list, where + ".nodes"); !s)
+        return bad(where + ".nodes", "must be all or a list of node names");
+    }
+  }
+  return ok_status();
+}
+
+Status check_wait_allocatable(const json& p, const std::string& where) {
+  if (p["count"].get<int64_t>() < 1) return bad(where + ".count", "must be at least 1");
+  return ok_status();
+}
+
+Status check_apt_packages(const json& p, const std::string& where) {
+  if (p["packages"].empty()) return bad(where + ".packages", "must list at least one package");
+  return ok_status();
+}
+
+Status check_none(const json&, const std::string&) { return ok_status(); }
+
+const std::vector<KindSpec>& kind_specs() {
+  static const std::vector<KindSpec> specs = {
+      {"gpu_present", {{"vendor", T::string, false}, {"min_count", T::integer, false}}, check_gpu_present},
+      {"apt_packages", {{"packages", T::string_list, true}, {"update", T::boolean, false}}, check_apt_packages},
+      {"nvidia_driver",
+       {{"version", T::string, true},
+        {"package_version", T::string, true},
+        {"packages", T::string_list, true},
+        {"prerequisites", T::string_list, false},
+        {"kernel_headers", T::boolean, false},
+        {"repo", T::object, true},
+        {"reboot", T::boolean, false}},
+       check_nvidia_driver},
+      {"ollama_install",
+       {{"version", T::string, true}, {"install_url", T::string, false}, {"service", T::string, false}},
+       check_ollama_install},
+      {"ollama_model", {{"model", T::string, true}, {"require_full_gpu", T::boolean, false}}, check_none},
+      {"rke2",
+       {{"version", T::string, true},
+        {"install_url", T::string, false},
+        {"service", T::string, false},
+        {"kubeconfig", T::string, false},
+        {"bin_dir", T::string, false},
+        {"config", T::object, true}},
+       check_rke2},
+      {"helm_release",
+       {{"release", T::string, true},
+        {"chart", T::string, true},
+        {"repo_name", T::string, true},
+        {"repo_url", T::string, true},
+        {"version", T::string, true},
+        {"namespace", T::string, true},
+        {"create_namespace", T::boolean, false},
+        {"wait_timeout", T::string, false},
+        {"kubeconfig", T::string, false},
+        {"helm_installer", T::string, false},
+        {"values", T::object, false}},
+       check_helm_release},
+      {"node_label",
+       {{"labels", T::string_map, true}, {"nodes", T::any, false}, {"kubeconfig", T::string, false}},
+       check_node_label},
+      {"wait_allocatable",
+       {{"resource", T::string, true}, {"count", T::integer, true}, {"kubeconfig", T::string, false}},
+       check_wait_allocatable},
+      {"script",
+       {{"check", T::string, false},
+        {"run", T::string, true},
+        {"verify", T::string, false},
+        {"reboot", T::boolean, false},
+        {"env", T::string_map, false}},
+       check_none},
+  };
+  return specs;
+}
+
+Status validate_params(const std::string& kind, const json& params, const std::string& where) {
+  const auto& specs = kind_specs();
+  auto it = std::find_if(specs.begin(), specs.end(), [&](const KindSpec& k) { return k.kind == kind; });
+  if (it == specs.end()) return bad(where, "unknown step kind '" + kind + "' (known: " + join(step_kinds()) + ")");
+  std::string pw = where + ": params";
+  if (!params.is_object()) return bad(pw, "must be a map, got " + type_name(params));
+  std::vector<std::string> names;
+  for (auto& p : it->params) names.push_back(p.name);
+  if (auto s = only_keys(params, names, pw); !s) return s;
+  for (auto& p : it->params) {
+    if (!params.contains(p.name)) {
+      if (p.required) return bad(pw + "." + p.name, "required for a " + kind + " step");
+      continue;
+    }
+    if (auto s = check_type(params[p.name], p.type, pw + "." + p.name); !s) return s;
+  }
+  return it->check(params, pw);
+}
+
+// ---------------------------------------------------------------------------
+// Tier parsing.
+
+const std::regex kTierName("^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$");
+const std::regex kStepId("^[A-Za-z0-9][A-Za-z0-9._:-]{0,62}$");
+const std::regex kQuantity("^[0-9]+(\\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$");
+const std::regex kResourceName("^[A-Za-z0-9.-]+/[A-Za-z0-9_.-]+$");
+
+Result<std::string> get_string(const json& obj, const std::string& key, const std::string& where,
+                               bool required) {
+  if (!obj.contains(key) || obj[key].is_null()) {
+    if (required) return bad(where + "." + key, "required");
+    return std::string();
+  }
+  if (!obj[key].is_string()) return bad(where + "." + key, "must be a string, got " + type_name(obj[key]));
+  return obj[key].get<std::string>();
+}
+
+Result<VmShape> parse_vm(const json& v, const std::string& where) {
+  if (!v.is_object()) return bad(where, "required: a map with cpu, memory, disk, image, gpus, gpu_resource");
+  if (auto s = only_keys(v, {"cpu", "memory", "disk", "image", "gpus", "gpu_resource"}, where); !s)
+    return s.error();
+  VmShape vm;
+  // `cpu: 8` and `cpu: "8"` mean the same: the VM spec wants a quantity string.
+  if (v.contains("cpu") && v["cpu"].is_number_integer()) vm.cpu = std::to_string(v["cpu"].get<int64_t>());
+  else if (auto c = get_string(v, "cpu", where, true); c) vm.cpu = *c;
+  else return c.error();
+  for (auto [key, field] : {std::pair{"memory", &vm.memory}, std::pair{"disk", &vm.disk}}) {
+    auto s = get_string(v, key, where, true);
+    if (!s) return s.error();
+    *field = *s;
+  }
+  for (auto [key, val] : {std::pair{"cpu", vm.cpu}, std::pair{"memory", vm.memory}, std::pair{"disk", vm.disk}})
+    if (!std::regex_match(val, kQuantity))
+      return bad(where + "." + key, "'" + val + "' is not a Kubernetes quantity (e.g. 8, 500m, 16Gi)");
+  auto image = get_string(v, "image", where, true);
+  if (!image) return image.error();
+  if (!is_http_url(*image)) return bad(where + ".image", "must be an http(s):// URL of a cloud image");
+  vm.image = *image;
+  if (!v.contains("gpus")) return bad(where + ".gpus", "required");
+  if (!v["gpus"].is_number_integer() || v["gpus"].get<int64_t>() < 1 || v["gpus"].get<int64_t>() > 16)
+    return bad(where + ".gpus", "must be a whole number from 1 to 16");
+  vm.gpus = v["gpus"].get<int>();
+  auto res = get_string(v, "gpu_resource", where, false);
+  if (!res) return res.error();
+  if (!res->empty() && !std::regex_match(*res, kResourceName))
+    return bad(where + ".gpu_resource",
+               "'" + *res + "' is not a resource name like nvidia.com/AD104GL_L4 (empty: any allowlisted)");
+  vm.gpu_resource = *res;
+  return vm;
+}
+
+Status check_versions(const json& v, const std::string& where) {
+  if (!v.is_object()) return bad(where, "must be a map of name: version");
+  for (auto& [k, x] : v.items()) {
+    auto scalar_ok = [](const json& e) { return e.is_string() && !e.get<std::string>().empty(); };
+    bool ok = scalar_ok(x);
+    if (x.is_array()) {
+      ok = !x.empty();
+      for (auto& e : x) ok = ok && scalar_ok(e);
+    }
+    if (!ok) {
+      if (x.is_number())
+        return bad(where + "." + k, "YAML reads " + x.dump() + " as a number: quote the version (\"" +
+                                        x.dump() + "\") so it is kept exactly as written");
+      return bad(where + "." + k, "must be a version string or a list of strings");
+    }
+  }
+  return ok_status();
+}
+
+Result<std::vector<StepDef>> parse_steps(const json& steps, const json& scope, const std::string& where) {
+  if (!steps.is_array() || steps.empty()) return bad(where, "required: a list of at least one step");
+  std::vector<StepDef> out;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const json& s = steps[i];
+    std::string sw = where + "[" + std::to_string(i) + "]";
+    if (!s.is_object()) return bad(sw, "must be a map with id, kind, params");
+    if (s.contains("id") && s["id"].is_string()) sw = "step '" + s["id"].get<std::string>() + "'";
+    if (auto st = only_keys(s, {"id", "kind", "params", "timeout", "retries", "for_each"}, sw); !st)
+      return st.error();
+    auto id = get_string(s, "id", sw, true);
+    if (!id) return id.error();
+    auto kind = get_string(s, "kind", sw, true);
+    if (!kind) return kind.error();
+    std::chrono::seconds timeout{std::chrono::minutes(30)};
+    if (s.contains("timeout")) {
+      if (!s["timeout"].is_string() && !s["timeout"].is_number_integer())
+        return bad(sw + ": timeout", "must be a duration like 90s, 30m or 1h");
+      auto d = parse_duration(s["timeout"].is_string() ? s["timeout"].get<std::string>()
+                                                       : std::to_string(s["timeout"].get<int64_t>()));
+      if (!d) return bad(sw + ": timeout", d.error().message);
+      if (d->count() <= 0) return bad(sw + ": timeout", "must be longer than 0s");
+      timeout = *d;
+    }
+    int retries = 0;
+    if (s.contains("retries")) {
+      if (!s["retries"].is_number_integer() || s["retries"].get<int64_t>() < 0 ||
+          s["retries"].get<int64_t>() > kMaxRetries)
+        return bad(sw + ": retries", "must be a whole number from 0 to " + std::to_string(kMaxRetries));
+      retries = s["retries"].get<int>();
+    }
+    json params = s.contains("params") && !s["params"].is_null() ? s["params"] : json::object();
+
+    // for_each: one step per element, ${item} standing for the element (one
+    // ollama_model step per model the tier lists).
+    std::vector<json> items = {json()};
+    bool expand = s.contains("for_each");
+    if (expand) {
+      auto list = resolve(s["for_each"], scope, sw + ": for_each");
+      if (!list) return list.error();
+      if (!list->is_array() || list->empty())
+        return bad(sw + ": for_each", "must be a non-empty list (or a reference to one), got " + type_name(*list));
+      items.assign(list->begin(), list->end());
+    }
+    for (const json& item : items) {
+      json sc = scope;
+      if (expand) sc["item"] = item;
+      else sc.erase("item");
+      auto rid = resolve(*id, sc, sw + ": id");
+      if (!rid) return rid.error();
+      if (!rid->is_string() || !std::regex_match(rid->get<std::string>(), kStepId))
+        return bad(sw + ": id", "'" + scalar_text(*rid) +
+                                    "' must be 1-63 letters, digits or . _ : - (it names the step in "
+                                    "`factory tenant retry --step`)");
+      StepDef def;
+      def.id = rid->get<std::string>();
+      std::string dw = expand ? "step '" + def.id + "'" : sw;
+      if (!seen.insert(def.id).second) return bad(dw, "duplicate step id (ids must be unique in a tier)");
+      def.kind = *kind;
+      auto rp = resolve(params, sc, dw + ": params");
+      if (!rp) return rp.error();
+      def.params = std::move(*rp);
+      def.timeout = timeout;
+      def.retries = retries;
+      if (auto st = validate_params(def.kind, def.params, dw); !st) return st.error();
+      out.push_back(std::move(def));
+    }
+  }
+  return out;
+}
+
+Result<Tier> parse_tier(const json& t, const std::string& where_in) {
+  std::string where = where_in;
+  if (!t.is_object()) return bad(where, "must be a map with name, description, vm, steps");
+  if (t.contains("name") && t["name"].is_string()) where = "tier '" + t["name"].get<std::string>() + "'";
+  if (auto s = only_keys(t, {"name", "description", "cost", "vm", "versions", "settings", "steps"}, where); !s)
+    return s.error();
+  Tier tier;
+  auto name = get_string(t, "name", where, true);
+  if (!name) return name.error();
+  if (!std::regex_match(*name, kTierName))
+    return bad(where + ": name", "must be a DNS-1123 label (lower-case letters, digits and '-', at most 63)");
+  tier.name = *name;
+  auto desc = get_string(t, "description", where, true);
+  if (!desc) return desc.error();
+  tier.description = *desc;
+  auto cost = get_string(t, "cost", where, false);
+  if (!cost) return cost.error();
+  tier.cost = *cost;
+  auto vm = parse_vm(t.contains("vm") ? t["vm"] : json(), where + ": vm");
+  if (!vm) return vm.error();
+  tier.vm = *vm;
+  if (t.contains("versions") && !t["versions"].is_null()) {
+    if (auto s = check_versions(t["versions"], where + ": versions"); !s) return s.error();
+    tier.versions = t["versions"];
+  }
+  if (t.contains("settings") && !t["settings"].is_null()) {
+    if (!t["settings"].is_object()) return bad(where + ": settings", "must be a map");
+    tier.settings = t["settings"];
+  }
+  json scope = {{"vm", tier.vm.to_json()}, {"versions", tier.versions}, {"settings", tier.settings}};
+  auto steps = parse_steps(t.contains("steps") ? t["steps"] : json(), scope, "steps");
+  if (!steps) return steps.error().context(where);
+  tier.steps = std::move(*steps);
+  return tier;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+json VmShape::to_json() const {
+  return {{"cpu", cpu}, {"memory", memory}, {"disk", disk}, {"image", image},
+          {"gpus", gpus}, {"gpu_resource", gpu_resource}};
+}
+
+json StepDef::to_plan_json() const {
+  return {{"id", id}, {"kind", kind}, {"params", params}, {"timeout_seconds", timeout.count()},
+          {"retries", retries}};
+}
+
+json Tier::plan() const {
+  json steps_json = json::array();
+  for (auto& s : steps) steps_json.push_back(s.to_plan_json());
+  return {{"tier", name}, {"steps", steps_json}};
+}
+
+json Tier::to_json() const {
+  json steps_json = json::array();
+  for (auto& s : steps)
+    steps_json.push_back({{"id", s.id}, {"kind", s.kind}, {"timeout", format_duration(s.timeout)},
+                          {"retries", s.retries}, {"params", s.params}});
+  return {{"name", name},         {"description", description}, {"cost", cost},
+          {"vm", vm.to_json()},   {"versions", versions},       {"settings", settings},
+          {"plan_hash", plan_hash(plan())}, {"steps", steps_json}};
+}
+
+const Tier* Catalog::find(std::string_view name) const {
+  for (auto& t : tiers)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+Result<const Tier*> Catalog::tier(std::string_view name) const {
+  if (const Tier* t = find(name)) return t;
+  return Error(Errc::not_found, "unknown tier '" + std::string(name) + "' (known: " + join(names()) + ")");
+}
+
+std::vector<std::string> Catalog::names() const {
+  std::vector<std::string> n;
+  for (auto& t : tiers) n.push_back(t.name);
+  return n;
+}
+
+const std::vector<std::string>& step_kinds() {
+  static const std::vector<std::string> kinds = [] {
+    std::vector<std::string> k;
+    for (auto& s : kind_specs()) k.push_back(s.kind);
+    return k;
+  }();
+  return kinds;
+}
+
+Result<Catalog> from_json(const json& doc, const std::string& source) {
+  const std::string where = "catalog " + source;
+  if (!doc.is_object()) return bad(where, "must be a YAML map with 'version: 1' and 'tiers'");
+  if (auto s = only_keys(doc, {"version", "tiers"}, where); !s) return s.error();
+  if (!doc.contains("version") || !doc["version"].is_number_integer())
+    return bad(where, "'version: " + std::to_string(kCatalogVersion) + "' is required");
+  if (doc["version"].get<int64_t>() != kCatalogVersion)
+    return bad(where, "unsupported catalog version " + doc["version"].dump() + " (this factory reads version " +
+                          std::to_string(kCatalogVersion) + ")");
+  if (!doc.contains("tiers") || !doc["tiers"].is_array() || doc["tiers"].empty())
+    return bad(where, "'tiers' must be a list of at least one tier");
+  Catalog cat;
+  cat.source = source;
+  for (size_t i = 0; i < doc["tiers"].size(); ++i) {
+    auto t = parse_tier(doc["tiers"][i], "tiers[" + std::to_string(i) + "]");
+    if (!t) return t.error().context(where);
+    if (cat.find(t->name)) return bad(where, "tier '" + t->name + "' is defined twice");
+    cat.tiers.push_back(std::move(*t));
+  }
+  return cat;
+}
+
+Result<Catalog> parse(const std::string& yaml_text, const std::string& source) {
+  auto doc = parse_yaml(yaml_text, "catalog " + source);
+  if (!doc) return doc.error();
+  return from_json(*doc, source);
+}
+
+std::string_view builtin_yaml() { return kBuiltinCatalogYaml; }
+
+Result<Catalog> builtin() { return parse(std::string(builtin_yaml()), "built-in"); }
+
+Result<Catalog> load_file(const std::string& path) {
+  auto text = read_file(path);
+  if (!text) return text.error().with_context("catalog");
+  return parse(*text, path);
+}
+
+Result<Catalog> load(const std::string& path) { return path.empty() ? builtin() : load_file(path); }
+
+Result<json> plan_for(const Catalog& catalog, std::string_view tier) {
+  auto t = catalog.tier(tier);
+  if (!t) return t.error();
+  return (*t)->plan();
+}
+
+std::string canonical_json(const json& j) {
+  // nlohmann's objects keep keys sorted; ASCII escapes make the bytes
+  // independent of how a peer's library chose to encode non-ASCII text.
+  return j.dump(-1, ' ', true, json::error_handler_t::replace);
+}
+
+std::string plan_hash(const json& plan) { return sha256_hex(canonical_json(plan)); }
+
+std::string sha256_hex(std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1)
+    throw std::runtime_error("EVP_Digest(sha256) failed");  // only on OpenSSL misconfiguration
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(len * 2);
+  for (unsigned int i = 0; i < len; ++i) {
+    out += hex[md[i] >> 4];
+    out += hex[md[i] & 0xf];
+  }
+  return out;
+}
+
+}  // namespace factory::catalog

@@ -1,0 +1,280 @@
+// Bootstrap tokens: one use each, bound to a tenant, stored hashed, and the
+// book on disk is the truth (a fresh load after every operation sees it).
+#include "coordinator/enroll/tokens.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <regex>
+
+#include "common/atomic_file.hpp"
+#include "common/pki.hpp"
+#include "tests/support/test_support.hpp"
+
+namespace fs = std::filesystem;
+using factory::Clock;
+using factory::Errc;
+using factory::format_rfc3339;
+using factory::enroll::TokenBook;
+using factory::testing::TempDir;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A fixed, whole-second instant so expected timestamps are exact.
+const Clock::time_point t0 = Clock::from_time_t(1'900'000'000);
+
+TokenBook load(const fs::path& p) {
+  auto b = TokenBook::load(p);
+  EXPECT_TRUE(b.ok()) << (b.ok() ? "" : b.error().message);
+  return std::move(b).value();
+}
+
+std::string issue(TokenBook& book, const std::string& tenant, std::chrono::seconds ttl = 1h,
+                  Clock::time_point now = t0) {
+  auto t = book.issue(tenant, ttl, now);
+  EXPECT_TRUE(t.ok()) << (t.ok() ? "" : t.error().message);
+  return t->token;
+}
+
+void expect_refused(const factory::Result<std::string>& r, const std::string& message) {
+  ASSERT_FALSE(r.ok()) << "redeemed as " << *r;
+  EXPECT_EQ(r.error().code, Errc::unauthenticated);
+  EXPECT_EQ(r.error().message.rfind(message, 0), 0u) << r.error().message;
+}
+
+}  // namespace
+
+TEST(EnrollTokens, IssuedTokenHasTheKubeadmShape) {
+  TempDir tmp("tok");
+  TokenBook book = load(tmp / "tokens.json");
+  auto t = book.issue("team-a", 1h, t0);
+  ASSERT_TRUE(t.ok());
+  EXPECT_TRUE(std::regex_match(t->token, std::regex("[a-z0-9]{6}\\.[a-z0-9]{32}"))) << t->token;
+  EXPECT_EQ(t->token.substr(0, 6), t->id);
+  EXPECT_EQ(t->tenant, "team-a");
+  EXPECT_EQ(t->expires_at, t0 + 1h);
+  ASSERT_EQ(book.list().size(), 1u);
+  EXPECT_EQ(book.list()[0].secret_sha256, factory::pki::sha256_hex(t->token.substr(7)));
+  EXPECT_EQ(factory::enroll::token_state(book.list()[0], t0), "active");
+  EXPECT_NE(issue(book, "team-a"), t->token);
+}
+
+TEST(EnrollTokens, RedeemsOnceThenAlreadyUsed) {
+  TempDir tmp("tok");
+  TokenBook book = load(tmp / "tokens.json");
+  std::string token = issue(book, "team-a");
+  auto tenant = book.redeem(token, t0 + 10min);
+  ASSERT_TRUE(tenant.ok()) << tenant.error().message;
+  EXPECT_EQ(*tenant, "team-a");
+  expect_refused(book.redeem(token, t0 + 11min), "token already used at " + format_rfc3339(t0 + 10min));
+  EXPECT_EQ(factory::enroll::token_state(book.list()[0], t0 + 11min), "used");
+}
+
+TEST(EnrollTokens, UseIsOnDiskBeforeRedeemReturns) {
+  // Stands in for a crash right after redeem() returned: a new process that
+  // loads the book must see the token as used.
+  TempDir tmp("tok");
+  TokenBook book = load(tmp / "tokens.json");
+  std::string token = issue(book, "team-a");
+  ASSERT_TRUE(book.redeem(token, t0 + 1min).ok());
+  TokenBook after_crash = load(tmp / "tokens.json");
+  expect_refused(after_crash.redeem(token, t0 + 2min), "token already used at " + format_rfc3339(t0 + 1min));
+}
+
+TEST(EnrollTokens, ExpiredTokenIsRefused) {
+  TempDir tmp("tok");
+  TokenBook book = load(tmp / "tokens.json");
+  std::string token = issue(book, "team-a", 1h);
+  expect_refused(book.redeem(token, t0 + 1h), "token expired at " + format_rfc3339(t0 + 1h));
+  EXPECT_EQ(factory::enroll::token_state(book.list()[0], t0 + 1h), "expired");
+  // Refusal changes nothing: still expired, not used.
+  EXPECT_FALSE(load(tmp / "tokens.json").list()[0].used_at.has_value());
+  // One second before expiry it works.
+  std::string other = issue(book, "team-a", 1h);
+  EXPECT_TRUE(book.redeem(other, t0 + 1h - 1s).ok());
+}
+
+TEST(EnrollTokens, UnknownAndWrongSecretLookTheSame) {
+  TempDir tmp("tok");
+  TokenBook book = load(tmp / "tokens.json");
+  std::string token = issue(book, "team-a");
+  expect_refused(book.redeem("zzzzzz." + std::string(32, 'a'), t0), "unknown token");
+  std::string wrong_secret = token.substr(0, 7) + std::string(32, token[7] == 'a' ? 'b' : 'a');
+  expect_refused(book.redeem(wrong_secret, t0), "unknown token");
+  // The real one still works after those attempts.
+  EXPECT_TRUE(book.redeem(token, t0).ok());
+}
+
+TEST(EnrollTokens, MalformedTokensAreRefused) {
+  TempDir tmp("tok");
+  TokenBook book = load(tmp / "tokens.json");
+  std::string token = issue(book, "team-a");
+  std::string upper = token;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const std::string& bad :
+       {std::string(""), std::string("abc"), token.substr(0, token.size() - 1), token + "x",
+        token.substr(0, 6) + ":" + token.substr(7), "." + token.substr(7), token.substr(0, 7),
+        token + ".abc", upper, std::string("abcdef.") + std::string(31, 'a') + "_"}) {
+    expect_refused(book.redeem(bad, t0), "token malformed");
+  }
+  // Surrounding whitespace (a token file's newline) is not part of the token.
+  auto ok = book.redeem("  " + token + "\n", t0);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+}
+
+TEST(EnrollTokens, RevokeTenantRevokesOnlyItsUnusedTokens) {
+  TempDir tmp("tok");
+  TokenBook book = load(tmp / "tokens.json");
+  std::string a1 = issue(book, "team-a");
+  std::string a2 = issue(book, "team-a");
+  std::string a_used = issue(book, "team-a");
+  std::string b1 = issue(book, "team-b");
+  ASSERT_TRUE(book.redeem(a_used, t0).ok());
+
+  auto n = book.revoke_tenant("team-a", t0 + 1min);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(*n, 2u);
+  EXPECT_EQ(*book.revoke_tenant("team-a", t0 + 1min), 0u);  // nothing left to revoke
+
+  TokenBook reloaded = load(tmp / "tokens.json");
+  expect_refused(reloaded.redeem(a1, t0 + 2min), "token revoked");
+  expect_refused(reloaded.redeem(a2, t0 + 2min), "token revoked");
+  expect_refused(reloaded.redeem(a_used, t0 + 2min), "token already used at");
+  auto b = reloaded.redeem(b1, t0 + 2min);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(*b, "team-b");
+}
+
+TEST(EnrollTokens, TheFileNeverHoldsTheSecret) {
+  TempDir tmp("tok");
+  fs::path path = tmp / "tokens.json";
+  TokenBook book = load(path);
+  std::string t1 = issue(book, "team-a");
+  std::string t2 = issue(book, "team-b");
+  ASSERT_TRUE(book.redeem(t2, t0).ok());
+  ASSERT_TRUE(book.revoke_tenant("team-a", t0).ok());
+
+  std::string text = factory::testing::slurp(path);
+  for (const std::string& t : {t1, t2}) {
+    std::string secret = t.substr(7);
+    EXPECT_EQ(text.find(secret), std::string::npos) << "secret of " << t.substr(0, 6) << " on disk";
+    EXPECT_EQ(text.find(secret.substr(0, 12)), std::string::npos);  // not even a piece of it
+    EXPECT_NE(text.find(factory::pki::sha256_hex(secret)), std::string::npos);
+    EXPECT_NE(text.find(t.substr(0, 6)), std::string::npos);  // the id is not secret
+  }
+  // And grep, as an admin would check it.
+  auto grep = factory::testing::run({"grep", "-c", t1.substr(7), path.string()});
+  EXPECT_EQ(grep.exit_code, 1) << grep.output;
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  // No temp files left beside it.
+  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()), 1);
+}
+
+TEST(EnrollTokens, ReloadKeepsEveryField) {
+  TempDir tmp("tok");
+  fs::path path = tmp / "tokens.json";
+  TokenBook book = load(path);
+  std::string a = issue(book, "team-a", 2h);
+  std::string b = issue(book, "team-b", 1h, t0 + 5min);
+  ASSERT_TRUE(book.redeem(a, t0 + 30min).ok());
+  ASSERT_TRUE(book.revoke_tenant("team-b", t0 + 31min).ok());
+
+  TokenBook again = load(path);
+  ASSERT_EQ(again.list().size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& x = book.list()[i];
+    const auto& y = again.list()[i];
+    EXPECT_EQ(x.id, y.id);
+    EXPECT_EQ(x.tenant, y.tenant);
+    EXPECT_EQ(x.secret_sha256, y.secret_sha256);
+    EXPECT_EQ(x.created_at, y.created_at);
+    EXPECT_EQ(x.expires_at, y.expires_at);
+    EXPECT_EQ(x.used_at, y.used_at);
+    EXPECT_EQ(x.revoked, y.revoked);
+  }
+  EXPECT_EQ(again.list()[0].used_at, t0 + 30min);
+  EXPECT_EQ(again.list()[1].created_at, t0 + 5min);
+  EXPECT_TRUE(again.list()[1].revoked);
+}
+
+TEST(EnrollTokens, MissingFileIsEmptyCorruptFileIsAnError) {
+  TempDir tmp("tok");
+  EXPECT_TRUE(load(tmp / "absent.json").list().empty());
+  EXPECT_FALSE(fs::exists(tmp / "absent.json"));  // loading writes nothing
+
+  std::string good_hash(64, 'a');
+  for (const std::string& text :
+       {std::string("{not json"), std::string("[]"), std::string("{\"version\":1}"),
+        std::string("{\"version\":2,\"tokens\":[]}"),
+        std::string("{\"version\":1,\"tokens\":[{\"id\":\"abcdef\"}]}"),
+        "{\"version\":1,\"tokens\":[{\"id\":\"ABCDEF\",\"tenant\":\"t\",\"secret_sha256\":\"" + good_hash +
+            "\",\"created_at\":\"2030-01-01T00:00:00Z\",\"expires_at\":\"2030-01-01T01:00:00Z\"}]}",
+        "{\"version\":1,\"tokens\":[{\"id\":\"abcdef\",\"tenant\":\"t\",\"secret_sha256\":\"" + good_hash +
+            "\",\"created_at\":\"yesterday\",\"expires_at\":\"2030-01-01T01:00:00Z\"}]}"}) {
+    ASSERT_TRUE(factory::write_file_atomic(tmp / "bad.json", text, 0600).ok());
+    auto b = TokenBook::load(tmp / "bad.json");
+    ASSERT_FALSE(b.ok()) << text;
+    EXPECT_NE(b.error().message.find("is corrupt"), std::string::npos) << b.error().message;
+    EXPECT_NE(b.error().message.find("bad.json"), std::string::npos) << b.error().message;
+  }
+  // The well-formed version of the last one loads.
+  ASSERT_TRUE(factory::write_file_atomic(
+                  tmp / "ok.json",
+                  "{\"version\":1,\"tokens\":[{\"id\":\"abcdef\",\"tenant\":\"t\",\"secret_sha256\":\"" +
+                      good_hash + "\",\"created_at\":\"2030-01-01T00:00:00Z\",\"expires_at\":\"2030-01-01T01:00:00Z\"}]}",
+                  0600)
+                  .ok());
+  EXPECT_EQ(load(tmp / "ok.json").list().size(), 1u);
+}
+
+TEST(EnrollTokens, OldTokensArePrunedAfterADay) {
+  TempDir tmp("tok");
+  TokenBook book = load(tmp / "tokens.json");
+  std::string expired = issue(book, "t1", 1h, t0);
+  std::string used = issue(book, "t2", 72h, t0);
+  ASSERT_TRUE(book.redeem(used, t0 + 1h).ok());
+  std::string fresh = issue(book, "t3", 1h, t0 + 24h);  // saves at t0+24h: nothing old enough yet
+  EXPECT_EQ(book.list().size(), 3u);
+  issue(book, "t4", 1h, t0 + 26h);  // t1 expired 25h ago, t2 used 25h ago
+  ASSERT_EQ(book.list().size(), 2u);
+  EXPECT_EQ(book.list()[0].tenant, "t3");
+  EXPECT_EQ(load(tmp / "tokens.json").list().size(), 2u);
+  expect_refused(book.redeem(used, t0 + 26h), "unknown token");
+}
+
+TEST(EnrollTokens, RefusesBadTenantAndTtl) {
+  TempDir tmp("tok");
+  TokenBook book = load(tmp / "tokens.json");
+  auto bad = book.issue("Team_A", 1h, t0);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, Errc::invalid_argument);
+  EXPECT_FALSE(book.issue("t1", 0s, t0).ok());
+  EXPECT_TRUE(book.list().empty());
+  EXPECT_FALSE(fs::exists(tmp / "tokens.json"));
+}
+
+TEST(EnrollTokens, FailedWritesFailClosed) {
+  TempDir tmp("tok");
+  fs::path dir = tmp / "state";
+  TokenBook book = load(dir / "tokens.json");
+  std::string token = issue(book, "team-a");
+  // Make every later write fail: the state dir is replaced by a plain file
+  // (chmod would not stop root, which the tests may run as).
+  fs::rename(dir, tmp / "moved");
+  ASSERT_TRUE(factory::write_file_atomic(dir, "not a dir").ok());
+
+  auto issued = book.issue("team-a", 1h, t0);
+  ASSERT_FALSE(issued.ok());
+  EXPECT_EQ(book.list().size(), 1u);  // the unsaved token was never shown and is gone
+
+  auto r = book.redeem(token, t0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::unavailable);
+  EXPECT_NE(r.error().message.find("create a new token"), std::string::npos) << r.error().message;
+  EXPECT_EQ(r.error().message.find(token.substr(7)), std::string::npos);  // no secret in errors
+  // Not recorded on disk, so not honoured again by this process either.
+  expect_refused(book.redeem(token, t0), "token already used at");
+}
