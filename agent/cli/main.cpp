@@ -1,6 +1,7 @@
 // factory-agent: provisions a guest VM at first boot and reports to the coordinator.
 #include <signal.h>
 
+#include <atomic>
 #include <iostream>
 #include <thread>
 
@@ -34,6 +35,12 @@ int main(int argc, char** argv) {
   auto* hb = app.add_option("--heartbeat", heartbeat_s, "Seconds between heartbeats");
   bool no_plan = false;
   app.add_flag("--link-only", no_plan, "Connect and report, but do not run plans");
+  uint64_t synthetic = 0;
+  double synthetic_rate = 100;
+  app.add_option("--synthetic-events", synthetic,
+                 "Soak testing: make sure N numbered synthetic events exist (counting those a "
+                 "previous run emitted) and deliver them like any other event");
+  app.add_option("--synthetic-rate", synthetic_rate, "Synthetic events per second");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -103,7 +110,25 @@ int main(int argc, char** argv) {
     }
   });
   sig.detach();
+  std::atomic<bool> done{false};
+  std::thread load;
+  if (synthetic > 0) {
+    load = std::thread([&] {
+      auto gap = std::chrono::microseconds(static_cast<int64_t>(1e6 / std::max(synthetic_rate, 0.001)));
+      // Continues where a previous (killed) run stopped: ids are durable.
+      while (!done && (*spool)->last_id() < synthetic) {
+        uint64_t n = (*spool)->last_id() + 1;
+        if (auto r = (*spool)->emit({{"kind", "synthetic"}, {"n", n}}); !r) {
+          spdlog::error("synthetic events: {}", r.error().message);
+          break;
+        }
+        std::this_thread::sleep_for(gap);
+      }
+    });
+  }
   spdlog::info("factory-agent {} starting; coordinator {}", FACTORY_VERSION, cfg.coordinator_url);
   int rc = link.run();
+  done = true;
+  if (load.joinable()) load.join();
   return rc;
 }

@@ -4,6 +4,7 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -161,11 +162,12 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     if (!conn) co_return conn.error();
     std::shared_ptr<net::WsClient> ws = std::move(*conn);
     uint64_t seq = 0;
-    if (auto st = co_await send_frame(*ws, seq, proto::type::kHello,
-                                      {{"agent_id", identity->agent_id},
-                                       {"agent_version", FACTORY_VERSION},
-                                       {"hostname", hostname()}});
-        !st.ok())
+    // (Braced JSON is built outside co_await: GCC 12 miscompiles
+    // initializer lists inside co_await expressions.)
+    nlohmann::json hello = {{"agent_id", identity->agent_id},
+                            {"agent_version", FACTORY_VERSION},
+                            {"hostname", hostname()}};
+    if (auto st = co_await send_frame(*ws, seq, proto::type::kHello, std::move(hello)); !st.ok())
       co_return st;
     // Until welcome arrives nothing else is sent.
     uint64_t server_has = 0;
@@ -192,33 +194,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       spdlog::warn("link: spool: {}", st.error().message);
     uint64_t last_sent = spool.acked();
 
-    bool open = true;
-    std::string fatal;
-    auto reader_done = std::make_shared<asio::steady_timer>(ioc);
-    reader_done->expires_at(asio::steady_timer::time_point::max());
-    bool reader_finished = false;
-    Error read_error(Errc::unavailable, "connection closed");
-    auto self = shared_from_this();
-    asio::co_spawn(ioc, [&, self, ws]() -> awaitable<void> {
-      for (;;) {
-        auto msg = co_await ws->read();
-        if (!msg) {
-          read_error = msg.error();
-          break;
-        }
-        auto env = proto::parse(*msg);
-        if (!env) {
-          spdlog::warn("link: ignoring a bad frame: {}", env.error().message);
-          continue;
-        }
-        handle(*env, fatal);
-        if (!fatal.empty()) break;
-      }
-      open = false;
-      reader_finished = true;
-      reader_done->cancel();
-      wake();
-    }, asio::detached);
+    auto rs = std::make_shared<ReaderState>(ioc);
+    asio::co_spawn(ioc, reader_loop(ws, rs), asio::detached);
 
     auto next_heartbeat = std::chrono::steady_clock::now();
     double tokens = static_cast<double>(cfg.replay_rate_per_second);
@@ -226,7 +203,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     const size_t window = 64;
     bool renew_sent = false;
     Status result;
-    while (open && !stopping) {
+    while (rs->open && !stopping) {
       auto now = std::chrono::steady_clock::now();
       if (spool.acked() > last_sent) last_sent = spool.acked();
       if (now >= next_heartbeat) {
@@ -244,7 +221,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
         auto csr = key ? pki::make_csr(*key, hostname()) : Result<std::string>(key.error());
         if (csr) {
           pending_key = *key;
-          if (auto st = co_await send_frame(*ws, seq, proto::type::kRenew, {{"csr", *csr}}); !st.ok()) {
+          nlohmann::json renew = {{"csr", *csr}};
+          if (auto st = co_await send_frame(*ws, seq, proto::type::kRenew, std::move(renew)); !st.ok()) {
             result = st;
             break;
           }
@@ -265,7 +243,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
         for (auto& ev : spool.pending_after(last_sent, can)) {
           if (auto st = co_await send_frame(*ws, seq, proto::type::kEvent, ev.body); !st.ok()) {
             result = st;
-            open = false;
+            rs->open = false;
             break;
           }
           last_sent = ev.id;
@@ -273,7 +251,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
           sent_any = true;
         }
       }
-      if (!open) break;
+      if (!rs->open) break;
       if (sent_any) continue;
       auto wait_until = next_heartbeat;
       if (spool.pending_after(last_sent, 1).size() > 0 && tokens < 1)
@@ -282,11 +260,45 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       co_await wake_timer.async_wait(use_tuple);
     }
     co_await ws->close();
-    if (!reader_finished) co_await reader_done->async_wait(use_tuple);
-    if (!fatal.empty()) throw Fatal{fatal};
+    if (!rs->finished) co_await rs->done.async_wait(use_tuple);
+    if (!rs->fatal.empty()) throw Fatal{rs->fatal};
     if (!result.ok()) co_return result;
     if (stopping) co_return Status{};
-    co_return read_error;
+    co_return rs->error;
+  }
+
+  // What the reader coroutine tells the session's writer loop.
+  struct ReaderState {
+    explicit ReaderState(asio::io_context& io) : done(io) {
+      done.expires_at(asio::steady_timer::time_point::max());
+    }
+    bool open = true;
+    bool finished = false;
+    std::string fatal;
+    Error error{Errc::unavailable, "connection closed"};
+    asio::steady_timer done;
+  };
+
+  awaitable<void> reader_loop(std::shared_ptr<net::WsClient> ws, std::shared_ptr<ReaderState> rs) {
+    auto self = shared_from_this();
+    for (;;) {
+      auto msg = co_await ws->read();
+      if (!msg) {
+        rs->error = msg.error();
+        break;
+      }
+      auto env = proto::parse(*msg);
+      if (!env) {
+        spdlog::warn("link: ignoring a bad frame: {}", env.error().message);
+        continue;
+      }
+      handle(*env, rs->fatal);
+      if (!rs->fatal.empty()) break;
+    }
+    rs->open = false;
+    rs->finished = true;
+    rs->done.cancel();
+    wake();
   }
 
   void handle(const proto::Envelope& env, std::string& fatal) {

@@ -44,6 +44,7 @@ class FileStore final : public Store {
   Status open() {
     for (auto sub : {"tenants", "events"})
       if (auto st = ensure_dir(dir_ / sub, 0700); !st.ok()) return st;
+    if (auto st = ensure_dir(dir_, 0700); !st.ok()) return st;
     for (auto& entry : fs::directory_iterator(dir_ / "tenants")) {
       if (entry.path().extension() != ".json") continue;
       auto text = read_file(entry.path());
