@@ -15,6 +15,7 @@ Status refresh_validity(AgentIdentity& id) {
   if (!info) return info.error();
   id.not_before = info->not_before;
   id.not_after = info->not_after;
+  id.obtained_at = Clock::now();
   return {};
 }
 
@@ -37,13 +38,15 @@ Result<std::optional<AgentIdentity>> load_identity(const fs::path& state_dir) {
   if (id.tenant.empty() || id.key_pem.empty() || id.cert_pem.empty() || id.ca_pem.empty())
     return Error(Errc::io, (state_dir / kIdentityFile).string() + " is incomplete");
   if (auto st = refresh_validity(id); !st.ok()) return st.error();
+  if (auto t = parse_rfc3339(j.value("obtained_at", ""))) id.obtained_at = *t;
   return std::optional<AgentIdentity>(std::move(id));
 }
 
 Status save_identity(const fs::path& state_dir, const AgentIdentity& id) {
   nlohmann::json j = {{"tenant", id.tenant},   {"agent_id", id.agent_id},
                       {"key", id.key_pem},     {"certificate", id.cert_pem},
-                      {"ca", id.ca_pem}};
+                      {"ca", id.ca_pem},
+                      {"obtained_at", format_rfc3339(id.obtained_at)}};
   return write_file_atomic(state_dir / kIdentityFile, j.dump(2), 0600);
 }
 

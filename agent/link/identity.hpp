@@ -19,10 +19,14 @@ struct AgentIdentity {
   std::string cert_pem;
   std::string ca_pem;
   Clock::time_point not_before{}, not_after{};
+  // When this certificate arrived. The lifetime counts from here, not from
+  // not_before, which the CA back-dates to absorb clock skew.
+  Clock::time_point obtained_at{};
 
   // Renew once two thirds of the lifetime have passed.
   bool renewal_due(Clock::time_point now = Clock::now()) const {
-    return now >= not_before + (not_after - not_before) * 2 / 3;
+    auto from = obtained_at > not_before ? obtained_at : not_before;
+    return now >= from + (not_after - from) * 2 / 3;
   }
 };
 

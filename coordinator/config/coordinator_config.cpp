@@ -110,8 +110,8 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
   if (c.external_url.rfind("wss://", 0) != 0)
     return Error(Errc::invalid_argument,
                  path + ": external_url must start with wss:// (got " + c.external_url + ")");
-  if (c.agent_cert_ttl < std::chrono::minutes(2))
-    return Error(Errc::invalid_argument, path + ": agents.cert_ttl must be at least 2m");
+  if (c.agent_cert_ttl < std::chrono::seconds(10))
+    return Error(Errc::invalid_argument, path + ": agents.cert_ttl must be at least 10s");
   return c;
 }
 

@@ -146,8 +146,8 @@ void Coordinator::install_core_routes() {
       if (!d) return net::HttpResponseOut::error(400, "invalid_argument", d.error().message);
       ttl = *d;
     }
-    if (ttl < std::chrono::seconds(10) || ttl > std::chrono::hours(24 * 7))
-      return net::HttpResponseOut::error(400, "invalid_argument", "ttl must be between 10s and 7d");
+    if (ttl < std::chrono::seconds(1) || ttl > std::chrono::hours(24 * 7))
+      return net::HttpResponseOut::error(400, "invalid_argument", "ttl must be between 1s and 7d");
     auto issued = tokens_->issue(tenant, ttl);
     if (!issued) return net::HttpResponseOut::error(500, "internal", issued.error().message);
     if (!store_->get_tenant(tenant)) {
@@ -229,7 +229,10 @@ Status Coordinator::start() {
   ao.tls = tls;
   ao.tls.client_ca_pem = ca_->certificate_pem();
   ao.ws_idle_timeout = cfg_.agents_idle_timeout;
-  ao.ws_max_frame = proto::kMaxFrameBytes;
+  // Beast's own limit is the hard ceiling (a frame above it closes the
+  // connection with 1009); the protocol's 64 KiB cap per type is enforced by
+  // proto::parse, which rejects the frame with an error and keeps the session.
+  ao.ws_max_frame = proto::kMaxPlanFrameBytes;
   ao.name = "agents";
   net_->agents = std::make_unique<net::HttpsServer>(net_->ioc, ao);
   net_->agents->on_websocket(
