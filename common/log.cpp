@@ -6,6 +6,7 @@
 namespace factory {
 
 void setup_logging(std::string_view program, std::string_view level) {
+  spdlog::drop(std::string(program));
   auto logger = spdlog::stderr_color_mt(std::string(program));
   spdlog::set_default_logger(logger);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ %n: %v");

@@ -38,7 +38,7 @@ Result<Envelope> parse(std::string_view frame) {
     if (!a->is_number_unsigned()) return Error(Errc::protocol, "'ack' is not a sequence number");
     e.ack = a->get<uint64_t>();
   }
-  if (auto b = j.find("body"); b != j.end()) {
+  if (auto b = j.find("body"); b != j.end() && !b->is_null()) {
     if (!b->is_object()) return Error(Errc::protocol, "'body' is not an object");
     e.body = std::move(*b);
   }

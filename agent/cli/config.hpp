@@ -19,7 +19,9 @@ struct AgentConfig {
   std::chrono::milliseconds heartbeat{std::chrono::seconds(15)};
   std::chrono::milliseconds backoff_base{std::chrono::milliseconds(500)};
   std::chrono::milliseconds backoff_cap{std::chrono::minutes(2)};
-  std::chrono::milliseconds first_connect_jitter{std::chrono::seconds(5)};
+  // Small: enough to spread a fleet rebooted at once over a few heartbeats,
+  // short enough that a fresh guest shows up within a second.
+  std::chrono::milliseconds first_connect_jitter{std::chrono::milliseconds(500)};
   size_t spool_max_events = 10000;
   size_t replay_rate_per_second = 200;   // backlog replay after an outage
   bool run_plan = true;                  // false: link only (tests of the spine)

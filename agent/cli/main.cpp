@@ -1,7 +1,134 @@
 // factory-agent: provisions a guest VM at first boot and reports to the coordinator.
-#include <iostream>
+#include <signal.h>
 
-int main() {
-  std::cerr << "factory-agent: not built yet\n";
-  return 1;
+#include <atomic>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "agent/cli/config.hpp"
+#include "agent/link/link.hpp"
+#include "agent/link/spool.hpp"
+#include "common/atomic_file.hpp"
+#include "common/log.hpp"
+
+using namespace factory;
+using namespace factory::agent;
+
+int main(int argc, char** argv) {
+  CLI::App app{"factory-agent: provisions this guest as its catalog item says and reports to the "
+               "coordinator"};
+  app.set_version_flag("--version", std::string("factory-agent ") + FACTORY_VERSION);
+  AgentConfig cfg;
+  std::string config_file;
+  double heartbeat_s = 0;
+  app.add_option("--config", config_file, "YAML file; every flag below is also a key of it");
+  auto* url = app.add_option("--coordinator-url", cfg.coordinator_url, "wss://host:port of the coordinator");
+  auto* sha = app.add_option("--ca-sha256", cfg.ca_sha256, "SHA-256 of the coordinator CA (pins it)");
+  auto* caf = app.add_option("--ca-file", cfg.ca_file, "The coordinator CA certificate (pins it)");
+  auto* tok = app.add_option("--token-file", cfg.token_file, "One-time bootstrap token; deleted after enrollment");
+  auto* sd = app.add_option("--state-dir", cfg.state_dir, "Identity, spool and plan journal (0700)");
+  auto* root = app.add_option("--root", cfg.root, "Filesystem root of the guest (tests: a simulated guest)");
+  auto* ll = app.add_option("--log-level", cfg.log_level, "trace|debug|info|warn|error");
+  auto* hb = app.add_option("--heartbeat", heartbeat_s, "Seconds between heartbeats");
+  bool no_plan = false;
+  app.add_flag("--link-only", no_plan, "Connect and report, but do not run plans");
+  uint64_t synthetic = 0;
+  double synthetic_rate = 100;
+  app.add_option("--synthetic-events", synthetic,
+                 "Soak testing: make sure N numbered synthetic events exist (counting those a "
+                 "previous run emitted) and deliver them like any other event");
+  app.add_option("--synthetic-rate", synthetic_rate, "Synthetic events per second");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (!config_file.empty()) {
+    // The file supplies defaults; flags given on the command line win.
+    AgentConfig from_file;
+    if (auto st = load_agent_config_file(config_file, from_file); !st.ok()) {
+      std::cerr << "factory-agent: " << st.error().message << "\n";
+      return 2;
+    }
+    auto keep = [](CLI::Option* o, std::string& flag_value, const std::string& file_value) {
+      if (o->count() == 0) flag_value = file_value;
+    };
+    keep(url, cfg.coordinator_url, from_file.coordinator_url);
+    keep(sha, cfg.ca_sha256, from_file.ca_sha256);
+    keep(caf, cfg.ca_file, from_file.ca_file);
+    keep(tok, cfg.token_file, from_file.token_file);
+    keep(sd, cfg.state_dir, from_file.state_dir);
+    keep(root, cfg.root, from_file.root);
+    keep(ll, cfg.log_level, from_file.log_level);
+    if (hb->count() == 0) cfg.heartbeat = from_file.heartbeat;
+    cfg.backoff_base = from_file.backoff_base;
+    cfg.backoff_cap = from_file.backoff_cap;
+    cfg.first_connect_jitter = from_file.first_connect_jitter;
+    cfg.spool_max_events = from_file.spool_max_events;
+    cfg.replay_rate_per_second = from_file.replay_rate_per_second;
+    cfg.run_plan = from_file.run_plan;
+  }
+  if (heartbeat_s > 0)
+    cfg.heartbeat = std::chrono::milliseconds(static_cast<int64_t>(heartbeat_s * 1000));
+  if (no_plan) cfg.run_plan = false;
+  setup_logging("factory-agent", cfg.log_level);
+  if (auto st = validate(cfg); !st.ok()) {
+    std::cerr << "factory-agent: " << st.error().message << "\n";
+    return 2;
+  }
+  if (auto st = ensure_dir(cfg.state_dir, 0700); !st.ok()) {
+    std::cerr << "factory-agent: state dir: " << st.error().message << "\n";
+    return 1;
+  }
+  auto spool = EventSpool::open(std::filesystem::path(cfg.state_dir) / "spool", cfg.spool_max_events);
+  if (!spool) {
+    std::cerr << "factory-agent: " << spool.error().message << "\n";
+    return 1;
+  }
+
+  // Signals are taken by one thread, which asks the link to stop cleanly.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+  LinkCallbacks cb;
+  cb.on_plan = [](const nlohmann::json& p) {
+    spdlog::info("received plan {} (plan runner not enabled in this build)", p.value("hash", "?"));
+  };
+  AgentLink link(cfg, **spool, cb);
+  std::thread sig([&] {
+    int s = 0;
+    sigwait(&set, &s);
+    if (s == SIGINT || s == SIGTERM) {
+      spdlog::info("signal {}: stopping", s);
+      link.stop();
+    }
+  });
+  sig.detach();
+  std::atomic<bool> done{false};
+  std::thread load;
+  if (synthetic > 0) {
+    load = std::thread([&] {
+      auto gap = std::chrono::microseconds(static_cast<int64_t>(1e6 / std::max(synthetic_rate, 0.001)));
+      // Continues where a previous (killed) run stopped: ids are durable.
+      while (!done && (*spool)->last_id() < synthetic) {
+        uint64_t n = (*spool)->last_id() + 1;
+        if (auto r = (*spool)->emit({{"kind", "synthetic"}, {"n", n}}); !r) {
+          spdlog::error("synthetic events: {}", r.error().message);
+          break;
+        }
+        std::this_thread::sleep_for(gap);
+      }
+    });
+  }
+  spdlog::info("factory-agent {} starting; coordinator {}", FACTORY_VERSION, cfg.coordinator_url);
+  int rc = link.run();
+  done = true;
+  if (load.joinable()) load.join();
+  return rc;
 }

@@ -3,8 +3,5 @@
 #include "coordinator/cli/commands.hpp"
 
 namespace factory::cli {
-void add_serve_command(CLI::App&, Context&) {}
-void add_token_commands(CLI::App&, Context&) {}
-void add_status_command(CLI::App&, Context&) {}
 void add_tenant_commands(CLI::App&, Context&) {}
 }  // namespace factory::cli

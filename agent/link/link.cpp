@@ -1,0 +1,448 @@
+#include "agent/link/link.hpp"
+
+#include <unistd.h>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+#include "agent/link/identity.hpp"
+#include "common/atomic_file.hpp"
+#include "common/backoff.hpp"
+#include "common/net/ws_client.hpp"
+#include "common/pki.hpp"
+#include "common/protocol.hpp"
+
+namespace factory::agent {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+using asio::awaitable;
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+namespace {
+
+std::string hostname() {
+  char buf[256] = {0};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+// Errors that retrying cannot fix: the admin must act.
+struct Fatal {
+  std::string message;
+};
+
+}  // namespace
+
+struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
+  AgentConfig cfg;
+  EventSpool& spool;
+  LinkCallbacks cb;
+  asio::io_context ioc{1};
+  asio::steady_timer wake_timer{ioc};
+  asio::steady_timer sleep_timer{ioc};
+  std::atomic<bool> stopping{false};
+  int exit_code = 0;
+  std::optional<AgentIdentity> identity;
+  std::string pending_key;  // key of a renewal in flight
+
+  Impl(AgentConfig c, EventSpool& s, LinkCallbacks callbacks)
+      : cfg(std::move(c)), spool(s), cb(std::move(callbacks)) {}
+
+  std::string agent_url() const {
+    std::string u = cfg.coordinator_url;
+    while (!u.empty() && u.back() == '/') u.pop_back();
+    return u + std::string(proto::kAgentPath);
+  }
+
+  awaitable<void> sleep_for(std::chrono::milliseconds d) {
+    sleep_timer.expires_after(d);
+    co_await sleep_timer.async_wait(use_tuple);
+  }
+
+  void wake() { wake_timer.cancel(); }
+
+  net::TlsClientIdentity bootstrap_trust() const {
+    net::TlsClientIdentity t;
+    if (!cfg.ca_file.empty()) {
+      auto ca = read_file(cfg.ca_file);
+      if (ca) t.ca_pem = *ca;
+    }
+    if (t.ca_pem.empty()) t.pinned_ca_sha256 = cfg.ca_sha256;
+    return t;
+  }
+
+  // Enrollment: a fresh key made here, a CSR, the one-time token; the answer
+  // is a client certificate for the tenant the token was bound to.
+  awaitable<Result<AgentIdentity>> enroll(const std::string& token) {
+    auto key = pki::generate_private_key();
+    if (!key) co_return key.error();
+    auto csr = pki::make_csr(*key, hostname());
+    if (!csr) co_return csr.error();
+    net::WsClientOptions o;
+    o.url = agent_url();
+    o.tls = bootstrap_trust();
+    if (o.tls.ca_pem.empty() && o.tls.pinned_ca_sha256.empty())
+      co_return Error(Errc::invalid_argument, "no CA pin (--ca-sha256 or --ca-file)");
+    o.max_frame = proto::kMaxPlanFrameBytes;
+    o.user_agent = std::string("factory-agent/") + FACTORY_VERSION;
+    // The token is sent only after the TLS handshake proved the server holds
+    // a certificate from the pinned CA (connect fails otherwise).
+    auto ws = co_await net::WsClient::connect(o);
+    if (!ws) co_return ws.error();
+    proto::Envelope e;
+    e.type = std::string(proto::type::kEnroll);
+    e.seq = 1;
+    e.body = {{"token", token},
+              {"csr", *csr},
+              {"agent_version", FACTORY_VERSION},
+              {"hostname", hostname()}};
+    if (auto st = co_await (*ws)->write(proto::serialize(e)); !st.ok()) co_return st.error();
+    for (;;) {
+      auto msg = co_await (*ws)->read();
+      if (!msg) co_return msg.error();
+      auto env = proto::parse(*msg);
+      if (!env) continue;
+      if (env->type == proto::type::kError) {
+        co_await (*ws)->close();
+        co_return Error(Errc::unauthenticated, "the coordinator refused enrollment: " +
+                                                   env->body.value("message", "no reason given"));
+      }
+      if (env->type != proto::type::kEnrolled) continue;
+      AgentIdentity id;
+      id.tenant = env->body.value("tenant", "");
+      id.agent_id = env->body.value("agent_id", "");
+      id.cert_pem = env->body.value("certificate", "");
+      id.ca_pem = env->body.value("ca", "");
+      id.key_pem = *key;
+      co_await (*ws)->close();
+      // The CA we are told to trust from now on must be the one we pinned.
+      if (!cfg.ca_sha256.empty()) {
+        auto sha = pki::certificate_sha256(id.ca_pem);
+        if (!sha || *sha != cfg.ca_sha256)
+          co_return Error(Errc::unauthenticated, "the CA in the enrollment answer does not match the pin");
+      }
+      if (!pki::key_matches_certificate(id.key_pem, id.cert_pem))
+        co_return Error(Errc::protocol, "the issued certificate is not for this agent's key");
+      if (auto st = refresh_validity(id); !st.ok()) co_return st.error();
+      co_return id;
+    }
+  }
+
+  awaitable<Status> send_frame(net::WsClient& ws, uint64_t& seq, std::string_view type,
+                               nlohmann::json body) {
+    proto::Envelope e;
+    e.type = std::string(type);
+    e.seq = ++seq;
+    e.body = std::move(body);
+    co_return co_await ws.write(proto::serialize(e));
+  }
+
+  // One mTLS session: hello, welcome, then replay + live events, heartbeats
+  // and renewal until the connection drops.
+  awaitable<Status> session(Backoff& backoff) {
+    net::WsClientOptions o;
+    o.url = agent_url();
+    o.tls.ca_pem = identity->ca_pem;
+    o.tls.client_cert_pem = identity->cert_pem;
+    o.tls.client_key_pem = identity->key_pem;
+    o.idle_timeout = std::chrono::duration_cast<std::chrono::seconds>(cfg.heartbeat * 4);
+    if (o.idle_timeout < std::chrono::seconds(4)) o.idle_timeout = std::chrono::seconds(4);
+    o.max_frame = proto::kMaxPlanFrameBytes;
+    o.user_agent = std::string("factory-agent/") + FACTORY_VERSION;
+    auto conn = co_await net::WsClient::connect(o);
+    if (!conn) co_return conn.error();
+    std::shared_ptr<net::WsClient> ws = std::move(*conn);
+    uint64_t seq = 0;
+    // (Braced JSON is built outside co_await: GCC 12 miscompiles
+    // initializer lists inside co_await expressions.)
+    nlohmann::json hello = {{"agent_id", identity->agent_id},
+                            {"agent_version", FACTORY_VERSION},
+                            {"hostname", hostname()}};
+    if (auto st = co_await send_frame(*ws, seq, proto::type::kHello, std::move(hello)); !st.ok())
+      co_return st;
+    // Until welcome arrives nothing else is sent.
+    uint64_t server_has = 0;
+    for (;;) {
+      auto msg = co_await ws->read();
+      if (!msg) co_return msg.error();
+      auto env = proto::parse(*msg);
+      if (!env) continue;
+      if (env->type == proto::type::kError) {
+        std::string code = env->body.value("code", "");
+        std::string m = env->body.value("message", "");
+        if (code == "unauthenticated" || code == "permission_denied") throw Fatal{m};
+        co_return Error(Errc::unavailable, "coordinator error: " + m);
+      }
+      if (env->type == proto::type::kWelcome) {
+        server_has = env->body.value("last_event_id", uint64_t{0});
+        break;
+      }
+    }
+    spdlog::info("link: connected to {} as tenant {}", ws->remote(), identity->tenant);
+    backoff.reset();
+    // The coordinator stored everything up to server_has: those are delivered.
+    if (auto st = spool.ack_through(server_has); !st.ok())
+      spdlog::warn("link: spool: {}", st.error().message);
+    uint64_t last_sent = spool.acked();
+
+    auto rs = std::make_shared<ReaderState>(ioc);
+    asio::co_spawn(ioc, reader_loop(ws, rs), asio::detached);
+
+    auto next_heartbeat = std::chrono::steady_clock::now();
+    double tokens = static_cast<double>(cfg.replay_rate_per_second);
+    auto last_refill = std::chrono::steady_clock::now();
+    const size_t window = 64;
+    bool renew_sent = false;
+    Status result;
+    while (rs->open && !stopping) {
+      auto now = std::chrono::steady_clock::now();
+      if (spool.acked() > last_sent) last_sent = spool.acked();
+      if (now >= next_heartbeat) {
+        nlohmann::json hb = {{"pending_events", spool.pending()}, {"dropped_events", spool.dropped()}};
+        if (cb.heartbeat_fields)
+          for (auto& [k, v] : cb.heartbeat_fields().items()) hb[k] = v;
+        if (auto st = co_await send_frame(*ws, seq, proto::type::kHeartbeat, hb); !st.ok()) {
+          result = st;
+          break;
+        }
+        next_heartbeat = now + cfg.heartbeat;
+      }
+      if (!renew_sent && identity->renewal_due()) {
+        auto key = pki::generate_private_key();
+        auto csr = key ? pki::make_csr(*key, hostname()) : Result<std::string>(key.error());
+        if (csr) {
+          pending_key = *key;
+          nlohmann::json renew = {{"csr", *csr}};
+          if (auto st = co_await send_frame(*ws, seq, proto::type::kRenew, std::move(renew)); !st.ok()) {
+            result = st;
+            break;
+          }
+          renew_sent = true;
+          spdlog::info("link: certificate expires {}; renewing", format_rfc3339(identity->not_after));
+        }
+      }
+      // Replay and live events: a bounded window in flight, at a bounded rate
+      // so a long outage's backlog does not flood the coordinator on return.
+      double elapsed = std::chrono::duration<double>(now - last_refill).count();
+      last_refill = now;
+      tokens = std::min<double>(tokens + elapsed * cfg.replay_rate_per_second,
+                                std::max<double>(cfg.replay_rate_per_second, 1));
+      size_t in_flight = last_sent - std::min(last_sent, spool.acked());
+      size_t can = std::min<size_t>(window - std::min(window, in_flight), static_cast<size_t>(tokens));
+      bool sent_any = false;
+      if (can > 0) {
+        for (auto& ev : spool.pending_after(last_sent, can)) {
+          if (auto st = co_await send_frame(*ws, seq, proto::type::kEvent, ev.body); !st.ok()) {
+            result = st;
+            rs->open = false;
+            break;
+          }
+          last_sent = ev.id;
+          tokens -= 1;
+          sent_any = true;
+        }
+      }
+      if (!rs->open) break;
+      if (sent_any) continue;
+      auto wait_until = next_heartbeat;
+      if (spool.pending_after(last_sent, 1).size() > 0 && tokens < 1)
+        wait_until = std::min(wait_until, now + std::chrono::milliseconds(20));
+      wake_timer.expires_at(wait_until);
+      co_await wake_timer.async_wait(use_tuple);
+    }
+    co_await ws->close();
+    if (!rs->finished) co_await rs->done.async_wait(use_tuple);
+    if (!rs->fatal.empty()) throw Fatal{rs->fatal};
+    if (!result.ok()) co_return result;
+    if (stopping) co_return Status{};
+    co_return rs->error;
+  }
+
+  // What the reader coroutine tells the session's writer loop.
+  struct ReaderState {
+    explicit ReaderState(asio::io_context& io) : done(io) {
+      done.expires_at(asio::steady_timer::time_point::max());
+    }
+    bool open = true;
+    bool finished = false;
+    std::string fatal;
+    Error error{Errc::unavailable, "connection closed"};
+    asio::steady_timer done;
+  };
+
+  awaitable<void> reader_loop(std::shared_ptr<net::WsClient> ws, std::shared_ptr<ReaderState> rs) {
+    auto self = shared_from_this();
+    for (;;) {
+      auto msg = co_await ws->read();
+      if (!msg) {
+        rs->error = msg.error();
+        break;
+      }
+      auto env = proto::parse(*msg);
+      if (!env) {
+        spdlog::warn("link: ignoring a bad frame: {}", env.error().message);
+        continue;
+      }
+      handle(*env, rs->fatal);
+      if (!rs->fatal.empty()) break;
+    }
+    rs->open = false;
+    rs->finished = true;
+    rs->done.cancel();
+    wake();
+  }
+
+  void handle(const proto::Envelope& env, std::string& fatal) {
+    const auto& t = env.type;
+    if (t == proto::type::kAck) {
+      if (env.body.contains("event_id")) {
+        if (auto st = spool.ack_through(env.body["event_id"].get<uint64_t>()); !st.ok())
+          spdlog::warn("link: spool: {}", st.error().message);
+        wake();
+      }
+    } else if (t == proto::type::kPlan) {
+      if (cb.on_plan) cb.on_plan(env.body);
+    } else if (t == proto::type::kCommand) {
+      if (cb.on_command) cb.on_command(env.body);
+    } else if (t == proto::type::kCertificate) {
+      AgentIdentity next = *identity;
+      next.cert_pem = env.body.value("certificate", "");
+      next.key_pem = pending_key;
+      if (!pki::key_matches_certificate(next.key_pem, next.cert_pem) || !refresh_validity(next).ok()) {
+        spdlog::warn("link: renewed certificate does not match the renewal key; keeping the old one");
+        return;
+      }
+      if (auto st = save_identity(cfg.state_dir, next); !st.ok()) {
+        spdlog::error("link: could not save the renewed certificate: {}", st.error().message);
+        return;
+      }
+      identity = next;
+      pending_key.clear();
+      spdlog::info("link: certificate renewed, valid until {}", format_rfc3339(identity->not_after));
+    } else if (t == proto::type::kError) {
+      std::string code = env.body.value("code", "");
+      std::string msg = env.body.value("message", "");
+      spdlog::warn("link: coordinator says {}: {}", code, msg);
+      if (code == "unauthenticated" || code == "permission_denied") fatal = msg;
+    } else if (t == proto::type::kWelcome) {
+    } else {
+      spdlog::warn("link: ignoring frame of unknown type '{}'", t);
+    }
+  }
+
+  awaitable<void> main_loop() {
+    auto self = shared_from_this();
+    Backoff backoff(cfg.backoff_base, cfg.backoff_cap);
+    auto id = load_identity(cfg.state_dir);
+    if (!id) {
+      spdlog::error("link: {}", id.error().message);
+      exit_code = kExitNeedsAdmin;
+      co_return;
+    }
+    identity = *id;
+    // A fleet that boots at once should not phone home at once.
+    if (!identity) co_await sleep_for(initial_jitter(cfg.first_connect_jitter));
+    while (!stopping) {
+      try {
+        if (!identity) {
+          auto token = read_file(cfg.token_file);
+          if (!token) {
+            spdlog::error("link: not enrolled and no bootstrap token at {} ({}); create one with "
+                          "`factory token create --tenant NAME` and write it there",
+                          cfg.token_file, token.error().message);
+            exit_code = kExitNeedsAdmin;
+            co_return;
+          }
+          std::string tok = *token;
+          while (!tok.empty() && (tok.back() == '\n' || tok.back() == '\r' || tok.back() == ' '))
+            tok.pop_back();
+          auto enrolled = co_await enroll(tok);
+          if (!enrolled) {
+            if (enrolled.error().code == Errc::unauthenticated ||
+                enrolled.error().code == Errc::invalid_argument) {
+              spdlog::error("link: {}", enrolled.error().message);
+              exit_code = kExitNeedsAdmin;
+              co_return;
+            }
+            auto d = backoff.next();
+            spdlog::warn("link: enrollment: {}; retrying in {} ms", enrolled.error().message, d.count());
+            co_await sleep_for(d);
+            continue;
+          }
+          if (auto st = save_identity(cfg.state_dir, *enrolled); !st.ok()) {
+            spdlog::error("link: cannot save the identity: {}", st.error().message);
+            exit_code = 1;
+            co_return;
+          }
+          identity = *enrolled;
+          std::error_code ec;
+          fs::remove(cfg.token_file, ec);  // one-time: it has done its job
+          spdlog::info("link: enrolled as tenant {} (agent {}); certificate valid until {}",
+                       identity->tenant, identity->agent_id, format_rfc3339(identity->not_after));
+          backoff.reset();
+          continue;
+        }
+        auto st = co_await session(backoff);
+        if (stopping) break;
+        auto d = backoff.next();
+        spdlog::warn("link: {}; reconnecting in {} ms", st.ok() ? "disconnected" : st.error().message,
+                     d.count());
+        co_await sleep_for(d);
+      } catch (const Fatal& f) {
+        spdlog::error("link: {}; this agent needs a new token (factory token create)", f.message);
+        exit_code = kExitNeedsAdmin;
+        co_return;
+      }
+    }
+  }
+};
+
+AgentLink::AgentLink(AgentConfig cfg, EventSpool& spool, LinkCallbacks cb)
+    : impl_(std::make_shared<Impl>(std::move(cfg), spool, std::move(cb))) {}
+
+AgentLink::~AgentLink() = default;
+
+int AgentLink::run() {
+  auto impl = impl_;
+  impl->spool.set_listener([impl] { asio::post(impl->ioc, [impl] { impl->wake(); }); });
+  asio::co_spawn(impl->ioc, impl->main_loop(), [impl](std::exception_ptr e) {
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& x) {
+        spdlog::critical("link: stopped by an unexpected error: {}", x.what());
+        impl->exit_code = 1;
+      }
+    }
+    impl->ioc.stop();
+  });
+  impl->ioc.run();
+  impl->spool.set_listener(nullptr);
+  return impl->exit_code;
+}
+
+void AgentLink::stop() {
+  auto impl = impl_;
+  impl->stopping = true;
+  asio::post(impl->ioc, [impl] {
+    impl->wake_timer.cancel();
+    impl->sleep_timer.cancel();
+    impl->ioc.stop();
+  });
+}
+
+void AgentLink::wake() {
+  auto impl = impl_;
+  asio::post(impl->ioc, [impl] { impl->wake(); });
+}
+
+}  // namespace factory::agent

@@ -1,0 +1,42 @@
+#pragma once
+// TLS contexts for both tiers. The stream type that carries them is fixed in
+// one place (net/tls_stream.hpp) so the per-connection memory budget can be
+// tuned behind this seam without touching the protocol code.
+#include <memory>
+#include <string>
+
+#include "common/error.hpp"
+
+namespace boost::asio::ssl {
+class context;
+}
+
+namespace factory::net {
+
+struct TlsServerOptions {
+  std::string cert_chain_pem;  // leaf first, then the CA
+  std::string key_pem;
+  // When set, clients are asked for a certificate signed by this CA. A client
+  // without one still completes the handshake (it may only enroll); a client
+  // with a bad one is refused by the handshake.
+  std::string client_ca_pem;
+};
+
+struct TlsClientIdentity {
+  // Exactly one of these pins the server: the CA's SHA-256 (bootstrap,
+  // before the agent has the CA file) or the CA certificate itself.
+  std::string pinned_ca_sha256;
+  std::string ca_pem;
+  std::string server_name;      // SNI and the name the server cert must carry
+  std::string client_cert_pem;  // mTLS after enrollment
+  std::string client_key_pem;
+};
+
+// TLS 1.3 only; buffers released when idle.
+Result<std::shared_ptr<boost::asio::ssl::context>> make_server_context(const TlsServerOptions& o);
+Result<std::shared_ptr<boost::asio::ssl::context>> make_client_context(const TlsClientIdentity& o);
+
+// Human-readable reason for the last TLS verification failure on an SSL*.
+std::string verify_failure_reason(void* ssl_handle);
+
+}  // namespace factory::net

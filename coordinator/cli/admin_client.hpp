@@ -1,0 +1,30 @@
+#pragma once
+// How admin commands reach a running coordinator: the API address, CA and
+// admin token all come from the same --config the server reads, so on the
+// coordinator's host no other flag is needed (--server / --token-file override).
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "coordinator/cli/commands.hpp"
+#include "coordinator/config/coordinator_config.hpp"
+
+namespace factory::cli {
+
+class AdminClient {
+ public:
+  static Result<AdminClient> from(const GlobalOptions& g);
+  // Returns the decoded JSON body of a 2xx answer; otherwise the server's
+  // error message as one line.
+  Result<nlohmann::json> call(const std::string& method, const std::string& path,
+                              const nlohmann::json& body = nullptr) const;
+  const coordinator::CoordinatorConfig& config() const { return cfg_; }
+  const std::string& base_url() const { return base_; }
+
+ private:
+  coordinator::CoordinatorConfig cfg_;
+  std::string base_, token_, ca_pem_;
+};
+
+}  // namespace factory::cli

@@ -1,0 +1,118 @@
+#include "coordinator/config/coordinator_config.hpp"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+
+#include "common/durations.hpp"
+#include "common/net/https_server.hpp"
+#include "common/yaml_json.hpp"
+
+namespace factory::coordinator {
+
+namespace {
+
+std::string dial_host(const std::string& listen_host) {
+  if (listen_host.empty() || listen_host == "0.0.0.0") return "127.0.0.1";
+  if (listen_host == "::") return "[::1]";
+  if (listen_host.find(':') != std::string::npos) return "[" + listen_host + "]";
+  return listen_host;
+}
+
+std::string hostname() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+Status read_duration(const nlohmann::json& j, const char* key, std::chrono::seconds& out,
+                     const std::string& where) {
+  if (!j.contains(key)) return {};
+  if (!j[key].is_string())
+    return Error(Errc::invalid_argument, where + "." + key + ": want a duration like 90s, 1h");
+  auto d = parse_duration(j[key].get<std::string>());
+  if (!d) return d.error().with_context(where + "." + key);
+  out = *d;
+  return {};
+}
+
+const std::set<std::string> kTopKeys = {"state_dir", "external_url", "agents", "api", "tokens",
+                                        "log_level"};
+
+}  // namespace
+
+std::string CoordinatorConfig::api_url() const {
+  auto hp = net::split_host_port(api_listen);
+  if (!hp) return "https://127.0.0.1:8444";
+  return "https://" + dial_host(hp->first) + ":" + std::to_string(hp->second);
+}
+
+std::string CoordinatorConfig::agents_https_url() const {
+  std::string u = external_url;
+  if (u.rfind("wss://", 0) == 0) return "https://" + u.substr(6);
+  return u;
+}
+
+Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool required) {
+  CoordinatorConfig c;
+  c.source = path;
+  nlohmann::json j = nlohmann::json::object();
+  if (std::filesystem::exists(path)) {
+    auto doc = load_yaml_file(path);
+    if (!doc) return doc.error();
+    if (!doc->is_null()) j = *doc;
+  } else if (required) {
+    return Error(Errc::not_found, "config file " + path +
+                                      " not found (pass --config FILE, or create it; every key "
+                                      "has a default)");
+  }
+  if (!j.is_object()) return Error(Errc::invalid_argument, path + ": want a YAML mapping");
+  for (auto& [k, v] : j.items()) {
+    if (!kTopKeys.count(k))
+      return Error(Errc::invalid_argument,
+                   path + ": unknown key '" + k +
+                       "' (known: state_dir, external_url, agents, api, tokens, log_level)");
+  }
+  try {
+    if (j.contains("state_dir")) c.state_dir = j["state_dir"].get<std::string>();
+    if (j.contains("external_url")) c.external_url = j["external_url"].get<std::string>();
+    if (j.contains("log_level")) c.log_level = j["log_level"].get<std::string>();
+    if (j.contains("agents")) {
+      const auto& a = j["agents"];
+      if (a.contains("listen")) c.agents_listen = a["listen"].get<std::string>();
+      if (a.contains("binary")) c.agent_binary = a["binary"].get<std::string>();
+      if (auto st = read_duration(a, "idle_timeout", c.agents_idle_timeout, "agents"); !st.ok())
+        return st.error().with_context(path);
+      if (auto st = read_duration(a, "cert_ttl", c.agent_cert_ttl, "agents"); !st.ok())
+        return st.error().with_context(path);
+    }
+    if (j.contains("api") && j["api"].contains("listen"))
+      c.api_listen = j["api"]["listen"].get<std::string>();
+    if (j.contains("tokens")) {
+      if (auto st = read_duration(j["tokens"], "default_ttl", c.token_default_ttl, "tokens");
+          !st.ok())
+        return st.error().with_context(path);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Error(Errc::invalid_argument, path + ": wrong type for a key: " + e.what());
+  }
+  for (auto* l : {&c.agents_listen, &c.api_listen}) {
+    if (auto hp = net::split_host_port(*l); !hp) return hp.error().with_context(path);
+  }
+  if (c.external_url.empty()) {
+    auto hp = net::split_host_port(c.agents_listen);
+    std::string host = hp->first;
+    if (host.empty() || host == "0.0.0.0" || host == "::") host = hostname();
+    else if (host.find(':') != std::string::npos) host = "[" + host + "]";
+    c.external_url = "wss://" + host + ":" + std::to_string(hp->second);
+  }
+  if (c.external_url.rfind("wss://", 0) != 0)
+    return Error(Errc::invalid_argument,
+                 path + ": external_url must start with wss:// (got " + c.external_url + ")");
+  if (c.agent_cert_ttl < std::chrono::seconds(10))
+    return Error(Errc::invalid_argument, path + ": agents.cert_ttl must be at least 10s");
+  return c;
+}
+
+}  // namespace factory::coordinator

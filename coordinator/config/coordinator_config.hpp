@@ -1,0 +1,47 @@
+#pragma once
+// The coordinator's YAML config. Every key has a documented default, so a
+// file naming only what differs (or no file at all) is a working config:
+//
+//   state_dir: /var/lib/factory        # CA, admin token, tenants, events (0700)
+//   external_url: wss://<host>:8443    # what agents dial; default from agents.listen
+//   agents:
+//     listen: 0.0.0.0:8443             # the wss endpoint guests reach
+//     idle_timeout: 60s                # websocket ping/pong deadline
+//     cert_ttl: 24h                    # agent client certificates; renewed at 2/3
+//     binary: ""                       # agent binary served at /v1/agent/binary
+//                                      # (default: factory-agent beside factory)
+//   api:
+//     listen: 127.0.0.1:8444           # admin API and status feed (HTTPS, bearer token)
+//   tokens:
+//     default_ttl: 1h
+//   log_level: info
+#include <chrono>
+#include <string>
+
+#include "common/error.hpp"
+
+namespace factory::coordinator {
+
+struct CoordinatorConfig {
+  std::string state_dir = "/var/lib/factory";
+  std::string external_url;  // derived when empty
+  std::string agents_listen = "0.0.0.0:8443";
+  std::chrono::seconds agents_idle_timeout{60};
+  std::chrono::seconds agent_cert_ttl{std::chrono::hours(24)};
+  std::string agent_binary;
+  std::string api_listen = "127.0.0.1:8444";
+  std::chrono::seconds token_default_ttl{std::chrono::hours(1)};
+  std::string log_level = "info";
+  std::string source;  // the file it came from, for messages
+
+  // https://host:port of the API as a local client should dial it.
+  std::string api_url() const;
+  // https://host:port of the agents endpoint (for /v1/agent/binary).
+  std::string agents_https_url() const;
+};
+
+// A missing file is an error only when required (an explicit --config);
+// the default path may be absent and then defaults apply.
+Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool required);
+
+}  // namespace factory::coordinator

@@ -1,0 +1,179 @@
+#include "tests/support/coordinator_harness.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "common/atomic_file.hpp"
+#include "common/pki.hpp"
+
+namespace factory::testing {
+namespace fs = std::filesystem;
+
+namespace {
+bool port_open(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+}  // namespace
+
+CoordinatorHarness::CoordinatorHarness(fs::path dir, std::string extra_yaml)
+    : dir_(std::move(dir)), state_(dir_ / "state") {
+  agents_port_ = free_loopback_port();
+  api_port_ = free_loopback_port();
+  while (api_port_ == agents_port_) api_port_ = free_loopback_port();
+  std::ofstream f(config_path());
+  f << "state_dir: " << state_.string() << "\n"
+    << "external_url: wss://127.0.0.1:" << agents_port_ << "\n"
+    << "agents:\n  listen: 127.0.0.1:" << agents_port_ << "\n  idle_timeout: 10s\n"
+    << "api:\n  listen: 127.0.0.1:" << api_port_ << "\n"
+    << "log_level: debug\n"
+    << extra_yaml;
+}
+
+CoordinatorHarness::~CoordinatorHarness() { stop(); }
+
+void CoordinatorHarness::start() {
+  proc_ = Process({factory_bin(), "serve", "--config", config_path().string()},
+                  dir_ / ("coordinator." + std::to_string(++starts_) + ".log"));
+  bool up = eventually([&] { return port_open(api_port_) && port_open(agents_port_); },
+                       std::chrono::seconds(15));
+  ASSERT_TRUE(up) << "factory serve did not start listening; its log:\n" << proc_.log();
+}
+
+void CoordinatorHarness::stop() { proc_.stop(); }
+void CoordinatorHarness::kill9() {
+  proc_.kill(SIGKILL);
+  proc_.wait();
+}
+
+CommandResult CoordinatorHarness::factory(const std::vector<std::string>& args,
+                                          std::chrono::milliseconds timeout) {
+  std::vector<std::string> argv = {factory_bin(), "--config", config_path().string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv, timeout);
+}
+
+nlohmann::json CoordinatorHarness::create_token(const std::string& tenant, const std::string& ttl) {
+  std::vector<std::string> args = {"token", "create", "--tenant", tenant, "-o", "json"};
+  if (!ttl.empty()) {
+    args.push_back("--ttl");
+    args.push_back(ttl);
+  }
+  auto r = factory(args);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.output;
+  return j;
+}
+
+nlohmann::json CoordinatorHarness::status() {
+  auto r = factory({"status", "-o", "json"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output, nullptr, false);
+  return j.is_discarded() ? nlohmann::json::object() : j;
+}
+
+std::optional<nlohmann::json> CoordinatorHarness::tenant(const std::string& name) {
+  auto s = status();
+  for (auto& t : s.value("tenants", nlohmann::json::array()))
+    if (t.value("name", "") == name) return t;
+  return std::nullopt;
+}
+
+bool CoordinatorHarness::agent_connected(const std::string& tenant_name) {
+  auto t = tenant(tenant_name);
+  return t && (*t)["agent"].value("connected", false);
+}
+
+std::string CoordinatorHarness::ca_sha256() {
+  auto pem = read_file(state_ / "ca.crt");
+  if (!pem) return "";
+  auto sha = pki::certificate_sha256(*pem);
+  return sha ? *sha : "";
+}
+
+std::vector<nlohmann::json> CoordinatorHarness::stored_events(const std::string& tenant) const {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(state_ / "store" / "events" / (tenant + ".jsonl"));
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded()) out.push_back(j);
+  }
+  return out;
+}
+
+AgentProcess::AgentProcess(CoordinatorHarness& h, const nlohmann::json& token, AgentOptions o) {
+  state_ = h.dir() / o.state_dir_name;
+  token_file_ = h.dir() / (o.state_dir_name + ".token");
+  log_ = h.dir() / (o.state_dir_name + ".log");
+  EXPECT_TRUE(write_file_atomic(token_file_, token.value("token", "") + "\n", 0600).ok());
+  std::string pin = token.value("ca_sha256", "");
+  if (o.pin_wrong_ca) pin = std::string(64, 'a');
+  argv_ = {agent_bin(), "--coordinator-url", token.value("coordinator_url", ""),
+           "--ca-sha256", pin, "--token-file", token_file_.string(),
+           "--state-dir", state_.string(), "--log-level", "debug", "--heartbeat", "1"};
+  argv_.insert(argv_.end(), o.extra_args.begin(), o.extra_args.end());
+  restart();
+}
+
+void AgentProcess::restart() {
+  if (starts_++ > 0) {
+    std::ofstream f(log_, std::ios::app);
+    f << "---- restart " << starts_ << " ----\n";
+  }
+  proc_ = Process(argv_, log_);
+}
+
+std::string AgentProcess::log() const { return slurp(log_); }
+
+CommandResult wscat(const std::string& url, const fs::path& ca_file,
+                    const std::vector<std::string>& frames, double wait_seconds,
+                    const std::string& cert_file, const std::string& key_file) {
+  // wscat sends one --execute command; further frames go through stdin.
+  std::vector<std::string> argv = {"wscat", "--connect", url, "--ca", ca_file.string(),
+                                   "--no-color"};
+  if (!cert_file.empty()) {
+    argv.insert(argv.end(), {"--cert", cert_file, "--key", key_file});
+  }
+  CommandSpec spec;
+  spec.argv = {"/bin/sh", "-c", ""};
+  // wscat starts reading stdin lines only once connected: give it a moment.
+  std::string script = "(sleep 0.8; ";
+  for (auto& f : frames) {
+    std::string q = f;
+    size_t pos = 0;
+    while ((pos = q.find('\'', pos)) != std::string::npos) {
+      q.replace(pos, 1, "'\\''");
+      pos += 4;
+    }
+    script += "printf '%s\\n' '" + q + "'; sleep 0.2; ";
+  }
+  script += "sleep " + std::to_string(wait_seconds) + ") | ";
+  for (auto& a : argv) script += "'" + a + "' ";
+  spec.argv[2] = script;
+  spec.timeout = std::chrono::seconds(30);
+  // The machine's node may not search Debian's module directory by itself.
+  spec.env["NODE_PATH"] = "/usr/share/nodejs";
+  auto r = run_command(spec);
+  if (!r) {
+    ADD_FAILURE() << "wscat could not run: " << r.error().message;
+    return {};
+  }
+  return *r;
+}
+
+}  // namespace factory::testing

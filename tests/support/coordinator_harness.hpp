@@ -1,0 +1,81 @@
+#pragma once
+// A real `factory serve` on loopback with its own state directory, and real
+// `factory-agent` processes dialing it: what integration tests (and the demo)
+// run against. Nothing here is mocked; only the ports and paths are private.
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/test_support.hpp"
+
+namespace factory::testing {
+
+class CoordinatorHarness {
+ public:
+  // extra_yaml is appended to the generated config (e.g. "tokens:\n  default_ttl: 5m\n").
+  explicit CoordinatorHarness(std::filesystem::path dir, std::string extra_yaml = "");
+  ~CoordinatorHarness();
+
+  void start();    // spawns `factory serve` and waits until the API answers
+  void stop();     // SIGTERM
+  void kill9();    // SIGKILL, as a crash would
+  bool running() { return proc_.running(); }
+
+  CommandResult factory(const std::vector<std::string>& args,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  nlohmann::json create_token(const std::string& tenant, const std::string& ttl = "");
+  nlohmann::json status();
+  std::optional<nlohmann::json> tenant(const std::string& name);
+  bool agent_connected(const std::string& tenant);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  const std::filesystem::path& state_dir() const { return state_; }
+  std::filesystem::path config_path() const { return dir_ / "coordinator.yaml"; }
+  std::string agents_url() const { return "wss://127.0.0.1:" + std::to_string(agents_port_); }
+  int agents_port() const { return agents_port_; }
+  int api_port() const { return api_port_; }
+  std::string ca_sha256();
+  std::string log() const { return proc_.log(); }
+  // Every event line stored for a tenant, parsed.
+  std::vector<nlohmann::json> stored_events(const std::string& tenant) const;
+
+ private:
+  std::filesystem::path dir_, state_;
+  int agents_port_, api_port_;
+  Process proc_;
+  int starts_ = 0;
+};
+
+struct AgentOptions {
+  std::string state_dir_name = "agent";
+  std::vector<std::string> extra_args;
+  bool pin_wrong_ca = false;
+};
+
+// Starts `factory-agent` enrolling with the token of a create_token() answer.
+class AgentProcess {
+ public:
+  AgentProcess(CoordinatorHarness& h, const nlohmann::json& token, AgentOptions o = {});
+  void restart();  // same state dir, as systemd would after a crash or reboot
+  Process& proc() { return proc_; }
+  const std::filesystem::path& state_dir() const { return state_; }
+  const std::filesystem::path& token_file() const { return token_file_; }
+  std::string log() const;
+
+ private:
+  std::vector<std::string> argv_;
+  std::filesystem::path state_, token_file_, log_;
+  Process proc_;
+  int starts_ = 0;
+};
+
+// Runs Debian's wscat (node-ws) against a wss URL: sends each frame, waits,
+// and returns everything it printed ("< {...}" lines are frames received).
+CommandResult wscat(const std::string& url, const std::filesystem::path& ca_file,
+                    const std::vector<std::string>& frames, double wait_seconds = 1.0,
+                    const std::string& cert_file = "", const std::string& key_file = "");
+
+}  // namespace factory::testing
