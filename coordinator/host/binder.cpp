@@ -22,7 +22,9 @@ namespace {
 
 constexpr const char* kVfioPci = "vfio-pci";
 
-std::string dev_dir(const PciAddress& a) { return "/sys/bus/pci/devices/" + a.str(); }
+std::string dev_dir(const PciAddress& a) {
+  return "/sys/bus/pci/devices/" + a.str();
+}
 
 std::string join(const std::vector<std::string>& v, const std::string& sep) {
   std::string s;
@@ -40,7 +42,9 @@ std::string current_override(const HostRoot& root, const PciAddress& a) {
   return *ov;
 }
 
-std::string on(const std::string& driver) { return driver.empty() ? "no driver" : driver; }
+std::string on(const std::string& driver) {
+  return driver.empty() ? "no driver" : driver;
+}
 
 // Runs a host tool found on PATH (modprobe, systemctl, driverctl) without a shell.
 Status run_tool(const std::vector<std::string>& argv) {
@@ -107,7 +111,8 @@ Step unbind_driver_step(const HostRoot& root, const PciAddress& a, const std::st
     if (cur == driver) return ok_status();
     if (!cur.empty())
       return Error(Errc::failed_precondition, a.str() + " is on " + cur + ", not " + driver);
-    if (auto st = write_attr(root, "/sys/bus/pci/drivers/" + driver + "/bind", a.str()); !st) return st;
+    if (auto st = write_attr(root, "/sys/bus/pci/drivers/" + driver + "/bind", a.str()); !st)
+      return st;
     if (!wait_until([&] { return current_driver(root, a) == driver; }))
       return Error(Errc::failed_precondition, a.str() + " did not go back to " + driver);
     return ok_status();
@@ -120,9 +125,11 @@ Step set_override_step(const HostRoot& root, const PciAddress& a, const std::str
   s.command = echo_command(kVfioPci, dev_dir(a) + "/driver_override");
   s.note = "so that only vfio-pci may take it";
   s.apply = [root, a]() -> Result<bool> {
-    if (auto st = write_attr(root, dev_dir(a) + "/driver_override", kVfioPci); !st) return st.error();
+    if (auto st = write_attr(root, dev_dir(a) + "/driver_override", kVfioPci); !st)
+      return st.error();
     if (current_override(root, a) != kVfioPci)
-      return Error(Errc::failed_precondition, dev_dir(a) + "/driver_override does not read vfio-pci");
+      return Error(Errc::failed_precondition,
+                   dev_dir(a) + "/driver_override does not read vfio-pci");
     return true;
   };
   s.undo = [root, a, previous]() -> Status {
@@ -135,7 +142,8 @@ Step bind_vfio_step(const HostRoot& root, const PciAddress& a) {
   Step s;
   s.command = echo_command(a.str(), "/sys/bus/pci/drivers/vfio-pci/bind");
   s.apply = [root, a]() -> Result<bool> {
-    if (auto st = write_attr(root, "/sys/bus/pci/drivers/vfio-pci/bind", a.str()); !st) return st.error();
+    if (auto st = write_attr(root, "/sys/bus/pci/drivers/vfio-pci/bind", a.str()); !st)
+      return st.error();
     if (!wait_until([&] { return current_driver(root, a) == kVfioPci; }))
       return Error(Errc::failed_precondition, a.str() + " did not bind to vfio-pci (it is on " +
                                                   on(current_driver(root, a)) +
@@ -158,15 +166,18 @@ Step driverctl_set_step(const HostRoot& root, const PciAddress& a,
   s.command = "driverctl set-override " + a.str() + " vfio-pci";
   s.note = "a driver_override in sysfs is gone after a reboot; driverctl re-applies it at boot";
   s.apply = [root, a]() -> Result<bool> {
-    if (auto st = run_tool({"driverctl", "set-override", a.str(), kVfioPci}); !st) return st.error();
+    if (auto st = run_tool({"driverctl", "set-override", a.str(), kVfioPci}); !st)
+      return st.error();
     auto saved = driverctl_override(root, a);
     if (!saved || *saved != kVfioPci)
       return Error(Errc::failed_precondition, "driverctl set-override succeeded but " +
-                                                  driverctl_override_path(a) + " does not say vfio-pci");
+                                                  driverctl_override_path(a) +
+                                                  " does not say vfio-pci");
     // driverctl unbinds and reprobes as it saves; the card must land on vfio-pci again.
     if (!wait_until([&] { return current_driver(root, a) == kVfioPci; }))
-      return Error(Errc::failed_precondition, "after driverctl set-override " + a.str() + " is on " +
-                                                  on(current_driver(root, a)) + ", not vfio-pci");
+      return Error(Errc::failed_precondition, "after driverctl set-override " + a.str() +
+                                                  " is on " + on(current_driver(root, a)) +
+                                                  ", not vfio-pci");
     return true;
   };
   s.undo = [root, a, previous]() -> Status {
@@ -236,7 +247,8 @@ Step reprobe_step(const HostRoot& root, const PciAddress& a) {
   return s;
 }
 
-std::string card_summary(const PciFunction& f, const PciIds* ids, const std::vector<PciAddress>& with) {
+std::string card_summary(const PciFunction& f, const PciIds* ids,
+                         const std::vector<PciAddress>& with) {
   std::string s = f.vendor_id() + ":" + f.device_id();
   if (ids)
     if (auto n = ids->device_name(f.vendor, f.device)) s += " " + *n;
@@ -268,11 +280,13 @@ Result<const PciFunction*> find_nvidia(const HostInventory& inv, const PciBus& b
 
 Status require_root(const HostRoot& root, const std::string& what) {
   const char* assume = std::getenv("FACTORY_HOST_ASSUME_NONROOT");
-  bool nonroot = (assume && *assume && std::string(assume) != "0") || (root.is_real() && ::geteuid() != 0);
+  bool nonroot =
+      (assume && *assume && std::string(assume) != "0") || (root.is_real() && ::geteuid() != 0);
   if (nonroot)
-    return Error(Errc::permission_denied, "factory host " + what +
-                                              " writes /sys and /etc, so it must run as root: run it "
-                                              "with sudo (or try --dry-run first)");
+    return Error(Errc::permission_denied,
+                 "factory host " + what +
+                     " writes /sys and /etc, so it must run as root: run it "
+                     "with sudo (or try --dry-run first)");
   return ok_status();
 }
 
@@ -289,8 +303,9 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
     if (!f) return f.error();
     if (!(*f)->iommu_group)
       return Error(Errc::failed_precondition,
-                   a.str() + " has no IOMMU group: the IOMMU is off (or this is a VM without a virtual "
-                             "IOMMU), so no card can be passed through here; see factory host check");
+                   a.str() +
+                       " has no IOMMU group: the IOMMU is off (or this is a VM without a virtual "
+                       "IOMMU), so no card can be passed through here; see factory host check");
     auto& g = by_group[*(*f)->iommu_group];
     if (std::find(g.begin(), g.end(), a) == g.end()) g.push_back(a);
   }
@@ -302,7 +317,8 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
       return Error(Errc::failed_precondition,
                    "this kernel has no " + m.name + " module (not in /lib/modules/" + rel +
                        "/modules.dep): install the kernel's extra modules (Ubuntu: apt-get install "
-                       "linux-modules-extra-" + (rel.empty() ? std::string("$(uname -r)") : rel) + ")");
+                       "linux-modules-extra-" +
+                       (rel.empty() ? std::string("$(uname -r)") : rel) + ")");
     }
   const auto persistenced = persistenced_process(root);
 
@@ -314,11 +330,12 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
   for (const auto& [group, asked] : by_group) {
     GroupAnalysis ga = analyze_group(*inv, bus, group, {asked.begin(), asked.end()});
     if (!ga.blockers().empty())
-      return Error(Errc::failed_precondition,
-                   asked.front().str() + ": " + ga.blocker_text() +
-                       "; KubeVirt needs every function of the group on vfio-pci (\"group not "
-                       "viable\"), so bind refuses: put the card in a slot with an IOMMU group of its "
-                       "own (or enable ACS in the firmware)");
+      return Error(
+          Errc::failed_precondition,
+          asked.front().str() + ": " + ga.blocker_text() +
+              "; KubeVirt needs every function of the group on vfio-pci (\"group not "
+              "viable\"), so bind refuses: put the card in a slot with an IOMMU group of its "
+              "own (or enable ACS in the firmware)");
     CardPlan cp;
     cp.card = asked.front();
     cp.functions = asked;
@@ -339,8 +356,10 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
         if (minor) {
           std::vector<std::string> users;
           for (const auto& p : nvidia_device_holders(root, *minor)) {
-            if (persistenced && p.pid == persistenced->pid) persistenced_holds = true;
-            else users.push_back(p.comm + " (pid " + std::to_string(p.pid) + ")");
+            if (persistenced && p.pid == persistenced->pid)
+              persistenced_holds = true;
+            else
+              users.push_back(p.comm + " (pid " + std::to_string(p.pid) + ")");
           }
           if (!users.empty())
             return Error(Errc::failed_precondition,
@@ -352,7 +371,8 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
       }
       if (st.driver != kVfioPci && !st.driver.empty())
         cp.steps.push_back(unbind_driver_step(root, a, st.driver));
-      if (st.driver_override != kVfioPci) cp.steps.push_back(set_override_step(root, a, st.driver_override));
+      if (st.driver_override != kVfioPci)
+        cp.steps.push_back(set_override_step(root, a, st.driver_override));
       if (st.driver != kVfioPci) cp.steps.push_back(bind_vfio_step(root, a));
       if (!st.driverctl || *st.driverctl != kVfioPci) {
         cp.steps.push_back(driverctl_set_step(root, a, st.driverctl));
@@ -360,15 +380,17 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
       }
     }
     if (cp.steps.empty())
-      plan.unchanged.push_back(cp.card.str() + ": already bound to vfio-pci and kept there by "
+      plan.unchanged.push_back(cp.card.str() +
+                               ": already bound to vfio-pci and kept there by "
                                "driverctl; nothing changed");
     else
       plan.cards.push_back(std::move(cp));
   }
   if (needs_driverctl && which("driverctl").empty())
-    return Error(Errc::failed_precondition,
-                 "driverctl is not installed, and bind needs it to keep the binding across reboots: "
-                 "apt-get install -y driverctl");
+    return Error(
+        Errc::failed_precondition,
+        "driverctl is not installed, and bind needs it to keep the binding across reboots: "
+        "apt-get install -y driverctl");
 
   // Host-wide preparation, each only when needed, so a second run changes nothing.
   std::vector<std::string> not_at_boot;
@@ -389,8 +411,8 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
       if (!wait_until([&] { return !persistenced_process(root); }, std::chrono::seconds(10)))
         return Error(Errc::failed_precondition,
                      "nvidia-persistenced (pid " + std::to_string(p->pid) +
-                         ") still runs after systemctl stop: stop it (kill " + std::to_string(p->pid) +
-                         ") and run bind again");
+                         ") still runs after systemctl stop: stop it (kill " +
+                         std::to_string(p->pid) + ") and run bind again");
       *stopped = true;
       return true;
     };
@@ -398,7 +420,8 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
     // The cards that stay on the host keep their persistence daemon.
     std::vector<std::string> staying;
     for (const auto& g : inv->nvidia)
-      if (g.fn.driver == "nvidia" && !moving_all.count(g.fn.address)) staying.push_back(g.fn.address.str());
+      if (g.fn.driver == "nvidia" && !moving_all.count(g.fn.address))
+        staying.push_back(g.fn.address.str());
     Step start;
     start.command = "systemctl start nvidia-persistenced";
     start.note = staying.empty() ? "only if a card is left on nvidia"
@@ -413,7 +436,8 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
       if (auto st = run_tool({"systemctl", "start", "nvidia-persistenced"}); !st) return st.error();
       return true;
     };
-    if (!staying.empty()) plan.finish.push_back(std::move(start));
+    if (!staying.empty())
+      plan.finish.push_back(std::move(start));
     else {
       // Still needed if a card fails and rolls back to nvidia.
       start.note = "only if a card rolls back to nvidia";
@@ -472,9 +496,10 @@ Result<HostPlan> plan_unbind(const HostRoot& root, const std::vector<PciAddress>
     plan.cards.push_back(std::move(cp));
   }
   if (needs_driverctl && which("driverctl").empty())
-    return Error(Errc::failed_precondition,
-                 "driverctl is not installed, but it holds an override for the card: apt-get install "
-                 "-y driverctl, or remove the file in /etc/driverctl.d by hand");
+    return Error(
+        Errc::failed_precondition,
+        "driverctl is not installed, but it holds an override for the card: apt-get install "
+        "-y driverctl, or remove the file in /etc/driverctl.d by hand");
   return plan;
 }
 

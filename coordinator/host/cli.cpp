@@ -21,7 +21,9 @@ struct HostOptions {
   bool dry_run = false;
 };
 
-std::string or_dash(const std::optional<std::string>& s) { return s ? *s : "-"; }
+std::string or_dash(const std::optional<std::string>& s) {
+  return s ? *s : "-";
+}
 
 int check(const HostOptions& o) {
   auto report = check_host(HostRoot(o.root), CheckOptions{o.pci_ids});
@@ -30,27 +32,30 @@ int check(const HostOptions& o) {
   if (print_document(std::cout, o.check_out, to_json(*report))) return status;
 
   std::vector<std::vector<std::string>> rows;
-  for (const auto& c : report->checks) rows.push_back({c.name, verdict_name(c.verdict), c.detail, c.fix});
+  for (const auto& c : report->checks)
+    rows.push_back({c.name, verdict_name(c.verdict), c.detail, c.fix});
   print_table(std::cout, {"check", "verdict", "detail", "fix"}, rows);
   std::cout << "\n";
   rows.clear();
   for (const auto& g : report->gpus) {
     std::string members;
     for (const auto& m : g.group_members) members += (members.empty() ? "" : ",") + m.str();
-    rows.push_back({g.fn.address.str(), g.fn.vendor_id() + ":" + g.fn.device_id(), g.fn.subsystem_id(),
-                    or_dash(g.name), g.fn.driver.empty() ? "-" : g.fn.driver,
+    rows.push_back({g.fn.address.str(), g.fn.vendor_id() + ":" + g.fn.device_id(),
+                    g.fn.subsystem_id(), or_dash(g.name), g.fn.driver.empty() ? "-" : g.fn.driver,
                     g.fn.iommu_group ? std::to_string(*g.fn.iommu_group) : "-",
                     members.empty() ? "-" : members, or_dash(g.override_driver), g.resource.name});
   }
-  if (rows.empty()) std::cout << "No NVIDIA PCI functions.\n";
+  if (rows.empty())
+    std::cout << "No NVIDIA PCI functions.\n";
   else
     print_table(std::cout,
                 {"address", "id", "subsystem", "name", "driver", "iommu group", "group members",
                  "override", "resource name"},
                 rows);
   std::cout << "\n"
-            << (status == 0 ? "Passthrough can work on this machine."
-                            : "Passthrough cannot work on this machine as it is: see the failed checks.")
+            << (status == 0
+                    ? "Passthrough can work on this machine."
+                    : "Passthrough cannot work on this machine as it is: see the failed checks.")
             << "\n";
   return status;
 }
@@ -109,30 +114,35 @@ int move_cards(const HostOptions& o, bool bind) {
 void add_host_commands(CLI::App& app, Context& ctx) {
   auto opts = std::make_shared<HostOptions>();
   auto* host = app.add_subcommand(
-      "host", "The GPU node: passthrough preflight, NVIDIA card inventory, vfio-pci binding (as root)");
+      "host",
+      "The GPU node: passthrough preflight, NVIDIA card inventory, vfio-pci binding (as root)");
   host->require_subcommand(1);
-  host->add_option("--host-root", opts->root,
-                   "Find /sys, /proc, /dev, /etc and pci.ids under DIR instead of / (captured trees, "
-                   "tests); modprobe, systemctl and driverctl still run from PATH")
+  host->add_option(
+          "--host-root", opts->root,
+          "Find /sys, /proc, /dev, /etc and pci.ids under DIR instead of / (captured trees, "
+          "tests); modprobe, systemctl and driverctl still run from PATH")
       ->capture_default_str();
   host->add_option("--pci-ids", opts->pci_ids,
                    "pci.ids file naming the cards (default: /usr/share/misc/pci.ids, "
                    "/usr/share/hwdata/pci.ids or /usr/share/pci.ids)");
 
   auto* c = host->add_subcommand(
-      "check", "Can this machine pass a GPU through? Verdicts with fixes, and every NVIDIA function");
+      "check",
+      "Can this machine pass a GPU through? Verdicts with fixes, and every NVIDIA function");
   add_output_option(*c, opts->check_out);
   c->callback([&ctx, opts] { ctx.run = [opts] { return check(*opts); }; });
 
   auto* b = host->add_subcommand(
       "bind", "Move cards to vfio-pci by address and keep them there across reboots (driverctl)");
-  b->add_option("--pci", opts->pci, "PCI address of a card, e.g. 0000:01:00.0 (repeatable)")->required();
+  b->add_option("--pci", opts->pci, "PCI address of a card, e.g. 0000:01:00.0 (repeatable)")
+      ->required();
   b->add_flag("--dry-run", opts->dry_run, "Print each action and change nothing");
   b->callback([&ctx, opts] { ctx.run = [opts] { return move_cards(*opts, true); }; });
 
-  auto* u = host->add_subcommand("unbind",
-                                 "Give cards back to the host driver and remove the driverctl override");
-  u->add_option("--pci", opts->pci, "PCI address of a card, e.g. 0000:01:00.0 (repeatable)")->required();
+  auto* u = host->add_subcommand(
+      "unbind", "Give cards back to the host driver and remove the driverctl override");
+  u->add_option("--pci", opts->pci, "PCI address of a card, e.g. 0000:01:00.0 (repeatable)")
+      ->required();
   u->add_flag("--dry-run", opts->dry_run, "Print each action and change nothing");
   u->callback([&ctx, opts] { ctx.run = [opts] { return move_cards(*opts, false); }; });
 }

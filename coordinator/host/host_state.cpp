@@ -50,14 +50,15 @@ std::vector<std::string> lines_of(const std::string& text) {
 // systemd-modules-load reads these directories (and Debian's /etc/modules).
 std::vector<std::string> modules_load_files(const HostRoot& root) {
   std::vector<std::string> files;
-  for (const char* dir :
-       {"/etc/modules-load.d", "/run/modules-load.d", "/usr/lib/modules-load.d", "/lib/modules-load.d"}) {
+  for (const char* dir : {"/etc/modules-load.d", "/run/modules-load.d", "/usr/lib/modules-load.d",
+                          "/lib/modules-load.d"}) {
     std::error_code ec;
     fs::directory_iterator it(root(dir), ec);
     if (ec) continue;
     std::vector<std::string> here;
     for (const auto& e : it)
-      if (e.path().extension() == ".conf") here.push_back(std::string(dir) + "/" + e.path().filename().string());
+      if (e.path().extension() == ".conf")
+        here.push_back(std::string(dir) + "/" + e.path().filename().string());
     std::sort(here.begin(), here.end());
     files.insert(files.end(), here.begin(), here.end());
   }
@@ -105,8 +106,10 @@ std::vector<ModuleState> probe_vfio_modules(const HostRoot& root) {
     std::error_code ec;
     m.builtin = std::find(builtin.begin(), builtin.end(), name) != builtin.end();
     m.loaded = m.builtin || fs::is_directory(root("/sys/module/" + name), ec);
-    if (can_tell) m.available = m.loaded || std::find(on_disk.begin(), on_disk.end(), name) != on_disk.end();
-    else if (m.loaded) m.available = true;
+    if (can_tell)
+      m.available = m.loaded || std::find(on_disk.begin(), on_disk.end(), name) != on_disk.end();
+    else if (m.loaded)
+      m.available = true;
     for (const auto& [mod, file] : at_boot)
       if (mod == name) {
         m.boot_file = file;

@@ -18,11 +18,11 @@ const std::vector<std::string>& vfio_module_names();
 
 struct ModuleState {
   std::string name;
-  bool loaded = false;               // /sys/module/<name> exists, or built in
-  bool builtin = false;              // in modules.builtin: always there, nothing to load
-  std::optional<bool> available;     // in modules.dep / modules.builtin; nullopt: cannot tell
-  std::string boot_file;             // the modules-load.d file that lists it; empty if none
-                                     // (built-in modules need none)
+  bool loaded = false;            // /sys/module/<name> exists, or built in
+  bool builtin = false;           // in modules.builtin: always there, nothing to load
+  std::optional<bool> available;  // in modules.dep / modules.builtin; nullopt: cannot tell
+  std::string boot_file;          // the modules-load.d file that lists it; empty if none
+                                  // (built-in modules need none)
 };
 std::vector<ModuleState> probe_vfio_modules(const HostRoot& root);
 // The running kernel's release ("6.8.0-45-generic"), empty when unknown.

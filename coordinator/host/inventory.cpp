@@ -48,13 +48,17 @@ GroupAnalysis analyze_group(const HostInventory& inv, const PciBus& bus, unsigne
     GroupMember m;
     m.fn = *f;
     bool asked = moving.count(addr) > 0;
-    bool sibling = f->is_nvidia() && std::any_of(moving.begin(), moving.end(), [&](const PciAddress& c) {
-                     return c.same_slot(addr);
-                   });
-    if (asked || sibling) m.role = MemberRole::card;
-    else if (f->is_bridge()) m.role = MemberRole::bridge;
-    else if (driver_leaves_group_viable(f->driver)) m.role = MemberRole::idle;
-    else m.role = MemberRole::in_use;
+    bool sibling =
+        f->is_nvidia() && std::any_of(moving.begin(), moving.end(),
+                                      [&](const PciAddress& c) { return c.same_slot(addr); });
+    if (asked || sibling)
+      m.role = MemberRole::card;
+    else if (f->is_bridge())
+      m.role = MemberRole::bridge;
+    else if (driver_leaves_group_viable(f->driver))
+      m.role = MemberRole::idle;
+    else
+      m.role = MemberRole::in_use;
     ga.members.push_back(std::move(m));
   }
   return ga;

@@ -16,8 +16,8 @@ namespace factory::host {
 
 struct GpuReport {
   PciFunction fn;
-  std::optional<std::string> name;        // from pci.ids: "AD104GL [L4]"
-  std::vector<PciAddress> group_members;  // the other functions in its IOMMU group
+  std::optional<std::string> name;             // from pci.ids: "AD104GL [L4]"
+  std::vector<PciAddress> group_members;       // the other functions in its IOMMU group
   std::optional<std::string> override_driver;  // driverctl's saved override
   ResourceName resource;
 };
@@ -32,10 +32,10 @@ Result<HostInventory> take_inventory(const PciBus& bus, const PciIds* ids);
 
 // How one member of a card's IOMMU group stands with respect to passthrough.
 enum class MemberRole {
-  card,          // a function being passed through (asked for, or the card's own)
-  bridge,        // a PCI bridge: vfio allows it to stay on its driver
-  idle,          // no driver, or vfio-pci / pci-stub: does not stop the group
-  in_use,        // a host driver owns it: the group is not viable
+  card,    // a function being passed through (asked for, or the card's own)
+  bridge,  // a PCI bridge: vfio allows it to stay on its driver
+  idle,    // no driver, or vfio-pci / pci-stub: does not stop the group
+  in_use,  // a host driver owns it: the group is not viable
 };
 
 struct GroupMember {
@@ -51,7 +51,7 @@ struct GroupMember {
 struct GroupAnalysis {
   unsigned group = 0;
   std::vector<GroupMember> members;
-  std::vector<PciAddress> to_move() const;          // role card, sorted
+  std::vector<PciAddress> to_move() const;           // role card, sorted
   std::vector<const GroupMember*> blockers() const;  // role in_use
   // "IOMMU group 5 also holds 0000:02:00.0 (class 0106, driver ahci), which the host uses"
   std::string blocker_text() const;

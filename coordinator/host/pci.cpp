@@ -92,8 +92,12 @@ std::string hex4(uint16_t v) {
   return buf;
 }
 
-std::string PciFunction::vendor_id() const { return hex4(vendor); }
-std::string PciFunction::device_id() const { return hex4(device); }
+std::string PciFunction::vendor_id() const {
+  return hex4(vendor);
+}
+std::string PciFunction::device_id() const {
+  return hex4(device);
+}
 std::string PciFunction::subsystem_id() const {
   return hex4(subsystem_vendor) + ":" + hex4(subsystem_device);
 }
@@ -107,9 +111,8 @@ Result<PciFunction> PciBus::function(const PciAddress& addr) const {
   const std::string dir = f.sysfs_dir();
   std::error_code ec;
   if (!fs::exists(root_(dir), ec))
-    return Error(Errc::not_found, "no PCI function " + addr.str() +
-                                      " on this host (nothing at " + dir +
-                                      "); list them with lspci -D or factory host check");
+    return Error(Errc::not_found, "no PCI function " + addr.str() + " on this host (nothing at " +
+                                      dir + "); list them with lspci -D or factory host check");
   auto vendor = read_hex_attr(root_, dir + "/vendor");
   if (!vendor) return vendor.error();
   auto device = read_hex_attr(root_, dir + "/device");
@@ -129,8 +132,8 @@ Result<PciFunction> PciBus::function(const PciAddress& addr) const {
     try {
       f.iommu_group = static_cast<unsigned>(std::stoul(*g));
     } catch (const std::exception&) {
-      return Error(Errc::protocol, dir + "/iommu_group points at \"" + *g +
-                                       "\", which is not a group number");
+      return Error(Errc::protocol,
+                   dir + "/iommu_group points at \"" + *g + "\", which is not a group number");
     }
   }
   if (auto ov = read_attr(root_, dir + "/driver_override")) {
@@ -144,8 +147,8 @@ Result<std::vector<PciFunction>> PciBus::functions() const {
   std::error_code ec;
   fs::directory_iterator it(root_("/sys/bus/pci/devices"), ec);
   if (ec)
-    return Error(Errc::not_found, "cannot list /sys/bus/pci/devices: " + ec.message() +
-                                      " (is sysfs mounted?)");
+    return Error(Errc::not_found,
+                 "cannot list /sys/bus/pci/devices: " + ec.message() + " (is sysfs mounted?)");
   for (const auto& e : it) {
     auto a = PciAddress::parse(e.path().filename().string());
     if (a) addrs.push_back(*a);
@@ -186,6 +189,8 @@ size_t PciBus::iommu_group_count() const {
   return n;
 }
 
-bool PciBus::iommu_groups_present() const { return iommu_group_count() > 0; }
+bool PciBus::iommu_groups_present() const {
+  return iommu_group_count() > 0;
+}
 
 }  // namespace factory::host

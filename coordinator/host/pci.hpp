@@ -49,10 +49,10 @@ struct PciFunction {
   bool is_nvidia() const { return vendor == kNvidiaVendor; }
   bool is_bridge() const { return (class_code >> 8) == 0x0604; }  // PCI-to-PCI bridge
   bool is_display() const { return (class_code >> 16) == 0x03; }  // VGA / 3D controller
-  std::string vendor_id() const;     // "10de"
-  std::string device_id() const;     // "27b8"
-  std::string subsystem_id() const;  // "10de:16ca"
-  std::string class_id() const;      // "0302"
+  std::string vendor_id() const;                                  // "10de"
+  std::string device_id() const;                                  // "27b8"
+  std::string subsystem_id() const;                               // "10de:16ca"
+  std::string class_id() const;                                   // "0302"
   std::string sysfs_dir() const { return "/sys/bus/pci/devices/" + address.str(); }
 };
 

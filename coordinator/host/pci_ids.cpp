@@ -55,7 +55,8 @@ PciIds PciIds::parse(const std::string& text, std::string shown_path) {
     if (line[0] == '#') {
       const std::string tag = "Version:";
       size_t p = line.find(tag);
-      if (ids.version_.empty() && p != std::string::npos) ids.version_ = trimmed(line.substr(p + tag.size()));
+      if (ids.version_.empty() && p != std::string::npos)
+        ids.version_ = trimmed(line.substr(p + tag.size()));
       continue;
     }
     if (line.rfind("C ", 0) == 0) break;  // the device-class list: no more vendors
@@ -69,11 +70,13 @@ PciIds PciIds::parse(const std::string& text, std::string shown_path) {
     if (line.size() > 1 && line[1] == '\t') {
       uint16_t sv = 0, sd = 0;
       if (have_device && hex4_at(line, 2, sv) && line.size() > 7 && hex4_at(line, 7, sd))
-        ids.subsystems_[sub_key(vendor, device, sv, sd)] = trimmed(std::string_view(line).substr(11));
+        ids.subsystems_[sub_key(vendor, device, sv, sd)] =
+            trimmed(std::string_view(line).substr(11));
       continue;
     }
     have_device = hex4_at(line, 1, device);
-    if (have_device) ids.devices_[(uint32_t{vendor} << 16) | device] = trimmed(std::string_view(line).substr(5));
+    if (have_device)
+      ids.devices_[(uint32_t{vendor} << 16) | device] = trimmed(std::string_view(line).substr(5));
   }
   return ids;
 }
@@ -88,8 +91,9 @@ Result<PciIds> PciIds::load(const fs::path& file, std::string shown_path) {
   }
   PciIds ids = parse(*text, std::move(shown_path));
   if (ids.vendors_.empty())
-    return Error(Errc::invalid_argument,
-                 ids.path_ + " is not a pci.ids file (no vendor lines like \"10de  NVIDIA Corporation\")");
+    return Error(
+        Errc::invalid_argument,
+        ids.path_ + " is not a pci.ids file (no vendor lines like \"10de  NVIDIA Corporation\")");
   return ids;
 }
 
@@ -117,8 +121,8 @@ std::string PciIds::describe() const {
 }
 
 const std::vector<std::string>& pci_ids_search_path() {
-  static const std::vector<std::string> paths = {
-      "/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids", "/usr/share/pci.ids"};
+  static const std::vector<std::string> paths = {"/usr/share/misc/pci.ids",
+                                                 "/usr/share/hwdata/pci.ids", "/usr/share/pci.ids"};
   return paths;
 }
 

@@ -20,7 +20,8 @@ FunctionState read_function_state(const HostRoot& root, const PciAddress& addr) 
 
 std::string describe(const FunctionState& s) {
   std::string d = s.driver.empty() ? "on no driver" : "on " + s.driver;
-  d += s.driver_override.empty() ? ", no driver_override" : ", driver_override " + s.driver_override;
+  d +=
+      s.driver_override.empty() ? ", no driver_override" : ", driver_override " + s.driver_override;
   d += s.driverctl ? ", driverctl override " + *s.driverctl : ", no driverctl override";
   return d;
 }
@@ -31,8 +32,10 @@ std::vector<std::string> recovery_commands(const FunctionState& now, const Funct
   const std::string dir = "/sys/bus/pci/devices/" + a;
   if (now.driverctl != want.driverctl) {
     // driverctl rebinds as it goes, so it comes first; what follows fixes up the rest.
-    if (want.driverctl) cmds.push_back("driverctl set-override " + a + " " + *want.driverctl);
-    else cmds.push_back("driverctl unset-override " + a);
+    if (want.driverctl)
+      cmds.push_back("driverctl set-override " + a + " " + *want.driverctl);
+    else
+      cmds.push_back("driverctl unset-override " + a);
   }
   if (now.driver_override != want.driver_override)
     cmds.push_back(echo_command(want.driver_override, dir + "/driver_override"));
@@ -134,7 +137,8 @@ Status execute_plan(const HostRoot& root, HostPlan& plan, std::ostream& out) {
           if (!(*it)->undo) continue;
           auto u = (*it)->undo();
           if (!u) {
-            out << "  rollback of \"" << (*it)->command << "\" failed: " << u.error().message << "\n";
+            out << "  rollback of \"" << (*it)->command << "\" failed: " << u.error().message
+                << "\n";
             undo_errors.push_back(u.error().message);
           }
         }
@@ -158,8 +162,8 @@ Status execute_plan(const HostRoot& root, HostPlan& plan, std::ostream& out) {
         }
       }
       run_finish(plan, out, finish_problems);
-      std::string msg = plan.verb + " " + c.card.str() + " failed at \"" + s.command + "\": " +
-                        reason(s, r.error()) + "; ";
+      std::string msg = plan.verb + " " + c.card.str() + " failed at \"" + s.command +
+                        "\": " + reason(s, r.error()) + "; ";
       if (plan.rollback && back_as_before)
         msg += "rolled back: " + join(where, "; ") + ", as before the " + plan.verb;
       else
@@ -168,11 +172,13 @@ Status execute_plan(const HostRoot& root, HostPlan& plan, std::ostream& out) {
       if (!done.empty()) msg += " (already done: " + join(done, ", ") + ")";
       if (ci + 1 < plan.cards.size()) {
         std::vector<std::string> rest;
-        for (size_t k = ci + 1; k < plan.cards.size(); ++k) rest.push_back(plan.cards[k].card.str());
+        for (size_t k = ci + 1; k < plan.cards.size(); ++k)
+          rest.push_back(plan.cards[k].card.str());
         msg += " (not attempted: " + join(rest, ", ") + ")";
       }
-      return Error(r.error().code == Errc::invalid_argument ? Errc::failed_precondition : r.error().code,
-                   msg);
+      return Error(
+          r.error().code == Errc::invalid_argument ? Errc::failed_precondition : r.error().code,
+          msg);
     }
     done.push_back(c.card.str());
   }
@@ -180,7 +186,8 @@ Status execute_plan(const HostRoot& root, HostPlan& plan, std::ostream& out) {
   for (const auto& u : plan.unchanged) out << u << "\n";
   for (const auto& n : plan.notes) out << n << "\n";
   if (!finish_problems.empty())
-    return Error(Errc::io, plan.verb + " done, but a finishing step failed: " + join(finish_problems, "; "));
+    return Error(Errc::io,
+                 plan.verb + " done, but a finishing step failed: " + join(finish_problems, "; "));
   return ok_status();
 }
 

@@ -13,9 +13,12 @@ namespace fs = std::filesystem;
 
 const char* verdict_name(Verdict v) {
   switch (v) {
-    case Verdict::ok: return "ok";
-    case Verdict::warn: return "warn";
-    case Verdict::fail: return "fail";
+    case Verdict::ok:
+      return "ok";
+    case Verdict::warn:
+      return "warn";
+    case Verdict::fail:
+      return "fail";
   }
   return "fail";
 }
@@ -49,14 +52,16 @@ bool is_amd(const CpuVirtualization& cpu) {
 
 Check cpu_check(const CpuVirtualization& cpu) {
   if (!cpu.readable)
-    return warn("cpu-virtualization", "cannot read /proc/cpuinfo, so hardware virtualization is unknown",
+    return warn("cpu-virtualization",
+                "cannot read /proc/cpuinfo, so hardware virtualization is unknown",
                 "run the check on the host itself (with /proc mounted)");
   if (cpu.flag == "svm") return ok("cpu-virtualization", "AMD-V (svm flag in /proc/cpuinfo)");
   if (cpu.flag == "vmx") return ok("cpu-virtualization", "Intel VT-x (vmx flag in /proc/cpuinfo)");
-  return fail("cpu-virtualization",
-              "no svm or vmx flag in /proc/cpuinfo: hardware virtualization is off in the firmware, "
-              "or this is a VM without nested virtualization",
-              "enable SVM (AMD) or VT-x (Intel) in the firmware setup and reboot");
+  return fail(
+      "cpu-virtualization",
+      "no svm or vmx flag in /proc/cpuinfo: hardware virtualization is off in the firmware, "
+      "or this is a VM without nested virtualization",
+      "enable SVM (AMD) or VT-x (Intel) in the firmware setup and reboot");
 }
 
 Check kvm_check(const HostRoot& root, const CpuVirtualization& cpu) {
@@ -69,17 +74,19 @@ Check kvm_check(const HostRoot& root, const CpuVirtualization& cpu) {
   std::vector<std::string> mods;
   for (const char* m : {"kvm_amd", "kvm_intel"})
     if (fs::is_directory(root(std::string("/sys/module/") + m), ec)) mods.push_back(m);
-  return ok("kvm", mods.empty() ? "/dev/kvm present" : "/dev/kvm present (" + join(mods, ", ") + " loaded)");
+  return ok("kvm", mods.empty() ? "/dev/kvm present"
+                                : "/dev/kvm present (" + join(mods, ", ") + " loaded)");
 }
 
 Check iommu_check(const PciBus& bus, const std::vector<std::string>& units) {
   size_t groups = bus.iommu_group_count();
   if (groups == 0)
-    return fail("iommu",
-                "no IOMMU groups in /sys/kernel/iommu_groups: the IOMMU is off, or this is a virtual "
-                "machine without a virtual IOMMU; this machine cannot pass a card through",
-                "enable the IOMMU (AMD-Vi / VT-d) in the firmware and boot with amd_iommu=on "
-                "iommu=pt (AMD) or intel_iommu=on iommu=pt (Intel)");
+    return fail(
+        "iommu",
+        "no IOMMU groups in /sys/kernel/iommu_groups: the IOMMU is off, or this is a virtual "
+        "machine without a virtual IOMMU; this machine cannot pass a card through",
+        "enable the IOMMU (AMD-Vi / VT-d) in the firmware and boot with amd_iommu=on "
+        "iommu=pt (AMD) or intel_iommu=on iommu=pt (Intel)");
   std::string kind;
   if (std::any_of(units.begin(), units.end(), [](auto& u) { return u.rfind("ivhd", 0) == 0; }))
     kind = "AMD-Vi, ";
@@ -91,10 +98,12 @@ Check iommu_check(const PciBus& bus, const std::vector<std::string>& units) {
 
 Check cmdline_check(const HostRoot& root, const PciBus& bus, const CpuVirtualization& cpu) {
   auto cmdline = read_attr(root, "/proc/cmdline");
-  const std::string amd_fix = "add amd_iommu=on iommu=pt to GRUB_CMDLINE_LINUX in /etc/default/grub, "
-                              "run update-grub and reboot";
-  const std::string intel_fix = "add intel_iommu=on iommu=pt to GRUB_CMDLINE_LINUX in "
-                                "/etc/default/grub, run update-grub and reboot";
+  const std::string amd_fix =
+      "add amd_iommu=on iommu=pt to GRUB_CMDLINE_LINUX in /etc/default/grub, "
+      "run update-grub and reboot";
+  const std::string intel_fix =
+      "add intel_iommu=on iommu=pt to GRUB_CMDLINE_LINUX in "
+      "/etc/default/grub, run update-grub and reboot";
   if (!cmdline)
     return warn("kernel-cmdline", "cannot read /proc/cmdline", "run the check on the host itself");
   std::istringstream in(*cmdline);
@@ -104,9 +113,11 @@ Check cmdline_check(const HostRoot& root, const PciBus& bus, const CpuVirtualiza
   for (const auto& x : words) {
     if (x == "intel_iommu=off" || x == "amd_iommu=off" || x == "iommu=off")
       return fail("kernel-cmdline", x + " on the kernel command line turns the IOMMU off",
-                  "remove " + x + " from GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub "
-                  "and reboot");
-    if (x.rfind("intel_iommu=", 0) == 0 || x.rfind("amd_iommu=", 0) == 0 || x.rfind("iommu=", 0) == 0)
+                  "remove " + x +
+                      " from GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub "
+                      "and reboot");
+    if (x.rfind("intel_iommu=", 0) == 0 || x.rfind("amd_iommu=", 0) == 0 ||
+        x.rfind("iommu=", 0) == 0)
       hints.push_back(x);
   }
   const std::string found = hints.empty() ? "no IOMMU options" : join(hints, " ");
@@ -121,9 +132,12 @@ Check cmdline_check(const HostRoot& root, const PciBus& bus, const CpuVirtualiza
 Check modules_check(const std::vector<ModuleState>& mods, const std::string& release) {
   std::vector<std::string> missing, unknown, not_loaded;
   for (const auto& m : mods) {
-    if (m.available && !*m.available) missing.push_back(m.name);
-    else if (!m.available) unknown.push_back(m.name);
-    else if (!m.loaded) not_loaded.push_back(m.name);
+    if (m.available && !*m.available)
+      missing.push_back(m.name);
+    else if (!m.available)
+      unknown.push_back(m.name);
+    else if (!m.loaded)
+      not_loaded.push_back(m.name);
   }
   if (!missing.empty())
     return fail("vfio-modules",
@@ -145,9 +159,12 @@ Check modules_check(const std::vector<ModuleState>& mods, const std::string& rel
 Check boot_modules_check(const std::vector<ModuleState>& mods, bool any_on_vfio) {
   std::vector<std::string> missing, files, builtin;
   for (const auto& m : mods) {
-    if (m.builtin) builtin.push_back(m.name);
-    else if (m.boot_file.empty()) missing.push_back(m.name);
-    else if (std::find(files.begin(), files.end(), m.boot_file) == files.end()) files.push_back(m.boot_file);
+    if (m.builtin)
+      builtin.push_back(m.name);
+    else if (m.boot_file.empty())
+      missing.push_back(m.name);
+    else if (std::find(files.begin(), files.end(), m.boot_file) == files.end())
+      files.push_back(m.boot_file);
   }
   if (missing.empty()) {
     std::vector<std::string> parts;
@@ -157,15 +174,17 @@ Check boot_modules_check(const std::vector<ModuleState>& mods, bool any_on_vfio)
   }
   const std::string detail = join(missing, ", ") + " not in any modules-load.d file";
   if (!any_on_vfio) return ok("vfio-modules-at-boot", detail + " (factory host bind adds them)");
-  return warn("vfio-modules-at-boot",
-              detail + ": after a reboot vfio-pci may not be there to take the cards",
-              "printf '%s\\n' vfio vfio_iommu_type1 vfio_pci > " + std::string(kVfioModulesLoadFile));
+  return warn(
+      "vfio-modules-at-boot",
+      detail + ": after a reboot vfio-pci may not be there to take the cards",
+      "printf '%s\\n' vfio vfio_iommu_type1 vfio_pci > " + std::string(kVfioModulesLoadFile));
 }
 
 Check driverctl_check() {
   std::string p = which("driverctl");
   if (p.empty())
-    return warn("driverctl", "driverctl is not installed: a binding written only to sysfs is lost at reboot",
+    return warn("driverctl",
+                "driverctl is not installed: a binding written only to sysfs is lost at reboot",
                 "apt-get install -y driverctl");
   return ok("driverctl", p);
 }
@@ -173,8 +192,9 @@ Check driverctl_check() {
 Check persistenced_check(const HostRoot& root) {
   auto p = persistenced_process(root);
   if (!p) return ok("nvidia-persistenced", "not running");
-  return ok("nvidia-persistenced", "running (pid " + std::to_string(p->pid) +
-                                       "); factory host bind stops it before moving a card off nvidia");
+  return ok("nvidia-persistenced",
+            "running (pid " + std::to_string(p->pid) +
+                "); factory host bind stops it before moving a card off nvidia");
 }
 
 Check pci_ids_check(const std::optional<PciIds>& ids, const std::vector<GpuReport>& gpus) {
@@ -188,8 +208,9 @@ Check pci_ids_check(const std::optional<PciIds>& ids, const std::vector<GpuRepor
                     (notes.empty() ? std::string() : "; " + join(notes, "; ")),
                 "apt-get install -y pciutils, or give a list with --pci-ids FILE");
   if (!notes.empty())
-    return warn("pci-ids", join(notes, "; "),
-                "give a newer list with --pci-ids FILE (NVIDIA's KubeVirt device plugin bundles one)");
+    return warn(
+        "pci-ids", join(notes, "; "),
+        "give a newer list with --pci-ids FILE (NVIDIA's KubeVirt device plugin bundles one)");
   return ok("pci-ids", ids->describe());
 }
 
@@ -198,7 +219,8 @@ std::string describe_state(const GpuReport& g) {
   return "on " + where;
 }
 
-Check gpu_check(const GpuReport& g, const HostInventory& inv, const PciBus& bus, const HostRoot& root) {
+Check gpu_check(const GpuReport& g, const HostInventory& inv, const PciBus& bus,
+                const HostRoot& root) {
   const std::string name = "gpu " + g.fn.address.str();
   const std::string addr = g.fn.address.str();
   if (!g.fn.iommu_group)
@@ -206,10 +228,11 @@ Check gpu_check(const GpuReport& g, const HostInventory& inv, const PciBus& bus,
                 "turn the IOMMU on (see the iommu check)");
   GroupAnalysis ga = analyze_group(inv, bus, *g.fn.iommu_group, {g.fn.address});
   if (!ga.blockers().empty())
-    return fail(name,
-                ga.blocker_text() +
-                    "; KubeVirt needs every function of the group on vfio-pci (\"group not viable\")",
-                "move the card to a slot with an IOMMU group of its own (or enable ACS in the firmware)");
+    return fail(
+        name,
+        ga.blocker_text() +
+            "; KubeVirt needs every function of the group on vfio-pci (\"group not viable\")",
+        "move the card to a slot with an IOMMU group of its own (or enable ACS in the firmware)");
   std::string group = "IOMMU group " + std::to_string(*g.fn.iommu_group);
   auto moved = ga.to_move();
   if (moved.size() > 1) {
@@ -220,10 +243,26 @@ Check gpu_check(const GpuReport& g, const HostInventory& inv, const PciBus& bus,
   }
   const bool on_vfio = g.fn.driver == "vfio-pci";
   const bool persisted = g.override_driver && *g.override_driver == "vfio-pci";
+  if (on_vfio) {
+    // Half a bind: the card on vfio-pci, its own audio still on the host driver.
+    std::vector<std::string> stray;
+    for (const auto& m : ga.members)
+      if (m.role == MemberRole::card && m.fn.address != g.fn.address &&
+          !driver_leaves_group_viable(m.fn.driver))
+        stray.push_back(m.fn.address.str() + " on " + m.fn.driver);
+    if (!stray.empty())
+      return fail(name,
+                  "on vfio-pci, but its own " + join(stray, ", ") +
+                      " is not: KubeVirt fails the VM with \"group not viable\"; " + group,
+                  "factory host bind --pci " + addr);
+  }
   if (on_vfio && !persisted)
-    return warn(name, "on vfio-pci now, but driverctl holds no override: the host driver takes it back at "
-                      "the next boot; " + group,
-                "factory host bind --pci " + addr);
+    return warn(
+        name,
+        "on vfio-pci now, but driverctl holds no override: the host driver takes it back at "
+        "the next boot; " +
+            group,
+        "factory host bind --pci " + addr);
   if (!on_vfio && persisted)
     return warn(name, describe_state(g) + " although driverctl's override says vfio-pci; " + group,
                 "factory host bind --pci " + addr);
@@ -234,14 +273,15 @@ Check gpu_check(const GpuReport& g, const HostInventory& inv, const PciBus& bus,
         if (p.comm.rfind("nvidia-persiste", 0) != 0)
           users.push_back(p.comm + " (pid " + std::to_string(p.pid) + ")");
       if (!users.empty())
-        return warn(name, "in use on the host by " + join(users, ", ") + " through /dev/nvidia" +
-                              std::to_string(*minor) + "; " + group,
+        return warn(name,
+                    "in use on the host by " + join(users, ", ") + " through /dev/nvidia" +
+                        std::to_string(*minor) + "; " + group,
                     "stop those processes before factory host bind --pci " + addr);
     }
   }
   if (on_vfio) return ok(name, "on vfio-pci, kept across reboots by driverctl; " + group);
-  return ok(name, describe_state(g) + " (the host keeps it until factory host bind --pci " + addr + "); " +
-                      group);
+  return ok(name, describe_state(g) + " (the host keeps it until factory host bind --pci " + addr +
+                      "); " + group);
 }
 
 }  // namespace
@@ -273,8 +313,9 @@ Result<HostReport> check_host(const HostRoot& root, const CheckOptions& opts) {
   for (const auto& g : r.gpus)
     if (g.fn.is_display()) cards.push_back(&g);
   if (cards.empty())
-    r.checks.push_back(fail("nvidia-gpus", "no NVIDIA GPU on the PCI bus (/sys/bus/pci/devices)",
-                            "check that the card is seated and powered and that lspci -d 10de: lists it"));
+    r.checks.push_back(
+        fail("nvidia-gpus", "no NVIDIA GPU on the PCI bus (/sys/bus/pci/devices)",
+             "check that the card is seated and powered and that lspci -d 10de: lists it"));
   else {
     std::vector<std::string> list;
     for (const auto* g : cards)

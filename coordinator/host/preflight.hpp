@@ -2,10 +2,9 @@
 // `factory host check`: can this machine pass a GPU through to a VM, and what
 // would each card be advertised as? Step 0 of the runbook ("prove the host can
 // do passthrough") plus the inventory step 2 needs, as verdicts with fixes.
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "coordinator/host/host_root.hpp"
 #include "coordinator/host/inventory.hpp"
@@ -16,7 +15,7 @@ enum class Verdict { ok, warn, fail };
 const char* verdict_name(Verdict v);
 
 struct Check {
-  std::string name;    // "iommu", "gpu 0000:01:00.0"
+  std::string name;  // "iommu", "gpu 0000:01:00.0"
   Verdict verdict = Verdict::ok;
   std::string detail;  // what was found
   std::string fix;     // one line, empty when ok

@@ -60,8 +60,10 @@ ResourceName kubevirt_resource_name(const PciIds* ids, uint16_t device_id) {
     r.note = "10de:" + raw + " is not in " + ids->describe() +
              ", so the resource name falls back to the raw device ID " + raw;
   else
-    r.note = "the pci.ids name \"" + *name + "\" leaves no usable characters, so the resource name "
-             "falls back to the raw device ID " + raw;
+    r.note = "the pci.ids name \"" + *name +
+             "\" leaves no usable characters, so the resource name "
+             "falls back to the raw device ID " +
+             raw;
   return r;
 }
 

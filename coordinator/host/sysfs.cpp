@@ -30,7 +30,8 @@ Result<unsigned long> read_hex_attr(const HostRoot& root, const std::string& hos
   const std::string& v = *s;
   size_t start = (v.rfind("0x", 0) == 0 || v.rfind("0X", 0) == 0) ? 2 : 0;
   if (start >= v.size() || v.size() - start > 8)
-    return Error(Errc::protocol, host_path + ": expected a hex value like 0x10de, got \"" + v + "\"");
+    return Error(Errc::protocol,
+                 host_path + ": expected a hex value like 0x10de, got \"" + v + "\"");
   unsigned long n = 0;
   for (size_t i = start; i < v.size(); ++i) {
     char c = v[i];

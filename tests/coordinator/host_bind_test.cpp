@@ -29,8 +29,8 @@ std::string error_line(const factory::CommandResult& r) {
 }
 
 // Bad input: one line, non-zero exit, nothing changed, nothing run.
-void expect_refused(const HostTree& t, const std::vector<std::string>& args, const std::string& line_start,
-                    std::map<std::string, std::string> env = {}) {
+void expect_refused(const HostTree& t, const std::vector<std::string>& args,
+                    const std::string& line_start, std::map<std::string, std::string> env = {}) {
   Snapshot before = snapshot(t.root());
   auto r = factory_host(t, args, env);
   EXPECT_NE(r.exit_code, 0) << r.output;
@@ -48,7 +48,8 @@ void preload_vfio(HostTree& t) {
 }
 
 // Only the paths under these prefixes may differ.
-void expect_changes_only_under(const Snapshot& before, const Snapshot& after, const Lines& prefixes) {
+void expect_changes_only_under(const Snapshot& before, const Snapshot& after,
+                               const Lines& prefixes) {
   for (const auto& d : snapshot_diff(before, after)) {
     std::string path = d.substr(d.find(' ') + 1);
     bool allowed = false;
@@ -81,7 +82,8 @@ TEST(HostBind, BindsOneL4ByAddressAndLeavesTheOtherOnTheHost) {
   EXPECT_EQ(t.driver_override("0000:01:00.0"), "vfio-pci");
   EXPECT_EQ(read_text(t / "/etc/driverctl.d/pci-0000:01:00.0"), "vfio-pci\n");
   EXPECT_EQ(read_text(t / "/etc/modules-load.d/vfio.conf"), "vfio\nvfio_iommu_type1\nvfio_pci\n");
-  EXPECT_NE(r.output.find("0000:01:00.0: on vfio-pci, driver_override vfio-pci, driverctl override vfio-pci"),
+  EXPECT_NE(r.output.find(
+                "0000:01:00.0: on vfio-pci, driver_override vfio-pci, driverctl override vfio-pci"),
             std::string::npos)
       << r.output;
 
@@ -97,7 +99,9 @@ TEST(HostBind, BindsOneL4ByAddressAndLeavesTheOtherOnTheHost) {
                             {"sys/devices/pci0000:01/0000:01:00.0/", "sys/bus/pci/drivers/nvidia/",
                              "sys/bus/pci/drivers/vfio-pci", "sys/module/vfio", "etc"});
   for (const auto& [path, v] : before)
-    if (path.find("0000:41:00.0") != std::string::npos) EXPECT_EQ(after[path], v) << path;
+    if (path.find("0000:41:00.0") != std::string::npos) {
+      EXPECT_EQ(after[path], v) << path;
+    }
 
   // `driverctl list-overrides` (the stand-in reads the same files) shows what the runbook shows.
   auto list = run({(host_fixtures() / "bin" / "driverctl").string(), "list-overrides"},
@@ -115,8 +119,9 @@ TEST(HostBind, SecondRunReportsAlreadyBoundAndChangesNothing) {
   Snapshot before = snapshot(t.root());
   auto again = factory_host(t, {"bind", "--pci", "0000:01:00.0"});
   EXPECT_EQ(again.exit_code, 0) << again.output;
-  EXPECT_EQ(again.output,
-            "0000:01:00.0: already bound to vfio-pci and kept there by driverctl; nothing changed\n");
+  EXPECT_EQ(
+      again.output,
+      "0000:01:00.0: already bound to vfio-pci and kept there by driverctl; nothing changed\n");
   EXPECT_EQ(snapshot_diff(before, snapshot(t.root())), Lines{});
   EXPECT_EQ(t.log_lines().size(), logged);
 }
@@ -129,23 +134,24 @@ TEST(HostBind, DryRunPrintsEachActionAndChangesNothing) {
   Snapshot before = snapshot(t.root());
   auto r = factory_host(t, {"bind", "--pci", "0000:01:00.0", "--dry-run"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(lines(r.output),
-            (Lines{
-                "host:",
-                "  modprobe vfio",
-                "  modprobe vfio_iommu_type1",
-                "  modprobe vfio_pci",
-                "  printf '%s\\n' vfio vfio_iommu_type1 vfio_pci > /etc/modules-load.d/vfio.conf    # so "
-                "the modules are there at boot for driverctl's override",
-                "0000:01:00.0 (10de:27b8 AD104GL [L4], on nvidia, IOMMU group 13):",
-                "  echo 0000:01:00.0 > /sys/bus/pci/devices/0000:01:00.0/driver/unbind",
-                "  echo vfio-pci > /sys/bus/pci/devices/0000:01:00.0/driver_override    # so that only "
-                "vfio-pci may take it",
-                "  echo 0000:01:00.0 > /sys/bus/pci/drivers/vfio-pci/bind",
-                "  driverctl set-override 0000:01:00.0 vfio-pci    # a driver_override in sysfs is gone "
-                "after a reboot; driverctl re-applies it at boot",
-                "dry run: nothing was changed",
-            }));
+  EXPECT_EQ(
+      lines(r.output),
+      (Lines{
+          "host:",
+          "  modprobe vfio",
+          "  modprobe vfio_iommu_type1",
+          "  modprobe vfio_pci",
+          "  printf '%s\\n' vfio vfio_iommu_type1 vfio_pci > /etc/modules-load.d/vfio.conf    # so "
+          "the modules are there at boot for driverctl's override",
+          "0000:01:00.0 (10de:27b8 AD104GL [L4], on nvidia, IOMMU group 13):",
+          "  echo 0000:01:00.0 > /sys/bus/pci/devices/0000:01:00.0/driver/unbind",
+          "  echo vfio-pci > /sys/bus/pci/devices/0000:01:00.0/driver_override    # so that only "
+          "vfio-pci may take it",
+          "  echo 0000:01:00.0 > /sys/bus/pci/drivers/vfio-pci/bind",
+          "  driverctl set-override 0000:01:00.0 vfio-pci    # a driver_override in sysfs is gone "
+          "after a reboot; driverctl re-applies it at boot",
+          "dry run: nothing was changed",
+      }));
   EXPECT_EQ(snapshot_diff(before, snapshot(t.root())), Lines{});
   EXPECT_EQ(t.log_lines(), Lines{});
 }
@@ -155,17 +161,21 @@ TEST(HostBind, BadInputGetsOneLineAndChangesNothing) {
   HostTree t(dir);
   build_l4_runbook(t);
   KernelStandIn kernel(t);
-  expect_refused(t, {"bind", "--pci", "0000:01:00"}, "factory: malformed PCI address \"0000:01:00\"");
+  expect_refused(t, {"bind", "--pci", "0000:01:00"},
+                 "factory: malformed PCI address \"0000:01:00\"");
   expect_refused(t, {"bind", "--pci", "0000:01:00.0", "--pci", "1:00.0"},
                  "factory: malformed PCI address \"1:00.0\"");
-  expect_refused(t, {"bind", "--pci", "0000:99:00.0"}, "factory: bind: no PCI function 0000:99:00.0 on this host");
+  expect_refused(t, {"bind", "--pci", "0000:99:00.0"},
+                 "factory: bind: no PCI function 0000:99:00.0 on this host");
   expect_refused(t, {"bind", "--pci", "0000:c1:00.0"},
                  "factory: bind: 0000:c1:00.0 is not an NVIDIA function (8086:1521, class 0200)");
   expect_refused(t, {"bind", "--pci", "0000:01:00.0", "--pci-ids", (dir / "missing.ids").string()},
                  "factory: --pci-ids " + (dir / "missing.ids").string() + ": no such file");
-  expect_refused(t, {"bind", "--pci", "0000:01:00.0"}, "factory: factory host bind writes /sys and /etc, so it must run as root",
+  expect_refused(t, {"bind", "--pci", "0000:01:00.0"},
+                 "factory: factory host bind writes /sys and /etc, so it must run as root",
                  {{"FACTORY_HOST_ASSUME_NONROOT", "1"}});
-  expect_refused(t, {"unbind", "--pci", "0000:01:00.0"}, "factory: factory host unbind writes /sys and /etc, so it must run as root",
+  expect_refused(t, {"unbind", "--pci", "0000:01:00.0"},
+                 "factory: factory host unbind writes /sys and /etc, so it must run as root",
                  {{"FACTORY_HOST_ASSUME_NONROOT", "1"}});
   expect_refused(t, {"unbind", "--pci", "0000:00:01.1"},
                  "factory: unbind: 0000:00:01.1 is not an NVIDIA function (1022:1483, class 0604)");
@@ -173,7 +183,8 @@ TEST(HostBind, BadInputGetsOneLineAndChangesNothing) {
   expect_refused(t, {"bind", "--pci", "0000:01:00.0", "--pci", "0000:c1:00.0"},
                  "factory: bind: 0000:c1:00.0 is not an NVIDIA function");
   // Without root the dry run still works: it only reads.
-  auto dry = factory_host(t, {"bind", "--pci", "0000:01:00.0", "--dry-run"}, {{"FACTORY_HOST_ASSUME_NONROOT", "1"}});
+  auto dry = factory_host(t, {"bind", "--pci", "0000:01:00.0", "--dry-run"},
+                          {{"FACTORY_HOST_ASSUME_NONROOT", "1"}});
   EXPECT_EQ(dry.exit_code, 0) << dry.output;
 }
 
@@ -189,7 +200,8 @@ TEST(HostBind, BindsBothCardsAsTheRunbookDoesAndUnbindsOne) {
   EXPECT_EQ(t.driver("0000:41:00.0"), "vfio-pci");
   auto list = run({(host_fixtures() / "bin" / "driverctl").string(), "list-overrides"},
                   std::chrono::seconds(10), t.env());
-  EXPECT_EQ(list.output, "0000:01:00.0 vfio-pci\n0000:41:00.0 vfio-pci\n");  // as in host-lspci-vfio.txt
+  EXPECT_EQ(list.output,
+            "0000:01:00.0 vfio-pci\n0000:41:00.0 vfio-pci\n");  // as in host-lspci-vfio.txt
 
   // Unbind gives 0000:41:00.0 back to nvidia and removes its override only.
   std::filesystem::remove(t.log());
@@ -228,7 +240,8 @@ TEST(HostBind, UnbindDryRunChangesNothing) {
   Snapshot before = snapshot(t.root());
   auto r = factory_host(t, {"unbind", "--pci", "0000:01:00.0", "--dry-run"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("  driverctl unset-override 0000:01:00.0\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  driverctl unset-override 0000:01:00.0\n"), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("  echo 0000:01:00.0 > /sys/bus/pci/drivers_probe"), std::string::npos);
   EXPECT_EQ(snapshot_diff(before, snapshot(t.root())), Lines{});
   EXPECT_EQ(t.log_lines(), Lines{});
@@ -246,10 +259,12 @@ TEST(HostBind, BindWriteFailingHalfWayRollsTheCardBack) {
   KernelStandIn kernel(t);
   auto r = factory_host(t, {"bind", "--pci", "0000:01:00.0"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_EQ(error_line(r),
-            "factory: bind 0000:01:00.0 failed at \"echo 0000:01:00.0 > /sys/bus/pci/drivers/vfio-pci/bind\": "
-            "Is a directory; rolled back: "
-            "0000:01:00.0 is on nvidia, no driver_override, no driverctl override, as before the bind")
+  EXPECT_EQ(
+      error_line(r),
+      "factory: bind 0000:01:00.0 failed at \"echo 0000:01:00.0 > "
+      "/sys/bus/pci/drivers/vfio-pci/bind\": "
+      "Is a directory; rolled back: "
+      "0000:01:00.0 is on nvidia, no driver_override, no driverctl override, as before the bind")
       << r.output;
   EXPECT_EQ(t.driver("0000:01:00.0"), "nvidia");
   EXPECT_EQ(t.driver_override("0000:01:00.0"), "(null)");
@@ -281,13 +296,17 @@ TEST(HostBind, WhenTheRollbackFailsTooItSaysWhereTheCardIsAndHowToRecover) {
   auto r = factory_host(t, {"bind", "--pci", "0000:01:00.0"});
   EXPECT_NE(r.exit_code, 0);
   const std::string line = error_line(r);
-  EXPECT_NE(line.find("rollback incomplete: 0000:01:00.0 is on no driver, no driver_override, no driverctl "
-                      "override; to recover: echo 0000:01:00.0 > /sys/bus/pci/drivers/nvidia/bind"),
-            std::string::npos)
+  EXPECT_NE(
+      line.find(
+          "rollback incomplete: 0000:01:00.0 is on no driver, no driver_override, no driverctl "
+          "override; to recover: echo 0000:01:00.0 > /sys/bus/pci/drivers/nvidia/bind"),
+      std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("rollback of \"echo 0000:01:00.0 > /sys/bus/pci/devices/0000:01:00.0/driver/unbind\" "
-                          "failed"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find(
+          "rollback of \"echo 0000:01:00.0 > /sys/bus/pci/devices/0000:01:00.0/driver/unbind\" "
+          "failed"),
+      std::string::npos)
       << r.output;
   EXPECT_EQ(t.driver("0000:01:00.0"), "");
 }
@@ -301,7 +320,8 @@ TEST(HostBind, KernelRefusingTheBindRollsBack) {
   auto r = factory_host(t, {"bind", "--pci", "0000:01:00.0"});
   EXPECT_NE(r.exit_code, 0);
   const std::string line = error_line(r);
-  EXPECT_NE(line.find("0000:01:00.0 did not bind to vfio-pci (it is on no driver); the kernel log (dmesg) says why"),
+  EXPECT_NE(line.find("0000:01:00.0 did not bind to vfio-pci (it is on no driver); the kernel log "
+                      "(dmesg) says why"),
             std::string::npos)
       << r.output;
   EXPECT_NE(line.find("rolled back: 0000:01:00.0 is on nvidia"), std::string::npos) << line;
@@ -316,22 +336,26 @@ TEST(HostBind, DriverctlFailingRollsBackTheWholeCard) {
   auto r = factory_host(t, {"bind", "--pci", "0000:01:00.0"}, {{"STANDIN_FAIL_DRIVERCTL", "1"}});
   EXPECT_NE(r.exit_code, 0);
   const std::string line = error_line(r);
-  EXPECT_NE(line.find("failed at \"driverctl set-override 0000:01:00.0 vfio-pci\": driverctl exited 1: "
-                      "driverctl: failed to bind device"),
-            std::string::npos)
+  EXPECT_NE(
+      line.find("failed at \"driverctl set-override 0000:01:00.0 vfio-pci\": driverctl exited 1: "
+                "driverctl: failed to bind device"),
+      std::string::npos)
       << r.output;
-  EXPECT_NE(line.find("rolled back: 0000:01:00.0 is on nvidia, no driver_override, no driverctl override"),
-            std::string::npos)
+  EXPECT_NE(
+      line.find(
+          "rolled back: 0000:01:00.0 is on nvidia, no driver_override, no driverctl override"),
+      std::string::npos)
       << line;
   EXPECT_EQ(t.driver("0000:01:00.0"), "nvidia");
   const Lines log = t.log_lines();
   ASSERT_GE(log.size(), 4u);
-  EXPECT_EQ(Lines(log.end() - 4, log.end()), (Lines{
-                                                  "driverctl set-override 0000:01:00.0 vfio-pci",
-                                                  "write /sys/bus/pci/drivers/vfio-pci/unbind 0000:01:00.0",
-                                                  "write /sys/bus/pci/devices/0000:01:00.0/driver_override ",
-                                                  "write /sys/bus/pci/drivers/nvidia/bind 0000:01:00.0",
-                                              }));
+  EXPECT_EQ(Lines(log.end() - 4, log.end()),
+            (Lines{
+                "driverctl set-override 0000:01:00.0 vfio-pci",
+                "write /sys/bus/pci/drivers/vfio-pci/unbind 0000:01:00.0",
+                "write /sys/bus/pci/devices/0000:01:00.0/driver_override ",
+                "write /sys/bus/pci/drivers/nvidia/bind 0000:01:00.0",
+            }));
 }
 
 TEST(HostBind, StopsPersistencedWhileMovingACardAndRestartsItForTheOther) {
@@ -377,9 +401,10 @@ TEST(HostBind, RefusesWhileAnotherProcessHoldsTheCard) {
   t.add_process(2201, "nvidia-persistenced", {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"});
   t.add_process(3100, "python3", {"/dev/nvidiactl", "/dev/nvidia0"});
   KernelStandIn kernel(t);
-  expect_refused(t, {"bind", "--pci", "0000:01:00.0"},
-                 "factory: bind: 0000:01:00.0 is open by python3 (pid 3100) through /dev/nvidia0; unbinding "
-                 "nvidia now would hang until they exit: stop them and run bind again");
+  expect_refused(
+      t, {"bind", "--pci", "0000:01:00.0"},
+      "factory: bind: 0000:01:00.0 is open by python3 (pid 3100) through /dev/nvidia0; unbinding "
+      "nvidia now would hang until they exit: stop them and run bind again");
 }
 
 TEST(HostBind, RefusesACardWhoseGroupHoldsAFunctionTheHostUses) {
@@ -388,10 +413,11 @@ TEST(HostBind, RefusesACardWhoseGroupHoldsAFunctionTheHostUses) {
   t.overlay(host_fixtures() / "amd-epyc-host" / "root");
   t.add(facts_file("workstation-shared-group"));
   KernelStandIn kernel(t);
-  expect_refused(t, {"bind", "--pci", "0000:21:00.0"},
-                 "factory: bind: 0000:21:00.0: IOMMU group 14 also holds 0000:22:00.0 (8086:1533, class "
-                 "0200, driver igb), which the host is using; KubeVirt needs every function of the group on "
-                 "vfio-pci (\"group not viable\"), so bind refuses");
+  expect_refused(
+      t, {"bind", "--pci", "0000:21:00.0"},
+      "factory: bind: 0000:21:00.0: IOMMU group 14 also holds 0000:22:00.0 (8086:1533, class "
+      "0200, driver igb), which the host is using; KubeVirt needs every function of the group on "
+      "vfio-pci (\"group not viable\"), so bind refuses");
 }
 
 TEST(HostBind, MovesTheCardsAudioFunctionWithItAndLeavesTheBridge) {
@@ -400,7 +426,8 @@ TEST(HostBind, MovesTheCardsAudioFunctionWithItAndLeavesTheBridge) {
   t.overlay(host_fixtures() / "amd-epyc-host" / "root");
   t.add(facts_file("workstation-shared-group"));
   fs::create_directories(t / "/usr/share/hwdata");
-  fs::copy_file(host_fixtures() / "pci.ids-debian12-2023.04.10-nvidia", t / "/usr/share/hwdata/pci.ids");
+  fs::copy_file(host_fixtures() / "pci.ids-debian12-2023.04.10-nvidia",
+                t / "/usr/share/hwdata/pci.ids");
   t.unlink_driver("0000:22:00.0");  // the NIC unused: the group is viable
   KernelStandIn kernel(t);
   auto r = factory_host(t, {"bind", "--pci", "0000:21:00.0"});
@@ -421,9 +448,10 @@ TEST(HostBind, MovesTheCardsAudioFunctionWithItAndLeavesTheBridge) {
                       "write /sys/bus/pci/drivers/vfio-pci/bind 0000:21:00.1",
                       "driverctl set-override 0000:21:00.1 vfio-pci",
                   }));
-  EXPECT_NE(r.output.find("0000:21:00.0 (10de:2230 GA102GL [RTX A6000], on nvidia, IOMMU group 14, with "
-                          "0000:21:00.1):"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("0000:21:00.0 (10de:2230 GA102GL [RTX A6000], on nvidia, IOMMU group 14, with "
+                    "0000:21:00.1):"),
+      std::string::npos)
       << r.output;
 
   // Unbinding the card gives both functions back to their host drivers.
@@ -464,9 +492,10 @@ TEST(HostBind, RealH200GuestHasNoIommuGroupSoBindRefuses) {
   HostTree t(dir);
   build_h200_guest(t);
   KernelStandIn kernel(t);
-  expect_refused(t, {"bind", "--pci", "0000:00:06.0"},
-                 "factory: bind: 0000:00:06.0 has no IOMMU group: the IOMMU is off (or this is a VM without a "
-                 "virtual IOMMU), so no card can be passed through here");
+  expect_refused(
+      t, {"bind", "--pci", "0000:00:06.0"},
+      "factory: bind: 0000:00:06.0 has no IOMMU group: the IOMMU is off (or this is a VM without a "
+      "virtual IOMMU), so no card can be passed through here");
 }
 
 TEST(HostBind, BuiltInVfioIsNeitherLoadedNorListedForBoot) {

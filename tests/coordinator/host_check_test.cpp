@@ -3,6 +3,7 @@
 // a card sharing its IOMMU group with a NIC, nvidia-persistenced and another
 // process holding cards, and a card already on vfio-pci.
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/coordinator/host_tree.hpp"
@@ -72,8 +73,10 @@ TEST(HostCheck, RunbookHostListsBothL4sWithTheirResourceName) {
     EXPECT_EQ(c.size(), 4u) << c.dump();
     for (const char* k : {"name", "verdict", "detail", "fix"}) EXPECT_TRUE(c.contains(k)) << k;
     EXPECT_TRUE(c["verdict"] == "ok" || c["verdict"] == "warn") << c.dump();
-    if (c["verdict"] == "ok") EXPECT_TRUE(c["fix"].is_null());
-    else EXPECT_TRUE(c["fix"].is_string() && !c["fix"].get<std::string>().empty());
+    if (c["verdict"] == "ok")
+      EXPECT_TRUE(c["fix"].is_null());
+    else
+      EXPECT_TRUE(c["fix"].is_string() && !c["fix"].get<std::string>().empty());
   }
   ASSERT_EQ(doc["gpus"].size(), 2u);
   for (const auto& g : doc["gpus"]) {
@@ -117,7 +120,8 @@ TEST(HostCheck, RunbookHostTableAndYaml) {
   EXPECT_NE(table.output.find("Passthrough can work on this machine."), std::string::npos);
   auto yaml = factory_host(t, {"check", "-o", "yaml"});
   EXPECT_EQ(yaml.exit_code, 0);
-  EXPECT_NE(yaml.output.find("resource_name: \"nvidia.com/AD104GL_L4\""), std::string::npos) << yaml.output;
+  EXPECT_NE(yaml.output.find("resource_name: \"nvidia.com/AD104GL_L4\""), std::string::npos)
+      << yaml.output;
 }
 
 TEST(HostCheck, RealH200GuestSaysPlainlyItCannotPassACardThrough) {
@@ -133,7 +137,8 @@ TEST(HostCheck, RealH200GuestSaysPlainlyItCannotPassACardThrough) {
             std::string::npos);
   EXPECT_EQ(check_named(doc, "gpu 0000:00:06.0")["verdict"], "fail");
   EXPECT_EQ(check_named(doc, "kvm")["verdict"], "ok") << "the capture lists /dev/kvm";
-  EXPECT_EQ(check_named(doc, "cpu-virtualization")["verdict"], "warn") << "no /proc/cpuinfo captured";
+  EXPECT_EQ(check_named(doc, "cpu-virtualization")["verdict"], "warn")
+      << "no /proc/cpuinfo captured";
   ASSERT_EQ(doc["gpus"].size(), 1u);
   const auto& g = doc["gpus"][0];
   EXPECT_EQ(g["address"], "0000:00:06.0");
@@ -145,11 +150,13 @@ TEST(HostCheck, RealH200GuestSaysPlainlyItCannotPassACardThrough) {
   EXPECT_EQ(g["resource_name"], "nvidia.com/2335");
   const auto& ids = check_named(doc, "pci-ids");
   EXPECT_EQ(ids["verdict"], "warn");
-  EXPECT_NE(ids["detail"].get<std::string>().find("raw device ID 2335"), std::string::npos) << ids.dump();
+  EXPECT_NE(ids["detail"].get<std::string>().find("raw device ID 2335"), std::string::npos)
+      << ids.dump();
 
   auto table = factory_host(t, {"check"});
   EXPECT_EQ(table.exit_code, 1);
-  EXPECT_NE(table.output.find("Passthrough cannot work on this machine as it is"), std::string::npos);
+  EXPECT_NE(table.output.find("Passthrough cannot work on this machine as it is"),
+            std::string::npos);
 }
 
 TEST(HostCheck, H200NameComesFromTheNewerPciIdsAndTheOldOneSaysItFellBack) {
@@ -168,10 +175,11 @@ TEST(HostCheck, H200NameComesFromTheNewerPciIdsAndTheOldOneSaysItFellBack) {
   EXPECT_TRUE(doc["gpus"][0]["name"].is_null());
   const auto& ids = check_named(doc, "pci-ids");
   EXPECT_EQ(ids["verdict"], "warn");
-  EXPECT_NE(ids["detail"].get<std::string>().find("10de:2335 is not in " + debian +
-                                                   " (version 2023.04.10), so the resource name falls "
-                                                   "back to the raw device ID 2335"),
-            std::string::npos)
+  EXPECT_NE(
+      ids["detail"].get<std::string>().find("10de:2335 is not in " + debian +
+                                            " (version 2023.04.10), so the resource name falls "
+                                            "back to the raw device ID 2335"),
+      std::string::npos)
       << ids.dump();
   EXPECT_NE(ids["fix"].get<std::string>().find("--pci-ids"), std::string::npos);
 }
@@ -183,7 +191,8 @@ TEST(HostCheck, MissingPciIdsFileIsOneLineAndNonZero) {
   auto r = factory_host(t, {"check", "--pci-ids", (dir / "pci.ids").string()});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(lines(r.output).size(), 1u) << r.output;
-  EXPECT_EQ(r.output.rfind("factory: --pci-ids " + (dir / "pci.ids").string() + ": no such file", 0), 0u)
+  EXPECT_EQ(
+      r.output.rfind("factory: --pci-ids " + (dir / "pci.ids").string() + ": no such file", 0), 0u)
       << r.output;
 }
 
@@ -197,10 +206,11 @@ TEST(HostCheck, CardSharingItsGroupWithANicInUseFails) {
   EXPECT_EQ(rc, 1);
   const auto& c = check_named(doc, "gpu 0000:21:00.0");
   EXPECT_EQ(c["verdict"], "fail");
-  EXPECT_NE(c["detail"].get<std::string>().find(
-                "IOMMU group 14 also holds 0000:22:00.0 (8086:1533, class 0200, driver igb), which the "
-                "host is using"),
-            std::string::npos)
+  EXPECT_NE(
+      c["detail"].get<std::string>().find(
+          "IOMMU group 14 also holds 0000:22:00.0 (8086:1533, class 0200, driver igb), which the "
+          "host is using"),
+      std::string::npos)
       << c.dump();
   EXPECT_NE(c["detail"].get<std::string>().find("group not viable"), std::string::npos);
   // Every NVIDIA function is listed, the audio function too, with its group's other members.
@@ -217,7 +227,8 @@ TEST(HostCheck, ReportsPersistencedAndOtherProcessesHoldingACard) {
   t.add_process(2201, "nvidia-persistenced", {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"});
   t.add_process(3100, "python3", {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia1"});
   json doc = check_json(t);
-  EXPECT_NE(check_named(doc, "nvidia-persistenced")["detail"].get<std::string>().find("running (pid 2201)"),
+  EXPECT_NE(check_named(doc, "nvidia-persistenced")["detail"].get<std::string>().find(
+                "running (pid 2201)"),
             std::string::npos);
   EXPECT_EQ(check_named(doc, "gpu 0000:01:00.0")["verdict"], "ok") << "only persistenced holds it";
   const auto& busy = check_named(doc, "gpu 0000:41:00.0");
@@ -241,7 +252,8 @@ TEST(HostCheck, CardAlreadyOnVfioAndOneNotPersisted) {
   EXPECT_EQ(lost["verdict"], "warn");
   EXPECT_EQ(lost["fix"], "factory host bind --pci 0000:41:00.0");
   EXPECT_EQ(check_named(doc, "vfio-modules")["detail"], "vfio, vfio_iommu_type1, vfio_pci loaded");
-  EXPECT_EQ(check_named(doc, "vfio-modules-at-boot")["detail"], "listed in /etc/modules-load.d/vfio.conf");
+  EXPECT_EQ(check_named(doc, "vfio-modules-at-boot")["detail"],
+            "listed in /etc/modules-load.d/vfio.conf");
 }
 
 TEST(HostCheck, IommuTurnedOffOnTheCommandLineFails) {
@@ -253,6 +265,25 @@ TEST(HostCheck, IommuTurnedOffOnTheCommandLineFails) {
   json doc = check_json(t, {}, &rc);
   EXPECT_EQ(rc, 1);
   EXPECT_EQ(check_named(doc, "kernel-cmdline")["verdict"], "fail");
-  EXPECT_NE(check_named(doc, "kernel-cmdline")["fix"].get<std::string>().find("remove amd_iommu=off"),
-            std::string::npos);
+  EXPECT_NE(
+      check_named(doc, "kernel-cmdline")["fix"].get<std::string>().find("remove amd_iommu=off"),
+      std::string::npos);
+}
+
+TEST(HostCheck, CardOnVfioWithItsAudioLeftOnTheHostFails) {
+  TempDir dir("host");
+  HostTree t(dir);
+  t.overlay(host_fixtures() / "amd-epyc-host" / "root");
+  t.add(facts_file("workstation-shared-group"));
+  t.unlink_driver("0000:22:00.0");
+  put_on_vfio(t, "0000:21:00.0", /*with_driverctl=*/true);  // 0000:21:00.1 stays on snd_hda_intel
+  int rc = -1;
+  json doc = check_json(t, {}, &rc);
+  EXPECT_EQ(rc, 1);
+  const auto& c = check_named(doc, "gpu 0000:21:00.0");
+  EXPECT_EQ(c["verdict"], "fail");
+  EXPECT_NE(c["detail"].get<std::string>().find("its own 0000:21:00.1 on snd_hda_intel is not"),
+            std::string::npos)
+      << c.dump();
+  EXPECT_EQ(c["fix"], "factory host bind --pci 0000:21:00.0");
 }

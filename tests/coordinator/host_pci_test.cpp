@@ -31,13 +31,15 @@ TEST(PciAddress, ParsesFullAndShortForms) {
 }
 
 TEST(PciAddress, RejectsMalformedWithOneClearLine) {
-  for (const char* bad : {"", "01:00", "0000:1:00.0", "0000:01:00.8", "0000:01:20.0", "0000:01:00.",
-                          "000:01:00.0", "0000:0g:00.0", "0000:01:00.0 ", "bus1", "0000:01:00:00.0"}) {
+  for (const char* bad :
+       {"", "01:00", "0000:1:00.0", "0000:01:00.8", "0000:01:20.0", "0000:01:00.", "000:01:00.0",
+        "0000:0g:00.0", "0000:01:00.0 ", "bus1", "0000:01:00:00.0"}) {
     auto r = PciAddress::parse(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.error().code, factory::Errc::invalid_argument);
     EXPECT_NE(r.error().message.find("malformed PCI address"), std::string::npos);
-    EXPECT_NE(r.error().message.find("0000:01:00.0"), std::string::npos) << "shows the expected form";
+    EXPECT_NE(r.error().message.find("0000:01:00.0"), std::string::npos)
+        << "shows the expected form";
     EXPECT_EQ(r.error().message.find('\n'), std::string::npos);
   }
 }
@@ -63,7 +65,7 @@ TEST(PciBus, ReadsTheRunbookHostLikeTheKernelShowsIt) {
   EXPECT_TRUE(l4->is_display());
   EXPECT_EQ(l4->driver, "nvidia");  // from the `driver` link
   ASSERT_TRUE(l4->iommu_group.has_value());
-  EXPECT_EQ(*l4->iommu_group, 35u);  // from the `iommu_group` link
+  EXPECT_EQ(*l4->iommu_group, 35u);    // from the `iommu_group` link
   EXPECT_EQ(l4->driver_override, "");  // "(null)" in sysfs
   EXPECT_EQ(bus.iommu_group_members(35).size(), 1u);
   EXPECT_TRUE(bus.iommu_groups_present());
@@ -105,7 +107,8 @@ TEST(HostState, ModulesProcessesAndOverrides) {
   for (const auto& m : mods) {
     EXPECT_FALSE(m.loaded) << m.name;
     ASSERT_TRUE(m.available.has_value()) << m.name;
-    EXPECT_TRUE(*m.available) << m.name << " is in modules.dep (vfio-pci.ko.zst counts as vfio_pci)";
+    EXPECT_TRUE(*m.available) << m.name
+                              << " is in modules.dep (vfio-pci.ko.zst counts as vfio_pci)";
     EXPECT_EQ(m.boot_file, "") << m.name;
   }
   write_text(t / "/etc/modules-load.d/vfio.conf", "# for passthrough\nvfio\nvfio_iommu_type1\n");
@@ -137,7 +140,8 @@ TEST(HostState, ModulesProcessesAndOverrides) {
 }
 
 TEST(PciIds, ParsesVendorsDevicesSubsystemsAndVersion) {
-  auto ids = PciIds::load(fixtures_dir() / "third-party" / "pci.ids-nvidia-2025.07.11", "third-party");
+  auto ids =
+      PciIds::load(fixtures_dir() / "third-party" / "pci.ids-nvidia-2025.07.11", "third-party");
   ASSERT_TRUE(ids.ok()) << ids.error().message;
   EXPECT_EQ(ids->version(), "2025.07.11");
   EXPECT_EQ(ids->vendor_name(0x10de), "NVIDIA Corporation");
@@ -151,12 +155,14 @@ TEST(PciIds, ParsesVendorsDevicesSubsystemsAndVersion) {
   ASSERT_TRUE(debian.ok());
   EXPECT_EQ(debian->version(), "2023.04.10");
   EXPECT_EQ(debian->device_name(0x10de, 0x27b8), "AD104GL [L4]");
-  EXPECT_FALSE(debian->device_name(0x10de, 0x2335).has_value()) << "Debian 12's list predates the H200";
+  EXPECT_FALSE(debian->device_name(0x10de, 0x2335).has_value())
+      << "Debian 12's list predates the H200";
 
   // The class list at the end is not a vendor.
-  auto p = PciIds::parse("10de  NVIDIA Corporation\n\t27b8  AD104GL [L4]\nC 03  Display controller\n"
-                         "\t02  3D controller\n",
-                         "inline");
+  auto p = PciIds::parse(
+      "10de  NVIDIA Corporation\n\t27b8  AD104GL [L4]\nC 03  Display controller\n"
+      "\t02  3D controller\n",
+      "inline");
   EXPECT_EQ(p.device_name(0x10de, 0x0002), std::nullopt);
   EXPECT_EQ(p.device_name(0x10de, 0x27b8), "AD104GL [L4]");
 }
@@ -231,7 +237,8 @@ TEST(IommuGroup, CardFunctionsMoveBridgesStayHostDevicesBlock) {
   EXPECT_EQ(ga.members[1].role, MemberRole::card);    // the GPU
   EXPECT_EQ(ga.members[2].role, MemberRole::card);    // its audio function
   EXPECT_EQ(ga.members[3].role, MemberRole::in_use);  // the NIC on igb
-  EXPECT_NE(ga.blocker_text().find("0000:22:00.0 (8086:1533, class 0200, driver igb)"), std::string::npos)
+  EXPECT_NE(ga.blocker_text().find("0000:22:00.0 (8086:1533, class 0200, driver igb)"),
+            std::string::npos)
       << ga.blocker_text();
   // The same NIC with no driver leaves the group viable.
   t.unlink_driver("0000:22:00.0");

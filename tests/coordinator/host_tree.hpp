@@ -13,6 +13,7 @@
 // saw in the same log the command stand-ins (tests/fixtures/host/bin) use.
 // `factory` itself writes the files exactly as on a real host and checks the
 // links afterwards, so both the writes and their effect are tested.
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/inotify.h>
 #include <unistd.h>
@@ -28,14 +29,14 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "tests/support/test_support.hpp"
 
 namespace factory::testing::hosttree {
 namespace fs = std::filesystem;
 
-inline fs::path host_fixtures() { return source_dir() / "tests" / "fixtures" / "host"; }
+inline fs::path host_fixtures() {
+  return source_dir() / "tests" / "fixtures" / "host";
+}
 
 inline void write_text(const fs::path& p, const std::string& text) {
   fs::create_directories(p.parent_path());
@@ -59,9 +60,8 @@ inline std::string trim(std::string s) {
 // (driver_override) and native=DRV (the driver drivers_probe picks when there
 // is no override; defaults to drv unless that is vfio-pci).
 struct FunctionFact {
-  std::string addr, vendor, device, cls, driver, group, sub_vendor = "0x0000",
-                                                         sub_device = "0x0000", override_driver,
-                                                         native;
+  std::string addr, vendor, device, cls, driver, group,
+      sub_vendor = "0x0000", sub_device = "0x0000", override_driver, native;
 };
 
 struct Facts {
@@ -93,10 +93,14 @@ inline Facts parse_facts(const std::string& text) {
       auto eq = kv.find('=');
       if (eq == std::string::npos) continue;
       std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
-      if (k == "drv") fn.driver = v;
-      else if (k == "iommu") fn.group = v;
-      else if (k == "override") fn.override_driver = v;
-      else if (k == "native") fn.native = v;
+      if (k == "drv")
+        fn.driver = v;
+      else if (k == "iommu")
+        fn.group = v;
+      else if (k == "override")
+        fn.override_driver = v;
+      else if (k == "native")
+        fn.native = v;
       else if (k == "sub") {
         auto c = v.find(':');
         fn.sub_vendor = v.substr(0, c);
@@ -118,7 +122,8 @@ class HostTree {
  public:
   explicit HostTree(const TempDir& dir) : root_(dir / "root"), log_(dir / "standin.log") {
     fs::create_directories(root_);
-    for (const char* f : {"sys/bus/pci/drivers_probe", "sys/bus/pci/drivers_autoprobe", "sys/bus/pci/rescan"})
+    for (const char* f :
+         {"sys/bus/pci/drivers_probe", "sys/bus/pci/drivers_autoprobe", "sys/bus/pci/rescan"})
       write_text(root_ / f, "");
     fs::create_directories(root_ / "sys/bus/pci/devices");
     fs::create_directories(root_ / "sys/bus/pci/drivers");
@@ -149,7 +154,8 @@ class HostTree {
       fs::path unit = root_ / "sys/devices" / root_bus_dir(addr) / addr / "iommu" / name;
       fs::create_directories(unit);
       fs::create_directories(root_ / "sys/class/iommu");
-      fs::create_symlink(fs::relative(unit, root_ / "sys/class/iommu"), root_ / "sys/class/iommu" / name);
+      fs::create_symlink(fs::relative(unit, root_ / "sys/class/iommu"),
+                         root_ / "sys/class/iommu" / name);
     }
   }
 
@@ -161,8 +167,10 @@ class HostTree {
     write_text(dev / "class", fn.cls + "\n");
     write_text(dev / "subsystem_vendor", fn.sub_vendor + "\n");
     write_text(dev / "subsystem_device", fn.sub_device + "\n");
-    write_text(dev / "driver_override", (fn.override_driver.empty() ? "(null)" : fn.override_driver) + "\n");
-    fs::create_symlink(fs::relative(dev, root_ / "sys/bus/pci/devices"), root_ / "sys/bus/pci/devices" / fn.addr);
+    write_text(dev / "driver_override",
+               (fn.override_driver.empty() ? "(null)" : fn.override_driver) + "\n");
+    fs::create_symlink(fs::relative(dev, root_ / "sys/bus/pci/devices"),
+                       root_ / "sys/bus/pci/devices" / fn.addr);
     if (!fn.driver.empty()) {
       add_driver(fn.driver);
       link_driver(fn.addr, fn.driver);
@@ -253,15 +261,15 @@ inline void build_l4_runbook(HostTree& t) {
   t.overlay(host_fixtures() / "l4-runbook" / "root");
   t.add(facts_file("l4-runbook"));
   fs::create_directories(t / "/usr/share/misc");
-  fs::copy_file(host_fixtures() / "pci.ids-debian12-2023.04.10-nvidia", t / "/usr/share/misc/pci.ids");
+  fs::copy_file(host_fixtures() / "pci.ids-debian12-2023.04.10-nvidia",
+                t / "/usr/share/misc/pci.ids");
 }
 
 // The real H200 guest, straight from its capture: every PCI function with its
 // IDs, class, driver and (empty) IOMMU group, /dev/kvm present, no pci.ids.
 // /proc/cpuinfo and /proc/cmdline were not captured, so the tree has none.
 inline void build_h200_guest(HostTree& t) {
-  const std::string capture =
-      read_text(fixtures_dir() / "h200-passthrough-vm" / "host-facts.txt");
+  const std::string capture = read_text(fixtures_dir() / "h200-passthrough-vm" / "host-facts.txt");
   t.add(parse_facts(capture));
   std::istringstream in(capture);
   std::string line;
@@ -343,9 +351,7 @@ class KernelStandIn {
     }
   }
 
-  void log(const std::string& line) {
-    std::ofstream(tree_.log(), std::ios::app) << line << "\n";
-  }
+  void log(const std::string& line) { std::ofstream(tree_.log(), std::ios::app) << line << "\n"; }
 
   void handle(const Watch w, const std::string& file, uint32_t mask) {
     if (w.kind == Kind::drivers) {
@@ -383,7 +389,8 @@ class KernelStandIn {
       return;
     }
     std::string target;
-    if (w.kind == Kind::driver && file == "bind") target = w.name;
+    if (w.kind == Kind::driver && file == "bind")
+      target = w.name;
     else if (w.kind == Kind::bus && file == "drivers_probe") {
       std::string ov = tree_.driver_override(addr);
       target = (ov.empty() || ov == "(null)") ? tree_.native(addr) : ov;
@@ -416,14 +423,18 @@ using Snapshot = std::map<std::string, std::string>;
 
 inline Snapshot snapshot(const fs::path& root) {
   Snapshot s;
-  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+  for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator();
+       ++it) {
     const auto& p = it->path();
     std::string rel = fs::relative(p, root).string();
     auto st = it->symlink_status();
-    if (fs::is_symlink(st)) s[rel] = "link " + fs::read_symlink(p).string();
-    else if (fs::is_directory(st)) s[rel] = "dir";
+    if (fs::is_symlink(st))
+      s[rel] = "link " + fs::read_symlink(p).string();
+    else if (fs::is_directory(st))
+      s[rel] = "dir";
     else
-      s[rel] = "file " + std::to_string(static_cast<unsigned>(st.permissions())) + " " + read_text(p);
+      s[rel] =
+          "file " + std::to_string(static_cast<unsigned>(st.permissions())) + " " + read_text(p);
   }
   return s;
 }
@@ -432,8 +443,10 @@ inline std::vector<std::string> snapshot_diff(const Snapshot& a, const Snapshot&
   std::vector<std::string> d;
   for (const auto& [k, v] : a) {
     auto it = b.find(k);
-    if (it == b.end()) d.push_back("removed " + k);
-    else if (it->second != v) d.push_back("changed " + k);
+    if (it == b.end())
+      d.push_back("removed " + k);
+    else if (it->second != v)
+      d.push_back("changed " + k);
   }
   for (const auto& [k, v] : b)
     if (!a.count(k)) d.push_back("added " + k);
