@@ -44,8 +44,8 @@ nlohmann::json PciFunction::to_json() const {
   std::snprintf(cls, sizeof cls, "0x%06x", class_code);
   char sub[16];
   std::snprintf(sub, sizeof sub, "%04x:%04x", subsystem_vendor, subsystem_device);
-  return {{"address", address}, {"id", id()},    {"class", cls},
-          {"subsystem", sub},   {"driver", driver}};
+  return {
+      {"address", address}, {"id", id()}, {"class", cls}, {"subsystem", sub}, {"driver", driver}};
 }
 
 std::vector<PciFunction> scan_pci_bus(const GuestEnv& env) {
@@ -122,8 +122,10 @@ PackageState parse_dpkg_status(const std::string& out) {
   std::istringstream in(out);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("Status:", 0) == 0) st.status = trim(line.substr(7));
-    else if (line.rfind("Version:", 0) == 0) st.version = trim(line.substr(8));
+    if (line.rfind("Status:", 0) == 0)
+      st.status = trim(line.substr(7));
+    else if (line.rfind("Version:", 0) == 0)
+      st.version = trim(line.substr(8));
   }
   st.installed = st.status == "install ok installed";
   return st;

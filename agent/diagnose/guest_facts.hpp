@@ -4,10 +4,9 @@
 // dpkg's view of a package. Paths go through GuestEnv::path and commands
 // through PATH, so the same code reads a real guest or the simulated one.
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "agent/plan/step.hpp"
 

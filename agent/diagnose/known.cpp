@@ -82,14 +82,16 @@ Diagnosis dkms_build_failed(const std::string& kernel, const std::string& output
 }
 
 Diagnosis apt_failed(const std::string& command, const std::string& output_tail) {
-  return {"apt_failed", "`" + command + "` failed",
+  return {"apt_failed",
+          "`" + command + "` failed",
           "read the output tail; check the guest's network and package sources, then "
           "`factory tenant retry`",
           {{"command", command}, {"output_tail", output_tail}}};
 }
 
 Diagnosis download_failed(const std::string& url, const std::string& output_tail) {
-  return {"download_failed", "downloading " + url + " did not complete",
+  return {"download_failed",
+          "downloading " + url + " did not complete",
           "check the guest's network access to the URL (or put the file in /var/cache "
           "beforehand), then `factory tenant retry`",
           {{"url", url}, {"output_tail", output_tail}}};
@@ -104,13 +106,15 @@ Diagnosis nvidia_smi_not_on_path() {
 Diagnosis gpu_operator_nvidia_smi_chroot(const std::string& driver_root) {
   return {"gpu_operator_nvidia_smi_chroot",
           "nvidia-smi is not on the VM's PATH: the GPU Operator runs the driver in a container "
-          "rooted at " + driver_root,
+          "rooted at " +
+              driver_root,
           "use `chroot " + driver_root + " nvidia-smi` (health does this itself)",
           {{"driver_root", driver_root}}};
 }
 
 Diagnosis ollama_not_answering(const std::string& url, const std::string& last_error) {
-  return {"ollama_not_answering", "Ollama does not answer at " + url + ": " + last_error,
+  return {"ollama_not_answering",
+          "Ollama does not answer at " + url + ": " + last_error,
           "check the service in the guest (`systemctl status ollama`, `journalctl -u ollama`); "
           "OLLAMA_HOST must match the URL the agent uses",
           {{"url", url}, {"last_error", last_error}}};
@@ -147,16 +151,18 @@ Diagnosis model_partly_on_cpu(const std::string& model, std::uint64_t size,
                               : static_cast<int>(std::lround(
                                     100.0 * static_cast<double>(size - std::min(size, size_vram)) /
                                     static_cast<double>(size)));
-  std::string summary = "model '" + model + "' is not fully on the GPU: " +
-                        human_bytes(size_vram) + " of " + human_bytes(size) + " on the GPU, " +
-                        std::to_string(cpu_percent) + "% on the CPU";
+  std::string summary = "model '" + model + "' is not fully on the GPU: " + human_bytes(size_vram) +
+                        " of " + human_bytes(size) + " on the GPU, " + std::to_string(cpu_percent) +
+                        "% on the CPU";
   std::string fix = size_vram == 0
                         ? "Ollama found no usable GPU: check the nvidia_driver step and "
                           "`nvidia-smi`, then `systemctl restart ollama` (Ollama picks GPUs "
                           "when it starts)"
                         : "the GPU lacks free memory for the whole model: check `nvidia-smi` "
                           "for other processes, or choose a smaller model or quantization";
-  return {"model_partly_on_cpu", summary, fix,
+  return {"model_partly_on_cpu",
+          summary,
+          fix,
           {{"model", model},
            {"size", size},
            {"size_vram", size_vram},
@@ -166,7 +172,10 @@ Diagnosis model_partly_on_cpu(const std::string& model, std::uint64_t size,
 
 std::string human_bytes(std::uint64_t b) {
   // Ollama's format.HumanBytes: decimal units, one decimal below 10.
-  struct Unit { double size; const char* name; };
+  struct Unit {
+    double size;
+    const char* name;
+  };
   static const Unit units[] = {{1e12, "TB"}, {1e9, "GB"}, {1e6, "MB"}, {1e3, "KB"}};
   for (const auto& u : units) {
     if (static_cast<double>(b) >= u.size) {

@@ -66,9 +66,9 @@ Diagnosis diagnose_package_failure(const std::string& command, const std::string
                                    const std::string& kernel_release) {
   // DKMS runs inside the driver package's postinst, so its failure surfaces as
   // an apt/dpkg failure; these are the lines dkms itself prints.
-  static const char* const dkms_markers[] = {
-      "Bad return status for module build", "Error! Build of", "make.log",
-      "Error! Your kernel headers"};
+  static const char* const dkms_markers[] = {"Bad return status for module build",
+                                             "Error! Build of", "make.log",
+                                             "Error! Your kernel headers"};
   for (const char* m : dkms_markers) {
     if (output.find(m) != std::string::npos)
       return diagnoses::dkms_build_failed(kernel_release, last_lines(output, 15));
@@ -117,7 +117,8 @@ std::vector<Diagnosis> diagnose(const GuestObservations& o) {
   }
   if (o.ollama_error) out.push_back(diagnoses::ollama_not_answering(o.ollama_url, *o.ollama_error));
   for (const auto& m : o.models) {
-    if (auto d = diagnose_model_placement(m.name, m.size, m.size_vram)) out.push_back(std::move(*d));
+    if (auto d = diagnose_model_placement(m.name, m.size, m.size_vram))
+      out.push_back(std::move(*d));
   }
   return out;
 }

@@ -57,14 +57,16 @@ json collect_gpu_health(const GuestEnv& env) {
   smi.on_path = !which("nvidia-smi").empty();
   smi.driver_root = gpu_operator_driver_root(env);
   std::error_code ec;
-  smi.in_driver_root = std::filesystem::exists(env.path("/run/nvidia/driver/usr/bin/nvidia-smi"), ec);
+  smi.in_driver_root =
+      std::filesystem::exists(env.path("/run/nvidia/driver/usr/bin/nvidia-smi"), ec);
   json diags = json::array();
   if (!smi.on_path && smi.in_driver_root) {
     auto chrooted = query_nvidia_smi({"chroot", smi.driver_root});
     if (chrooted) {
       json out = chrooted->to_json();
       out["via"] = "chroot " + smi.driver_root;
-      out["diagnoses"] = json::array({diagnoses::gpu_operator_nvidia_smi_chroot(smi.driver_root).to_json()});
+      out["diagnoses"] =
+          json::array({diagnoses::gpu_operator_nvidia_smi_chroot(smi.driver_root).to_json()});
       return out;
     }
     errors.push_back("chroot " + smi.driver_root + ": " + chrooted.error().message);
@@ -73,8 +75,11 @@ json collect_gpu_health(const GuestEnv& env) {
 
   std::string error;
   for (const auto& e : errors) error += (error.empty() ? "" : "; ") + e;
-  return {{"source", "none"}, {"driver_version", nullptr}, {"gpus", json::array()},
-          {"error", error}, {"diagnoses", diags}};
+  return {{"source", "none"},
+          {"driver_version", nullptr},
+          {"gpus", json::array()},
+          {"error", error},
+          {"diagnoses", diags}};
 }
 
 json collect_ollama_health(const GuestEnv& env) {
@@ -85,7 +90,8 @@ json collect_ollama_health(const GuestEnv& env) {
             {"models", json::array()},
             {"error", version.error().message},
             {"diagnoses",
-             json::array({diagnoses::ollama_not_answering(env.ollama_url, version.error().message).to_json()})}};
+             json::array({diagnoses::ollama_not_answering(env.ollama_url, version.error().message)
+                              .to_json()})}};
   }
   json out = {{"version", *version}, {"models", json::array()}};
   auto ps = api.ps(std::chrono::seconds(5));
@@ -99,7 +105,8 @@ json collect_ollama_health(const GuestEnv& env) {
                              {"size", m.size},
                              {"size_vram", m.size_vram},
                              {"gpu_percent", m.gpu_percent()}});
-    if (auto d = diagnose_model_placement(m.name, m.size, m.size_vram)) diags.push_back(d->to_json());
+    if (auto d = diagnose_model_placement(m.name, m.size, m.size_vram))
+      diags.push_back(d->to_json());
   }
   if (!diags.empty()) out["diagnoses"] = diags;
   return out;

@@ -19,10 +19,9 @@
 //    "models": [{"name", "size", "size_vram", "gpu_percent"}],
 //    "error"/"diagnoses" when the API does not answer}
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "agent/health/gpu_report.hpp"
 #include "agent/plan/step.hpp"

@@ -1,12 +1,11 @@
 #include "agent/health/gpu_report.hpp"
 
 #include <algorithm>
+#include <boost/property_tree/ptree.hpp>
+#include <boost/property_tree/xml_parser.hpp>
 #include <cctype>
 #include <regex>
 #include <sstream>
-
-#include <boost/property_tree/ptree.hpp>
-#include <boost/property_tree/xml_parser.hpp>
 
 namespace factory::agent {
 
@@ -68,14 +67,22 @@ std::string text(const std::string& raw) {
 // Applies one named query value to a reading (or the report's driver version).
 void apply_field(const std::string& field, const std::string& value, GpuReading& g,
                  std::string& driver_version) {
-  if (field == "index") g.index = number<int>(value).value_or(g.index);
-  else if (field == "name" || field == "gpu_name") g.name = text(value);
-  else if (field == "uuid" || field == "gpu_uuid") g.uuid = text(value);
-  else if (field == "pci.bus_id" || field == "gpu_bus_id") g.pci_bus_id = text(value);
-  else if (field == "memory.total") g.memory_total_mib = number<std::uint64_t>(value);
-  else if (field == "memory.used") g.memory_used_mib = number<std::uint64_t>(value);
-  else if (field == "temperature.gpu") g.temperature_c = number<int>(value);
-  else if (field == "utilization.gpu") g.utilization_percent = number<int>(value);
+  if (field == "index")
+    g.index = number<int>(value).value_or(g.index);
+  else if (field == "name" || field == "gpu_name")
+    g.name = text(value);
+  else if (field == "uuid" || field == "gpu_uuid")
+    g.uuid = text(value);
+  else if (field == "pci.bus_id" || field == "gpu_bus_id")
+    g.pci_bus_id = text(value);
+  else if (field == "memory.total")
+    g.memory_total_mib = number<std::uint64_t>(value);
+  else if (field == "memory.used")
+    g.memory_used_mib = number<std::uint64_t>(value);
+  else if (field == "temperature.gpu")
+    g.temperature_c = number<int>(value);
+  else if (field == "utilization.gpu")
+    g.utilization_percent = number<int>(value);
   else if (field == "driver_version") {
     std::string v = text(value);
     if (!v.empty()) driver_version = v;
@@ -107,8 +114,9 @@ nlohmann::json GpuReport::to_json() const {
 
 const std::vector<std::string>& nvidia_smi_query_fields() {
   static const std::vector<std::string> fields = {
-      "index",       "name",           "uuid",            "pci.bus_id",     "memory.total",
-      "memory.used", "driver_version", "temperature.gpu", "utilization.gpu"};
+      "index",          "name",        "uuid",           "pci.bus_id",
+      "memory.total",   "memory.used", "driver_version", "temperature.gpu",
+      "utilization.gpu"};
   return fields;
 }
 
@@ -176,7 +184,8 @@ Result<GpuReport> parse_nvidia_smi_xml(const std::string& xml) {
     g.index = static_cast<int>(report.gpus.size());
     g.name = text(gpu.get<std::string>("product_name", ""));
     g.uuid = text(gpu.get<std::string>("uuid", ""));
-    g.pci_bus_id = text(gpu.get<std::string>("pci.pci_bus_id", gpu.get<std::string>("<xmlattr>.id", "")));
+    g.pci_bus_id =
+        text(gpu.get<std::string>("pci.pci_bus_id", gpu.get<std::string>("<xmlattr>.id", "")));
     g.memory_total_mib = number<std::uint64_t>(gpu.get<std::string>("fb_memory_usage.total", ""));
     g.memory_used_mib = number<std::uint64_t>(gpu.get<std::string>("fb_memory_usage.used", ""));
     g.temperature_c = number<int>(gpu.get<std::string>("temperature.gpu_temp", ""));

@@ -4,11 +4,10 @@
 // nvidia-smi's outputs. The parsers are tested on real captures
 // (../shared/fixtures/real/).
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 

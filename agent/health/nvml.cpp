@@ -63,7 +63,8 @@ struct NvmlLibrary::Api {
 
   std::string describe(nvmlReturn_t rc) const {
     const char* s = error_string ? error_string(rc) : nullptr;
-    return s ? std::string(s) + " (" + std::to_string(rc) + ")" : "NVML error " + std::to_string(rc);
+    return s ? std::string(s) + " (" + std::to_string(rc) + ")"
+             : "NVML error " + std::to_string(rc);
   }
 };
 
@@ -96,8 +97,7 @@ Result<std::unique_ptr<NvmlLibrary>> NvmlLibrary::load(const std::vector<std::st
     const char* err = ::dlerror();
     tried += (tried.empty() ? "" : "; ") + std::string(err ? err : c);
   }
-  if (!handle)
-    return Error(Errc::not_found, "NVML is not installed (" + tried + ")");
+  if (!handle) return Error(Errc::not_found, "NVML is not installed (" + tried + ")");
 
   std::unique_ptr<NvmlLibrary> lib(new NvmlLibrary());
   lib->handle_ = handle;
@@ -117,7 +117,8 @@ Result<std::unique_ptr<NvmlLibrary>> NvmlLibrary::load(const std::vector<std::st
   resolve(handle, "nvmlDeviceGetTemperature", a.get_temperature, missing);
   resolve(handle, "nvmlDeviceGetUtilizationRates", a.get_utilization, missing);
   // Optional: only makes messages nicer.
-  a.error_string = reinterpret_cast<const char* (*)(nvmlReturn_t)>(::dlsym(handle, "nvmlErrorString"));
+  a.error_string =
+      reinterpret_cast<const char* (*)(nvmlReturn_t)>(::dlsym(handle, "nvmlErrorString"));
   if (!missing.empty())
     return Error(Errc::failed_precondition,
                  path + " lacks " + missing + " (NVML older than the agent expects)");
@@ -147,8 +148,8 @@ Result<GpuReport> NvmlLibrary::read() {
   for (unsigned int i = 0; i < count; ++i) {
     nvmlDevice_t dev = nullptr;
     if (nvmlReturn_t rc = a.get_handle(i, &dev); rc != NVML_SUCCESS)
-      return Error(Errc::failed_precondition,
-                   "nvmlDeviceGetHandleByIndex_v2(" + std::to_string(i) + ") failed: " + a.describe(rc));
+      return Error(Errc::failed_precondition, "nvmlDeviceGetHandleByIndex_v2(" + std::to_string(i) +
+                                                  ") failed: " + a.describe(rc));
     GpuReading g;
     g.index = static_cast<int>(i);
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE] = {};
@@ -179,8 +180,8 @@ Result<GpuReport> NvmlLibrary::read() {
 std::vector<std::string> nvml_library_candidates(const GuestEnv& env) {
   if (env.root == "/" || env.root.empty()) return {"libnvidia-ml.so.1"};
   std::vector<std::string> out;
-  for (const char* dir : {"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu",
-                          "/usr/local/nvidia/lib64"})
+  for (const char* dir : {"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib",
+                          "/lib/x86_64-linux-gnu", "/usr/local/nvidia/lib64"})
     out.push_back((env.path(dir) / "libnvidia-ml.so.1").string());
   return out;
 }

@@ -63,7 +63,8 @@ class AptPackages final : public Step {
     if (!r) return StepOutcome::failure(cmd + ": " + r.error().message);
     if (r->ok()) return StepOutcome::success();
     auto kernel = run_in_step(ctx, {"uname", "-r"}, 10s);
-    std::string kr = kernel && kernel->ok() ? kernel->output.substr(0, kernel->output.find('\n')) : "";
+    std::string kr =
+        kernel && kernel->ok() ? kernel->output.substr(0, kernel->output.find('\n')) : "";
     auto d = diagnose_package_failure(cmd, r->output, kr);
     return StepOutcome::failure(cmd + " " + r->describe(), r->tail(20), d);
   }
@@ -78,13 +79,16 @@ Result<std::unique_ptr<Step>> make_apt_packages(const StepSpec& spec) {
   auto list = string_list_param(spec.params, "packages", spec.id, {}, true);
   if (!list) return list.error();
   if (list->empty())
-    return Error(Errc::invalid_argument, "step '" + spec.id + "': params.packages must list a package");
+    return Error(Errc::invalid_argument,
+                 "step '" + spec.id + "': params.packages must list a package");
   std::vector<Wanted> pkgs;
   for (const auto& p : *list) {
     auto eq = p.find('=');
-    pkgs.push_back(eq == std::string::npos ? Wanted{p, ""} : Wanted{p.substr(0, eq), p.substr(eq + 1)});
+    pkgs.push_back(eq == std::string::npos ? Wanted{p, ""}
+                                           : Wanted{p.substr(0, eq), p.substr(eq + 1)});
   }
-  return std::unique_ptr<Step>(new AptPackages(std::move(pkgs), bool_param(spec.params, "update", true)));
+  return std::unique_ptr<Step>(
+      new AptPackages(std::move(pkgs), bool_param(spec.params, "update", true)));
 }
 
 }  // namespace factory::agent::steps

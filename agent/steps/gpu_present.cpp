@@ -59,7 +59,8 @@ Result<std::unique_ptr<Step>> make_gpu_present(const StepSpec& spec) {
                  "step '" + spec.id + "': params.vendor must be 4 hex digits like \"10de\"");
   long long min_count = int_param(spec.params, "min_count", 1);
   if (min_count < 1)
-    return Error(Errc::invalid_argument, "step '" + spec.id + "': params.min_count must be at least 1");
+    return Error(Errc::invalid_argument,
+                 "step '" + spec.id + "': params.min_count must be at least 1");
   return std::unique_ptr<Step>(
       new GpuPresent(static_cast<std::uint32_t>(std::stoul(*vendor, nullptr, 16)), min_count));
 }

@@ -43,7 +43,9 @@ std::string url_basename(const std::string& url) {
 }
 
 // A .deb's file name starts with its package name: "name_version_arch.deb".
-std::string deb_package_name(const std::string& file) { return file.substr(0, file.find('_')); }
+std::string deb_package_name(const std::string& file) {
+  return file.substr(0, file.find('_'));
+}
 
 std::string one_line(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
@@ -69,7 +71,8 @@ class NvidiaDriver final : public Step {
     if (nvidia_gpus(ctx.env).empty()) return no_gpu(ctx);
 
     auto kernel = uname_r(ctx);
-    if (!kernel) return StepOutcome::failure("cannot read the kernel release: " + kernel.error().message);
+    if (!kernel)
+      return StepOutcome::failure("cannot read the kernel release: " + kernel.error().message);
 
     // 1. Prerequisites and the running kernel's headers (DKMS builds against them).
     std::vector<std::string> base = p_.prerequisites;
@@ -95,7 +98,8 @@ class NvidiaDriver final : public Step {
       if (!st.installed || st.version != p_.package_version) need.push_back(pkg);
     }
     if (!need.empty()) {
-      progress(ctx, "installing the NVIDIA driver " + p_.package_version + " (DKMS builds the module)");
+      progress(ctx,
+               "installing the NVIDIA driver " + p_.package_version + " (DKMS builds the module)");
       if (auto out = apt(ctx, {"update"}, *kernel); !out.ok()) return out;
       std::vector<std::string> args = {"install", "-y"};
       for (const auto& pkg : need) args.push_back(pkg + "=" + p_.package_version);
@@ -110,20 +114,24 @@ class NvidiaDriver final : public Step {
       state["install_boot_id"] = now;
       state["kernel"] = *kernel;
       if (auto st = save_step_state(ctx, state); !st)
-        return StepOutcome::failure("cannot record the install in the agent's state: " + st.error().message);
+        return StepOutcome::failure("cannot record the install in the agent's state: " +
+                                    st.error().message);
     }
 
     // 4. Already live (e.g. an earlier boot loaded it): nothing left to do.
-    if (auto done = check(ctx); done && *done) return StepOutcome::success("driver " + p_.version + " loaded");
+    if (auto done = check(ctx); done && *done)
+      return StepOutcome::success("driver " + p_.version + " loaded");
 
     if (!p_.reboot) {
       auto r = run_in_step(ctx, {"modprobe", "nvidia"}, 2min);
       if (!r || !r->ok()) {
         auto obs = observe(ctx);
         auto d = diagnose_gpu_driver(obs);
-        return StepOutcome::failure("modprobe nvidia failed", r ? r->tail(15) : r.error().message, d);
+        return StepOutcome::failure("modprobe nvidia failed", r ? r->tail(15) : r.error().message,
+                                    d);
       }
-      return StepOutcome::success("driver " + p_.version + " installed and loaded without a reboot");
+      return StepOutcome::success("driver " + p_.version +
+                                  " installed and loaded without a reboot");
     }
 
     std::string installed_in = state.value("install_boot_id", "");
@@ -132,13 +140,15 @@ class NvidiaDriver final : public Step {
       // live: rebooting again would loop.
       auto obs = observe(ctx);
       auto d = diagnose_gpu_driver(obs);
-      std::string msg = "the guest rebooted after the driver install and the driver is still not live";
+      std::string msg =
+          "the guest rebooted after the driver install and the driver is still not live";
       if (d) msg += ": " + d->summary;
       return StepOutcome::failure(msg, last_lines(obs.kernel_log, 15), d);
     }
-    return StepOutcome::reboot("NVIDIA driver " + p_.package_version +
-                               " installed; the guest reboots to load it (nouveau cannot hand over the "
-                               "card while running)");
+    return StepOutcome::reboot(
+        "NVIDIA driver " + p_.package_version +
+        " installed; the guest reboots to load it (nouveau cannot hand over the "
+        "card while running)");
   }
 
   StepOutcome verify(StepContext& ctx) override {
@@ -158,17 +168,22 @@ class NvidiaDriver final : public Step {
       for (const auto& g : smi->gpus)
         what += (what.empty() ? "" : ", ") + g.name + " (" + std::to_string(*g.memory_total_mib) +
                 " MiB) at " + g.pci_bus_id;
-      return StepOutcome::success("driver " + p_.version + " loaded, Kernel driver in use: nvidia; " + what);
+      return StepOutcome::success("driver " + p_.version +
+                                  " loaded, Kernel driver in use: nvidia; " + what);
     }
 
     auto d = diagnose_gpu_driver(obs);
     std::string msg;
-    if (!obs.module_loaded) msg = "the nvidia module is not loaded";
-    else if (!bound) msg = "the GPU is not bound to the nvidia driver";
-    else if (!smi) msg = smi.error().message;
+    if (!obs.module_loaded)
+      msg = "the nvidia module is not loaded";
+    else if (!bound)
+      msg = "the GPU is not bound to the nvidia driver";
+    else if (!smi)
+      msg = smi.error().message;
     else if (obs.smi_version != p_.version)
       msg = "nvidia-smi reports driver " + obs.smi_version + ", expected " + p_.version;
-    else msg = "nvidia-smi does not list every GPU with its memory";
+    else
+      msg = "nvidia-smi does not list every GPU with its memory";
     if (d) msg += ": " + d->summary;
     std::string tail = smi ? std::string() : smi.error().message;
     if (!obs.module_loaded) tail = last_lines(obs.kernel_log, 15);
@@ -194,7 +209,8 @@ class NvidiaDriver final : public Step {
     return one_line(r->output);
   }
 
-  StepOutcome apt(StepContext& ctx, const std::vector<std::string>& args, const std::string& kernel) {
+  StepOutcome apt(StepContext& ctx, const std::vector<std::string>& args,
+                  const std::string& kernel) {
     std::vector<std::string> argv = kApt;
     argv.insert(argv.end(), args.begin(), args.end());
     std::string cmd = "apt-get " + command_line(args);
@@ -216,13 +232,15 @@ class NvidiaDriver final : public Step {
       std::error_code ec;
       if (!fs::exists(deb, ec)) {
         if (auto st = ensure_dir(deb.parent_path()); !st)
-          return StepOutcome::failure("cannot create " + deb.parent_path().string() + ": " + st.error().message);
+          return StepOutcome::failure("cannot create " + deb.parent_path().string() + ": " +
+                                      st.error().message);
         progress(ctx, "downloading " + file);
         // Into a .part file renamed when complete: a crash mid-download never
         // leaves a truncated .deb that looks finished.
         fs::path part = deb;
         part += ".part";
-        auto r = run_in_step(ctx, {"curl", "-fsSL", "--retry", "3", "-o", part.string(), p_.repo_url}, 30min);
+        auto r = run_in_step(
+            ctx, {"curl", "-fsSL", "--retry", "3", "-o", part.string(), p_.repo_url}, 30min);
         if (!r || !r->ok()) {
           fs::remove(part, ec);
           std::string tail = r ? r->tail(10) : r.error().message;
@@ -257,7 +275,9 @@ class NvidiaDriver final : public Step {
         if (fs::exists(dest, cec)) continue;
         fs::create_directories(keyrings, cec);
         auto data = read_file(it->path());
-        if (!data) return StepOutcome::failure("cannot read " + it->path().string() + ": " + data.error().message);
+        if (!data)
+          return StepOutcome::failure("cannot read " + it->path().string() + ": " +
+                                      data.error().message);
         if (auto st = write_file_atomic(dest, *data, 0644); !st)
           return StepOutcome::failure("cannot install the repository key: " + st.error().message);
       }
@@ -297,7 +317,8 @@ Result<std::unique_ptr<Step>> make_nvidia_driver(const StepSpec& spec) {
   auto pkgs = string_list_param(j, "packages", spec.id, {}, true);
   if (!pkgs) return pkgs.error();
   if (pkgs->empty())
-    return Error(Errc::invalid_argument, "step '" + spec.id + "': params.packages must list a package");
+    return Error(Errc::invalid_argument,
+                 "step '" + spec.id + "': params.packages must list a package");
   p.packages = *pkgs;
   auto pre = string_list_param(j, "prerequisites", spec.id, {"ca-certificates", "curl"});
   if (!pre) return pre.error();
@@ -310,12 +331,15 @@ Result<std::unique_ptr<Step>> make_nvidia_driver(const StepSpec& spec) {
   auto kind = string_param(repo, "kind", spec.id, "local");
   if (!kind) return kind.error();
   if (*kind != "local" && *kind != "network")
-    return Error(Errc::invalid_argument, "step '" + spec.id + "': params.repo.kind must be local or network");
+    return Error(Errc::invalid_argument,
+                 "step '" + spec.id + "': params.repo.kind must be local or network");
   p.repo_kind = *kind;
   auto url = string_param(repo, "url", spec.id);
   if (!url) return url.error().context("repo");
-  if (url_basename(*url).size() < 5 || url_basename(*url).substr(url_basename(*url).size() - 4) != ".deb")
-    return Error(Errc::invalid_argument, "step '" + spec.id + "': params.repo.url must name a .deb package");
+  if (url_basename(*url).size() < 5 ||
+      url_basename(*url).substr(url_basename(*url).size() - 4) != ".deb")
+    return Error(Errc::invalid_argument,
+                 "step '" + spec.id + "': params.repo.url must name a .deb package");
   p.repo_url = *url;
   auto cache = string_param(repo, "cache_dir", spec.id, "/var/cache");
   if (!cache) return cache.error();

@@ -7,8 +7,8 @@
 //   package_version: "615.71.09-1ubuntu1"   the apt pin for every package below
 //   packages:        [nvidia-headless-open, nvidia-persistenced]
 //   prerequisites:   [ca-certificates, curl]  (default)
-//   kernel_headers:  true                   also linux-headers-$(uname -r): DKMS builds against them
-//   repo:
+//   kernel_headers:  true                   also linux-headers-$(uname -r): DKMS builds against
+//   them repo:
 //     kind:      local | network  local: NVIDIA's local repository package (~535 MiB);
 //                                 network: the cuda-keyring package
 //     url:       https://.../nvidia-driver-local-repo-ubuntu2404-615.71.09_1.0-1_amd64.deb

@@ -34,8 +34,8 @@ Result<json> get_json(const std::string& url, std::chrono::milliseconds timeout)
   auto r = client.request(req);
   if (!r) return r.error();
   if (r->status != 200)
-    return Error(Errc::unavailable, url + ": HTTP " + std::to_string(r->status) + ": " +
-                                        error_text(r->body));
+    return Error(Errc::unavailable,
+                 url + ": HTTP " + std::to_string(r->status) + ": " + error_text(r->body));
   auto j = json::parse(r->body, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return Error(Errc::protocol, url + ": the answer is not a JSON object");
@@ -46,7 +46,8 @@ std::uint64_t u64(const json& j, const char* key) {
   if (!j.contains(key)) return 0;
   const json& v = j[key];
   if (v.is_number_unsigned()) return v.get<std::uint64_t>();
-  if (v.is_number_integer()) return static_cast<std::uint64_t>(std::max<std::int64_t>(0, v.get<std::int64_t>()));
+  if (v.is_number_integer())
+    return static_cast<std::uint64_t>(std::max<std::int64_t>(0, v.get<std::int64_t>()));
   if (v.is_number_float()) return static_cast<std::uint64_t>(std::max(0.0, v.get<double>()));
   return 0;
 }
@@ -61,7 +62,8 @@ int OllamaRunningModel::gpu_percent() const {
   // `ollama ps`: cpu% = round((size - size_vram) / size * 100), gpu% = 100 - cpu%.
   if (size == 0) return 0;
   std::uint64_t on_cpu = size - std::min(size, size_vram);
-  int cpu = static_cast<int>(std::lround(100.0 * static_cast<double>(on_cpu) / static_cast<double>(size)));
+  int cpu = static_cast<int>(
+      std::lround(100.0 * static_cast<double>(on_cpu) / static_cast<double>(size)));
   return 100 - cpu;
 }
 
@@ -232,8 +234,9 @@ Status OllamaApi::load(const std::string& model, const std::string& keep_alive,
   auto r = client.request(req);
   if (!r) return r.error().with_context("load " + model);
   if (r->status != 200)
-    return Error(r->status == 404 ? Errc::not_found : Errc::failed_precondition,
-                 "load " + model + ": HTTP " + std::to_string(r->status) + ": " + error_text(r->body));
+    return Error(
+        r->status == 404 ? Errc::not_found : Errc::failed_precondition,
+        "load " + model + ": HTTP " + std::to_string(r->status) + ": " + error_text(r->body));
   return ok_status();
 }
 

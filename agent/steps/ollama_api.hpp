@@ -7,11 +7,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 
@@ -50,7 +49,8 @@ class PullProgress {
   std::uint64_t total() const;
 
  private:
-  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> layers_;  // digest -> completed, total
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>>
+      layers_;  // digest -> completed, total
 };
 
 // Why a pull failed, for the diagnosis.
@@ -59,7 +59,7 @@ struct PullFailure {
   std::string server_error;  // Ollama's {"error": "..."} text, or what went wrong
   bool interrupted = false;  // the stream ended before "success"
   int percent = 0;
-  std::string last_status;   // the last status line seen
+  std::string last_status;  // the last status line seen
 };
 
 class OllamaApi {
@@ -68,8 +68,10 @@ class OllamaApi {
   const std::string& url() const { return base_; }
 
   Result<std::string> version(std::chrono::milliseconds timeout = std::chrono::seconds(5));
-  Result<std::vector<OllamaModel>> tags(std::chrono::milliseconds timeout = std::chrono::seconds(10));
-  Result<std::vector<OllamaRunningModel>> ps(std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  Result<std::vector<OllamaModel>> tags(
+      std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  Result<std::vector<OllamaRunningModel>> ps(
+      std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
   // POST /api/pull {"model": name, "stream": true}; on_event sees every line.
   // idle_timeout bounds each wait for the next line, not the whole download.

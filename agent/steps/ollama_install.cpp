@@ -23,8 +23,10 @@ struct InstallParams {
 std::string sh_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) {
-    if (c == '\'') out += "'\\''";
-    else out += c;
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
   }
   return out + "'";
 }
@@ -49,24 +51,29 @@ class OllamaInstall final : public Step {
           "set -e\n"
           "f=$(mktemp)\n"
           "trap 'rm -f \"$f\"' EXIT\n"
-          "curl -fsSL " + sh_quote(p_.install_url) + " -o \"$f\"\n"
+          "curl -fsSL " +
+          sh_quote(p_.install_url) +
+          " -o \"$f\"\n"
           "sh \"$f\"\n";
       CommandSpec spec = shell_command(script);
       spec.env["OLLAMA_VERSION"] = p_.version;
       spec.timeout = time_left(ctx, 15min);
       auto r = run_command(spec);
-      if (!r) return StepOutcome::failure("cannot run the Ollama install script: " + r.error().message);
+      if (!r)
+        return StepOutcome::failure("cannot run the Ollama install script: " + r.error().message);
       if (!r->ok()) {
         std::string tail = r->tail(20);
         std::optional<Diagnosis> d;
-        if (tail.find("curl: (") != std::string::npos) d = diagnoses::download_failed(p_.install_url, tail);
+        if (tail.find("curl: (") != std::string::npos)
+          d = diagnoses::download_failed(p_.install_url, tail);
         return StepOutcome::failure("the Ollama install script " + r->describe(), tail, d);
       }
     }
     auto r = run_in_step(ctx, {"systemctl", "enable", "--now", p_.service}, 2min);
     if (!r) return StepOutcome::failure("systemctl: " + r.error().message);
     if (!r->ok())
-      return StepOutcome::failure("systemctl enable --now " + p_.service + " " + r->describe(), r->tail(20));
+      return StepOutcome::failure("systemctl enable --now " + p_.service + " " + r->describe(),
+                                  r->tail(20));
     return StepOutcome::success("Ollama " + p_.version + " installed, " + p_.service + " enabled");
   }
 
@@ -77,9 +84,12 @@ class OllamaInstall final : public Step {
     std::string found;
     while (true) {
       auto v = api.version(3s);
-      if (v && *v == p_.version) return StepOutcome::success("Ollama " + *v + " answers at " + api.url());
-      if (v) found = *v;
-      else last_error = v.error().message;
+      if (v && *v == p_.version)
+        return StepOutcome::success("Ollama " + *v + " answers at " + api.url());
+      if (v)
+        found = *v;
+      else
+        last_error = v.error().message;
       if (std::chrono::steady_clock::now() >= give_up) break;
       std::this_thread::sleep_for(250ms);
     }

@@ -67,7 +67,8 @@ class OllamaModelStep final : public Step {
     // The server said why ({"error": ...} or an HTTP error): an unknown name,
     // or a registry problem mid-download.
     if (!failure.interrupted) {
-      auto d = diagnose_pull_failure(model_, failure.http_status, failure.server_error, failure.percent);
+      auto d =
+          diagnose_pull_failure(model_, failure.http_status, failure.server_error, failure.percent);
       return StepOutcome::failure("pull " + model_ + ": " + d.summary, last_lines(tail, 10), d);
     }
     auto d = diagnoses::model_download_interrupted(model_, failure.percent, failure.server_error);
@@ -78,7 +79,8 @@ class OllamaModelStep final : public Step {
     OllamaApi api(ctx.env.ollama_url);
     auto tags = api.tags(time_left(ctx, 10s));
     if (!tags) return not_answering(api, tags.error().message);
-    if (!listed(*tags)) return StepOutcome::failure(model_ + " is not in Ollama's model list after the pull");
+    if (!listed(*tags))
+      return StepOutcome::failure(model_ + " is not in Ollama's model list after the pull");
 
     emit_progress(ctx, {{"state", "progress"}, {"message", "loading " + model_}});
     if (auto st = api.load(model_, kKeepAlive, time_left(ctx, 10min)); !st) {
@@ -96,8 +98,10 @@ class OllamaModelStep final : public Step {
     auto it = std::find_if(ps->begin(), ps->end(),
                            [&](const OllamaRunningModel& m) { return same_model(m.name, model_); });
     if (it == ps->end())
-      return StepOutcome::failure(model_ + " was loaded but GET /api/ps does not list it (unloaded at once?)");
-    std::string where = diagnoses::human_bytes(it->size) + ", " + std::to_string(it->gpu_percent()) + "% GPU";
+      return StepOutcome::failure(
+          model_ + " was loaded but GET /api/ps does not list it (unloaded at once?)");
+    std::string where =
+        diagnoses::human_bytes(it->size) + ", " + std::to_string(it->gpu_percent()) + "% GPU";
     if (auto d = diagnose_model_placement(model_, it->size, it->size_vram)) {
       if (require_full_gpu_) return StepOutcome::failure(d->summary, {}, *d);
       return StepOutcome::success(model_ + " loaded (" + where + "; " + d->summary + ")");
@@ -127,7 +131,8 @@ Result<std::unique_ptr<Step>> make_ollama_model(const StepSpec& spec) {
   const char* key = spec.params.contains("model") ? "model" : "name";
   auto model = string_param(spec.params, key, spec.id);
   if (!model) return model.error();
-  return std::unique_ptr<Step>(new OllamaModelStep(*model, bool_param(spec.params, "require_full_gpu", true)));
+  return std::unique_ptr<Step>(
+      new OllamaModelStep(*model, bool_param(spec.params, "require_full_gpu", true)));
 }
 
 }  // namespace factory::agent::steps

@@ -19,14 +19,17 @@ Result<std::string> string_param(const json& p, const std::string& key, const st
 
 Result<std::vector<std::string>> string_list_param(const json& p, const std::string& key,
                                                    const std::string& step_id,
-                                                   std::vector<std::string> fallback, bool required) {
+                                                   std::vector<std::string> fallback,
+                                                   bool required) {
   if (!p.contains(key)) {
     if (required)
-      return Error(Errc::invalid_argument, "step '" + step_id + "': params." + key + " is required");
+      return Error(Errc::invalid_argument,
+                   "step '" + step_id + "': params." + key + " is required");
     return fallback;
   }
   if (!p[key].is_array())
-    return Error(Errc::invalid_argument, "step '" + step_id + "': params." + key + " must be a list");
+    return Error(Errc::invalid_argument,
+                 "step '" + step_id + "': params." + key + " must be a list");
   std::vector<std::string> out;
   for (const auto& v : p[key]) {
     if (!v.is_string() || v.get<std::string>().empty())

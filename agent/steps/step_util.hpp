@@ -6,10 +6,9 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "agent/plan/step.hpp"
 #include "common/subprocess.hpp"

@@ -37,7 +37,9 @@ const char* kBar0Log =
     "[   72.162204] nvidia: probe of 0000:08:00.0 failed with error -1\n"
     "[   72.162223] NVRM: The NVIDIA probe routine failed for 1 device(s).\n";
 
-TEST(DiagnoseGpuDriver, HealthyHasNoDiagnosis) { EXPECT_FALSE(diagnose_gpu_driver(healthy())); }
+TEST(DiagnoseGpuDriver, HealthyHasNoDiagnosis) {
+  EXPECT_FALSE(diagnose_gpu_driver(healthy()));
+}
 
 TEST(DiagnoseGpuDriver, NoGpuBeatsEverything) {
   auto o = healthy();
@@ -132,18 +134,22 @@ TEST(DiagnosePackageFailure, DkmsBuildFailure) {
       "Error! Bad return status for module build on kernel: 6.8.0-142-generic (x86_64)\n"
       "Consult /var/lib/dkms/nvidia/615.71.09/build/make.log for more information.\n"
       "E: Sub-process /usr/bin/dpkg returned an error code (1)\n";
-  auto d = diagnose_package_failure("apt-get install -y nvidia-headless-open", out, "6.8.0-142-generic");
+  auto d =
+      diagnose_package_failure("apt-get install -y nvidia-headless-open", out, "6.8.0-142-generic");
   EXPECT_EQ(d.code, "dkms_build_failed");
   EXPECT_NE(d.fix.find("linux-headers-6.8.0-142-generic"), std::string::npos);
-  EXPECT_NE(d.details["output_tail"].get<std::string>().find("Bad return status"), std::string::npos);
+  EXPECT_NE(d.details["output_tail"].get<std::string>().find("Bad return status"),
+            std::string::npos);
 }
 
 TEST(DiagnosePackageFailure, OtherAptFailure) {
   std::string out = "E: Unable to locate package nvidia-headless-open\n";
-  auto d = diagnose_package_failure("apt-get install -y nvidia-headless-open", out, "6.8.0-142-generic");
+  auto d =
+      diagnose_package_failure("apt-get install -y nvidia-headless-open", out, "6.8.0-142-generic");
   EXPECT_EQ(d.code, "apt_failed");
   EXPECT_EQ(d.details["command"], "apt-get install -y nvidia-headless-open");
-  EXPECT_NE(d.details["output_tail"].get<std::string>().find("Unable to locate"), std::string::npos);
+  EXPECT_NE(d.details["output_tail"].get<std::string>().find("Unable to locate"),
+            std::string::npos);
 }
 
 TEST(DiagnoseNvidiaSmi, Whereabouts) {
@@ -165,7 +171,8 @@ TEST(DiagnoseModel, PartlyOnCpuSaysHowMuch) {
   auto d = diagnose_model_placement("llama3.2:1b", 1600000000, 1200000000);
   ASSERT_TRUE(d);
   EXPECT_EQ(d->code, "model_partly_on_cpu");
-  EXPECT_NE(d->summary.find("1.2 GB of 1.6 GB on the GPU, 25% on the CPU"), std::string::npos) << d->summary;
+  EXPECT_NE(d->summary.find("1.2 GB of 1.6 GB on the GPU, 25% on the CPU"), std::string::npos)
+      << d->summary;
   EXPECT_EQ(d->details["cpu_percent"], 25);
   EXPECT_EQ(d->details["gpu_percent"], 75);
 }
@@ -200,8 +207,9 @@ TEST(Diagnose, CombinesWhatIsObserved) {
   auto all = diagnose(o);
   std::vector<std::string> codes;
   for (const auto& d : all) codes.push_back(d.code);
-  EXPECT_EQ(codes, (std::vector<std::string>{"driver_reboot_pending", "gpu_operator_nvidia_smi_chroot",
-                                             "ollama_not_answering", "model_partly_on_cpu"}));
+  EXPECT_EQ(codes,
+            (std::vector<std::string>{"driver_reboot_pending", "gpu_operator_nvidia_smi_chroot",
+                                      "ollama_not_answering", "model_partly_on_cpu"}));
 
   GuestObservations nogpu;
   nogpu.gpu = GpuDriverObservations{};

@@ -23,10 +23,13 @@ void install_driver_and_reboot(const GuestSim& sim) {
            {"apt-get", "update"},
            {"apt-get", "install", "-y", "linux-headers-6.8.0-142-generic"},
            {"curl", "-fsSL", "-o", (sim.root() / "var/cache/repo.deb").string(),
-            "https://developer.download.nvidia.com/compute/nvidia-driver/615.71.09/local_installers/"
+            "https://developer.download.nvidia.com/compute/nvidia-driver/615.71.09/"
+            "local_installers/"
             "nvidia-driver-local-repo-ubuntu2404-615.71.09_1.0-1_amd64.deb"},
            {"dpkg", "-i", (sim.root() / "var/cache/repo.deb").string()},
-           {"sh", "-c", "cp \"$0\"/var/nvidia-driver-local-repo-ubuntu2404-615.71.09/*-keyring.gpg \"$0\"/usr/share/keyrings/",
+           {"sh", "-c",
+            "cp \"$0\"/var/nvidia-driver-local-repo-ubuntu2404-615.71.09/*-keyring.gpg "
+            "\"$0\"/usr/share/keyrings/",
             sim.root().string()},
            {"apt-get", "update"},
            {"apt-get", "install", "-y", "nvidia-headless-open=615.71.09-1ubuntu1",
@@ -50,7 +53,8 @@ TEST(GuestSim, AnswersWithTheRunbooksCapturesAfterTheDriverInstall) {
 
   // `lspci -nnk -d 10de: | grep -A3 '3D controller'` as the runbook shows it.
   auto lspci = sim.sh({"lspci", "-nnk", "-d", "10de:"});
-  EXPECT_EQ(lspci.output, capture_without_prompt(fixtures_dir() / "l4-runbook/tenant1-lspci-nnk.txt"));
+  EXPECT_EQ(lspci.output,
+            capture_without_prompt(fixtures_dir() / "l4-runbook/tenant1-lspci-nnk.txt"));
   // `nvidia-smi` as the runbook shows it after the reboot.
   auto smi = sim.sh({"nvidia-smi"});
   EXPECT_EQ(smi.exit_code, 0);
@@ -69,10 +73,13 @@ TEST(GuestSim, H200AnswersWithTheRealMachinesOutput) {
   auto xml = sim.sh({"nvidia-smi", "-q", "-x"});
   EXPECT_EQ(xml.output, slurp(fixtures_dir() / "h200-passthrough-vm/nvidia-smi-q-x.xml"));
   // The capture's own csv values, in the order asked.
-  auto csv = sim.sh({"nvidia-smi", "--query-gpu=uuid,name,pci.bus_id,driver_version,memory.total,memory.used,memory.free",
-                     "--format=csv,noheader,nounits"});
+  auto csv = sim.sh(
+      {"nvidia-smi",
+       "--query-gpu=uuid,name,pci.bus_id,driver_version,memory.total,memory.used,memory.free",
+       "--format=csv,noheader,nounits"});
   EXPECT_EQ(csv.output,
-            "GPU-0108b095-397f-7583-e087-ade158522fa2, NVIDIA H200, 00000000:00:06.0, 580.159.04, 143771, 0, 143156\n");
+            "GPU-0108b095-397f-7583-e087-ade158522fa2, NVIDIA H200, 00000000:00:06.0, 580.159.04, "
+            "143771, 0, 143156\n");
   auto bad = sim.sh({"nvidia-smi", "--query-gpu=name,bogus", "--format=csv"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("Field \"bogus\" is not a valid field to query."), std::string::npos);
@@ -107,7 +114,8 @@ TEST(GuestSim, RebootEndsItsCallerWithSigkill) {
   EXPECT_EQ(nobody.exit_code, 0) << nobody.describe();
   EXPECT_NE(nobody.output.find("survived"), std::string::npos);
   EXPECT_NE(sim.calls_log().find("no factory-agent process above the reboot"), std::string::npos);
-  auto r = sim.sh({"sh", "-c", "reboot; echo survived"}, {{"FACTORY_GUESTSIM_REBOOT_KILL", "parent"}});
+  auto r =
+      sim.sh({"sh", "-c", "reboot; echo survived"}, {{"FACTORY_GUESTSIM_REBOOT_KILL", "parent"}});
   EXPECT_EQ(r.signal, 9) << r.describe() << r.output;
   EXPECT_EQ(r.output.find("survived"), std::string::npos);
   EXPECT_EQ(sim.counter("reboot"), 2);
@@ -115,7 +123,8 @@ TEST(GuestSim, RebootEndsItsCallerWithSigkill) {
   // The nearest ancestor named factory-agent is the one ended, however deep
   // the call (here: factory-agent -> sh -> systemctl reboot).
   fs::copy_file("/bin/sh", dir.path() / "factory-agent");
-  auto agent = sim.sh({(dir.path() / "factory-agent").string(), "-c", "sh -c 'systemctl reboot; true'; echo survived"});
+  auto agent = sim.sh({(dir.path() / "factory-agent").string(), "-c",
+                       "sh -c 'systemctl reboot; true'; echo survived"});
   EXPECT_EQ(agent.signal, 9) << agent.describe() << agent.output;
   EXPECT_EQ(agent.output.find("survived"), std::string::npos);
   EXPECT_EQ(sim.counter("reboot"), 3);
@@ -132,7 +141,8 @@ TEST(GuestSim, AptWaitsForTheDpkgLockOrFailsLikeApt) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   auto now = sim.sh({"apt-get", "update"});
   EXPECT_EQ(now.exit_code, 100);
-  EXPECT_NE(now.output.find("Could not get lock /var/lib/dpkg/lock-frontend"), std::string::npos) << now.output;
+  EXPECT_NE(now.output.find("Could not get lock /var/lib/dpkg/lock-frontend"), std::string::npos)
+      << now.output;
   auto waits = sim.sh({"apt-get", "-o", "DPkg::Lock::Timeout=30", "update"});
   EXPECT_EQ(waits.exit_code, 0) << waits.output;
 }

@@ -59,7 +59,8 @@ TEST_F(Health, RunbookL4AfterTheDriverStep) {
   json before = agent::collect_gpu_health(sim_->env());
   EXPECT_EQ(before["source"], "none") << before.dump(2);
   EXPECT_EQ(codes(before), std::vector<std::string>{"nvidia_smi_not_on_path"});
-  EXPECT_NE(before["error"].get<std::string>().find("nvml: NVML is not installed"), std::string::npos)
+  EXPECT_NE(before["error"].get<std::string>().find("nvml: NVML is not installed"),
+            std::string::npos)
       << before["error"];
 
   StepHarness drv(sim_->env(), catalog_step("gpu-vm", "nvidia-driver"));

@@ -95,7 +95,8 @@ TEST(NvidiaSmiCsv, OurQueryArguments) {
 TEST(NvidiaSmiCsv, ThirdPartyH200WithHeaderIdleAndLoad) {
   // nvidia_gpu_exporter's H200 capture: --format=csv with units and its
   // 200-odd field header, [N/A] and [Requested functionality ...] values.
-  auto idle = parse_nvidia_smi_csv_with_header(capture_section("idle :: query-gpu (csv, what the exporter parses)"));
+  auto idle = parse_nvidia_smi_csv_with_header(
+      capture_section("idle :: query-gpu (csv, what the exporter parses)"));
   ASSERT_TRUE(idle) << idle.error().message;
   EXPECT_EQ(idle->driver_version, "590.48.01");
   ASSERT_EQ(idle->gpus.size(), 1u);
@@ -104,7 +105,8 @@ TEST(NvidiaSmiCsv, ThirdPartyH200WithHeaderIdleAndLoad) {
   EXPECT_EQ(idle->gpus[0].memory_total_mib, 143771u);
   EXPECT_EQ(idle->gpus[0].memory_used_mib, 0u);
 
-  auto load = parse_nvidia_smi_csv_with_header(capture_section("load :: query-gpu (csv, what the exporter parses)"));
+  auto load = parse_nvidia_smi_csv_with_header(
+      capture_section("load :: query-gpu (csv, what the exporter parses)"));
   ASSERT_TRUE(load) << load.error().message;
   ASSERT_EQ(load->gpus.size(), 1u);
   EXPECT_EQ(load->gpus[0].utilization_percent, 100);
@@ -150,7 +152,8 @@ TEST(NvidiaSmiTable, RunbookL4IdleKmdHeader) {
 }
 
 TEST(NvidiaSmiTable, RunbookL4WithOllamaLoadedStopsAtProcesses) {
-  auto r = parse_nvidia_smi_table(slurp(fixtures_dir() / "l4-runbook/tenant1-nvidia-smi-ollama-loaded.txt"));
+  auto r = parse_nvidia_smi_table(
+      slurp(fixtures_dir() / "l4-runbook/tenant1-nvidia-smi-ollama-loaded.txt"));
   ASSERT_TRUE(r) << r.error().message;
   ASSERT_EQ(r->gpus.size(), 1u);  // the process row is not a GPU
   EXPECT_EQ(r->gpus[0].memory_used_mib, 1670u);
@@ -158,7 +161,8 @@ TEST(NvidiaSmiTable, RunbookL4WithOllamaLoadedStopsAtProcesses) {
 }
 
 TEST(NvidiaSmiTable, HamiPodSeesItsLimit) {
-  auto r = parse_nvidia_smi_table(slurp(fixtures_dir() / "l4-runbook/tenant2-pod-nvidia-smi-hami-1024MiB.txt"));
+  auto r = parse_nvidia_smi_table(
+      slurp(fixtures_dir() / "l4-runbook/tenant2-pod-nvidia-smi-hami-1024MiB.txt"));
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->driver_version, "580.126.20");
   ASSERT_EQ(r->gpus.size(), 1u);
@@ -191,7 +195,8 @@ TEST(NvidiaSmiList, H200AndL4) {
   ASSERT_EQ(h.size(), 1u);
   EXPECT_EQ(h[0].name, "NVIDIA H200");
   EXPECT_EQ(h[0].uuid, "GPU-0108b095-397f-7583-e087-ade158522fa2");
-  auto l = parse_nvidia_smi_list("GPU 0: NVIDIA L4 (UUID: GPU-69f37bdd-70f5-800e-2a0d-8249c9b1cb41)\n");
+  auto l =
+      parse_nvidia_smi_list("GPU 0: NVIDIA L4 (UUID: GPU-69f37bdd-70f5-800e-2a0d-8249c9b1cb41)\n");
   ASSERT_EQ(l.size(), 1u);
   EXPECT_EQ(l[0].name, "NVIDIA L4");
 }
@@ -203,8 +208,10 @@ TEST(Nvml, AbsentLibraryFailsCleanly) {
   auto lib = NvmlLibrary::load({"libnvidia-ml.so.1"});
   ASSERT_FALSE(lib);
   EXPECT_EQ(lib.error().code, Errc::not_found);
-  EXPECT_NE(lib.error().message.find("NVML is not installed"), std::string::npos) << lib.error().message;
-  EXPECT_NE(lib.error().message.find("libnvidia-ml.so.1"), std::string::npos) << lib.error().message;
+  EXPECT_NE(lib.error().message.find("NVML is not installed"), std::string::npos)
+      << lib.error().message;
+  EXPECT_NE(lib.error().message.find("libnvidia-ml.so.1"), std::string::npos)
+      << lib.error().message;
 
   factory::testing::TempDir dir("nvml");
   GuestEnv env;
@@ -293,7 +300,8 @@ TEST(Nvml, MissingSymbolIsNamed) {
   auto lib = NvmlLibrary::load({so});
   ASSERT_FALSE(lib);
   EXPECT_EQ(lib.error().code, Errc::failed_precondition);
-  EXPECT_NE(lib.error().message.find("nvmlDeviceGetPciInfo_v3"), std::string::npos) << lib.error().message;
+  EXPECT_NE(lib.error().message.find("nvmlDeviceGetPciInfo_v3"), std::string::npos)
+      << lib.error().message;
 }
 
 }  // namespace

@@ -37,7 +37,8 @@ inline agent::StepSpec catalog_step(const std::string& tier, const std::string& 
 
 class StepHarness {
  public:
-  StepHarness(agent::GuestEnv env, agent::StepSpec spec) : env_(std::move(env)), spec_(std::move(spec)) {
+  StepHarness(agent::GuestEnv env, agent::StepSpec spec)
+      : env_(std::move(env)), spec_(std::move(spec)) {
     agent::StepRegistry reg;
     agent::register_builtin_steps(reg);
     auto s = reg.create(spec_);
@@ -49,7 +50,8 @@ class StepHarness {
   bool ok() const { return step_ != nullptr; }
 
   agent::StepContext context(std::chrono::milliseconds timeout = std::chrono::minutes(2)) {
-    return agent::StepContext{env_, spec_, [this](nlohmann::json j) { events.push_back(std::move(j)); },
+    return agent::StepContext{env_, spec_,
+                              [this](nlohmann::json j) { events.push_back(std::move(j)); },
                               std::chrono::steady_clock::now() + timeout};
   }
 
@@ -75,9 +77,9 @@ class StepHarness {
 };
 
 inline std::string describe(const agent::StepOutcome& o) {
-  std::string k = o.kind == agent::StepOutcome::Kind::ok ? "ok"
+  std::string k = o.kind == agent::StepOutcome::Kind::ok       ? "ok"
                   : o.kind == agent::StepOutcome::Kind::failed ? "failed"
-                                                                : "reboot_required";
+                                                               : "reboot_required";
   return k + ": " + o.message + (o.diagnosis ? " [" + o.diagnosis->code + "]" : "") +
          (o.output_tail.empty() ? "" : "\n--- output tail ---\n" + o.output_tail);
 }

@@ -102,7 +102,8 @@ TEST(GpuVmTier, StopsAtTheFirstStepWhenTheCardIsMissing) {
   nlohmann::json plan = (*cat->tier("gpu-vm"))->plan();
   agent::PlanEngineOptions opts;
   opts.sleep = [](std::chrono::milliseconds) {};
-  PlanEngine engine(sim.env(), builtin_registry(), [](nlohmann::json) {}, [] { return ok_status(); }, opts);
+  PlanEngine engine(
+      sim.env(), builtin_registry(), [](nlohmann::json) {}, [] { return ok_status(); }, opts);
   ASSERT_EQ(engine.run(plan), PlanEngine::Outcome::failed);
   auto status = engine.status_json();
   const auto& first = status["steps"][0];

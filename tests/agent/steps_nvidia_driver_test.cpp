@@ -57,9 +57,10 @@ TEST_F(NvidiaDriverStep, GpuPresentFailsWithTheHostSideFixWhenTheCardIsMissing) 
   ASSERT_TRUE(a.diagnosis);
   EXPECT_EQ(a.diagnosis->code, "gpu_not_on_pci_bus");
   EXPECT_NE(a.diagnosis->summary.find("the VM never received the card"), std::string::npos);
-  EXPECT_NE(a.diagnosis->fix.find("check on the host that the card is on vfio-pci and that deviceName "
-                                  "matches the allowlisted resource"),
-            std::string::npos)
+  EXPECT_NE(
+      a.diagnosis->fix.find("check on the host that the card is on vfio-pci and that deviceName "
+                            "matches the allowlisted resource"),
+      std::string::npos)
       << a.diagnosis->fix;
   // What the guest does have is reported, so the admin sees the bus.
   EXPECT_EQ(a.diagnosis->details["pci_functions"].size(), 4u);
@@ -104,7 +105,9 @@ TEST_F(NvidiaDriverStep, FreshGuestInstallsOnceRebootsOnceAndVerifies) {
   EXPECT_EQ(sim_->counter("dkms.build"), 1);
   // ca-certificates and curl come with the cloud image: not reinstalled.
   EXPECT_EQ(sim_->counter("apt-get.install.curl"), 0);
-  EXPECT_TRUE(fs::exists(sim_->root() / "var/cache/factory/nvidia-driver-local-repo-ubuntu2404-615.71.09_1.0-1_amd64.deb"));
+  EXPECT_TRUE(fs::exists(
+      sim_->root() /
+      "var/cache/factory/nvidia-driver-local-repo-ubuntu2404-615.71.09_1.0-1_amd64.deb"));
   // The local repository's key went where apt trusts it.
   bool key = false;
   for (auto& e : fs::directory_iterator(sim_->root() / "usr/share/keyrings"))
@@ -132,7 +135,8 @@ TEST_F(NvidiaDriverStep, FreshGuestInstallsOnceRebootsOnceAndVerifies) {
   auto v = h.verify();
   ASSERT_TRUE(v.ok()) << describe(v);
   EXPECT_NE(v.message.find("Kernel driver in use: nvidia"), std::string::npos) << v.message;
-  EXPECT_NE(v.message.find("NVIDIA L4 (23034 MiB) at 00000000:09:00.0"), std::string::npos) << v.message;
+  EXPECT_NE(v.message.find("NVIDIA L4 (23034 MiB) at 00000000:09:00.0"), std::string::npos)
+      << v.message;
   auto done = h.check();
   ASSERT_TRUE(done);
   EXPECT_TRUE(*done);
@@ -148,14 +152,16 @@ TEST_F(NvidiaDriverStep, FreshGuestInstallsOnceRebootsOnceAndVerifies) {
 TEST_F(NvidiaDriverStep, NetworkRepository) {
   make("l4");
   auto spec = catalog_step("gpu-vm", "nvidia-driver");
-  spec.params["repo"] = {
-      {"kind", "network"},
-      {"url", "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/cuda-keyring_1.1-1_all.deb"}};
+  spec.params["repo"] = {{"kind", "network"},
+                         {"url",
+                          "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/"
+                          "x86_64/cuda-keyring_1.1-1_all.deb"}};
   auto h = driver(spec);
   auto a = h.apply();
   ASSERT_EQ(a.kind, StepOutcome::Kind::reboot_required) << describe(a);
   EXPECT_EQ(sim_->counter("dpkg.install.cuda-keyring"), 1);
-  EXPECT_TRUE(fs::exists(sim_->root() / "var/cache/cuda-keyring_1.1-1_all.deb"));  // default cache_dir
+  EXPECT_TRUE(
+      fs::exists(sim_->root() / "var/cache/cuda-keyring_1.1-1_all.deb"));  // default cache_dir
   sim_->reboot();
   auto v = h.verify();
   EXPECT_TRUE(v.ok()) << describe(v);
@@ -192,7 +198,8 @@ TEST_F(NvidiaDriverStep, DkmsBuildFailureThenFixed) {
   ASSERT_EQ(a.kind, StepOutcome::Kind::failed) << describe(a);
   ASSERT_TRUE(a.diagnosis);
   EXPECT_EQ(a.diagnosis->code, "dkms_build_failed");
-  EXPECT_NE(a.output_tail.find("Bad return status for module build"), std::string::npos) << a.output_tail;
+  EXPECT_NE(a.output_tail.find("Bad return status for module build"), std::string::npos)
+      << a.output_tail;
   EXPECT_EQ(sim_->counter("apt-get.install.nvidia-headless-open"), 0);  // left unconfigured
 
   sim_->clear_knob("dkms_fail");  // the admin fixed the cause; `factory tenant retry`
@@ -212,7 +219,8 @@ TEST_F(NvidiaDriverStep, AptFailureCarriesTheOutputTail) {
   ASSERT_TRUE(a.diagnosis);
   EXPECT_EQ(a.diagnosis->code, "apt_failed");
   EXPECT_NE(a.message.find("apt-get update"), std::string::npos) << a.message;
-  EXPECT_NE(a.output_tail.find("Temporary failure resolving 'archive.ubuntu.com'"), std::string::npos)
+  EXPECT_NE(a.output_tail.find("Temporary failure resolving 'archive.ubuntu.com'"),
+            std::string::npos)
       << a.output_tail;
 
   sim_->clear_knob("apt_update_fail");
@@ -266,7 +274,8 @@ TEST_F(NvidiaDriverStep, PreinstalledH200IsDoneAlready) {
   EXPECT_TRUE(*c);
   auto v = h.verify();
   ASSERT_TRUE(v.ok()) << describe(v);
-  EXPECT_NE(v.message.find("NVIDIA H200 (143771 MiB) at 00000000:00:06.0"), std::string::npos) << v.message;
+  EXPECT_NE(v.message.find("NVIDIA H200 (143771 MiB) at 00000000:00:06.0"), std::string::npos)
+      << v.message;
   EXPECT_EQ(sim_->counter("apt-get.update"), 0);
 }
 
@@ -289,7 +298,8 @@ TEST_F(NvidiaDriverStep, ParamsFromAHandWrittenPlanAreChecked) {
   agent::StepSpec spec;
   spec.id = "drv";
   spec.kind = "nvidia_driver";
-  spec.params = {{"version", "615.71.09"}, {"package_version", "615.71.09-1ubuntu1"},
+  spec.params = {{"version", "615.71.09"},
+                 {"package_version", "615.71.09-1ubuntu1"},
                  {"packages", {"nvidia-headless-open"}}};
   auto r = reg.create(spec);
   ASSERT_FALSE(r);

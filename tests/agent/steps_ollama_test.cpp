@@ -48,7 +48,8 @@ class OllamaSteps : public ::testing::Test {
 
 TEST(OllamaCliVersion, Forms) {
   using agent::steps::parse_ollama_cli_version;
-  EXPECT_EQ(parse_ollama_cli_version("ollama version 0.40.2\n"), "0.40.2");  // the runbook's capture
+  EXPECT_EQ(parse_ollama_cli_version("ollama version 0.40.2\n"),
+            "0.40.2");  // the runbook's capture
   EXPECT_EQ(parse_ollama_cli_version("ollama version is 0.5.7\n"), "0.5.7");
   EXPECT_EQ(parse_ollama_cli_version("Warning: could not connect to a running Ollama instance\n"
                                      "Warning: client version is 0.40.2\n"),
@@ -68,7 +69,8 @@ TEST_F(OllamaSteps, InstallEnablesTheServiceAndItAnswers) {
   ASSERT_TRUE(a.ok()) << describe(a);
   auto v = h.verify();
   ASSERT_TRUE(v.ok()) << describe(v);
-  EXPECT_NE(v.message.find("Ollama 0.40.2 answers at " + sim_->ollama_url()), std::string::npos) << v.message;
+  EXPECT_NE(v.message.find("Ollama 0.40.2 answers at " + sim_->ollama_url()), std::string::npos)
+      << v.message;
   EXPECT_EQ(sim_->counter("ollama.install"), 1);
   EXPECT_EQ(sim_->counter("curl.install.sh"), 1);
   EXPECT_EQ(sim_->sh({"systemctl", "is-enabled", "ollama"}).output, "enabled\n");
@@ -120,7 +122,8 @@ TEST_F(OllamaSteps, InstallScriptNotReachable) {
   ASSERT_EQ(a.kind, StepOutcome::Kind::failed) << describe(a);
   ASSERT_TRUE(a.diagnosis);
   EXPECT_EQ(a.diagnosis->code, "download_failed");
-  EXPECT_NE(a.output_tail.find("Could not resolve host: mirror.invalid"), std::string::npos) << a.output_tail;
+  EXPECT_NE(a.output_tail.find("Could not resolve host: mirror.invalid"), std::string::npos)
+      << a.output_tail;
 }
 
 TEST_F(OllamaSteps, VersionMismatch) {
@@ -222,7 +225,8 @@ TEST_F(OllamaSteps, PartlyOnTheCpuSaysHowMuch) {
   ASSERT_EQ(v.kind, StepOutcome::Kind::failed) << describe(v);
   ASSERT_TRUE(v.diagnosis);
   EXPECT_EQ(v.diagnosis->code, "model_partly_on_cpu");
-  EXPECT_NE(v.diagnosis->summary.find("1.2 GB of 1.6 GB on the GPU, 25% on the CPU"), std::string::npos)
+  EXPECT_NE(v.diagnosis->summary.find("1.2 GB of 1.6 GB on the GPU, 25% on the CPU"),
+            std::string::npos)
       << v.diagnosis->summary;
 
   // A tier that accepts CPU offload reports it and goes on.
@@ -243,7 +247,8 @@ TEST_F(OllamaSteps, NoDriverMeansAllOnTheCpu) {
   auto v = h.verify();
   ASSERT_EQ(v.kind, StepOutcome::Kind::failed) << describe(v);
   EXPECT_EQ(v.diagnosis->code, "model_partly_on_cpu");
-  EXPECT_NE(v.diagnosis->summary.find("0 B of 1.6 GB on the GPU, 100% on the CPU"), std::string::npos)
+  EXPECT_NE(v.diagnosis->summary.find("0 B of 1.6 GB on the GPU, 100% on the CPU"),
+            std::string::npos)
       << v.diagnosis->summary;
   EXPECT_NE(v.diagnosis->fix.find("systemctl restart ollama"), std::string::npos);
 }

@@ -30,7 +30,8 @@ class GuestSim {
   };
 
   explicit GuestSim(std::filesystem::path dir) : GuestSim(std::move(dir), Options{}) {}
-  GuestSim(std::filesystem::path dir, Options o) : root_(std::move(dir) / "guest"), opt_(std::move(o)) {
+  GuestSim(std::filesystem::path dir, Options o)
+      : root_(std::move(dir) / "guest"), opt_(std::move(o)) {
     if (opt_.ollama_port == 0) opt_.ollama_port = free_loopback_port();
     state_dir_ = root_.parent_path() / "agent-state";
     std::filesystem::create_directories(state_dir_);
@@ -95,7 +96,9 @@ class GuestSim {
     in >> n;
     return n;
   }
-  std::string counters() const { return factory::testing::run({script(), "counters", root_.string()}).output; }
+  std::string counters() const {
+    return factory::testing::run({script(), "counters", root_.string()}).output;
+  }
 
   // Runs a command in the guest (its PATH) and returns the result. The
   // guest's PATH is this process's PATH while it runs: run_command looks
@@ -111,7 +114,8 @@ class GuestSim {
   // The simulated reboot, without ending this process (the test is driving
   // the steps itself, so it plays the agent that starts again after boot).
   CommandResult reboot() const {
-    return sh({(root_ / ".guestsim/bin/reboot").string()}, {{"FACTORY_GUESTSIM_REBOOT_KILL", "none"}});
+    return sh({(root_ / ".guestsim/bin/reboot").string()},
+              {{"FACTORY_GUESTSIM_REBOOT_KILL", "none"}});
   }
 
   std::string calls_log() const { return slurp(root_ / ".guestsim/log/calls.log"); }
