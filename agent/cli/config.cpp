@@ -43,6 +43,7 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
     str("state_dir", cfg.state_dir);
     str("root", cfg.root);
     str("log_level", cfg.log_level);
+    str("ollama_url", cfg.ollama_url);
     if (j.contains("spool_max_events")) cfg.spool_max_events = j["spool_max_events"].get<size_t>();
     if (j.contains("replay_rate_per_second"))
       cfg.replay_rate_per_second = j["replay_rate_per_second"].get<size_t>();
@@ -51,6 +52,7 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
     return Error(Errc::invalid_argument, path + ": " + e.what());
   }
   for (auto [k, out] : {std::pair{"heartbeat", &cfg.heartbeat},
+                        std::pair{"health_interval", &cfg.health_interval},
                         std::pair{"backoff_base", &cfg.backoff_base},
                         std::pair{"backoff_cap", &cfg.backoff_cap},
                         std::pair{"first_connect_jitter", &cfg.first_connect_jitter}}) {

@@ -17,6 +17,8 @@ struct AgentConfig {
   std::string root = "/";                // prefix for every guest path (tests: a simulated guest)
   std::string log_level = "info";
   std::chrono::milliseconds heartbeat{std::chrono::seconds(15)};
+  std::chrono::milliseconds health_interval{std::chrono::seconds(60)};
+  std::string ollama_url = "http://127.0.0.1:11434";
   std::chrono::milliseconds backoff_base{std::chrono::milliseconds(500)};
   std::chrono::milliseconds backoff_cap{std::chrono::minutes(2)};
   // Small: enough to spread a fleet rebooted at once over a few heartbeats,

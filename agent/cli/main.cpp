@@ -11,6 +11,7 @@
 #include "agent/cli/config.hpp"
 #include "agent/link/link.hpp"
 #include "agent/link/spool.hpp"
+#include "agent/plan/runner.hpp"
 #include "common/atomic_file.hpp"
 #include "common/log.hpp"
 
@@ -35,6 +36,8 @@ int main(int argc, char** argv) {
   auto* hb = app.add_option("--heartbeat", heartbeat_s, "Seconds between heartbeats");
   bool no_plan = false;
   app.add_flag("--link-only", no_plan, "Connect and report, but do not run plans");
+  std::string ollama_url;
+  auto* ou = app.add_option("--ollama-url", ollama_url, "Ollama's API on this guest (default http://127.0.0.1:11434)");
   uint64_t synthetic = 0;
   double synthetic_rate = 100;
   app.add_option("--synthetic-events", synthetic,
@@ -64,6 +67,8 @@ int main(int argc, char** argv) {
     keep(root, cfg.root, from_file.root);
     keep(ll, cfg.log_level, from_file.log_level);
     if (hb->count() == 0) cfg.heartbeat = from_file.heartbeat;
+    cfg.health_interval = from_file.health_interval;
+    cfg.ollama_url = from_file.ollama_url;
     cfg.backoff_base = from_file.backoff_base;
     cfg.backoff_cap = from_file.backoff_cap;
     cfg.first_connect_jitter = from_file.first_connect_jitter;
@@ -74,6 +79,7 @@ int main(int argc, char** argv) {
   if (heartbeat_s > 0)
     cfg.heartbeat = std::chrono::milliseconds(static_cast<int64_t>(heartbeat_s * 1000));
   if (no_plan) cfg.run_plan = false;
+  if (ou->count()) cfg.ollama_url = ollama_url;
   setup_logging("factory-agent", cfg.log_level);
   if (auto st = validate(cfg); !st.ok()) {
     std::cerr << "factory-agent: " << st.error().message << "\n";
@@ -96,10 +102,21 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
+  GuestEnv env;
+  env.root = cfg.root;
+  env.state_dir = cfg.state_dir;
+  env.ollama_url = cfg.ollama_url;
+  std::unique_ptr<PlanRunner> runner;
   LinkCallbacks cb;
-  cb.on_plan = [](const nlohmann::json& p) {
-    spdlog::info("received plan {} (plan runner not enabled in this build)", p.value("hash", "?"));
-  };
+  if (cfg.run_plan) {
+    runner = std::make_unique<PlanRunner>(env, **spool, cfg.health_interval);
+    cb.on_plan = [&runner](const nlohmann::json& p) { runner->submit_plan(p); };
+    cb.on_command = [&runner](const nlohmann::json& c) { runner->submit_command(c); };
+    cb.heartbeat_fields = [&runner] { return runner->summary(); };
+    // The journal's plan goes on at once, before the coordinator is even
+    // reachable: after the driver's reboot nobody needs to send it again.
+    runner->start();
+  }
   AgentLink link(cfg, **spool, cb);
   std::thread sig([&] {
     int s = 0;
@@ -129,6 +146,7 @@ int main(int argc, char** argv) {
   spdlog::info("factory-agent {} starting; coordinator {}", FACTORY_VERSION, cfg.coordinator_url);
   int rc = link.run();
   done = true;
+  if (runner) runner->stop();
   if (load.joinable()) load.join();
   return rc;
 }

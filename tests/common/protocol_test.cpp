@@ -1,0 +1,78 @@
+#include "common/protocol.hpp"
+
+#include <gtest/gtest.h>
+
+#include "common/backoff.hpp"
+#include "common/durations.hpp"
+
+namespace proto = factory::proto;
+
+TEST(Protocol, RoundTrip) {
+  proto::Envelope e;
+  e.type = "event";
+  e.seq = 7;
+  e.ack = 3;
+  e.body = {{"id", 42}, {"kind", "progress"}};
+  auto p = proto::parse(proto::serialize(e));
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  EXPECT_EQ(p->type, "event");
+  EXPECT_EQ(p->seq, 7u);
+  EXPECT_EQ(*p->ack, 3u);
+  EXPECT_EQ(p->body["id"], 42);
+}
+
+TEST(Protocol, RejectsWithReasons) {
+  auto why = [](const std::string& f) {
+    auto p = proto::parse(f);
+    return p.ok() ? std::string("accepted") : p.error().message;
+  };
+  EXPECT_EQ(why("{"), "frame is not valid JSON");
+  EXPECT_EQ(why("[1]"), "frame is not a JSON object");
+  EXPECT_NE(why(R"({"type":"x","seq":1})").find("no protocol version"), std::string::npos);
+  EXPECT_NE(why(R"({"v":2,"type":"x","seq":1})").find("unsupported protocol version 2"), std::string::npos);
+  EXPECT_NE(why(R"({"v":1,"seq":1})").find("no 'type'"), std::string::npos);
+  EXPECT_NE(why(R"({"v":1,"type":"x","seq":-1})").find("no sequence number"), std::string::npos);
+  EXPECT_NE(why(R"({"v":1,"type":"x","seq":1,"body":[]})").find("not an object"), std::string::npos);
+  std::string big = R"({"v":1,"type":"event","seq":1,"body":{"pad":")" + std::string(70000, 'x') + "\"}}";
+  EXPECT_NE(why(big).find("65536-byte cap for type 'event'"), std::string::npos);
+  // Plans may be larger than other frames.
+  std::string plan = R"({"v":1,"type":"plan","seq":1,"body":{"pad":")" + std::string(70000, 'x') + "\"}}";
+  EXPECT_EQ(why(plan), "accepted");
+}
+
+TEST(Protocol, UnknownTypesParse) {
+  // Forward compatibility: the receiver decides to ignore them.
+  auto p = proto::parse(R"({"v":1,"type":"from-the-future","seq":1,"body":{"x":1},"extra":true})");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->type, "from-the-future");
+}
+
+TEST(Backoff, CappedExponentialWithFullJitter) {
+  factory::Backoff b(std::chrono::milliseconds(500), std::chrono::minutes(2), 42);
+  std::chrono::milliseconds prev_ceiling{0};
+  for (int i = 0; i < 20; ++i) {
+    auto ceiling = b.ceiling();
+    auto d = b.next();
+    EXPECT_LE(d, ceiling);
+    EXPECT_GE(d.count(), 0);
+    EXPECT_GE(ceiling, prev_ceiling);
+    EXPECT_LE(ceiling, std::chrono::minutes(2)) << "capped in minutes, never hours";
+    prev_ceiling = ceiling;
+  }
+  EXPECT_EQ(prev_ceiling, std::chrono::minutes(2));
+  b.reset();
+  EXPECT_EQ(b.ceiling(), std::chrono::milliseconds(500));
+}
+
+TEST(Durations, ParseAndFormat) {
+  EXPECT_EQ(factory::parse_duration("1h30m")->count(), 5400);
+  EXPECT_EQ(factory::parse_duration("90s")->count(), 90);
+  EXPECT_EQ(factory::parse_duration("7d")->count(), 7 * 86400);
+  EXPECT_FALSE(factory::parse_duration("1x").ok());
+  EXPECT_FALSE(factory::parse_duration("").ok());
+  EXPECT_FALSE(factory::parse_duration("1h30").ok());
+  EXPECT_EQ(factory::format_duration(std::chrono::seconds(5400)), "1h30m");
+  auto t = factory::parse_rfc3339("2026-11-30T09:00:00Z");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(factory::format_rfc3339(*t), "2026-11-30T09:00:00Z");
+}
