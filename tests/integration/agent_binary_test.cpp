@@ -52,8 +52,9 @@ TEST(AgentBinary, NeedsNoNewerGlibcThanUbuntu2404) {
   std::string tok;
   int worst_minor = 0;
   while (in >> tok) {
-    if (tok.rfind("GLIBC_2.", 0) != 0) continue;
-    int minor = std::atoi(tok.c_str() + 8);
+    auto at = tok.find("GLIBC_2.");  // objdump prints "(GLIBC_2.34)" or "GLIBC_2.34"
+    if (at == std::string::npos) continue;
+    int minor = std::atoi(tok.c_str() + at + 8);
     worst_minor = std::max(worst_minor, minor);
   }
   EXPECT_GT(worst_minor, 0);
