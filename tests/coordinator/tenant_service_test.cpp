@@ -1,0 +1,358 @@
+// The pure parts of the tenant service: the request and how it resolves
+// against the catalog, the GPU capacity arithmetic on API lists shaped as
+// the API server sends them, the `--wait` progress lines, and the
+// coordinator config's kube: and catalog: keys. The service end to end is
+// tests/integration/tenants_test.cpp.
+#include <gtest/gtest.h>
+
+#include "common/catalog.hpp"
+#include "coordinator/config/coordinator_config.hpp"
+#include "coordinator/tenants/kubevirt_provider.hpp"
+#include "coordinator/tenants/progress.hpp"
+#include "coordinator/tenants/request.hpp"
+#include "tests/coordinator/tenant_test_data.hpp"
+
+namespace factory::testing {
+namespace {
+
+using nlohmann::json;
+using namespace factory::tenants;
+
+catalog::Catalog builtin_catalog() {
+  auto c = catalog::builtin();
+  EXPECT_TRUE(c.ok());
+  return *c;
+}
+
+TEST(TenantRequest, RoundTripsAndNeverCarriesThePasswordUnlessAsked) {
+  TenantRequest r;
+  r.name = "tenant-1";
+  r.tier = "gpu-vm";
+  r.gpus = 2;
+  r.memory = "32Gi";
+  r.ssh_node_port = 30022;
+  r.ssh_authorized_keys = {kTestEd25519Key};
+  r.password = "Xq7mR2pLk9vT4wZs8nHc";
+  json j = r.to_json();
+  EXPECT_FALSE(j.contains("password"));
+  EXPECT_FALSE(j.contains("cpu")) << "unset overrides are left out";
+  EXPECT_EQ(r.to_json(true)["password"], r.password);
+  auto back = TenantRequest::from_json(r.to_json(true));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->to_json(true), r.to_json(true));
+}
+
+TEST(TenantRequest, RefusesWrongTypesAndUnknownFieldsWithTheFieldName) {
+  auto bad = [](const json& j) {
+    auto r = TenantRequest::from_json(j);
+    EXPECT_FALSE(r.ok()) << j.dump();
+    return r.ok() ? std::string() : r.error().message;
+  };
+  EXPECT_NE(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", "2"}}).find("'gpus'"), std::string::npos);
+  EXPECT_NE(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"colour", "red"}}).find("'colour'"),
+            std::string::npos);
+  EXPECT_NE(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"ssh_authorized_keys", "k"}})
+                .find("ssh_authorized_keys"),
+            std::string::npos);
+  EXPECT_NE(bad({{"name", "a"}}).find("no tier"), std::string::npos);
+  EXPECT_NE(bad(json::array()).find("JSON object"), std::string::npos);
+}
+
+TEST(ResolveVmSpec, TakesTheTiersShapeAndTheOverrides) {
+  auto cat = builtin_catalog();
+  TenantRequest r;
+  r.name = "tenant-1";
+  r.tier = "gpu-vm";
+  auto vm = resolve_vm_spec(cat, r, "tenants");
+  ASSERT_TRUE(vm.ok()) << vm.error().message;
+  const auto& shape = cat.find("gpu-vm")->vm;
+  EXPECT_EQ(vm->cpu, shape.cpu);
+  EXPECT_EQ(vm->memory, shape.memory);
+  EXPECT_EQ(vm->disk, shape.disk);
+  EXPECT_EQ(vm->image_url, shape.image);
+  EXPECT_EQ(vm->gpus, shape.gpus);
+  EXPECT_EQ(vm->ns, "tenants");
+  EXPECT_EQ(vm->tier, "gpu-vm");
+  EXPECT_EQ(vm->gpu_resource, "") << "any allowlisted: the coordinator picks";
+  auto dry = resolve_vm_spec(cat, r, "tenants", true);
+  ASSERT_TRUE(dry.ok());
+  EXPECT_EQ(dry->gpu_resource, kAnyAllowlistedGpuPlaceholder);
+
+  r.cpu = "4";
+  r.memory = "8Gi";
+  r.gpus = 0;
+  r.ns = "team-a";
+  r.gpu_resource = kL4Resource;
+  vm = resolve_vm_spec(cat, r, "tenants");
+  ASSERT_TRUE(vm.ok()) << vm.error().message;
+  EXPECT_EQ(vm->cpu, "4");
+  EXPECT_EQ(vm->memory, "8Gi");
+  EXPECT_EQ(vm->gpus, 0);
+  EXPECT_EQ(vm->ns, "team-a");
+  EXPECT_EQ(vm->gpu_resource, kL4Resource);
+}
+
+TEST(ResolveVmSpec, BadInputIsOneLineNamingIt) {
+  auto cat = builtin_catalog();
+  auto msg = [&](TenantRequest r) {
+    auto vm = resolve_vm_spec(cat, r, "tenants");
+    EXPECT_FALSE(vm.ok());
+    return vm.ok() ? std::string() : vm.error().message;
+  };
+  TenantRequest r;
+  r.name = "tenant-1";
+  r.tier = "gpu-xl";
+  EXPECT_EQ(msg(r), "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s)");
+  r.tier = "gpu-vm";
+  r.name = "Tenant_1";
+  EXPECT_NE(msg(r).find("tenant name: invalid tenant name 'Tenant_1'"), std::string::npos);
+  r.name = "tenant-1";
+  r.ssh_node_port = 22;
+  EXPECT_NE(msg(r).find("node port 22 is out of range"), std::string::npos);
+  r.ssh_node_port = 0;
+  r.disk = "a lot";
+  EXPECT_NE(msg(r).find("--disk"), std::string::npos);
+  r.disk.clear();
+  r.gpus = 99;
+  EXPECT_NE(msg(r).find("--gpus 99"), std::string::npos);
+  r.gpus.reset();
+  r.ns = "Team_A";
+  EXPECT_NE(msg(r).find("Team_A"), std::string::npos);
+}
+
+TEST(SameRequest, OnlyWhatTheNewRequestSetsMustMatch) {
+  auto cat = builtin_catalog();
+  TenantRequest first;
+  first.name = "tenant-1";
+  first.tier = "gpu-vm";
+  first.ssh_node_port = 30022;
+  first.ssh_authorized_keys = {kTestEd25519Key};
+  auto vm = resolve_vm_spec(cat, first, "tenants");
+  ASSERT_TRUE(vm.ok());
+  vm->gpu_resource = kL4Resource;  // what the coordinator picked
+  json stored = spec_json(*vm, first);
+
+  TenantRequest again;
+  again.name = "tenant-1";
+  again.tier = "gpu-vm";
+  EXPECT_TRUE(same_request(stored, again).ok());
+  EXPECT_TRUE(same_request(stored, first).ok());
+  again.gpu_resource = kL4Resource;
+  EXPECT_TRUE(same_request(stored, again).ok());
+  again.ssh_node_port = 30023;
+  auto st = same_request(stored, again);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, Errc::already_exists);
+  EXPECT_NE(st.error().message.find("ssh_node_port 30022, not 30023"), std::string::npos)
+      << st.error().message;
+  again.ssh_node_port = 0;
+  again.tier = "gpu-k8s";
+  EXPECT_NE(same_request(stored, again).error().message.find("tier \"gpu-vm\", not \"gpu-k8s\""),
+            std::string::npos);
+}
+
+// ------------------------------------------------------------------ capacity
+
+json node(const std::string& name, const json& allocatable) {
+  return {{"metadata", {{"name", name}}}, {"status", {{"allocatable", allocatable}}}};
+}
+
+json vm(const std::string& ns, const std::string& name, const std::string& resource, int gpus,
+        const std::string& tenant = "", const std::string& strategy = "Always") {
+  json list = json::array();
+  for (int i = 0; i < gpus; ++i)
+    list.push_back({{"name", "gpu" + std::to_string(i + 1)}, {"deviceName", resource}});
+  json md = {{"namespace", ns}, {"name", name}};
+  if (!tenant.empty())
+    md["labels"] = {{"app.kubernetes.io/managed-by", "factory"}, {"factory.dev/tenant", tenant}};
+  return {{"metadata", md},
+          {"spec",
+           {{"runStrategy", strategy},
+            {"template", {{"spec", {{"domain", {{"devices", {{"gpus", list}}}}}}}}}}}};
+}
+
+TEST(GpuCapacity, SumsNodesAndSubtractsRunningVmsNamingThem) {
+  json nodes = {{"items",
+                 {node("utho", {{"cpu", "64"}, {kL4Resource, "2"}}),
+                  node("other", {{kL4Resource, "1"}}), node("cpu-only", {{"cpu", "8"}})}}};
+  json vms = {{"items",
+               {vm("tenants", "tenant-1", kL4Resource, 1, "tenant-1"),
+                vm("tenants", "tenant-2", kL4Resource, 1, "tenant-2"),
+                vm("lab", "scratch", kL4Resource, 1),
+                vm("lab", "stopped", kL4Resource, 1, "", "Halted"),
+                vm("tenants", "h200", "nvidia.com/GH100_H200", 1, "h200")}}};
+  auto c = gpu_capacity(kL4Resource, nodes, vms, "", "");
+  EXPECT_EQ(c.allocatable, 3);
+  EXPECT_EQ(c.in_use, 3) << "a Halted VM holds no card";
+  EXPECT_EQ(c.users, (std::vector<std::string>{"lab/scratch", "tenant-1", "tenant-2"}));
+  EXPECT_EQ(c.free(), 0);
+  EXPECT_EQ(capacity_shortfall(c, 1),
+            "no free nvidia.com/AD104GL_L4: 3 allocatable, 3 in use by lab/scratch, tenant-1, "
+            "tenant-2");
+  // A re-run of a create does not count the tenant's own VM against it.
+  auto mine = gpu_capacity(kL4Resource, nodes, vms, "tenants", "tenant-1");
+  EXPECT_EQ(mine.free(), 1);
+
+  json deleting = vms;
+  deleting["items"][0]["metadata"]["deletionTimestamp"] = "2026-11-30T09:00:00Z";
+  EXPECT_EQ(gpu_capacity(kL4Resource, nodes, deleting, "", "").in_use, 2);
+
+  auto none = gpu_capacity("nvidia.com/GH100_H200", nodes, vms, "", "");
+  EXPECT_EQ(capacity_shortfall(none, 1).rfind("no free nvidia.com/GH100_H200: 0 allocatable, 1 in "
+                                              "use by h200 (no node advertises it",
+                                              0),
+            0u)
+      << capacity_shortfall(none, 1);
+  GpuCapacity partial{kL4Resource, 2, 1, {"tenant-1"}};
+  EXPECT_EQ(capacity_shortfall(partial, 2),
+            "only 1 free nvidia.com/AD104GL_L4 (want 2): 2 allocatable, 1 in use by tenant-1");
+}
+
+TEST(GpuCapacity, PermittedResourcesAreKubeVirtsOwnInCrOrder) {
+  json kvs = {{"items",
+               {{{"spec",
+                  {{"configuration",
+                    {{"permittedHostDevices",
+                      {{"pciHostDevices",
+                        {{{"pciVendorSelector", "10DE:2335"},
+                          {"resourceName", "nvidia.com/GH100_H200"},
+                          {"externalResourceProvider", true}},
+                         {{"pciVendorSelector", "10DE:27B8"}, {"resourceName", kL4Resource}},
+                         {{"pciVendorSelector", "10DE:20B5"},
+                          {"resourceName", "nvidia.com/GA100_A100"}}}}}}}}}}},
+                {{"spec", {{"configuration", json::object()}}}}}}};
+  EXPECT_EQ(permitted_gpu_resources(kvs),
+            (std::vector<std::string>{kL4Resource, "nvidia.com/GA100_A100"}));
+  EXPECT_TRUE(permitted_gpu_resources(json{{"items", json::array()}}).empty());
+}
+
+// ------------------------------------------------------------------ --wait
+
+json tenant_doc(const std::string& phase) {
+  return {{"name", "tenant-1"},
+          {"phase", phase},
+          {"agent", {{"connected", false}}},
+          {"vm",
+           {{"exists", true}, {"status", "Starting"}, {"phase", "Scheduling"}, {"ssh_node_port", 30022}}},
+          {"plan_steps",
+           {{{"id", "gpu-present"}, {"kind", "gpu_present"}, {"state", "pending"}},
+            {{"id", "nvidia-driver"}, {"kind", "nvidia_driver"}, {"state", "pending"}}}}};
+}
+
+TEST(WaitProgress, OneLinePerChangeAndNothingWhenNothingChanged) {
+  json a = tenant_doc("pending");
+  auto first = progress_lines(nullptr, a);
+  EXPECT_EQ(first, (std::vector<std::string>{"VM: Starting, VMI Scheduling", "phase pending"}));
+  EXPECT_TRUE(progress_lines(a, a).empty());
+
+  json b = a;
+  b["vm"] = {{"exists", true}, {"status", "Running"}, {"phase", "Running"}, {"node", "utho"},
+             {"ip", "10.42.0.98"}, {"ssh_node_port", 30022}};
+  b["agent"] = {{"connected", true}, {"version", "0.1.0"}, {"hostname", "tenant-1"}};
+  b["phase"] = "provisioning";
+  b["plan_steps"][0]["state"] = "succeeded";
+  b["plan_steps"][1]["state"] = "progress";
+  b["plan_steps"][1]["message"] = "downloading nvidia-driver-local-repo.deb";
+  EXPECT_EQ(progress_lines(a, b),
+            (std::vector<std::string>{
+                "VM: Running, VMI Running on utho, IP 10.42.0.98, SSH node port 30022",
+                "agent connected (factory-agent 0.1.0 on tenant-1)", "phase provisioning",
+                "step gpu-present: succeeded",
+                "step nvidia-driver: progress - downloading nvidia-driver-local-repo.deb"}));
+
+  json c = b;
+  c["agent"]["connected"] = false;
+  c["plan_steps"][1]["state"] = "reboot_requested";
+  c["plan_steps"][1]["message"] = "rebooting to load the driver";
+  c["plan_steps"][1]["percent"] = 40;
+  EXPECT_EQ(progress_lines(b, c),
+            (std::vector<std::string>{
+                "agent disconnected (a reboot is expected once, for the driver)",
+                "step nvidia-driver: reboot_requested - rebooting to load the driver"}));
+  json d = c;
+  d["plan_steps"][1]["state"] = "progress";
+  d["plan_steps"][1]["percent"] = 55;
+  d["plan_steps"][1]["message"] = "pulling llama3.2:1b";
+  EXPECT_EQ(progress_lines(c, d),
+            (std::vector<std::string>{"step nvidia-driver: progress 55% - pulling llama3.2:1b"}));
+
+  json unsched = a;
+  unsched["vm"]["reason"] = "0/1 nodes are available: 1 Insufficient nvidia.com/AD104GL_L4";
+  EXPECT_EQ(progress_lines(a, unsched),
+            (std::vector<std::string>{"VM cannot start yet: 0/1 nodes are available: 1 "
+                                      "Insufficient nvidia.com/AD104GL_L4"}));
+  json err = a;
+  err["vm"] = {{"error", "cannot reach the Kubernetes API at https://127.0.0.1:6443"}};
+  EXPECT_EQ(progress_lines(a, err)[0],
+            "VM: cannot read it from the cluster: cannot reach the Kubernetes API at "
+            "https://127.0.0.1:6443");
+}
+
+TEST(WaitProgress, FailureReportNamesTheStepDiagnosisFixAndOutput) {
+  json t = tenant_doc("failed");
+  t["plan"] = {{"state", "failed"}, {"failed_step", "gpu-present"}};
+  t["plan_steps"][0]["state"] = "failed";
+  t["plan_steps"][0]["message"] = "no NVIDIA function on the PCI bus";
+  t["plan_steps"][0]["output_tail"] = "00:01.0 Ethernet controller\n00:02.0 SCSI storage\n";
+  t["plan_steps"][0]["diagnosis"] = {
+      {"code", "gpu_not_on_pci_bus"},
+      {"summary", "the VM never received the card"},
+      {"fix", "check on the host that the card is on vfio-pci"}};
+  t["diagnoses"] = {{"gpu_not_on_pci_bus", t["plan_steps"][0]["diagnosis"]}};
+  EXPECT_EQ(failure_report(t),
+            (std::vector<std::string>{
+                "step gpu-present failed: no NVIDIA function on the PCI bus",
+                "diagnosis gpu_not_on_pci_bus: the VM never received the card",
+                "fix: check on the host that the card is on vfio-pci", "output (last lines):",
+                "  00:01.0 Ethernet controller", "  00:02.0 SCSI storage",
+                "fix the cause, then: factory tenant retry tenant-1 --step gpu-present"}));
+  EXPECT_EQ(failure_summary(t),
+            "tenant tenant-1 failed at step gpu-present: no NVIDIA function on the PCI bus");
+  auto lines = progress_lines(tenant_doc("provisioning"), t);
+  EXPECT_NE(std::find(lines.begin(), lines.end(),
+                      "diagnosis gpu_not_on_pci_bus: the VM never received the card (fix: check "
+                      "on the host that the card is on vfio-pci)"),
+            lines.end());
+
+  json create_failed = tenant_doc("failed");
+  create_failed["kube"] = {{"state", "failed"}, {"error", "forbidden: cannot patch services"}};
+  EXPECT_EQ(failure_report(create_failed),
+            (std::vector<std::string>{"create failed: forbidden: cannot patch services"}));
+}
+
+// ------------------------------------------------------------------ config
+
+TEST(CoordinatorConfigKube, KeysDefaultsAndRelativePaths) {
+  TempDir dir("tenant-config");
+  write_text(dir / "empty.yaml", "");
+  auto d = coordinator::load_coordinator_config((dir / "empty.yaml").string(), true);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_EQ(d->kube_kubeconfig, "");
+  EXPECT_EQ(d->kube_namespace, "tenants");
+  EXPECT_EQ(d->kube_request_timeout, std::chrono::seconds(10));
+  EXPECT_EQ(d->token_tenant_ttl, std::chrono::hours(24));
+  EXPECT_EQ(d->catalog, "");
+
+  write_text(dir / "c.yaml",
+             "kube:\n  kubeconfig: kube/config\n  context: lab\n  namespace: gpu-tenants\n"
+             "  request_timeout: 5s\ncatalog: my-catalog.yaml\ntokens:\n  tenant_ttl: 2h\n");
+  auto c = coordinator::load_coordinator_config((dir / "c.yaml").string(), true);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->kube_kubeconfig, (dir / "kube" / "config").string());
+  EXPECT_EQ(c->kube_context, "lab");
+  EXPECT_EQ(c->kube_namespace, "gpu-tenants");
+  EXPECT_EQ(c->kube_request_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(c->token_tenant_ttl, std::chrono::hours(2));
+  EXPECT_EQ(c->catalog, "my-catalog.yaml");
+
+  write_text(dir / "bad.yaml", "kube:\n  kubeconfg: x\n");
+  auto bad = coordinator::load_coordinator_config((dir / "bad.yaml").string(), true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("unknown key 'kube.kubeconfg'"), std::string::npos)
+      << bad.error().message;
+  write_text(dir / "ttl.yaml", "tokens:\n  tenant_ttl: 1s\n");
+  EXPECT_FALSE(coordinator::load_coordinator_config((dir / "ttl.yaml").string(), true).ok());
+}
+
+}  // namespace
+}  // namespace factory::testing

@@ -1,0 +1,622 @@
+// Tenants end to end: the real `factory` binary (the CLI, and `factory serve`
+// through CoordinatorHarness) against the fake Kubernetes API server
+// (tests/fakes/kube_apiserver.py), which STANDS IN FOR the host cluster's
+// kube-apiserver and KubeVirt: it validates every object against the real
+// KubeVirt/CDI OpenAPI schemas and python3-kubernetes' models, refuses
+// clashing node ports, advertises the runbook host's two L4s on vfio-pci once
+// they are allowlisted, and runs a VMI for each VM whose GPU is free. The
+// objects are compared with the runbook's manifests (tests/fixtures/runbook).
+// Issue 4's acceptance: dry run, two tenants, the third refused with the
+// reason, delete leaving nothing, bad input leaving nothing half-made.
+#include <gtest/gtest.h>
+#include <openssl/evp.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "common/atomic_file.hpp"
+#include "common/catalog.hpp"
+#include "common/pki.hpp"
+#include "common/yaml_json.hpp"
+#include "coordinator/kube/client.hpp"
+#include "coordinator/tenants/request.hpp"
+#include "tests/coordinator/tenant_test_data.hpp"
+#include "tests/fakes/fake_kube.hpp"
+#include "tests/support/coordinator_harness.hpp"
+
+using namespace factory::testing;
+using namespace std::chrono_literals;
+using factory::CommandResult;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kL4 = "nvidia.com/AD104GL_L4";
+
+// Every namespaced kind the fake serves, as REST collections in `ns`.
+std::vector<std::string> namespaced_collections(const std::string& ns) {
+  return {"/api/v1/namespaces/" + ns + "/secrets",
+          "/api/v1/namespaces/" + ns + "/services",
+          "/api/v1/namespaces/" + ns + "/configmaps",
+          "/api/v1/namespaces/" + ns + "/persistentvolumeclaims",
+          "/api/v1/namespaces/" + ns + "/pods",
+          "/apis/coordination.k8s.io/v1/namespaces/" + ns + "/leases",
+          "/apis/kubevirt.io/v1/namespaces/" + ns + "/kubevirts",
+          "/apis/kubevirt.io/v1/namespaces/" + ns + "/virtualmachines",
+          "/apis/kubevirt.io/v1/namespaces/" + ns + "/virtualmachineinstances",
+          "/apis/cdi.kubevirt.io/v1beta1/namespaces/" + ns + "/datavolumes"};
+}
+
+// "Kind/name" of every object in the namespace, whatever its kind.
+std::vector<std::string> everything_in(const FakeKube& kube, const std::string& ns) {
+  std::vector<std::string> out;
+  for (const auto& path : namespaced_collections(ns)) {
+    json list = kube.get(path);
+    EXPECT_TRUE(list.is_object() && list.contains("items")) << path << ": " << list.dump();
+    if (!list.is_object()) continue;
+    for (const auto& o : list.value("items", json::array()))
+      out.push_back(path.substr(path.rfind('/') + 1) + "/" + o["metadata"].value("name", ""));
+  }
+  return out;
+}
+
+std::vector<std::string> objects_of(const FakeKube& kube, const std::string& ns,
+                                    const std::string& tenant) {
+  std::vector<std::string> out;
+  for (const auto& o : everything_in(kube, ns))
+    if (o.find(tenant) != std::string::npos) out.push_back(o);
+  return out;
+}
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  std::string l;
+  while (std::getline(in, l))
+    if (!l.empty()) out.push_back(l);
+  return out;
+}
+
+// The failure contract of every command: one line "factory: ...", non-zero.
+void expect_one_line_failure(const CommandResult& r, const std::string& needle) {
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  auto ls = lines(r.output);
+  ASSERT_EQ(ls.size(), 1u) << "want one clear line, got:\n" << r.output;
+  EXPECT_EQ(ls[0].rfind("factory: ", 0), 0u) << ls[0];
+  EXPECT_NE(ls[0].find(needle), std::string::npos) << "want '" << needle << "' in: " << ls[0];
+}
+
+// Every field the runbook gives is in `actual` with the same value (objects
+// recursively, lists element by element); what Factory or the API server
+// adds beside them is not the runbook's business.
+void expect_superset(const json& expected, const json& actual, const std::string& where = "") {
+  if (expected.is_object()) {
+    ASSERT_TRUE(actual.is_object()) << where << ": want an object, have " << actual.dump();
+    for (auto& [k, v] : expected.items()) {
+      ASSERT_TRUE(actual.contains(k)) << where << "." << k << " is missing";
+      expect_superset(v, actual[k], where + "." + k);
+    }
+  } else if (expected.is_array()) {
+    ASSERT_TRUE(actual.is_array()) << where << ": want a list, have " << actual.dump();
+    ASSERT_EQ(expected.size(), actual.size()) << where << ": " << actual.dump();
+    for (size_t i = 0; i < expected.size(); ++i)
+      expect_superset(expected[i], actual[i], where + "[" + std::to_string(i) + "]");
+  } else {
+    EXPECT_EQ(expected, actual) << where;
+  }
+}
+
+json replace_in_strings(json j, const std::string& from, const std::string& to) {
+  if (j.is_string()) {
+    std::string s = j.get<std::string>();
+    for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size())
+      s.replace(pos, from.size(), to);
+    return s;
+  }
+  if (j.is_object() || j.is_array())
+    for (auto& v : j) v = replace_in_strings(v, from, to);
+  return j;
+}
+
+std::string b64decode(const std::string& in) {
+  std::string out((in.size() / 4 + 1) * 3, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(in.data()),
+                          static_cast<int>(in.size()));
+  if (n < 0) return "";
+  size_t pad = 0;
+  if (!in.empty() && in.back() == '=') ++pad;
+  if (in.size() > 1 && in[in.size() - 2] == '=') ++pad;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
+}
+
+// The user-data a tenant's VM boots with, read back from the fake cluster.
+json live_user_data(const FakeKube& kube, const std::string& tenant) {
+  json secret = kube.get("/api/v1/namespaces/tenants/secrets/" + tenant + "-cloud-init");
+  std::string text = b64decode(secret["data"].value("userdata", ""));
+  EXPECT_EQ(text.rfind("#cloud-config\n", 0), 0u) << text;
+  auto j = factory::parse_yaml(text, "user-data");
+  EXPECT_TRUE(j.ok()) << text;
+  return j.ok() ? *j : json();
+}
+
+std::string write_file_content(const json& user_data, const std::string& path) {
+  for (const auto& f : user_data.value("write_files", json::array()))
+    if (f.value("path", "") == path) return f.value("content", "");
+  return "";
+}
+
+std::string password_from(const std::string& output) {
+  for (const auto& l : lines(output)) {
+    auto at = l.find("password of ubuntu on ");
+    if (at != std::string::npos) return l.substr(l.rfind(' ') + 1);
+  }
+  return "";
+}
+
+class Tenants : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(kube_.ok()) << kube_.log();
+    key_file_ = dir_ / "admin.pub";
+    write_text(key_file_, std::string(kTestEd25519Key) + "\n");
+  }
+
+  // Runbook step 3, as an admin runs it: the L4s allowlisted, the node
+  // advertising both.
+  void allowlist() {
+    auto r = run({factory_bin(), "kubevirt", "allowlist", "--kubeconfig", kube_.kubeconfig(),
+                  "--pci-id", "10de:27b8", "--resource-name", kL4});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("utho  nvidia.com/AD104GL_L4: 2\n"), std::string::npos) << r.output;
+  }
+
+  CoordinatorHarness& coordinator() {
+    if (!h_) {
+      h_ = std::make_unique<CoordinatorHarness>(
+          dir_.path(), "kube:\n  kubeconfig: " + kube_.kubeconfig() + "\n");
+      h_->start();
+    }
+    return *h_;
+  }
+
+  CommandResult create(const std::string& name, const std::string& tier,
+                       std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"tenant", "create", name, "--tier", tier, "--ssh-key",
+                                     key_file_.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return coordinator().factory(args);
+  }
+
+  json tenants() {
+    auto r = coordinator().factory({"tenant", "list", "-o", "json"});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    auto j = json::parse(r.output, nullptr, false);
+    return j.is_discarded() ? json::array() : j["tenants"];
+  }
+
+  std::vector<std::string> tenant_names() {
+    std::vector<std::string> out;
+    for (const auto& t : tenants()) out.push_back(t.value("name", ""));
+    return out;
+  }
+
+  json show(const std::string& name) {
+    auto r = coordinator().factory({"tenant", "show", name, "-o", "json"});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    auto j = json::parse(r.output, nullptr, false);
+    return j.is_discarded() ? json::object() : j;
+  }
+
+  json token_list() {
+    auto r = coordinator().factory({"token", "list", "-o", "json"});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    auto j = json::parse(r.output, nullptr, false);
+    return j.is_discarded() ? json::array() : j["tokens"];
+  }
+
+  TempDir dir_{"tenants"};
+  FakeKube kube_{{"--vfio-cards", "10DE:27B8=2"}};
+  fs::path key_file_;
+  std::unique_ptr<CoordinatorHarness> h_;
+};
+
+}  // namespace
+
+TEST(TenantsDryRun, PrintsValidObjectsAndContactsNothing) {
+  TempDir dir("tenants-dry");
+  // The admin's key where ssh-keygen puts it; no --ssh-key needed.
+  fs::create_directories(dir / "home" / ".ssh");
+  write_text(dir / "home" / ".ssh" / "id_ed25519.pub", std::string(kTestEd25519Key) + "\n");
+  // A config whose coordinator and cluster do not exist: a dry run must not
+  // need either, nor create the state directory.
+  write_text(dir / "coordinator.yaml",
+             "state_dir: " + (dir / "state").string() +
+                 "\nexternal_url: wss://factory.example:8443\napi:\n  listen: 127.0.0.1:" +
+                 std::to_string(free_loopback_port()) + "\nkube:\n  kubeconfig: " +
+                 (dir / "no-such-kubeconfig").string() + "\n");
+  auto r = run({factory_bin(), "--config", (dir / "coordinator.yaml").string(), "tenant", "create",
+                "tenant-1", "--tier", "gpu-vm", "--dry-run", "-o", "yaml"},
+               30s, {{"HOME", (dir / "home").string()}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "state")) << "a dry run stores nothing";
+  EXPECT_NE(r.output.find("# PLACEHOLDERS"), std::string::npos) << r.output;
+
+  write_text(dir / "objects.yaml", r.output);
+  auto v = validate_k8s_files({(dir / "objects.yaml").string()});
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_NE(v.output.find("doc 3 (VirtualMachine tenant-1): valid"), std::string::npos) << v.output;
+  EXPECT_NE(v.output.find("doc 2 (Secret tenant-1-cloud-init): valid"), std::string::npos)
+      << v.output;
+
+  // The documents in creation order, and the Secret's user-data as cloud-init reads it.
+  std::vector<json> docs;
+  {
+    std::string chunk;
+    std::istringstream in(r.output);
+    std::string line;
+    auto flush = [&] {
+      auto j = factory::parse_yaml(chunk, "doc");
+      if (j.ok() && j->is_object()) docs.push_back(*j);
+      chunk.clear();
+    };
+    while (std::getline(in, line)) {
+      if (line == "---") flush();
+      else chunk += line + "\n";
+    }
+    flush();
+  }
+  ASSERT_EQ(docs.size(), 4u) << r.output;
+  EXPECT_EQ(docs[0]["kind"], "Namespace");
+  EXPECT_EQ(docs[1]["kind"], "Secret");
+  EXPECT_EQ(docs[2]["kind"], "VirtualMachine");
+  EXPECT_EQ(docs[3]["kind"], "Service");
+  const std::string userdata = docs[1]["stringData"]["userdata"].get<std::string>();
+  write_text(dir / "userdata.yaml", userdata);
+  auto ci = cloud_init_schema(dir / "userdata.yaml");
+  EXPECT_EQ(ci.exit_code, 0) << ci.output << "\n" << userdata;
+  for (auto p : {factory::tenants::kBootstrapTokenPlaceholder,
+                 factory::tenants::kPasswordPlaceholder, factory::tenants::kCaPemPlaceholder,
+                 factory::tenants::kAgentSha256Placeholder})
+    EXPECT_NE(userdata.find(p), std::string::npos) << "placeholder " << p << " not marked";
+  EXPECT_NE(userdata.find(kTestEd25519Key), std::string::npos) << "the admin's key from ~/.ssh";
+  EXPECT_NE(userdata.find("wss://factory.example:8443"), std::string::npos);
+  EXPECT_NE(userdata.find("https://factory.example:8443/v1/agent/binary"), std::string::npos);
+  // "any allowlisted" GPU: a marked placeholder the header explains.
+  EXPECT_EQ(docs[2]["spec"]["template"]["spec"]["domain"]["devices"]["gpus"][0]["deviceName"],
+            factory::tenants::kAnyAllowlistedGpuPlaceholder);
+  EXPECT_NE(r.output.find(std::string("deviceName ") +
+                          factory::tenants::kAnyAllowlistedGpuPlaceholder),
+            std::string::npos);
+
+  // -o json: the same objects as a v1 List; --gpu-resource names the card.
+  auto j = run({factory_bin(), "--config", (dir / "coordinator.yaml").string(), "tenant", "create",
+                "tenant-2", "--tier", "gpu-k8s", "--dry-run", "-o", "json", "--gpu-resource", kL4,
+                "--ssh-node-port", "30023", "--ssh-key",
+                (dir / "home" / ".ssh" / "id_ed25519.pub").string()},
+               30s, {{"HOME", (dir / "nohome").string()}});
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  auto list = json::parse(j.output);
+  ASSERT_EQ(list["kind"], "List");
+  ASSERT_EQ(list["items"].size(), 4u);
+  EXPECT_EQ(list["items"][2]["spec"]["template"]["spec"]["domain"]["devices"]["gpus"][0]["deviceName"],
+            kL4);
+  EXPECT_EQ(list["items"][3]["spec"]["ports"][0]["nodePort"], 30023);
+  EXPECT_EQ(list["items"][2]["metadata"]["labels"]["factory.dev/tier"], "gpu-k8s");
+
+  // No key anywhere: one line saying what to pass.
+  auto nokey = run({factory_bin(), "--config", (dir / "coordinator.yaml").string(), "tenant",
+                    "create", "tenant-1", "--tier", "gpu-vm", "--dry-run"},
+                   30s, {{"HOME", (dir / "nohome").string()}});
+  expect_one_line_failure(nokey, "pass --ssh-key FILE");
+}
+
+TEST_F(Tenants, TwoTenantsMatchTheRunbookAThirdIsRefusedAndDeleteLeavesNothing) {
+  allowlist();
+  auto t1 = create("tenant-1", "gpu-vm", {"--ssh-node-port", "30022"});
+  ASSERT_EQ(t1.exit_code, 0) << t1.output << coordinator().log();
+  EXPECT_NE(t1.output.find("tenant tenant-1 created: tier gpu-vm, 1 x nvidia.com/AD104GL_L4, "
+                           "namespace tenants, SSH node port 30022"),
+            std::string::npos)
+      << t1.output;
+  auto t2 = create("tenant-2", "gpu-k8s", {"--ssh-node-port", "30023"});
+  ASSERT_EQ(t2.exit_code, 0) << t2.output << coordinator().log();
+
+  // The objects as the cluster holds them: valid for a strict server...
+  std::vector<std::string> files;
+  for (const std::string t : {"tenant-1", "tenant-2"}) {
+    for (const auto& [path, kind] :
+         std::vector<std::pair<std::string, std::string>>{
+             {"/apis/kubevirt.io/v1/namespaces/tenants/virtualmachines/" + t, "vm"},
+             {"/api/v1/namespaces/tenants/secrets/" + t + "-cloud-init", "secret"},
+             {"/api/v1/namespaces/tenants/services/" + t + "-ssh", "service"}}) {
+      json obj = kube_.get(path);
+      ASSERT_EQ(obj.value("kind", ""), kind == "vm" ? "VirtualMachine"
+                                       : kind == "secret" ? "Secret"
+                                                          : "Service")
+          << obj.dump();
+      auto f = dir_ / (t + "-" + kind + ".yaml");
+      write_text(f, factory::to_yaml(obj));
+      files.push_back(f.string());
+    }
+  }
+  auto v = validate_k8s_files(files);
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+
+  // ...and the runbook's manifests, field for field where it gives them.
+  json vm1 = kube_.get("/apis/kubevirt.io/v1/namespaces/tenants/virtualmachines/tenant-1");
+  expect_superset(load_runbook_fixture("tenant-1-virtualmachine.yaml"), vm1, "tenant-1 VM");
+  json vm2 = kube_.get("/apis/kubevirt.io/v1/namespaces/tenants/virtualmachines/tenant-2");
+  expect_superset(replace_in_strings(load_runbook_fixture("tenant-1-virtualmachine.yaml"),
+                                     "tenant-1", "tenant-2"),
+                  vm2, "tenant-2 VM");
+  expect_superset(load_runbook_fixture("tenant-1-ssh-service.yaml"),
+                  kube_.get("/api/v1/namespaces/tenants/services/tenant-1-ssh"), "tenant-1 Service");
+  json svc2 = load_runbook_fixture("tenant-1-ssh-service.yaml");
+  svc2 = replace_in_strings(svc2, "tenant-1", "tenant-2");
+  svc2["spec"]["ports"][0]["nodePort"] = 30023;
+  expect_superset(svc2, kube_.get("/api/v1/namespaces/tenants/services/tenant-2-ssh"),
+                  "tenant-2 Service");
+
+  // The Secret: the runbook's user-data with its placeholders filled in (the
+  // password printed once by create, the admin's key), plus the agent's files.
+  json secret_fixture = load_runbook_fixture("tenant-1-cloud-init-secret.yaml");
+  json secret1 = kube_.get("/api/v1/namespaces/tenants/secrets/tenant-1-cloud-init");
+  expect_superset(secret_fixture["metadata"], secret1["metadata"], "tenant-1 Secret metadata");
+  auto runbook_ud =
+      factory::parse_yaml(secret_fixture["stringData"]["userdata"].get<std::string>(), "runbook");
+  ASSERT_TRUE(runbook_ud.ok());
+  const std::string password = password_from(t1.output);
+  ASSERT_EQ(password.size(), 20u) << t1.output;
+  json want_ud = replace_in_strings(*runbook_ud, "<generated>", password);
+  want_ud = replace_in_strings(want_ud, "<your public key>", kTestEd25519Key);
+  json ud1 = live_user_data(kube_, "tenant-1");
+  expect_superset(want_ud, ud1, "tenant-1 user-data");
+  write_text(dir_ / "ud1.yaml", b64decode(secret1["data"].value("userdata", "")));
+  auto ci = cloud_init_schema(dir_ / "ud1.yaml");
+  EXPECT_EQ(ci.exit_code, 0) << ci.output;
+  // The password is printed once and kept nowhere but the Secret.
+  EXPECT_EQ(coordinator().log().find(password), std::string::npos);
+  // What the agent needs: this coordinator's CA, a one-time token for this
+  // tenant, the SHA-256 of the agent binary it serves.
+  EXPECT_EQ(write_file_content(ud1, "/etc/factory/ca.crt"),
+            slurp(coordinator().state_dir() / "ca.crt"));
+  auto bin = factory::read_file(agent_bin());
+  ASSERT_TRUE(bin.ok());
+  EXPECT_EQ(write_file_content(ud1, "/etc/factory/agent.sha256"),
+            factory::pki::sha256_hex(*bin) + "  /usr/local/bin/factory-agent\n");
+  const std::string token = write_file_content(ud1, "/etc/factory/bootstrap-token");
+  ASSERT_NE(token.find('.'), std::string::npos) << token;
+  bool active = false;
+  for (const auto& t : token_list())
+    if (t.value("id", "") == token.substr(0, token.find('.')))
+      active = t.value("tenant", "") == "tenant-1" && t.value("state", "") == "active";
+  EXPECT_TRUE(active) << token_list().dump();
+  EXPECT_EQ(coordinator().log().find(token.substr(token.find('.') + 1)),
+            std::string::npos)
+      << "the token's secret half must never be logged";
+
+  // The coordinator's view: both recorded, their VMs running on the node.
+  auto names = tenant_names();
+  EXPECT_EQ(names, (std::vector<std::string>{"tenant-1", "tenant-2"}));
+  json s1;
+  ASSERT_TRUE(eventually([&] {
+    s1 = show("tenant-1");
+    return s1["vm"].value("phase", "") == "Running";
+  }, 10s, 100ms)) << s1.dump(2);
+  EXPECT_EQ(s1["phase"], "pending");
+  EXPECT_EQ(s1["tier"], "gpu-vm");
+  EXPECT_EQ(s1["spec"]["gpu_resource"], kL4);
+  EXPECT_EQ(s1["vm"]["node"], "utho");
+  EXPECT_FALSE(s1["vm"].value("ip", "").empty());
+  EXPECT_EQ(s1["vm"]["ssh_node_port"], 30022);
+  EXPECT_EQ(s1["kube"]["state"], "created");
+  // The plan the agent will be sent, step by step, in the catalog's order.
+  auto cat = factory::catalog::builtin();
+  ASSERT_TRUE(cat.ok());
+  json plan = (*cat).find("gpu-vm")->plan();
+  ASSERT_EQ(s1["plan_steps"].size(), plan["steps"].size());
+  for (size_t i = 0; i < plan["steps"].size(); ++i) {
+    EXPECT_EQ(s1["plan_steps"][i]["id"], plan["steps"][i]["id"]);
+    EXPECT_EQ(s1["plan_steps"][i]["state"], "pending");
+  }
+  auto table = coordinator().factory({"tenant", "show", "tenant-1"});
+  EXPECT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("VMI Running on utho"), std::string::npos) << table.output;
+
+  // Two cards, two tenants: a third single-card VM can never schedule.
+  auto t3 = create("tenant-3", "gpu-vm");
+  expect_one_line_failure(t3,
+                          "no free nvidia.com/AD104GL_L4: 2 allocatable, 2 in use by tenant-1, "
+                          "tenant-2");
+  EXPECT_TRUE(objects_of(kube_, "tenants", "tenant-3").empty());
+  EXPECT_EQ(tenant_names().size(), 2u);
+
+  // A create run again for a tenant that is complete changes nothing.
+  auto again = create("tenant-1", "gpu-vm", {"--ssh-node-port", "30022"});
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("exists already"), std::string::npos) << again.output;
+  EXPECT_EQ(password_from(again.output), "") << "no second password";
+  EXPECT_EQ(live_user_data(kube_, "tenant-1"), ud1) << "the Secret was not rewritten";
+  auto differs = create("tenant-1", "gpu-k8s");
+  expect_one_line_failure(differs, "exists with a different spec (tier");
+
+  // Delete: nothing of either tenant is left, in any kind the cluster has.
+  for (const std::string t : {"tenant-1", "tenant-2"}) {
+    auto d = coordinator().factory({"tenant", "delete", t});
+    EXPECT_EQ(d.exit_code, 0) << d.output;
+    EXPECT_NE(d.output.find("tenant " + t + " deleted"), std::string::npos) << d.output;
+  }
+  EXPECT_EQ(everything_in(kube_, "tenants"), std::vector<std::string>{});
+  EXPECT_TRUE(tenant_names().empty());
+  for (const auto& t : token_list())
+    EXPECT_NE(t.value("state", ""), "active") << "a token outlived its tenant: " << t.dump();
+  auto twice = coordinator().factory({"tenant", "delete", "tenant-1"});
+  EXPECT_EQ(twice.exit_code, 0) << twice.output;
+  EXPECT_NE(twice.output.find("nothing to delete"), std::string::npos) << twice.output;
+
+  // The cards are free again: the third tenant fits now.
+  auto t3b = create("tenant-3", "gpu-vm");
+  EXPECT_EQ(t3b.exit_code, 0) << t3b.output;
+}
+
+TEST_F(Tenants, BadInputGetsOneLineAndLeavesNothingHalfMade) {
+  allowlist();
+  ASSERT_EQ(create("tenant-1", "gpu-vm", {"--ssh-node-port", "30022"}).exit_code, 0);
+  // Once the fake KubeVirt has made the VM's VMI and DataVolume, nothing moves.
+  ASSERT_TRUE(eventually([&] { return everything_in(kube_, "tenants").size() == 5; }, 5s))
+      << ::testing::PrintToString(everything_in(kube_, "tenants"));
+  const auto before = everything_in(kube_, "tenants");
+
+  expect_one_line_failure(create("tenant-x", "gpu-xl"),
+                          "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s)");
+  expect_one_line_failure(create("Tenant_X", "gpu-vm"), "invalid tenant name 'Tenant_X'");
+  expect_one_line_failure(create("9tenant", "gpu-vm"), "9tenant");
+  expect_one_line_failure(create("tenant-x", "gpu-vm", {"--ssh-node-port", "80"}),
+                          "node port 80 is out of range");
+  expect_one_line_failure(create("tenant-x", "gpu-vm", {"--ssh-node-port", "30022"}),
+                          "node port 30022 is taken by Service tenants/tenant-1-ssh");
+  expect_one_line_failure(create("tenant-x", "gpu-vm", {"--memory", "lots"}), "--memory");
+  expect_one_line_failure(create("tenant-x", "gpu-vm", {"--gpus", "2"}),
+                          "only 1 free nvidia.com/AD104GL_L4 (want 2): 2 allocatable, 1 in use by "
+                          "tenant-1");
+  expect_one_line_failure(create("tenant-x", "gpu-vm", {"--gpu-resource", "nvidia.com/H200"}),
+                          "no free nvidia.com/H200: 0 allocatable");
+  write_text(dir_ / "private.key", "-----BEGIN OPENSSH PRIVATE KEY-----\nxx\n");
+  expect_one_line_failure(
+      coordinator().factory({"tenant", "create", "tenant-x", "--tier", "gpu-vm", "--ssh-key",
+                             (dir_ / "private.key").string()}),
+      "is a private key");
+
+  // An object of the tenant's names that someone else made is not taken over.
+  auto access = factory::kube::load_kubeconfig(kube_.kubeconfig());
+  ASSERT_TRUE(access.ok()) << access.error().message;
+  factory::kube::KubeClient client(*access);
+  auto foreign = client.create({{"apiVersion", "v1"},
+                                {"kind", "Secret"},
+                                {"metadata", {{"name", "tenant-y-cloud-init"}, {"namespace", "tenants"}}},
+                                {"stringData", {{"userdata", "#cloud-config\n"}}}});
+  ASSERT_TRUE(foreign.ok()) << foreign.error().message;
+  expect_one_line_failure(create("tenant-y", "gpu-vm"),
+                          "Secret tenants/tenant-y-cloud-init exists and was not made by Factory");
+  ASSERT_TRUE(client.remove(factory::kube::kSecret, "tenants", "tenant-y-cloud-init").ok());
+
+  EXPECT_EQ(everything_in(kube_, "tenants"), before) << "a refused create left something behind";
+  EXPECT_EQ(tenant_names(), std::vector<std::string>{"tenant-1"});
+}
+
+TEST_F(Tenants, UnreachableClusterOrBrokenKubeconfigGetsOneLine) {
+  // A kubeconfig for an API server that is not there.
+  int dead = free_loopback_port();
+  std::string cfg = slurp(kube_.kubeconfig());
+  std::string url = kube_.url();
+  cfg.replace(cfg.find(url), url.size(), "https://127.0.0.1:" + std::to_string(dead));
+  write_text(dir_ / "dead.kubeconfig", cfg);
+  write_text(dir_ / "broken.kubeconfig", "apiVersion: v1\nkind: Config\nclusters: [oops\n");
+
+  for (const auto& [file, needle] :
+       std::vector<std::pair<std::string, std::string>>{
+           {(dir_ / "dead.kubeconfig").string(), "127.0.0.1:" + std::to_string(dead)},
+           {(dir_ / "broken.kubeconfig").string(), "broken.kubeconfig"},
+           {(dir_ / "missing.kubeconfig").string(), "missing.kubeconfig"}}) {
+    TempDir d("tenants-cluster");
+    CoordinatorHarness h(d.path(), "kube:\n  kubeconfig: " + file + "\n");
+    h.start();
+    auto r = h.factory({"tenant", "create", "tenant-1", "--tier", "gpu-vm", "--ssh-key",
+                        key_file_.string()});
+    expect_one_line_failure(r, needle);
+    auto list = h.factory({"tenant", "list", "-o", "json"});
+    EXPECT_EQ(json::parse(list.output)["tenants"], json::array()) << "nothing recorded";
+    EXPECT_EQ(h.factory({"token", "list", "-o", "json"}).output.find("tenant-1"), std::string::npos)
+        << "no token issued";
+  }
+}
+
+TEST_F(Tenants, InterruptedCreateIsFinishedByRunningItAgainOrCleanedByDelete) {
+  allowlist();
+  // The Service cannot be created (an RBAC gap, say): the create fails at
+  // its last object and takes back what it made.
+  ASSERT_FALSE(kube_.control("/_fake/forbid", {{"verb", "patch"}, {"resource", "services"}}).is_null());
+  auto r = create("tenant-1", "gpu-vm");
+  expect_one_line_failure(r, "forbidden: the coordinator's account cannot patch services");
+  EXPECT_TRUE(objects_of(kube_, "tenants", "tenant-1").empty())
+      << "rolled back: " << ::testing::PrintToString(objects_of(kube_, "tenants", "tenant-1"));
+  EXPECT_TRUE(tenant_names().empty());
+  for (const auto& t : token_list()) EXPECT_EQ(t.value("state", ""), "revoked") << t.dump();
+  kube_.control("/_fake/forbid", {}, "DELETE");
+  auto ok = create("tenant-1", "gpu-vm");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_EQ(show("tenant-1")["phase"], "pending");
+
+  // Now the rollback cannot finish either (VMs may not be deleted): the
+  // tenant stays, in phase failed with the reason, its VM in the cluster.
+  kube_.control("/_fake/forbid", {{"verb", "patch"}, {"resource", "services"}});
+  kube_.control("/_fake/forbid", {{"verb", "delete"}, {"resource", "virtualmachines"}});
+  auto half = create("tenant-2", "gpu-vm");
+  expect_one_line_failure(half, "tenant tenant-2 is left in phase failed");
+  json t2 = show("tenant-2");
+  EXPECT_EQ(t2["phase"], "failed");
+  EXPECT_NE(t2["kube"].value("error", "").find("cannot patch services"), std::string::npos)
+      << t2.dump(2);
+  const std::vector<std::string> vm_only = {"virtualmachines/tenant-2",
+                                            "virtualmachineinstances/tenant-2",
+                                            "datavolumes/tenant-2-root"};
+  EXPECT_TRUE(eventually([&] { return objects_of(kube_, "tenants", "tenant-2") == vm_only; }, 5s))
+      << ::testing::PrintToString(objects_of(kube_, "tenants", "tenant-2"));
+  kube_.control("/_fake/forbid", {}, "DELETE");
+
+  // Running the same create again finishes it: the VM it made is kept, the
+  // Secret and Service are made, and it counts its own VM's card as its own.
+  auto finish = create("tenant-2", "gpu-vm");
+  ASSERT_EQ(finish.exit_code, 0) << finish.output;
+  EXPECT_NE(password_from(finish.output), "") << finish.output;
+  t2 = show("tenant-2");
+  EXPECT_EQ(t2["phase"], "pending");
+  EXPECT_EQ(t2["kube"]["state"], "created");
+  EXPECT_FALSE(t2["kube"].contains("error"));
+  auto objs = objects_of(kube_, "tenants", "tenant-2");
+  for (const std::string want :
+       {"secrets/tenant-2-cloud-init", "services/tenant-2-ssh", "virtualmachines/tenant-2"})
+    EXPECT_NE(std::find(objs.begin(), objs.end(), want), objs.end()) << want;
+
+  // And a half-made tenant that is not wanted any more: delete cleans it.
+  ASSERT_EQ(coordinator().factory({"tenant", "delete", "tenant-1"}).exit_code, 0);
+  kube_.control("/_fake/forbid", {{"verb", "patch"}, {"resource", "services"}});
+  kube_.control("/_fake/forbid", {{"verb", "delete"}, {"resource", "virtualmachines"}});
+  expect_one_line_failure(create("tenant-3", "gpu-vm"), "left in phase failed");
+  kube_.control("/_fake/forbid", {}, "DELETE");
+  auto d = coordinator().factory({"tenant", "delete", "tenant-3"});
+  EXPECT_EQ(d.exit_code, 0) << d.output;
+  EXPECT_TRUE(objects_of(kube_, "tenants", "tenant-3").empty());
+  EXPECT_EQ(tenant_names(), std::vector<std::string>{"tenant-2"});
+}
+
+TEST_F(Tenants, DeleteRevokesTheTenantsTokens) {
+  allowlist();
+  ASSERT_EQ(create("tenant-1", "gpu-vm").exit_code, 0);
+  // A second token for the tenant, as an admin might make by hand.
+  json tok = coordinator().create_token("tenant-1");
+  ASSERT_FALSE(tok.value("token", "").empty());
+  auto d = coordinator().factory({"tenant", "delete", "tenant-1"});
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  EXPECT_NE(d.output.find("agent certificate and unused tokens revoked"), std::string::npos);
+  int tenant_tokens = 0;
+  for (const auto& t : token_list()) {
+    if (t.value("tenant", "") != "tenant-1") continue;
+    ++tenant_tokens;
+    EXPECT_EQ(t.value("state", ""), "revoked") << t.dump();
+  }
+  EXPECT_EQ(tenant_tokens, 2) << "the user-data's token and the hand-made one";
+
+  // An agent presenting the hand-made token is refused, and nothing of the
+  // tenant comes back.
+  AgentOptions o;
+  o.extra_args = {"--link-only"};
+  AgentProcess agent(coordinator(), tok, o);
+  ASSERT_TRUE(eventually([&] {
+    return agent.log().find("revoked") != std::string::npos;
+  }, 10s)) << agent.log();
+  EXPECT_TRUE(tenant_names().empty());
+}
