@@ -165,8 +165,8 @@ int wait_for(const AdminClient& client, const std::string& name, std::chrono::se
   json before;
   std::string last_error;
   auto stamp = [&] {
-    auto s = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() -
-                                                              start);
+    auto s =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start);
     std::string t = format_duration(s);
     return "[" + std::string(t.size() < 6 ? 6 - t.size() : 0, ' ') + t + "] " + name + ": ";
   };
@@ -194,10 +194,9 @@ int wait_for(const AdminClient& client, const std::string& name, std::chrono::se
     }
     if (std::chrono::steady_clock::now() - start >= timeout) {
       std::string where = before.is_null() ? "" : " (phase " + str(before, "phase") + ")";
-      return fail(Error(Errc::timeout, "tenant " + name + " not ready after " +
-                                           format_duration(timeout) + where +
-                                           ": it goes on; follow it with `factory tenant show " +
-                                           name + "`"));
+      return fail(Error(Errc::timeout,
+                        "tenant " + name + " not ready after " + format_duration(timeout) + where +
+                            ": it goes on; follow it with `factory tenant show " + name + "`"));
     }
     std::this_thread::sleep_for(poll);
   }
@@ -205,7 +204,8 @@ int wait_for(const AdminClient& client, const std::string& name, std::chrono::se
 
 int create(const Context& ctx, const CreateOptions& o) {
   if (o.dry_run) {
-    if (o.wait) return fail(Error(Errc::invalid_argument, "--dry-run and --wait do not go together"));
+    if (o.wait)
+      return fail(Error(Errc::invalid_argument, "--dry-run and --wait do not go together"));
     return dry_run(ctx, o);
   }
   auto timeout = parse_duration(o.timeout);
@@ -273,9 +273,9 @@ int list(const Context& ctx, OutputFormat out) {
   for (const auto& t : (*res)["tenants"]) {
     const json spec = t.value("spec", json::object());
     rows.push_back({str(t, "name"), str(t, "tier").empty() ? "-" : str(t, "tier"), str(t, "phase"),
-                    gpus_text(spec),
-                    str(spec, "namespace").empty() ? "-" : str(spec, "namespace"),
-                    t["agent"].value("connected", false) ? "yes" : "no", ago(str(t, "created_at"))});
+                    gpus_text(spec), str(spec, "namespace").empty() ? "-" : str(spec, "namespace"),
+                    t["agent"].value("connected", false) ? "yes" : "no",
+                    ago(str(t, "created_at"))});
   }
   if (rows.empty()) {
     std::cout << "No tenants. Create one with `factory tenant create NAME --tier gpu-vm`.\n";
@@ -309,8 +309,10 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
   if (t.contains("vm")) {
     const json& vm = t["vm"];
     std::string v;
-    if (!str(vm, "error").empty()) v = "unknown (" + str(vm, "error") + ")";
-    else if (!vm.value("exists", false)) v = "not found in the cluster";
+    if (!str(vm, "error").empty())
+      v = "unknown (" + str(vm, "error") + ")";
+    else if (!vm.value("exists", false))
+      v = "not found in the cluster";
     else {
       v = str(vm, "status");
       if (!str(vm, "phase").empty()) v += ", VMI " + str(vm, "phase");
@@ -321,7 +323,8 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
     }
     row("VM:", v);
   }
-  if (t.contains("kube") && !str(t["kube"], "error").empty()) row("Error:", str(t["kube"], "error"));
+  if (t.contains("kube") && !str(t["kube"], "error").empty())
+    row("Error:", str(t["kube"], "error"));
   const json& a = t["agent"];
   std::string agent = a.value("connected", false) ? "connected" : "not connected";
   if (!str(a, "version").empty()) agent += ", factory-agent " + str(a, "version");
@@ -403,7 +406,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
       "create",
       "Create a tenant: its cloud-init Secret, VirtualMachine and SSH Service (idempotent: "
       "running it again finishes an interrupted create)");
-  c->add_option("NAME", o->name, "Tenant name (DNS-1123 label, starting with a letter)")->required();
+  c->add_option("NAME", o->name, "Tenant name (DNS-1123 label, starting with a letter)")
+      ->required();
   c->add_option("--tier", o->tier, "Catalog tier, e.g. gpu-vm or gpu-k8s (factory catalog list)")
       ->required();
   o->gpus_opt = c->add_option("--gpus", o->gpus, "GPUs for the VM (default: the tier's)");
@@ -419,8 +423,9 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
                 "id_ecdsa.pub or id_rsa.pub)");
   c->add_option("--ssh-node-port", o->ssh_node_port,
                 "NodePort for SSH, 30000-32767 (default: Kubernetes picks a free one)");
-  c->add_option("--namespace", o->ns, "Namespace for the tenant's objects (default: the "
-                                      "coordinator's kube.namespace, tenants)");
+  c->add_option("--namespace", o->ns,
+                "Namespace for the tenant's objects (default: the "
+                "coordinator's kube.namespace, tenants)");
   c->add_flag("--wait", o->wait,
               "Follow the VM and then the agent's plan, step by step, until the tenant is ready");
   c->add_option("--timeout", o->timeout, "How long --wait waits, e.g. 30m")->capture_default_str();
@@ -464,7 +469,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   d->add_option("NAME", dopt->name, "Tenant name")->required();
   d->add_option("--namespace", dopt->ns,
                 "Where to look for its objects when the coordinator has no record of it");
-  d->callback([&ctx, dopt] { ctx.run = [&ctx, dopt] { return remove(ctx, dopt->name, dopt->ns); }; });
+  d->callback(
+      [&ctx, dopt] { ctx.run = [&ctx, dopt] { return remove(ctx, dopt->name, dopt->ns); }; });
 
   auto ro = std::make_shared<NameOpts>();
   auto* r = group->add_subcommand(

@@ -7,7 +7,11 @@ namespace factory::tenants {
 extern const char kUserDataTemplateText[];
 extern const char kAgentUnitText[];
 
-std::string_view user_data_template() { return kUserDataTemplateText; }
-std::string_view agent_unit_file() { return kAgentUnitText; }
+std::string_view user_data_template() {
+  return kUserDataTemplateText;
+}
+std::string_view agent_unit_file() {
+  return kAgentUnitText;
+}
 
 }  // namespace factory::tenants

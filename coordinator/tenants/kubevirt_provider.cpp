@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
 namespace factory::tenants {
 
 using nlohmann::json;
@@ -9,9 +11,13 @@ using nlohmann::json;
 namespace {
 
 const kube::Kind& kind_of(const std::string& kind) {
-  static const std::vector<const kube::Kind*> kinds = {
-      &kube::kNamespace, &kube::kSecret, &kube::kService, &kube::kVirtualMachine,
-      &kube::kVirtualMachineInstance, &kube::kDataVolume, &kube::kPersistentVolumeClaim};
+  static const std::vector<const kube::Kind*> kinds = {&kube::kNamespace,
+                                                       &kube::kSecret,
+                                                       &kube::kService,
+                                                       &kube::kVirtualMachine,
+                                                       &kube::kVirtualMachineInstance,
+                                                       &kube::kDataVolume,
+                                                       &kube::kPersistentVolumeClaim};
   for (auto* k : kinds)
     if (k->kind == kind) return *k;
   return kube::kSecret;  // unreachable: callers pass the kinds above
@@ -19,8 +25,8 @@ const kube::Kind& kind_of(const std::string& kind) {
 
 // Whether an object carries Factory's labels for this tenant.
 bool owned_by(const json& obj, const std::string& tenant) {
-  const json labels = obj.contains("metadata") ? obj["metadata"].value("labels", json::object())
-                                               : json::object();
+  const json labels =
+      obj.contains("metadata") ? obj["metadata"].value("labels", json::object()) : json::object();
   return labels.value(kManagedByLabel, "") == kManagedByValue &&
          labels.value(kTenantLabel, "") == tenant;
 }
@@ -144,8 +150,9 @@ std::string capacity_shortfall(const GpuCapacity& c, int wanted) {
   std::string out = head + ": " + std::to_string(c.allocatable) + " allocatable";
   if (c.in_use > 0) out += ", " + std::to_string(c.in_use) + " in use by " + join(c.users, ", ");
   if (c.allocatable == 0)
-    out += " (no node advertises it: are the cards on vfio-pci and allowlisted? see `factory "
-           "kubevirt allowlist`)";
+    out +=
+        " (no node advertises it: are the cards on vfio-pci and allowlisted? see `factory "
+        "kubevirt allowlist`)";
   return out;
 }
 
@@ -154,6 +161,14 @@ KubeVirtProvider::KubeVirtProvider(kube::AccessOptions access,
     : access_(std::move(access)), timeout_(request_timeout) {}
 
 Result<kube::KubeClient> KubeVirtProvider::client() const {
+  // kube::resolve_access speaks to a CLI user (--kubeconfig); here the file
+  // comes from the coordinator's config, so say where to fix it.
+  std::error_code ec;
+  if (!access_.kubeconfig.empty() && !std::filesystem::exists(access_.kubeconfig, ec))
+    return Error(Errc::failed_precondition,
+                 "the coordinator's kube.kubeconfig " + access_.kubeconfig +
+                     " does not exist: fix kube.kubeconfig in its config (\"\" = ~/.kube/config "
+                     "or the pod's service account)");
   auto access = kube::resolve_access(access_);
   if (!access) return access.error().with_context("Kubernetes access (coordinator config kube:)");
   return kube::KubeClient(std::move(*access), timeout_);
@@ -177,10 +192,10 @@ Status KubeVirtProvider::preflight(VmSpec& spec) {
       return obj.error();
     }
     if (!owned_by(*obj, spec.name))
-      return Error(Errc::already_exists,
-                   kind->kind + " " + spec.ns + "/" + name +
-                       " exists and was not made by Factory for tenant " + spec.name +
-                       ": remove it, or choose another tenant name");
+      return Error(Errc::already_exists, kind->kind + " " + spec.ns + "/" + name +
+                                             " exists and was not made by Factory for tenant " +
+                                             spec.name +
+                                             ": remove it, or choose another tenant name");
   }
 
   if (spec.ssh_node_port != 0) {
@@ -188,7 +203,8 @@ Status KubeVirtProvider::preflight(VmSpec& spec) {
     if (!services) return services.error();
     for (const auto& s : services->value("items", json::array())) {
       const json md = s.value("metadata", json::object());
-      if (md.value("namespace", "") == spec.ns && md.value("name", "") == ssh_service_name(spec.name))
+      if (md.value("namespace", "") == spec.ns &&
+          md.value("name", "") == ssh_service_name(spec.name))
         continue;
       for (const auto& p : s.value("/spec/ports"_json_pointer, json::array()))
         if (p.value("nodePort", 0) == spec.ssh_node_port)
@@ -316,7 +332,8 @@ Result<std::vector<VmObject>> KubeVirtProvider::destroy(const std::string& tenan
   auto c = client();
   if (!c) return c.error();
   std::vector<VmObject> deleted;
-  auto del = [&](const kube::Kind& kind, const std::string& ons, const std::string& name) -> Status {
+  auto del = [&](const kube::Kind& kind, const std::string& ons,
+                 const std::string& name) -> Status {
     auto st = c->remove(kind, ons, name);
     if (st.ok()) {
       deleted.push_back({kind.kind, ons, name});
@@ -398,7 +415,8 @@ Result<VmObservation> KubeVirtProvider::observe(const std::string& tenant, const
   auto svc = c->get(kube::kService, ns, ssh_service_name(tenant));
   if (svc) {
     for (const auto& p : svc->value("/spec/ports"_json_pointer, json::array()))
-      if (p.value("name", "") == "ssh" || o.ssh_node_port == 0) o.ssh_node_port = p.value("nodePort", 0);
+      if (p.value("name", "") == "ssh" || o.ssh_node_port == 0)
+        o.ssh_node_port = p.value("nodePort", 0);
   } else if (svc.error().code != Errc::not_found) {
     return svc.error();
   }

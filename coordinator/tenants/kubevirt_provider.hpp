@@ -14,10 +14,10 @@ namespace factory::tenants {
 
 // GPU capacity of one resource, as the nodes advertise it and the VMs use it.
 struct GpuCapacity {
-  std::string resource;              // "nvidia.com/AD104GL_L4"
-  long long allocatable = 0;         // summed over the nodes
-  long long in_use = 0;              // requested by VMs that are not being deleted
-  std::vector<std::string> users;    // who requests it: tenant names, or ns/name
+  std::string resource;            // "nvidia.com/AD104GL_L4"
+  long long allocatable = 0;       // summed over the nodes
+  long long in_use = 0;            // requested by VMs that are not being deleted
+  std::vector<std::string> users;  // who requests it: tenant names, or ns/name
   long long free() const { return allocatable - in_use; }
 };
 

@@ -45,7 +45,9 @@ std::string step_line(const json& s) {
 }
 
 // A step's identity for change detection: what the line shows.
-std::string step_key(const json& s) { return step_line(s); }
+std::string step_key(const json& s) {
+  return step_line(s);
+}
 
 }  // namespace
 

@@ -4,10 +4,9 @@
 // VM as KubeVirt reports it, the agent, each plan step, each diagnosis), so
 // the output reads the same in a terminal, a CI log or a pipe. Pure
 // functions of the two documents, kept apart from the polling for tests.
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace factory::tenants {
 

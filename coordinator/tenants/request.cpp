@@ -11,11 +11,21 @@ using nlohmann::json;
 
 namespace {
 
-Error invalid(std::string m) { return Error(Errc::invalid_argument, std::move(m)); }
+Error invalid(std::string m) {
+  return Error(Errc::invalid_argument, std::move(m));
+}
 
-const std::set<std::string> kKeys = {"name",  "tier",          "gpus",       "cpu",
-                                     "memory", "disk",         "image",      "gpu_resource",
-                                     "namespace", "ssh_node_port", "ssh_authorized_keys",
+const std::set<std::string> kKeys = {"name",
+                                     "tier",
+                                     "gpus",
+                                     "cpu",
+                                     "memory",
+                                     "disk",
+                                     "image",
+                                     "gpu_resource",
+                                     "namespace",
+                                     "ssh_node_port",
+                                     "ssh_authorized_keys",
                                      "password"};
 
 Status read_string(const json& j, const char* key, std::string& out) {
@@ -50,10 +60,15 @@ Result<TenantRequest> TenantRequest::from_json(const json& j) {
   for (auto& [k, v] : j.items())
     if (!kKeys.count(k)) return invalid("unknown field '" + k + "' in the tenant request");
   TenantRequest r;
-  const std::pair<const char*, std::string*> strings[] = {
-      {"name", &r.name},     {"tier", &r.tier},   {"cpu", &r.cpu},
-      {"memory", &r.memory}, {"disk", &r.disk},   {"image", &r.image},
-      {"gpu_resource", &r.gpu_resource}, {"namespace", &r.ns}, {"password", &r.password}};
+  const std::pair<const char*, std::string*> strings[] = {{"name", &r.name},
+                                                          {"tier", &r.tier},
+                                                          {"cpu", &r.cpu},
+                                                          {"memory", &r.memory},
+                                                          {"disk", &r.disk},
+                                                          {"image", &r.image},
+                                                          {"gpu_resource", &r.gpu_resource},
+                                                          {"namespace", &r.ns},
+                                                          {"password", &r.password}};
   for (auto [key, out] : strings)
     if (auto st = read_string(j, key, *out); !st.ok()) return st.error();
   if (j.contains("gpus") && !j["gpus"].is_null()) {
@@ -61,7 +76,8 @@ Result<TenantRequest> TenantRequest::from_json(const json& j) {
     r.gpus = j["gpus"].get<int>();
   }
   if (j.contains("ssh_node_port") && !j["ssh_node_port"].is_null()) {
-    if (!j["ssh_node_port"].is_number_integer()) return invalid("'ssh_node_port' must be an integer");
+    if (!j["ssh_node_port"].is_number_integer())
+      return invalid("'ssh_node_port' must be an integer");
     r.ssh_node_port = j["ssh_node_port"].get<int>();
   }
   if (j.contains("ssh_authorized_keys") && !j["ssh_authorized_keys"].is_null()) {
@@ -112,9 +128,14 @@ Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequ
 }
 
 json spec_json(const VmSpec& vm, const TenantRequest& req) {
-  json j = {{"tier", vm.tier},     {"namespace", vm.ns},     {"cpu", vm.cpu},
-            {"memory", vm.memory}, {"disk", vm.disk},        {"image", vm.image_url},
-            {"gpus", vm.gpus},     {"gpu_resource", vm.gpu_resource},
+  json j = {{"tier", vm.tier},
+            {"namespace", vm.ns},
+            {"cpu", vm.cpu},
+            {"memory", vm.memory},
+            {"disk", vm.disk},
+            {"image", vm.image_url},
+            {"gpus", vm.gpus},
+            {"gpu_resource", vm.gpu_resource},
             {"ssh_node_port", vm.ssh_node_port},
             {"ssh_authorized_keys", req.ssh_authorized_keys}};
   return j;
@@ -131,8 +152,12 @@ Status same_request(const json& stored, const TenantRequest& req) {
   if (!d) d = differs("tier", req.tier);
   if (!d && req.gpus) d = differs("gpus", *req.gpus);
   const std::pair<const char*, const std::string*> overrides[] = {
-      {"cpu", &req.cpu},     {"memory", &req.memory},           {"disk", &req.disk},
-      {"image", &req.image}, {"gpu_resource", &req.gpu_resource}, {"namespace", &req.ns}};
+      {"cpu", &req.cpu},
+      {"memory", &req.memory},
+      {"disk", &req.disk},
+      {"image", &req.image},
+      {"gpu_resource", &req.gpu_resource},
+      {"namespace", &req.ns}};
   for (auto [key, val] : overrides)
     if (!d && !val->empty()) d = differs(key, *val);
   if (!d && req.ssh_node_port != 0) d = differs("ssh_node_port", req.ssh_node_port);

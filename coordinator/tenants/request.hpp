@@ -4,11 +4,10 @@
 // tier's VM from the catalog, overridden field by field by what the request
 // sets. Shared by the coordinator and by `--dry-run`, which builds the same
 // objects without contacting anything.
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/catalog.hpp"
 #include "common/error.hpp"

@@ -13,10 +13,14 @@ using nlohmann::json;
 
 namespace {
 
-std::string now_str() { return format_rfc3339(Clock::now()); }
+std::string now_str() {
+  return format_rfc3339(Clock::now());
+}
 
 // A token-only tenant (`factory token create`) has neither tier nor VM.
-bool has_vm(const store::TenantRecord& t) { return !t.tier.empty() || t.status.contains("kube"); }
+bool has_vm(const store::TenantRecord& t) {
+  return !t.tier.empty() || t.status.contains("kube");
+}
 
 std::string record_namespace(const store::TenantRecord& t, const std::string& fallback) {
   std::string ns = t.spec.value("namespace", "");
@@ -70,18 +74,23 @@ net::HttpResponseOut guarded(const char* what, F&& f) {
 
 int http_status_for(const Error& e) {
   switch (e.code) {
-    case Errc::invalid_argument: return 400;
-    case Errc::not_found: return 404;
+    case Errc::invalid_argument:
+      return 400;
+    case Errc::not_found:
+      return 404;
     case Errc::already_exists:
     case Errc::conflict:
-    case Errc::failed_precondition: return 409;
+    case Errc::failed_precondition:
+      return 409;
     case Errc::permission_denied:
     case Errc::unauthenticated:
     case Errc::unavailable:
     case Errc::timeout:
-    case Errc::protocol: return 502;  // the cluster (or its API) failed us, not the admin
+    case Errc::protocol:
+      return 502;  // the cluster (or its API) failed us, not the admin
     case Errc::io:
-    case Errc::internal: return 500;
+    case Errc::internal:
+      return 500;
   }
   return 500;
 }
@@ -120,12 +129,17 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
       return Error(Errc::already_exists,
                    "tenant " + req.name +
                        " exists without a VM (made by `factory token create`): choose another "
-                       "name, or `factory tenant delete " + req.name + "` first");
+                       "name, or `factory tenant delete " +
+                       req.name + "` first");
+    if (existing->phase == "deleting")
+      return Error(Errc::failed_precondition,
+                   "tenant " + req.name + " is half-deleted: finish with `factory tenant delete " +
+                       req.name + "`, then create it again");
     if (auto st = same_request(existing->spec, req); !st.ok()) return st.error();
     if (existing->status.value("/kube/state"_json_pointer, std::string()) == "created") {
       CreateOutcome out;
-      out.note = "tenant " + req.name + " exists already (phase " + existing->phase +
-                 "); nothing changed";
+      out.note =
+          "tenant " + req.name + " exists already (phase " + existing->phase + "); nothing changed";
       return out;
     }
     // Finishing an interrupted or failed create: exactly what it asked for.
@@ -202,8 +216,10 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
       return rollback(rec, record_is_new, token_id, out.objects, rendered.error()).error();
     userdata = std::move(rendered->text);
   } else {
-    out.note = "the user-data (and the ubuntu password) of an earlier attempt is kept: read it "
-               "from Secret " + vm.ns + "/" + cloud_init_secret_name(vm.name);
+    out.note =
+        "the user-data (and the ubuntu password) of an earlier attempt is kept: read it "
+        "from Secret " +
+        vm.ns + "/" + cloud_init_secret_name(vm.name);
   }
 
   if (auto st = provider_->provision(vm, userdata, out.objects); !st.ok())
@@ -211,8 +227,10 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
 
   auto now = store.get_tenant(req.name).value_or(rec);
   if (now.phase == "creating" || now.phase == "failed") {
-    if (now.agent.value("agent_id", "").empty()) now.phase = "pending";
-    else now.phase = now.status.contains("plan") ? "provisioning" : "enrolled";
+    if (now.agent.value("agent_id", "").empty())
+      now.phase = "pending";
+    else
+      now.phase = now.status.contains("plan") ? "provisioning" : "enrolled";
   }
   json ks = now.status.value("kube", json::object());
   ks["state"] = "created";
@@ -228,7 +246,8 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
   now.tier = vm.tier;
   now.spec = rec.spec;
   if (auto st = store.put_tenant(now); !st.ok())
-    return st.error().with_context("recording tenant " + req.name + " (its objects exist: run "
+    return st.error().with_context("recording tenant " + req.name +
+                                   " (its objects exist: run "
                                    "create again to record it)");
   out.created = true;
   if (!userdata.empty()) out.password = params.password;
@@ -249,7 +268,8 @@ Status TenantService::rollback(store::TenantRecord& rec, bool record_is_new,
     if (o.kind != "Namespace") mine.push_back(o);
   auto failures = provider_->remove(mine);
   std::string left;
-  for (const auto& [o, e] : failures) left += (left.empty() ? "" : "; ") + o.ref() + ": " + e.message;
+  for (const auto& [o, e] : failures)
+    left += (left.empty() ? "" : "; ") + o.ref() + ": " + e.message;
 
   if (failures.empty() && record_is_new) {
     if (!token_id.empty())
@@ -282,7 +302,8 @@ Status TenantService::rollback(store::TenantRecord& rec, bool record_is_new,
   return Error(cause.code, cause.message + (left.empty() ? "" : "; could not remove " + left) +
                                "; tenant " + rec.name +
                                " is left in phase failed: run the same create again to finish it, "
-                               "or `factory tenant delete " + rec.name + "`");
+                               "or `factory tenant delete " +
+                               rec.name + "`");
 }
 
 Result<json> TenantService::remove(const std::string& name, const std::string& ns_hint) {
@@ -294,7 +315,8 @@ Result<json> TenantService::remove(const std::string& name, const std::string& n
           : (ns_hint.empty() ? opts_.default_namespace : ns_hint);
   if (rec) {
     rec->phase = "deleting";
-    if (auto st = store.put_tenant(*rec); !st.ok()) return st.error().with_context("tenant " + name);
+    if (auto st = store.put_tenant(*rec); !st.ok())
+      return st.error().with_context("tenant " + name);
   }
   // The agent's identity goes first: from here on nothing can enroll or
   // connect as this tenant, whatever happens to the cluster calls.
@@ -316,9 +338,14 @@ Result<json> TenantService::remove(const std::string& name, const std::string& n
     deleted = std::move(*d);
   }
   if (rec)
-    if (auto st = store.delete_tenant(name); !st.ok()) return st.error().with_context("tenant " + name);
-  spdlog::info("tenants: deleted tenant {} ({} object(s); agent identity and tokens revoked)", name,
-               deleted.size());
+    if (auto st = store.delete_tenant(name); !st.ok())
+      return st.error().with_context("tenant " + name);
+  if (rec || !deleted.empty())
+    spdlog::info("tenants: deleted tenant {} ({} object(s); agent identity and tokens revoked)",
+                 name, deleted.size());
+  else
+    spdlog::info("tenants: delete of tenant {}: no record and no objects (unused tokens revoked)",
+                 name);
   return json{{"tenant", name},
               {"namespace", ns},
               {"found", rec.has_value() || !deleted.empty()},
@@ -412,28 +439,28 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
       return j ? json_reply(*j) : error_reply(j.error());
     });
   });
-  r.add("DELETE", "/v1/tenants/{name}", [this](const net::HttpRequestIn& req,
-                                                const coordinator::PathParams& p) {
-    return guarded("DELETE /v1/tenants/{name}", [&] {
-      auto it = req.query.find("namespace");
-      auto j = remove(p.at("name"), it == req.query.end() ? "" : it->second);
-      return j ? json_reply(*j) : error_reply(j.error());
-    });
-  });
-  r.add("POST", "/v1/tenants/{name}/retry", [this](const net::HttpRequestIn& req,
-                                                    const coordinator::PathParams& p) {
-    return guarded("POST /v1/tenants/{name}/retry", [&] {
-      auto body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
-      if (body.is_discarded() || !body.is_object() ||
-          (body.contains("step") && !body["step"].is_string() && !body["step"].is_null()))
-        return net::HttpResponseOut::error(400, "bad_request", "want {\"step\": ID} or {}");
-      std::string step = body.contains("step") && body["step"].is_string()
-                             ? body["step"].get<std::string>()
-                             : "";
-      auto j = retry(p.at("name"), step);
-      return j ? json_reply(*j, 202) : error_reply(j.error());
-    });
-  });
+  r.add("DELETE", "/v1/tenants/{name}",
+        [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
+          return guarded("DELETE /v1/tenants/{name}", [&] {
+            auto it = req.query.find("namespace");
+            auto j = remove(p.at("name"), it == req.query.end() ? "" : it->second);
+            return j ? json_reply(*j) : error_reply(j.error());
+          });
+        });
+  r.add("POST", "/v1/tenants/{name}/retry",
+        [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
+          return guarded("POST /v1/tenants/{name}/retry", [&] {
+            auto body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
+            if (body.is_discarded() || !body.is_object() ||
+                (body.contains("step") && !body["step"].is_string() && !body["step"].is_null()))
+              return net::HttpResponseOut::error(400, "bad_request", "want {\"step\": ID} or {}");
+            std::string step = body.contains("step") && body["step"].is_string()
+                                   ? body["step"].get<std::string>()
+                                   : "";
+            auto j = retry(p.at("name"), step);
+            return j ? json_reply(*j, 202) : error_reply(j.error());
+          });
+        });
 }
 
 }  // namespace factory::tenants

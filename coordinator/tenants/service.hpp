@@ -27,10 +27,9 @@
 // work to a worker strand is the next step if it ever is not.
 #include <chrono>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "common/catalog.hpp"
 #include "common/error.hpp"

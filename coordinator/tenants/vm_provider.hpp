@@ -4,11 +4,10 @@
 // provider today (kubevirt_provider.hpp); a plain-QEMU provider on a single
 // host (DESIGN.md, "tenants") fits behind the same calls: check, create,
 // observe and delete a VM with this shape, these GPUs and this user-data.
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 #include "coordinator/tenants/objects.hpp"
@@ -25,12 +24,12 @@ struct VmObject {
 
 // What the provider sees of a tenant's VM now.
 struct VmObservation {
-  bool exists = false;     // the VM object
-  std::string status;      // KubeVirt's printableStatus: Starting, Running, ErrorUnschedulable
-  std::string phase;       // the VMI's phase: Pending, Scheduling, Scheduled, Running ("" none)
+  bool exists = false;  // the VM object
+  std::string status;   // KubeVirt's printableStatus: Starting, Running, ErrorUnschedulable
+  std::string phase;    // the VMI's phase: Pending, Scheduling, Scheduled, Running ("" none)
   std::string ip, node;
-  std::string reason;      // why it is not running, when the provider says
-  int ssh_node_port = 0;   // where `ssh -p` reaches it on the node
+  std::string reason;     // why it is not running, when the provider says
+  int ssh_node_port = 0;  // where `ssh -p` reaches it on the node
   nlohmann::json to_json() const;
 };
 

@@ -48,7 +48,8 @@ TEST(TenantRequest, RefusesWrongTypesAndUnknownFieldsWithTheFieldName) {
     EXPECT_FALSE(r.ok()) << j.dump();
     return r.ok() ? std::string() : r.error().message;
   };
-  EXPECT_NE(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", "2"}}).find("'gpus'"), std::string::npos);
+  EXPECT_NE(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", "2"}}).find("'gpus'"),
+            std::string::npos);
   EXPECT_NE(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"colour", "red"}}).find("'colour'"),
             std::string::npos);
   EXPECT_NE(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"ssh_authorized_keys", "k"}})
@@ -175,12 +176,12 @@ TEST(GpuCapacity, SumsNodesAndSubtractsRunningVmsNamingThem) {
   json nodes = {{"items",
                  {node("utho", {{"cpu", "64"}, {kL4Resource, "2"}}),
                   node("other", {{kL4Resource, "1"}}), node("cpu-only", {{"cpu", "8"}})}}};
-  json vms = {{"items",
-               {vm("tenants", "tenant-1", kL4Resource, 1, "tenant-1"),
-                vm("tenants", "tenant-2", kL4Resource, 1, "tenant-2"),
-                vm("lab", "scratch", kL4Resource, 1),
-                vm("lab", "stopped", kL4Resource, 1, "", "Halted"),
-                vm("tenants", "h200", "nvidia.com/GH100_H200", 1, "h200")}}};
+  json vms = {
+      {"items",
+       {vm("tenants", "tenant-1", kL4Resource, 1, "tenant-1"),
+        vm("tenants", "tenant-2", kL4Resource, 1, "tenant-2"), vm("lab", "scratch", kL4Resource, 1),
+        vm("lab", "stopped", kL4Resource, 1, "", "Halted"),
+        vm("tenants", "h200", "nvidia.com/GH100_H200", 1, "h200")}}};
   auto c = gpu_capacity(kL4Resource, nodes, vms, "", "");
   EXPECT_EQ(c.allocatable, 3);
   EXPECT_EQ(c.in_use, 3) << "a Halted VM holds no card";
@@ -233,7 +234,10 @@ json tenant_doc(const std::string& phase) {
           {"phase", phase},
           {"agent", {{"connected", false}}},
           {"vm",
-           {{"exists", true}, {"status", "Starting"}, {"phase", "Scheduling"}, {"ssh_node_port", 30022}}},
+           {{"exists", true},
+            {"status", "Starting"},
+            {"phase", "Scheduling"},
+            {"ssh_node_port", 30022}}},
           {"plan_steps",
            {{{"id", "gpu-present"}, {"kind", "gpu_present"}, {"state", "pending"}},
             {{"id", "nvidia-driver"}, {"kind", "nvidia_driver"}, {"state", "pending"}}}}};
@@ -246,8 +250,8 @@ TEST(WaitProgress, OneLinePerChangeAndNothingWhenNothingChanged) {
   EXPECT_TRUE(progress_lines(a, a).empty());
 
   json b = a;
-  b["vm"] = {{"exists", true}, {"status", "Running"}, {"phase", "Running"}, {"node", "utho"},
-             {"ip", "10.42.0.98"}, {"ssh_node_port", 30022}};
+  b["vm"] = {{"exists", true}, {"status", "Running"}, {"phase", "Running"},
+             {"node", "utho"}, {"ip", "10.42.0.98"},  {"ssh_node_port", 30022}};
   b["agent"] = {{"connected", true}, {"version", "0.1.0"}, {"hostname", "tenant-1"}};
   b["phase"] = "provisioning";
   b["plan_steps"][0]["state"] = "succeeded";
@@ -294,17 +298,16 @@ TEST(WaitProgress, FailureReportNamesTheStepDiagnosisFixAndOutput) {
   t["plan_steps"][0]["state"] = "failed";
   t["plan_steps"][0]["message"] = "no NVIDIA function on the PCI bus";
   t["plan_steps"][0]["output_tail"] = "00:01.0 Ethernet controller\n00:02.0 SCSI storage\n";
-  t["plan_steps"][0]["diagnosis"] = {
-      {"code", "gpu_not_on_pci_bus"},
-      {"summary", "the VM never received the card"},
-      {"fix", "check on the host that the card is on vfio-pci"}};
+  t["plan_steps"][0]["diagnosis"] = {{"code", "gpu_not_on_pci_bus"},
+                                     {"summary", "the VM never received the card"},
+                                     {"fix", "check on the host that the card is on vfio-pci"}};
   t["diagnoses"] = {{"gpu_not_on_pci_bus", t["plan_steps"][0]["diagnosis"]}};
   EXPECT_EQ(failure_report(t),
             (std::vector<std::string>{
                 "step gpu-present failed: no NVIDIA function on the PCI bus",
                 "diagnosis gpu_not_on_pci_bus: the VM never received the card",
-                "fix: check on the host that the card is on vfio-pci", "output (last lines):",
-                "  00:01.0 Ethernet controller", "  00:02.0 SCSI storage",
+                "fix: check on the host that the card is on vfio-pci",
+                "output (last lines):", "  00:01.0 Ethernet controller", "  00:02.0 SCSI storage",
                 "fix the cause, then: factory tenant retry tenant-1 --step gpu-present"}));
   EXPECT_EQ(failure_summary(t),
             "tenant tenant-1 failed at step gpu-present: no NVIDIA function on the PCI bus");

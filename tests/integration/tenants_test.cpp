@@ -20,210 +20,13 @@
 #include "common/yaml_json.hpp"
 #include "coordinator/kube/client.hpp"
 #include "coordinator/tenants/request.hpp"
-#include "tests/coordinator/tenant_test_data.hpp"
-#include "tests/fakes/fake_kube.hpp"
-#include "tests/support/coordinator_harness.hpp"
+#include "tests/integration/tenant_fixture.hpp"
 
 using namespace factory::testing;
 using namespace std::chrono_literals;
 using factory::CommandResult;
 using nlohmann::json;
 namespace fs = std::filesystem;
-
-namespace {
-
-constexpr const char* kL4 = "nvidia.com/AD104GL_L4";
-
-// Every namespaced kind the fake serves, as REST collections in `ns`.
-std::vector<std::string> namespaced_collections(const std::string& ns) {
-  return {"/api/v1/namespaces/" + ns + "/secrets",
-          "/api/v1/namespaces/" + ns + "/services",
-          "/api/v1/namespaces/" + ns + "/configmaps",
-          "/api/v1/namespaces/" + ns + "/persistentvolumeclaims",
-          "/api/v1/namespaces/" + ns + "/pods",
-          "/apis/coordination.k8s.io/v1/namespaces/" + ns + "/leases",
-          "/apis/kubevirt.io/v1/namespaces/" + ns + "/kubevirts",
-          "/apis/kubevirt.io/v1/namespaces/" + ns + "/virtualmachines",
-          "/apis/kubevirt.io/v1/namespaces/" + ns + "/virtualmachineinstances",
-          "/apis/cdi.kubevirt.io/v1beta1/namespaces/" + ns + "/datavolumes"};
-}
-
-// "Kind/name" of every object in the namespace, whatever its kind.
-std::vector<std::string> everything_in(const FakeKube& kube, const std::string& ns) {
-  std::vector<std::string> out;
-  for (const auto& path : namespaced_collections(ns)) {
-    json list = kube.get(path);
-    EXPECT_TRUE(list.is_object() && list.contains("items")) << path << ": " << list.dump();
-    if (!list.is_object()) continue;
-    for (const auto& o : list.value("items", json::array()))
-      out.push_back(path.substr(path.rfind('/') + 1) + "/" + o["metadata"].value("name", ""));
-  }
-  return out;
-}
-
-std::vector<std::string> objects_of(const FakeKube& kube, const std::string& ns,
-                                    const std::string& tenant) {
-  std::vector<std::string> out;
-  for (const auto& o : everything_in(kube, ns))
-    if (o.find(tenant) != std::string::npos) out.push_back(o);
-  return out;
-}
-
-std::vector<std::string> lines(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  std::string l;
-  while (std::getline(in, l))
-    if (!l.empty()) out.push_back(l);
-  return out;
-}
-
-// The failure contract of every command: one line "factory: ...", non-zero.
-void expect_one_line_failure(const CommandResult& r, const std::string& needle) {
-  EXPECT_NE(r.exit_code, 0) << r.output;
-  auto ls = lines(r.output);
-  ASSERT_EQ(ls.size(), 1u) << "want one clear line, got:\n" << r.output;
-  EXPECT_EQ(ls[0].rfind("factory: ", 0), 0u) << ls[0];
-  EXPECT_NE(ls[0].find(needle), std::string::npos) << "want '" << needle << "' in: " << ls[0];
-}
-
-// Every field the runbook gives is in `actual` with the same value (objects
-// recursively, lists element by element); what Factory or the API server
-// adds beside them is not the runbook's business.
-void expect_superset(const json& expected, const json& actual, const std::string& where = "") {
-  if (expected.is_object()) {
-    ASSERT_TRUE(actual.is_object()) << where << ": want an object, have " << actual.dump();
-    for (auto& [k, v] : expected.items()) {
-      ASSERT_TRUE(actual.contains(k)) << where << "." << k << " is missing";
-      expect_superset(v, actual[k], where + "." + k);
-    }
-  } else if (expected.is_array()) {
-    ASSERT_TRUE(actual.is_array()) << where << ": want a list, have " << actual.dump();
-    ASSERT_EQ(expected.size(), actual.size()) << where << ": " << actual.dump();
-    for (size_t i = 0; i < expected.size(); ++i)
-      expect_superset(expected[i], actual[i], where + "[" + std::to_string(i) + "]");
-  } else {
-    EXPECT_EQ(expected, actual) << where;
-  }
-}
-
-json replace_in_strings(json j, const std::string& from, const std::string& to) {
-  if (j.is_string()) {
-    std::string s = j.get<std::string>();
-    for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size())
-      s.replace(pos, from.size(), to);
-    return s;
-  }
-  if (j.is_object() || j.is_array())
-    for (auto& v : j) v = replace_in_strings(v, from, to);
-  return j;
-}
-
-std::string b64decode(const std::string& in) {
-  std::string out((in.size() / 4 + 1) * 3, '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()),
-                          static_cast<int>(in.size()));
-  if (n < 0) return "";
-  size_t pad = 0;
-  if (!in.empty() && in.back() == '=') ++pad;
-  if (in.size() > 1 && in[in.size() - 2] == '=') ++pad;
-  out.resize(static_cast<size_t>(n) - pad);
-  return out;
-}
-
-// The user-data a tenant's VM boots with, read back from the fake cluster.
-json live_user_data(const FakeKube& kube, const std::string& tenant) {
-  json secret = kube.get("/api/v1/namespaces/tenants/secrets/" + tenant + "-cloud-init");
-  std::string text = b64decode(secret["data"].value("userdata", ""));
-  EXPECT_EQ(text.rfind("#cloud-config\n", 0), 0u) << text;
-  auto j = factory::parse_yaml(text, "user-data");
-  EXPECT_TRUE(j.ok()) << text;
-  return j.ok() ? *j : json();
-}
-
-std::string write_file_content(const json& user_data, const std::string& path) {
-  for (const auto& f : user_data.value("write_files", json::array()))
-    if (f.value("path", "") == path) return f.value("content", "");
-  return "";
-}
-
-std::string password_from(const std::string& output) {
-  for (const auto& l : lines(output)) {
-    auto at = l.find("password of ubuntu on ");
-    if (at != std::string::npos) return l.substr(l.rfind(' ') + 1);
-  }
-  return "";
-}
-
-class Tenants : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_TRUE(kube_.ok()) << kube_.log();
-    key_file_ = dir_ / "admin.pub";
-    write_text(key_file_, std::string(kTestEd25519Key) + "\n");
-  }
-
-  // Runbook step 3, as an admin runs it: the L4s allowlisted, the node
-  // advertising both.
-  void allowlist() {
-    auto r = run({factory_bin(), "kubevirt", "allowlist", "--kubeconfig", kube_.kubeconfig(),
-                  "--pci-id", "10de:27b8", "--resource-name", kL4});
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("utho  nvidia.com/AD104GL_L4: 2\n"), std::string::npos) << r.output;
-  }
-
-  CoordinatorHarness& coordinator() {
-    if (!h_) {
-      h_ = std::make_unique<CoordinatorHarness>(
-          dir_.path(), "kube:\n  kubeconfig: " + kube_.kubeconfig() + "\n");
-      h_->start();
-    }
-    return *h_;
-  }
-
-  CommandResult create(const std::string& name, const std::string& tier,
-                       std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"tenant", "create", name, "--tier", tier, "--ssh-key",
-                                     key_file_.string()};
-    args.insert(args.end(), extra.begin(), extra.end());
-    return coordinator().factory(args);
-  }
-
-  json tenants() {
-    auto r = coordinator().factory({"tenant", "list", "-o", "json"});
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    auto j = json::parse(r.output, nullptr, false);
-    return j.is_discarded() ? json::array() : j["tenants"];
-  }
-
-  std::vector<std::string> tenant_names() {
-    std::vector<std::string> out;
-    for (const auto& t : tenants()) out.push_back(t.value("name", ""));
-    return out;
-  }
-
-  json show(const std::string& name) {
-    auto r = coordinator().factory({"tenant", "show", name, "-o", "json"});
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    auto j = json::parse(r.output, nullptr, false);
-    return j.is_discarded() ? json::object() : j;
-  }
-
-  json token_list() {
-    auto r = coordinator().factory({"token", "list", "-o", "json"});
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    auto j = json::parse(r.output, nullptr, false);
-    return j.is_discarded() ? json::array() : j["tokens"];
-  }
-
-  TempDir dir_{"tenants"};
-  FakeKube kube_{{"--vfio-cards", "10DE:27B8=2"}};
-  fs::path key_file_;
-  std::unique_ptr<CoordinatorHarness> h_;
-};
-
-}  // namespace
 
 TEST(TenantsDryRun, PrintsValidObjectsAndContactsNothing) {
   TempDir dir("tenants-dry");
@@ -235,8 +38,8 @@ TEST(TenantsDryRun, PrintsValidObjectsAndContactsNothing) {
   write_text(dir / "coordinator.yaml",
              "state_dir: " + (dir / "state").string() +
                  "\nexternal_url: wss://factory.example:8443\napi:\n  listen: 127.0.0.1:" +
-                 std::to_string(free_loopback_port()) + "\nkube:\n  kubeconfig: " +
-                 (dir / "no-such-kubeconfig").string() + "\n");
+                 std::to_string(free_loopback_port()) +
+                 "\nkube:\n  kubeconfig: " + (dir / "no-such-kubeconfig").string() + "\n");
   auto r = run({factory_bin(), "--config", (dir / "coordinator.yaml").string(), "tenant", "create",
                 "tenant-1", "--tier", "gpu-vm", "--dry-run", "-o", "yaml"},
                30s, {{"HOME", (dir / "home").string()}});
@@ -263,8 +66,10 @@ TEST(TenantsDryRun, PrintsValidObjectsAndContactsNothing) {
       chunk.clear();
     };
     while (std::getline(in, line)) {
-      if (line == "---") flush();
-      else chunk += line + "\n";
+      if (line == "---")
+        flush();
+      else
+        chunk += line + "\n";
     }
     flush();
   }
@@ -277,9 +82,9 @@ TEST(TenantsDryRun, PrintsValidObjectsAndContactsNothing) {
   write_text(dir / "userdata.yaml", userdata);
   auto ci = cloud_init_schema(dir / "userdata.yaml");
   EXPECT_EQ(ci.exit_code, 0) << ci.output << "\n" << userdata;
-  for (auto p : {factory::tenants::kBootstrapTokenPlaceholder,
-                 factory::tenants::kPasswordPlaceholder, factory::tenants::kCaPemPlaceholder,
-                 factory::tenants::kAgentSha256Placeholder})
+  for (auto p :
+       {factory::tenants::kBootstrapTokenPlaceholder, factory::tenants::kPasswordPlaceholder,
+        factory::tenants::kCaPemPlaceholder, factory::tenants::kAgentSha256Placeholder})
     EXPECT_NE(userdata.find(p), std::string::npos) << "placeholder " << p << " not marked";
   EXPECT_NE(userdata.find(kTestEd25519Key), std::string::npos) << "the admin's key from ~/.ssh";
   EXPECT_NE(userdata.find("wss://factory.example:8443"), std::string::npos);
@@ -287,9 +92,9 @@ TEST(TenantsDryRun, PrintsValidObjectsAndContactsNothing) {
   // "any allowlisted" GPU: a marked placeholder the header explains.
   EXPECT_EQ(docs[2]["spec"]["template"]["spec"]["domain"]["devices"]["gpus"][0]["deviceName"],
             factory::tenants::kAnyAllowlistedGpuPlaceholder);
-  EXPECT_NE(r.output.find(std::string("deviceName ") +
-                          factory::tenants::kAnyAllowlistedGpuPlaceholder),
-            std::string::npos);
+  EXPECT_NE(
+      r.output.find(std::string("deviceName ") + factory::tenants::kAnyAllowlistedGpuPlaceholder),
+      std::string::npos);
 
   // -o json: the same objects as a v1 List; --gpu-resource names the card.
   auto j = run({factory_bin(), "--config", (dir / "coordinator.yaml").string(), "tenant", "create",
@@ -301,8 +106,9 @@ TEST(TenantsDryRun, PrintsValidObjectsAndContactsNothing) {
   auto list = json::parse(j.output);
   ASSERT_EQ(list["kind"], "List");
   ASSERT_EQ(list["items"].size(), 4u);
-  EXPECT_EQ(list["items"][2]["spec"]["template"]["spec"]["domain"]["devices"]["gpus"][0]["deviceName"],
-            kL4);
+  EXPECT_EQ(
+      list["items"][2]["spec"]["template"]["spec"]["domain"]["devices"]["gpus"][0]["deviceName"],
+      kL4);
   EXPECT_EQ(list["items"][3]["spec"]["ports"][0]["nodePort"], 30023);
   EXPECT_EQ(list["items"][2]["metadata"]["labels"]["factory.dev/tier"], "gpu-k8s");
 
@@ -327,13 +133,12 @@ TEST_F(Tenants, TwoTenantsMatchTheRunbookAThirdIsRefusedAndDeleteLeavesNothing) 
   // The objects as the cluster holds them: valid for a strict server...
   std::vector<std::string> files;
   for (const std::string t : {"tenant-1", "tenant-2"}) {
-    for (const auto& [path, kind] :
-         std::vector<std::pair<std::string, std::string>>{
+    for (const auto& [path, kind] : std::vector<std::pair<std::string, std::string>>{
              {"/apis/kubevirt.io/v1/namespaces/tenants/virtualmachines/" + t, "vm"},
              {"/api/v1/namespaces/tenants/secrets/" + t + "-cloud-init", "secret"},
              {"/api/v1/namespaces/tenants/services/" + t + "-ssh", "service"}}) {
       json obj = kube_.get(path);
-      ASSERT_EQ(obj.value("kind", ""), kind == "vm" ? "VirtualMachine"
+      ASSERT_EQ(obj.value("kind", ""), kind == "vm"       ? "VirtualMachine"
                                        : kind == "secret" ? "Secret"
                                                           : "Service")
           << obj.dump();
@@ -353,7 +158,8 @@ TEST_F(Tenants, TwoTenantsMatchTheRunbookAThirdIsRefusedAndDeleteLeavesNothing) 
                                      "tenant-1", "tenant-2"),
                   vm2, "tenant-2 VM");
   expect_superset(load_runbook_fixture("tenant-1-ssh-service.yaml"),
-                  kube_.get("/api/v1/namespaces/tenants/services/tenant-1-ssh"), "tenant-1 Service");
+                  kube_.get("/api/v1/namespaces/tenants/services/tenant-1-ssh"),
+                  "tenant-1 Service");
   json svc2 = load_runbook_fixture("tenant-1-ssh-service.yaml");
   svc2 = replace_in_strings(svc2, "tenant-1", "tenant-2");
   svc2["spec"]["ports"][0]["nodePort"] = 30023;
@@ -394,18 +200,20 @@ TEST_F(Tenants, TwoTenantsMatchTheRunbookAThirdIsRefusedAndDeleteLeavesNothing) 
     if (t.value("id", "") == token.substr(0, token.find('.')))
       active = t.value("tenant", "") == "tenant-1" && t.value("state", "") == "active";
   EXPECT_TRUE(active) << token_list().dump();
-  EXPECT_EQ(coordinator().log().find(token.substr(token.find('.') + 1)),
-            std::string::npos)
+  EXPECT_EQ(coordinator().log().find(token.substr(token.find('.') + 1)), std::string::npos)
       << "the token's secret half must never be logged";
 
   // The coordinator's view: both recorded, their VMs running on the node.
   auto names = tenant_names();
   EXPECT_EQ(names, (std::vector<std::string>{"tenant-1", "tenant-2"}));
   json s1;
-  ASSERT_TRUE(eventually([&] {
-    s1 = show("tenant-1");
-    return s1["vm"].value("phase", "") == "Running";
-  }, 10s, 100ms)) << s1.dump(2);
+  ASSERT_TRUE(eventually(
+      [&] {
+        s1 = show("tenant-1");
+        return s1["vm"].value("phase", "") == "Running";
+      },
+      10s, 100ms))
+      << s1.dump(2);
   EXPECT_EQ(s1["phase"], "pending");
   EXPECT_EQ(s1["tier"], "gpu-vm");
   EXPECT_EQ(s1["spec"]["gpu_resource"], kL4);
@@ -485,19 +293,19 @@ TEST_F(Tenants, BadInputGetsOneLineAndLeavesNothingHalfMade) {
   expect_one_line_failure(create("tenant-x", "gpu-vm", {"--gpu-resource", "nvidia.com/H200"}),
                           "no free nvidia.com/H200: 0 allocatable");
   write_text(dir_ / "private.key", "-----BEGIN OPENSSH PRIVATE KEY-----\nxx\n");
-  expect_one_line_failure(
-      coordinator().factory({"tenant", "create", "tenant-x", "--tier", "gpu-vm", "--ssh-key",
-                             (dir_ / "private.key").string()}),
-      "is a private key");
+  expect_one_line_failure(coordinator().factory({"tenant", "create", "tenant-x", "--tier", "gpu-vm",
+                                                 "--ssh-key", (dir_ / "private.key").string()}),
+                          "is a private key");
 
   // An object of the tenant's names that someone else made is not taken over.
   auto access = factory::kube::load_kubeconfig(kube_.kubeconfig());
   ASSERT_TRUE(access.ok()) << access.error().message;
   factory::kube::KubeClient client(*access);
-  auto foreign = client.create({{"apiVersion", "v1"},
-                                {"kind", "Secret"},
-                                {"metadata", {{"name", "tenant-y-cloud-init"}, {"namespace", "tenants"}}},
-                                {"stringData", {{"userdata", "#cloud-config\n"}}}});
+  auto foreign =
+      client.create({{"apiVersion", "v1"},
+                     {"kind", "Secret"},
+                     {"metadata", {{"name", "tenant-y-cloud-init"}, {"namespace", "tenants"}}},
+                     {"stringData", {{"userdata", "#cloud-config\n"}}}});
   ASSERT_TRUE(foreign.ok()) << foreign.error().message;
   expect_one_line_failure(create("tenant-y", "gpu-vm"),
                           "Secret tenants/tenant-y-cloud-init exists and was not made by Factory");
@@ -516,16 +324,15 @@ TEST_F(Tenants, UnreachableClusterOrBrokenKubeconfigGetsOneLine) {
   write_text(dir_ / "dead.kubeconfig", cfg);
   write_text(dir_ / "broken.kubeconfig", "apiVersion: v1\nkind: Config\nclusters: [oops\n");
 
-  for (const auto& [file, needle] :
-       std::vector<std::pair<std::string, std::string>>{
+  for (const auto& [file, needle] : std::vector<std::pair<std::string, std::string>>{
            {(dir_ / "dead.kubeconfig").string(), "127.0.0.1:" + std::to_string(dead)},
            {(dir_ / "broken.kubeconfig").string(), "broken.kubeconfig"},
            {(dir_ / "missing.kubeconfig").string(), "missing.kubeconfig"}}) {
     TempDir d("tenants-cluster");
     CoordinatorHarness h(d.path(), "kube:\n  kubeconfig: " + file + "\n");
     h.start();
-    auto r = h.factory({"tenant", "create", "tenant-1", "--tier", "gpu-vm", "--ssh-key",
-                        key_file_.string()});
+    auto r = h.factory(
+        {"tenant", "create", "tenant-1", "--tier", "gpu-vm", "--ssh-key", key_file_.string()});
     expect_one_line_failure(r, needle);
     auto list = h.factory({"tenant", "list", "-o", "json"});
     EXPECT_EQ(json::parse(list.output)["tenants"], json::array()) << "nothing recorded";
@@ -538,7 +345,8 @@ TEST_F(Tenants, InterruptedCreateIsFinishedByRunningItAgainOrCleanedByDelete) {
   allowlist();
   // The Service cannot be created (an RBAC gap, say): the create fails at
   // its last object and takes back what it made.
-  ASSERT_FALSE(kube_.control("/_fake/forbid", {{"verb", "patch"}, {"resource", "services"}}).is_null());
+  ASSERT_FALSE(
+      kube_.control("/_fake/forbid", {{"verb", "patch"}, {"resource", "services"}}).is_null());
   auto r = create("tenant-1", "gpu-vm");
   expect_one_line_failure(r, "forbidden: the coordinator's account cannot patch services");
   EXPECT_TRUE(objects_of(kube_, "tenants", "tenant-1").empty())
@@ -560,9 +368,8 @@ TEST_F(Tenants, InterruptedCreateIsFinishedByRunningItAgainOrCleanedByDelete) {
   EXPECT_EQ(t2["phase"], "failed");
   EXPECT_NE(t2["kube"].value("error", "").find("cannot patch services"), std::string::npos)
       << t2.dump(2);
-  const std::vector<std::string> vm_only = {"virtualmachines/tenant-2",
-                                            "virtualmachineinstances/tenant-2",
-                                            "datavolumes/tenant-2-root"};
+  const std::vector<std::string> vm_only = {
+      "virtualmachines/tenant-2", "virtualmachineinstances/tenant-2", "datavolumes/tenant-2-root"};
   EXPECT_TRUE(eventually([&] { return objects_of(kube_, "tenants", "tenant-2") == vm_only; }, 5s))
       << ::testing::PrintToString(objects_of(kube_, "tenants", "tenant-2"));
   kube_.control("/_fake/forbid", {}, "DELETE");
@@ -593,6 +400,57 @@ TEST_F(Tenants, InterruptedCreateIsFinishedByRunningItAgainOrCleanedByDelete) {
   EXPECT_EQ(tenant_names(), std::vector<std::string>{"tenant-2"});
 }
 
+TEST_F(Tenants, CreateCutShortByACoordinatorCrashIsFinishedByRunningItAgain) {
+  allowlist();
+  auto first = create("tenant-1", "gpu-vm", {"--ssh-node-port", "30022"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  json ud = live_user_data(kube_, "tenant-1");
+  // Rewind to where a coordinator killed after the Secret would have left
+  // things: the record says "creating", the VM and Service were never made.
+  coordinator().kill9();
+  auto access = factory::kube::load_kubeconfig(kube_.kubeconfig());
+  ASSERT_TRUE(access.ok());
+  factory::kube::KubeClient client(*access);
+  ASSERT_TRUE(client.remove(factory::kube::kService, "tenants", "tenant-1-ssh").ok());
+  ASSERT_TRUE(client.remove(factory::kube::kVirtualMachine, "tenants", "tenant-1").ok());
+  fs::path rec_file = coordinator().state_dir() / "store" / "tenants" / "tenant-1.json";
+  json rec = json::parse(slurp(rec_file));
+  ASSERT_EQ(rec.value("phase", ""), "pending") << rec.dump(2);
+  rec["phase"] = "creating";
+  rec["status"]["kube"]["state"] = "creating";
+  write_text(rec_file, rec.dump());
+  coordinator().start();
+
+  auto tl = tenants();
+  ASSERT_EQ(tl.size(), 1u);
+  EXPECT_EQ(tl[0]["phase"], "creating");
+  auto again = create("tenant-1", "gpu-vm");
+  ASSERT_EQ(again.exit_code, 0) << again.output << coordinator().log();
+  // The Secret the VM may already have read is kept, token and password
+  // included; the missing objects are made.
+  EXPECT_EQ(password_from(again.output), "");
+  EXPECT_NE(again.output.find("note: the user-data (and the ubuntu password) of an earlier attempt "
+                              "is kept"),
+            std::string::npos)
+      << again.output;
+  EXPECT_NE(again.output.find("created VirtualMachine/tenants/tenant-1"), std::string::npos);
+  EXPECT_NE(again.output.find("created Service/tenants/tenant-1-ssh"), std::string::npos);
+  EXPECT_EQ(live_user_data(kube_, "tenant-1"), ud);
+  json t = show("tenant-1");
+  EXPECT_EQ(t["phase"], "pending");
+  EXPECT_EQ(t["kube"]["state"], "created");
+  EXPECT_EQ(t["spec"]["ssh_node_port"], 30022) << "the stored spec, not a new one";
+  expect_superset(load_runbook_fixture("tenant-1-ssh-service.yaml"),
+                  kube_.get("/api/v1/namespaces/tenants/services/tenant-1-ssh"), "Service");
+  // The token in the kept Secret still enrolls.
+  const std::string token = write_file_content(ud, "/etc/factory/bootstrap-token");
+  bool active = false;
+  for (const auto& tk : token_list())
+    if (tk.value("id", "") == token.substr(0, token.find('.')))
+      active = tk.value("state", "") == "active";
+  EXPECT_TRUE(active) << token_list().dump();
+}
+
 TEST_F(Tenants, DeleteRevokesTheTenantsTokens) {
   allowlist();
   ASSERT_EQ(create("tenant-1", "gpu-vm").exit_code, 0);
@@ -615,8 +473,7 @@ TEST_F(Tenants, DeleteRevokesTheTenantsTokens) {
   AgentOptions o;
   o.extra_args = {"--link-only"};
   AgentProcess agent(coordinator(), tok, o);
-  ASSERT_TRUE(eventually([&] {
-    return agent.log().find("revoked") != std::string::npos;
-  }, 10s)) << agent.log();
+  ASSERT_TRUE(eventually([&] { return agent.log().find("revoked") != std::string::npos; }, 10s))
+      << agent.log();
   EXPECT_TRUE(tenant_names().empty());
 }
