@@ -188,7 +188,9 @@ int wait_for(const AdminClient& client, const std::string& name, std::chrono::se
         return 0;
       }
       if (phase == "failed") {
-        for (const auto& line : failure_report(*r)) os << stamp() << line << "\n";
+        // The step's own line was printed just above, as it changed.
+        for (const auto& line : failure_report(*r, /*with_step_line=*/false))
+          os << stamp() << line << "\n";
         return fail(Error(Errc::failed_precondition, failure_summary(*r)));
       }
     }

@@ -78,9 +78,6 @@ std::vector<std::string> progress_lines(const json& before, const json& now) {
     out.push_back("agent disconnected (a reboot is expected once, for the driver)");
   }
 
-  std::string p0 = str(before, "phase"), p1 = str(now, "phase");
-  if (!p1.empty() && (first || p0 != p1)) out.push_back("phase " + p1);
-
   std::map<std::string, std::string> seen;
   for (const auto& s : field(before, "plan_steps"))
     if (s.is_object()) seen[str(s, "id")] = step_key(s);
@@ -92,18 +89,23 @@ std::vector<std::string> progress_lines(const json& before, const json& now) {
 
   const json& d0 = field(before, "diagnoses");
   const json& d1 = field(now, "diagnoses");
-  if (!d1.is_object()) return out;
-  for (const auto& [code, d] : d1.items()) {
-    if (d0.is_object() && d0.contains(code) && d0[code] == d) continue;
-    std::string line = "diagnosis " + code;
-    if (!str(d, "summary").empty()) line += ": " + str(d, "summary");
-    if (!str(d, "fix").empty()) line += " (fix: " + str(d, "fix") + ")";
-    out.push_back(line);
+  if (d1.is_object()) {
+    for (const auto& [code, d] : d1.items()) {
+      if (d0.is_object() && d0.contains(code) && d0[code] == d) continue;
+      std::string line = "diagnosis " + code;
+      if (!str(d, "summary").empty()) line += ": " + str(d, "summary");
+      if (!str(d, "fix").empty()) line += " (fix: " + str(d, "fix") + ")";
+      out.push_back(line);
+    }
   }
+
+  // Last, so the lines read as a story: a step fails, then the tenant does.
+  std::string p0 = str(before, "phase"), p1 = str(now, "phase");
+  if (!p1.empty() && (first || p0 != p1)) out.push_back("phase " + p1);
   return out;
 }
 
-std::vector<std::string> failure_report(const json& t) {
+std::vector<std::string> failure_report(const json& t, bool with_step_line) {
   std::vector<std::string> out;
   std::string kube_error = str(field(t, "kube"), "error");
   if (!kube_error.empty()) out.push_back("create failed: " + kube_error);
@@ -118,8 +120,9 @@ std::vector<std::string> failure_report(const json& t) {
     }
   }
   if (failed) {
-    out.push_back("step " + str(*failed, "id") + " failed" +
-                  (str(*failed, "message").empty() ? "" : ": " + str(*failed, "message")));
+    if (with_step_line)
+      out.push_back("step " + str(*failed, "id") + " failed" +
+                    (str(*failed, "message").empty() ? "" : ": " + str(*failed, "message")));
     const json& d = field(*failed, "diagnosis");
     if (d.is_object()) {
       out.push_back("diagnosis " + str(d, "code") + ": " + str(d, "summary"));

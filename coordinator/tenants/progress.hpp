@@ -15,7 +15,9 @@ std::vector<std::string> progress_lines(const nlohmann::json& before, const nloh
 
 // Why a tenant in phase "failed" failed: the step, its message, the
 // diagnosis and fix, the tail of its output (indented); or the create error.
-std::vector<std::string> failure_report(const nlohmann::json& tenant);
+// with_step_line false: leave out "step X failed: ..." (--wait has just
+// printed that step's change).
+std::vector<std::string> failure_report(const nlohmann::json& tenant, bool with_step_line = true);
 
 // "step nvidia-driver failed: ..." as one line, for the exit message.
 std::string failure_summary(const nlohmann::json& tenant);

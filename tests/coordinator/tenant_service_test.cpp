@@ -260,9 +260,9 @@ TEST(WaitProgress, OneLinePerChangeAndNothingWhenNothingChanged) {
   EXPECT_EQ(progress_lines(a, b),
             (std::vector<std::string>{
                 "VM: Running, VMI Running on utho, IP 10.42.0.98, SSH node port 30022",
-                "agent connected (factory-agent 0.1.0 on tenant-1)", "phase provisioning",
-                "step gpu-present: succeeded",
-                "step nvidia-driver: progress - downloading nvidia-driver-local-repo.deb"}));
+                "agent connected (factory-agent 0.1.0 on tenant-1)", "step gpu-present: succeeded",
+                "step nvidia-driver: progress - downloading nvidia-driver-local-repo.deb",
+                "phase provisioning"}));
 
   json c = b;
   c["agent"]["connected"] = false;
@@ -309,6 +309,9 @@ TEST(WaitProgress, FailureReportNamesTheStepDiagnosisFixAndOutput) {
                 "fix: check on the host that the card is on vfio-pci",
                 "output (last lines):", "  00:01.0 Ethernet controller", "  00:02.0 SCSI storage",
                 "fix the cause, then: factory tenant retry tenant-1 --step gpu-present"}));
+  auto without = failure_report(t, /*with_step_line=*/false);
+  EXPECT_EQ(without.front(), "diagnosis gpu_not_on_pci_bus: the VM never received the card");
+  EXPECT_EQ(without.size(), failure_report(t).size() - 1);
   EXPECT_EQ(failure_summary(t),
             "tenant tenant-1 failed at step gpu-present: no NVIDIA function on the PCI bus");
   auto lines = progress_lines(tenant_doc("provisioning"), t);
