@@ -82,8 +82,9 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return out;
 }
 
-// The API server's refusal of a clashing node port, said the way a user acts on it.
-Error service_error(const Error& e, const VmSpec& spec) {
+}  // namespace
+
+Error ssh_service_error(const Error& e, const VmSpec& spec) {
   if (e.message.find("provided port is already allocated") != std::string::npos)
     return Error(Errc::invalid_argument,
                  "node port " + std::to_string(spec.ssh_node_port) +
@@ -95,8 +96,6 @@ Error service_error(const Error& e, const VmSpec& spec) {
                      " is outside the cluster's node port range: " + e.message);
   return e.with_context("Service " + spec.ns + "/" + ssh_service_name(spec.name));
 }
-
-}  // namespace
 
 json VmObservation::to_json() const {
   json j = {{"exists", exists}, {"status", status}, {"phase", phase},
@@ -304,7 +303,7 @@ Status KubeVirtProvider::provision(const VmSpec& spec, const std::string& userda
     if (!before && before.error().code != Errc::not_found) return before.error();
     auto applied = c->apply(s.obj);
     if (!applied) {
-      if (s.kind == &kube::kService) return service_error(applied.error(), spec);
+      if (s.kind == &kube::kService) return ssh_service_error(applied.error(), spec);
       return applied.error().with_context(s.kind->kind + " " + spec.ns + "/" + s.name);
     }
     if (!before) created.push_back({s.kind->kind, spec.ns, s.name});

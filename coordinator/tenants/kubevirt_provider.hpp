@@ -33,6 +33,10 @@ GpuCapacity gpu_capacity(const std::string& resource, const nlohmann::json& node
                          const std::string& skip_name);
 // "no free nvidia.com/AD104GL_L4: 2 allocatable, 2 in use by tenant-1, tenant-2"
 std::string capacity_shortfall(const GpuCapacity& c, int wanted);
+// The API server's refusal of the SSH Service, said the way a user acts on
+// it: a node port taken since the preflight looked (a race), or outside the
+// cluster's --service-node-port-range.
+Error ssh_service_error(const Error& e, const VmSpec& spec);
 
 class KubeVirtProvider : public VmProvider {
  public:

@@ -227,6 +227,27 @@ TEST(GpuCapacity, PermittedResourcesAreKubeVirtsOwnInCrOrder) {
   EXPECT_TRUE(permitted_gpu_resources(json{{"items", json::array()}}).empty());
 }
 
+TEST(SshService, TheApiServersNodePortRefusalsBecomeOneActionableLine) {
+  auto spec = runbook_vm_spec("tenant-3", 30022);
+  // The messages as kube::status_error carries them up from the fake API
+  // server's 422 (the real API server's words).
+  Error taken(Errc::invalid_argument,
+              "Service \"tenant-3-ssh\" is invalid: spec.ports[0].nodePort: Invalid value: 30022: "
+              "provided port is already allocated");
+  EXPECT_EQ(ssh_service_error(taken, spec).message,
+            "node port 30022 is already allocated to another Service: pick another "
+            "--ssh-node-port, or leave it out and Kubernetes picks a free one");
+  Error range(Errc::invalid_argument,
+              "Service \"tenant-3-ssh\" is invalid: spec.ports[0].nodePort: Invalid value: 30022: "
+              "provided port is not in the valid range. The range of valid ports is 31000-32767");
+  EXPECT_NE(ssh_service_error(range, spec).message.find("outside the cluster's node port range"),
+            std::string::npos);
+  Error other(Errc::permission_denied, "forbidden: cannot patch services");
+  EXPECT_EQ(ssh_service_error(other, spec).message,
+            "Service tenants/tenant-3-ssh: forbidden: cannot patch services");
+  EXPECT_EQ(ssh_service_error(other, spec).code, Errc::permission_denied);
+}
+
 // ------------------------------------------------------------------ --wait
 
 json tenant_doc(const std::string& phase) {
