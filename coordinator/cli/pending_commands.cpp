@@ -3,5 +3,4 @@
 #include "coordinator/cli/commands.hpp"
 
 namespace factory::cli {
-void add_tenant_commands(CLI::App&, Context&) {}
 }  // namespace factory::cli

@@ -37,8 +37,9 @@ Status read_duration(const nlohmann::json& j, const char* key, std::chrono::seco
   return {};
 }
 
-const std::set<std::string> kTopKeys = {"state_dir", "external_url", "agents", "api", "tokens",
-                                        "log_level"};
+const std::set<std::string> kTopKeys = {"state_dir", "external_url", "agents", "api",
+                                        "tokens",    "kube",         "catalog", "log_level"};
+const std::set<std::string> kKubeKeys = {"kubeconfig", "context", "namespace", "request_timeout"};
 
 }  // namespace
 
@@ -72,7 +73,8 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
     if (!kTopKeys.count(k))
       return Error(Errc::invalid_argument,
                    path + ": unknown key '" + k +
-                       "' (known: state_dir, external_url, agents, api, tokens, log_level)");
+                       "' (known: state_dir, external_url, agents, api, tokens, kube, catalog, "
+                       "log_level)");
   }
   try {
     if (j.contains("state_dir")) c.state_dir = j["state_dir"].get<std::string>();
@@ -93,6 +95,25 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
       if (auto st = read_duration(j["tokens"], "default_ttl", c.token_default_ttl, "tokens");
           !st.ok())
         return st.error().with_context(path);
+      if (auto st = read_duration(j["tokens"], "tenant_ttl", c.token_tenant_ttl, "tokens");
+          !st.ok())
+        return st.error().with_context(path);
+    }
+    if (j.contains("catalog") && !j["catalog"].is_null())
+      c.catalog = j["catalog"].get<std::string>();
+    if (j.contains("kube") && !j["kube"].is_null()) {
+      const auto& k = j["kube"];
+      if (!k.is_object()) return Error(Errc::invalid_argument, path + ": kube: want a mapping");
+      for (auto& [key, v] : k.items())
+        if (!kKubeKeys.count(key))
+          return Error(Errc::invalid_argument,
+                       path + ": unknown key 'kube." + key +
+                           "' (known: kubeconfig, context, namespace, request_timeout)");
+      if (k.contains("kubeconfig")) c.kube_kubeconfig = k["kubeconfig"].get<std::string>();
+      if (k.contains("context")) c.kube_context = k["context"].get<std::string>();
+      if (k.contains("namespace")) c.kube_namespace = k["namespace"].get<std::string>();
+      if (auto st = read_duration(k, "request_timeout", c.kube_request_timeout, "kube"); !st.ok())
+        return st.error().with_context(path);
     }
   } catch (const nlohmann::json::exception& e) {
     return Error(Errc::invalid_argument, path + ": wrong type for a key: " + e.what());
@@ -110,6 +131,15 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
   if (c.external_url.rfind("wss://", 0) != 0)
     return Error(Errc::invalid_argument,
                  path + ": external_url must start with wss:// (got " + c.external_url + ")");
+  if (!c.kube_kubeconfig.empty() && std::filesystem::path(c.kube_kubeconfig).is_relative())
+    c.kube_kubeconfig =
+        (std::filesystem::path(path).parent_path() / c.kube_kubeconfig).lexically_normal().string();
+  if (c.kube_namespace.empty())
+    return Error(Errc::invalid_argument, path + ": kube.namespace must not be empty");
+  if (c.kube_request_timeout < std::chrono::seconds(1))
+    return Error(Errc::invalid_argument, path + ": kube.request_timeout must be at least 1s");
+  if (c.token_tenant_ttl < std::chrono::minutes(5) || c.token_tenant_ttl > std::chrono::hours(24 * 7))
+    return Error(Errc::invalid_argument, path + ": tokens.tenant_ttl must be between 5m and 7d");
   if (c.agent_cert_ttl < std::chrono::seconds(10))
     return Error(Errc::invalid_argument, path + ": agents.cert_ttl must be at least 10s");
   return c;

@@ -13,7 +13,18 @@
 //   api:
 //     listen: 127.0.0.1:8444           # admin API and status feed (HTTPS, bearer token)
 //   tokens:
-//     default_ttl: 1h
+//     default_ttl: 1h                  # `factory token create` without --ttl
+//     tenant_ttl: 24h                  # the token in a tenant VM's user-data: the VM
+//                                      # must import its image, boot and enroll by then
+//   kube:                              # the host cluster tenants' VMs run in
+//     kubeconfig: ""                   # "" = kubectl's lookup ($KUBECONFIG,
+//                                      # ~/.kube/config), else the pod's service
+//                                      # account; relative to this file's folder
+//     context: ""                      # "" = the kubeconfig's current-context
+//     namespace: tenants               # where tenant objects go (--namespace overrides)
+//     request_timeout: 10s             # per API request; they block the io thread
+//   catalog: ""                        # catalog file ("" = the built-in one);
+//                                      # relative to this file's folder
 //   log_level: info
 #include <chrono>
 #include <string>
@@ -31,6 +42,12 @@ struct CoordinatorConfig {
   std::string agent_binary;
   std::string api_listen = "127.0.0.1:8444";
   std::chrono::seconds token_default_ttl{std::chrono::hours(1)};
+  std::chrono::seconds token_tenant_ttl{std::chrono::hours(24)};
+  std::string kube_kubeconfig;  // resolved against the config file's folder
+  std::string kube_context;
+  std::string kube_namespace = "tenants";
+  std::chrono::seconds kube_request_timeout{10};
+  std::string catalog;  // as written; catalog::load_configured resolves it
   std::string log_level = "info";
   std::string source;  // the file it came from, for messages
 

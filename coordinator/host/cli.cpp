@@ -104,8 +104,15 @@ int move_cards(const HostOptions& o, bool bind) {
   if (auto st = execute_plan(root, *plan, std::cout); !st) return fail(st.error());
   // Say where every moved function ended up, read back from sysfs.
   for (const auto& c : plan->cards)
-    for (const auto& f : c.functions)
-      std::cout << f.str() << ": " << describe(read_function_state(root, f)) << "\n";
+    for (const auto& f : c.functions) {
+      FunctionState st = read_function_state(root, f);
+      std::cout << f.str() << ": " << describe(st);
+      // The runbook's host needs no NVIDIA driver, so nothing may take the card back.
+      if (!bind && st.driver.empty())
+        std::cout << " (no host driver took it; load one, e.g. modprobe nvidia, then echo "
+                  << f.str() << " > /sys/bus/pci/drivers_probe)";
+      std::cout << "\n";
+    }
   return 0;
 }
 

@@ -17,7 +17,10 @@
 #include "common/net/ws_client.hpp"
 #include "common/pki.hpp"
 #include "common/protocol.hpp"
+#include "coordinator/catalog/source.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
+#include "coordinator/tenants/kubevirt_provider.hpp"
+#include "coordinator/tenants/service.hpp"
 
 namespace factory::coordinator {
 namespace fs = std::filesystem;
@@ -103,8 +106,24 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
     spdlog::warn("agent binary {} not readable: guests cannot download the agent (set agents.binary)",
                  c->agent_binary_);
   }
+  // The catalog is checked whole at start-up: a typo in it stops the
+  // coordinator here, not a guest halfway through its first boot.
+  auto cat = catalog::load_configured("", c->cfg_.source);
+  if (!cat) return cat.error().with_context("catalog");
+  tenants::TenantServiceOptions to;
+  to.default_namespace = c->cfg_.kube_namespace;
+  to.token_ttl = c->cfg_.token_tenant_ttl;
+  c->tenants_ = std::make_unique<tenants::TenantService>(
+      *c, std::move(*cat),
+      std::make_unique<tenants::KubeVirtProvider>(
+          kube::AccessOptions{c->cfg_.kube_kubeconfig, c->cfg_.kube_context},
+          std::chrono::duration_cast<std::chrono::milliseconds>(c->cfg_.kube_request_timeout)),
+      to);
+  c->agents_->set_plan_provider(
+      [svc = c->tenants_.get()](const store::TenantRecord& t) { return svc->plan_for(t); });
   c->net_ = std::make_unique<Net>();
   c->install_core_routes();
+  c->tenants_->install_routes(*c->router_);
   return c;
 }
 
@@ -122,16 +141,7 @@ void Coordinator::install_core_routes() {
     return out;
   }, true);
   r.add("GET", "/v1/tenants", [this](auto&, auto&) { return json_ok(agents_->status_json()); });
-  r.add("GET", "/v1/tenants/{name}", [this](auto&, const PathParams& p) {
-    auto t = store_->get_tenant(p.at("name"));
-    if (!t) return net::HttpResponseOut::error(404, "not_found", "no tenant named " + p.at("name"));
-    auto j = agents_->tenant_json(*t);
-    nlohmann::json events = nlohmann::json::array();
-    for (auto& e : store_->recent_events(t->name, 50))
-      events.push_back({{"id", e.id}, {"received_at", e.received_at}, {"event", e.event}});
-    j["recent_events"] = events;
-    return json_ok(j);
-  });
+  // GET/DELETE /v1/tenants/{name}, POST /v1/tenants and retry: TenantService.
   r.add("POST", "/v1/tokens", [this](const net::HttpRequestIn& req, auto&) {
     auto body = nlohmann::json::parse(req.body, nullptr, false);
     if (body.is_discarded() || !body.is_object() || !body.contains("tenant") ||

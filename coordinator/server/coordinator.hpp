@@ -17,6 +17,10 @@ namespace boost::asio {
 class io_context;
 }
 
+namespace factory::tenants {
+class TenantService;
+}
+
 namespace factory::coordinator {
 
 inline constexpr const char* kAdminTokenFile = "admin.token";
@@ -38,6 +42,7 @@ class Coordinator {
   store::Store& store() { return *store_; }
   AgentService& agents() { return *agents_; }
   ApiRouter& router() { return *router_; }
+  tenants::TenantService& tenants() { return *tenants_; }
   enroll::TokenBook& tokens() { return *tokens_; }
   const enroll::CertificateAuthority& ca() const { return *ca_; }
   boost::asio::io_context& io();
@@ -58,6 +63,7 @@ class Coordinator {
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<AgentService> agents_;
   std::unique_ptr<ApiRouter> router_;
+  std::unique_ptr<tenants::TenantService> tenants_;
   std::string agent_binary_, agent_sha256_;
   struct Net;
   std::unique_ptr<Net> net_;

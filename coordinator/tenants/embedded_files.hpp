@@ -1,7 +1,8 @@
 #pragma once
 // Files from the source tree that the coordinator renders into a tenant's
-// user-data, compiled in (embed_files.sh generates the .cpp) so the one
-// `factory` binary needs nothing beside it when it runs in a pod.
+// user-data, compiled in (CMake generates their text with cmake/embed_text.cmake
+// at build time) so the one `factory` binary needs nothing beside it when it
+// runs in a pod.
 #include <string_view>
 
 namespace factory::tenants {

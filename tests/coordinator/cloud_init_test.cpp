@@ -400,9 +400,9 @@ TEST(CloudInit, TemplateEngineRefusesDrift) {
 
 TEST(CloudInit, CompiledInFilesMatchTheSourceTree) {
   EXPECT_EQ(user_data_template(), slurp(source_dir() / "cloud-init" / "user-data.yaml.tmpl"))
-      << "cloud-init/user-data.yaml.tmpl changed: run sh coordinator/tenants/embed_files.sh";
+      << "cloud-init/user-data.yaml.tmpl changed: rebuild (cmake/embed_text.cmake embeds it)";
   EXPECT_EQ(agent_unit_file(), slurp(source_dir() / "deploy" / "factory-agent.service"))
-      << "deploy/factory-agent.service changed: run sh coordinator/tenants/embed_files.sh";
+      << "deploy/factory-agent.service changed: rebuild (cmake/embed_text.cmake embeds it)";
 }
 
 TEST(CloudInit, AgentUnitPassesSystemdAnalyzeVerify) {

@@ -517,3 +517,33 @@ TEST(HostBind, BuiltInVfioIsNeitherLoadedNorListedForBoot) {
                            }));
   EXPECT_FALSE(fs::exists(t / "/etc/modules-load.d"));
 }
+
+// The runbook's host needs no NVIDIA driver: a card may sit on no driver at all.
+TEST(HostBind, CardWithoutAHostDriverBindsAndUnbindsToNoDriver) {
+  TempDir dir("host");
+  HostTree t(dir);
+  t.overlay(host_fixtures() / "amd-epyc-host" / "root");
+  Facts f = facts_file("l4-runbook");
+  for (auto& fn : f.functions)
+    if (fn.vendor == "0x10de") fn.driver = fn.native = "";
+  t.add(f);
+  KernelStandIn kernel(t);
+  auto r = factory_host(t, {"bind", "--pci", "0000:41:00.0"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Lines log = t.log_lines();
+  EXPECT_EQ(Lines(log.begin() + 3, log.end()),
+            (Lines{
+                "write /sys/bus/pci/devices/0000:41:00.0/driver_override vfio-pci",
+                "write /sys/bus/pci/drivers/vfio-pci/bind 0000:41:00.0",
+                "driverctl set-override 0000:41:00.0 vfio-pci",
+            }));
+  EXPECT_EQ(t.driver("0000:41:00.0"), "vfio-pci");
+  auto u = factory_host(t, {"unbind", "--pci", "0000:41:00.0"});
+  ASSERT_EQ(u.exit_code, 0) << u.output;
+  EXPECT_EQ(t.driver("0000:41:00.0"), "");
+  EXPECT_NE(
+      u.output.find("0000:41:00.0: on no driver, no driver_override, no driverctl override (no "
+                    "host driver took it"),
+      std::string::npos)
+      << u.output;
+}

@@ -38,6 +38,8 @@ CoordinatorHarness::CoordinatorHarness(fs::path dir, std::string extra_yaml)
   f << "state_dir: " << state_.string() << "\n"
     << "external_url: wss://127.0.0.1:" << agents_port_ << "\n"
     << "agents:\n  listen: 127.0.0.1:" << agents_port_ << "\n  idle_timeout: 10s\n"
+    // The agent binary the coordinator serves (and hashes into tenants' user-data).
+    << "  binary: " << agent_bin() << "\n"
     << "api:\n  listen: 127.0.0.1:" << api_port_ << "\n"
     << "log_level: debug\n"
     << extra_yaml;

@@ -1,0 +1,477 @@
+// `factory tenant create|list|show|delete|retry`: the admin's side of
+// TenantService, through the coordinator's API (AdminClient). The one
+// exception is `create --dry-run`, which contacts nothing: it builds the
+// objects here, from the catalog and the config file alone.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "common/atomic_file.hpp"
+#include "common/durations.hpp"
+#include "common/yaml_json.hpp"
+#include "coordinator/catalog/source.hpp"
+#include "coordinator/cli/admin_client.hpp"
+#include "coordinator/cli/commands.hpp"
+#include "coordinator/cli/output.hpp"
+#include "coordinator/config/coordinator_config.hpp"
+#include "coordinator/enroll/tenant_name.hpp"
+#include "coordinator/tenants/cloud_init.hpp"
+#include "coordinator/tenants/k8s_names.hpp"
+#include "coordinator/tenants/objects.hpp"
+#include "coordinator/tenants/progress.hpp"
+#include "coordinator/tenants/request.hpp"
+
+namespace factory::cli {
+namespace {
+
+using nlohmann::json;
+using namespace factory::tenants;
+namespace fs = std::filesystem;
+
+struct CreateOptions {
+  std::string name, tier, cpu, memory, disk, image, gpu_resource, ns, catalog_file;
+  int gpus = 1;
+  CLI::Option* gpus_opt = nullptr;
+  std::vector<std::string> ssh_keys;
+  int ssh_node_port = 0;
+  bool wait = false, dry_run = false;
+  std::string timeout = "30m";
+  std::string poll = "1s";
+  OutputFormat out = OutputFormat::table;
+  CLI::Option* out_opt = nullptr;
+};
+
+std::string str(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key) || j[key].is_null()) return "";
+  return j[key].is_string() ? j[key].get<std::string>() : j[key].dump();
+}
+
+// The admin's public keys: --ssh-key files, else the first of the usual
+// ~/.ssh/*.pub, as ssh-copy-id picks them.
+Result<std::vector<std::string>> ssh_keys(const CreateOptions& o) {
+  std::vector<std::string> files = o.ssh_keys;
+  if (files.empty()) {
+    const char* home = std::getenv("HOME");
+    std::vector<std::string> tried;
+    for (const char* f : {"id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub"}) {
+      fs::path p = fs::path(home ? home : "/") / ".ssh" / f;
+      tried.push_back(p.string());
+      if (fs::exists(p)) {
+        files.push_back(p.string());
+        break;
+      }
+    }
+    if (files.empty()) {
+      std::string list;
+      for (const auto& t : tried) list += (list.empty() ? "" : ", ") + t;
+      return Error(Errc::invalid_argument,
+                   "no SSH public key for the ubuntu user: pass --ssh-key FILE (none of " + list +
+                       " exists)");
+    }
+  }
+  std::vector<std::string> keys;
+  for (const auto& f : files) {
+    auto text = read_file(f);
+    if (!text) return text.error().with_context("--ssh-key " + f);
+    if (text->find("PRIVATE KEY") != std::string::npos)
+      return Error(Errc::invalid_argument,
+                   "--ssh-key " + f + " is a private key: give the .pub file beside it");
+    auto parsed = parse_ssh_public_keys(*text, "--ssh-key " + f);
+    if (!parsed) return parsed.error();
+    keys.insert(keys.end(), parsed->begin(), parsed->end());
+  }
+  return keys;
+}
+
+Result<TenantRequest> build_request(const CreateOptions& o) {
+  // The name first: it is the most likely typo, and says so before anything
+  // else is read.
+  if (auto st = enroll::validate_tenant_name(o.name); !st.ok())
+    return st.error().with_context("tenant name");
+  if (auto st = validate_vm_name(o.name); !st.ok()) return st.error();
+  if (o.ssh_node_port != 0)
+    if (auto st = validate_node_port(o.ssh_node_port); !st.ok()) return st.error();
+  TenantRequest r;
+  r.name = o.name;
+  r.tier = o.tier;
+  if (o.gpus_opt && o.gpus_opt->count() > 0) r.gpus = o.gpus;
+  r.cpu = o.cpu;
+  r.memory = o.memory;
+  r.disk = o.disk;
+  r.image = o.image;
+  r.gpu_resource = o.gpu_resource;
+  r.ns = o.ns;
+  r.ssh_node_port = o.ssh_node_port;
+  auto keys = ssh_keys(o);
+  if (!keys) return keys.error();
+  r.ssh_authorized_keys = *keys;
+  return r;
+}
+
+// --dry-run: every object create would make, with the secrets it would
+// generate shown as the marked placeholders of cloud_init.hpp.
+int dry_run(const Context& ctx, const CreateOptions& o) {
+  bool explicit_config = ctx.global.config_path != GlobalOptions{}.config_path;
+  auto cfg = coordinator::load_coordinator_config(ctx.global.config_path, explicit_config);
+  if (!cfg) return fail(cfg.error());
+  auto cat = catalog::load_configured(o.catalog_file, ctx.global.config_path);
+  if (!cat) return fail(cat.error());
+  auto req = build_request(o);
+  if (!req) return fail(req.error());
+  auto vm = resolve_vm_spec(*cat, *req, cfg->kube_namespace, /*fill_gpu_placeholder=*/true);
+  if (!vm) return fail(vm.error());
+  CloudInitParams p;
+  p.tenant = vm->name;
+  p.hostname = vm->name;
+  p.ssh_authorized_keys = req->ssh_authorized_keys;
+  p.password = kPasswordPlaceholder;
+  p.coordinator_url = cfg->external_url;
+  p.agent_binary_url = cfg->agents_https_url() + "/v1/agent/binary";
+  p.ca_pem = kCaPemPlaceholder;
+  p.bootstrap_token = kBootstrapTokenPlaceholder;
+  p.agent_sha256 = kAgentSha256Placeholder;
+  auto ud = render_user_data(p);
+  if (!ud) return fail(ud.error());
+  auto objects = tenant_objects(*vm, ud->text);
+
+  if (o.out == OutputFormat::json) {
+    std::cout << json{{"apiVersion", "v1"}, {"kind", "List"}, {"items", objects}}.dump(2) << "\n";
+    return 0;
+  }
+  std::string placeholders;
+  for (const auto& n : ud->placeholders) placeholders += (placeholders.empty() ? "" : ", ") + n;
+  std::cout << "# factory tenant create " << vm->name << " --dry-run: the objects it would "
+            << "create, in order.\n"
+            << "# Nothing was contacted and nothing was stored.\n"
+            << "# The Namespace is created only if it is missing.\n"
+            << "# PLACEHOLDERS, filled in when the coordinator creates the tenant:\n"
+            << "#   in the Secret's user-data: " << placeholders << " (each written <...>)\n";
+  if (vm->gpu_resource == kAnyAllowlistedGpuPlaceholder)
+    std::cout << "#   deviceName " << kAnyAllowlistedGpuPlaceholder << ": tier " << vm->tier
+              << " takes any allowlisted GPU; the coordinator picks one with a free card "
+              << "(or pass --gpu-resource)\n";
+  for (const auto& obj : objects) std::cout << "---\n" << to_yaml(obj);
+  return 0;
+}
+
+// Polls the tenant until it is ready (0), failed (1) or the time is up.
+int wait_for(const AdminClient& client, const std::string& name, std::chrono::seconds timeout,
+             std::chrono::milliseconds poll, std::ostream& os) {
+  const auto start = std::chrono::steady_clock::now();
+  json before;
+  std::string last_error;
+  auto stamp = [&] {
+    auto s = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() -
+                                                              start);
+    std::string t = format_duration(s);
+    return "[" + std::string(t.size() < 6 ? 6 - t.size() : 0, ' ') + t + "] " + name + ": ";
+  };
+  while (true) {
+    auto r = client.call("GET", "/v1/tenants/" + name);
+    if (!r) {
+      if (r.error().code != Errc::unavailable) return fail(r.error());
+      // The coordinator restarting is no reason to give up the wait.
+      if (r.error().message != last_error) os << stamp() << r.error().message << "\n";
+      last_error = r.error().message;
+    } else {
+      last_error.clear();
+      for (const auto& line : progress_lines(before, *r)) os << stamp() << line << "\n";
+      os.flush();
+      before = *r;
+      std::string phase = str(*r, "phase");
+      if (phase == "ready") {
+        os << stamp() << "ready\n";
+        return 0;
+      }
+      if (phase == "failed") {
+        for (const auto& line : failure_report(*r)) os << stamp() << line << "\n";
+        return fail(Error(Errc::failed_precondition, failure_summary(*r)));
+      }
+    }
+    if (std::chrono::steady_clock::now() - start >= timeout) {
+      std::string where = before.is_null() ? "" : " (phase " + str(before, "phase") + ")";
+      return fail(Error(Errc::timeout, "tenant " + name + " not ready after " +
+                                           format_duration(timeout) + where +
+                                           ": it goes on; follow it with `factory tenant show " +
+                                           name + "`"));
+    }
+    std::this_thread::sleep_for(poll);
+  }
+}
+
+int create(const Context& ctx, const CreateOptions& o) {
+  if (o.dry_run) {
+    if (o.wait) return fail(Error(Errc::invalid_argument, "--dry-run and --wait do not go together"));
+    return dry_run(ctx, o);
+  }
+  auto timeout = parse_duration(o.timeout);
+  if (!timeout) return fail(timeout.error().with_context("--timeout"));
+  auto poll = parse_duration(o.poll);
+  if (!poll) return fail(poll.error().with_context("--poll"));
+  auto req = build_request(o);
+  if (!req) return fail(req.error());
+  auto client = AdminClient::from(ctx.global);
+  if (!client) return fail(client.error());
+  auto res = client->call("POST", "/v1/tenants", req->to_json());
+  if (!res) return fail(res.error());
+  json doc = *res;
+  const std::string password = str(doc, "password");
+  doc.erase("password");
+  const json& t = doc.contains("tenant") ? doc["tenant"] : json::object();
+  const json& spec = t.contains("spec") ? t["spec"] : json::object();
+
+  if (!print_document(std::cout, o.out, doc)) {
+    if (doc.value("created", false)) {
+      std::cout << "tenant " << o.name << " created: tier " << str(spec, "tier") << ", "
+                << str(spec, "gpus") << " x "
+                << (str(spec, "gpu_resource").empty() ? "no GPU" : str(spec, "gpu_resource"))
+                << ", namespace " << str(spec, "namespace");
+      int port = t.contains("vm") ? t["vm"].value("ssh_node_port", 0) : 0;
+      if (port) std::cout << ", SSH node port " << port;
+      std::cout << "\n";
+      for (const auto& obj : doc.value("objects", json::array()))
+        std::cout << "  created " << obj.get<std::string>() << "\n";
+    }
+  }
+  if (!str(doc, "note").empty()) std::cerr << "note: " << str(doc, "note") << "\n";
+  if (!password.empty())
+    std::cerr << "password of ubuntu on " << o.name << " (shown once; kept only in Secret "
+              << str(spec, "namespace") << "/" << cloud_init_secret_name(o.name)
+              << "): " << password << "\n";
+  if (!o.wait) return 0;
+  // Progress goes to stdout for people, to stderr when stdout holds a document.
+  std::ostream& os = o.out == OutputFormat::table ? std::cout : std::cerr;
+  return wait_for(*client, o.name, *timeout,
+                  std::chrono::duration_cast<std::chrono::milliseconds>(*poll), os);
+}
+
+std::string ago(const std::string& ts) {
+  if (ts.empty()) return "-";
+  auto t = parse_rfc3339(ts);
+  if (!t) return ts;
+  auto d = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - *t);
+  return format_duration(std::max(d, std::chrono::seconds(0)));
+}
+
+std::string gpus_text(const json& spec) {
+  if (!spec.is_object() || !spec.contains("gpus")) return "-";
+  std::string r = str(spec, "gpu_resource");
+  return str(spec, "gpus") + (r.empty() ? "" : " x " + r);
+}
+
+int list(const Context& ctx, OutputFormat out) {
+  auto client = AdminClient::from(ctx.global);
+  if (!client) return fail(client.error());
+  auto res = client->call("GET", "/v1/tenants");
+  if (!res) return fail(res.error());
+  if (print_document(std::cout, out, *res)) return 0;
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& t : (*res)["tenants"]) {
+    const json spec = t.value("spec", json::object());
+    rows.push_back({str(t, "name"), str(t, "tier").empty() ? "-" : str(t, "tier"), str(t, "phase"),
+                    gpus_text(spec),
+                    str(spec, "namespace").empty() ? "-" : str(spec, "namespace"),
+                    t["agent"].value("connected", false) ? "yes" : "no", ago(str(t, "created_at"))});
+  }
+  if (rows.empty()) {
+    std::cout << "No tenants. Create one with `factory tenant create NAME --tier gpu-vm`.\n";
+    return 0;
+  }
+  print_table(std::cout, {"tenant", "tier", "phase", "gpus", "namespace", "agent", "age"}, rows);
+  return 0;
+}
+
+int show(const Context& ctx, const std::string& name, OutputFormat out) {
+  auto client = AdminClient::from(ctx.global);
+  if (!client) return fail(client.error());
+  auto res = client->call("GET", "/v1/tenants/" + name);
+  if (!res) return fail(res.error());
+  if (print_document(std::cout, out, *res)) return 0;
+  const json& t = *res;
+  const json spec = t.value("spec", json::object());
+  auto row = [](const std::string& k, const std::string& v) {
+    std::cout << k << std::string(k.size() < 11 ? 11 - k.size() : 1, ' ') << (v.empty() ? "-" : v)
+              << "\n";
+  };
+  row("Tenant:", str(t, "name"));
+  row("Tier:", str(t, "tier"));
+  row("Phase:", str(t, "phase"));
+  row("Created:", str(t, "created_at"));
+  if (spec.contains("gpus")) {
+    row("Shape:", str(spec, "cpu") + " CPU, " + str(spec, "memory") + " memory, " +
+                      str(spec, "disk") + " disk, " + gpus_text(spec) + " GPU");
+    row("Namespace:", str(spec, "namespace"));
+  }
+  if (t.contains("vm")) {
+    const json& vm = t["vm"];
+    std::string v;
+    if (!str(vm, "error").empty()) v = "unknown (" + str(vm, "error") + ")";
+    else if (!vm.value("exists", false)) v = "not found in the cluster";
+    else {
+      v = str(vm, "status");
+      if (!str(vm, "phase").empty()) v += ", VMI " + str(vm, "phase");
+      if (!str(vm, "node").empty()) v += " on " + str(vm, "node");
+      if (!str(vm, "ip").empty()) v += ", IP " + str(vm, "ip");
+      if (vm.value("ssh_node_port", 0)) v += ", SSH node port " + str(vm, "ssh_node_port");
+      if (!str(vm, "reason").empty()) v += " (" + str(vm, "reason") + ")";
+    }
+    row("VM:", v);
+  }
+  if (t.contains("kube") && !str(t["kube"], "error").empty()) row("Error:", str(t["kube"], "error"));
+  const json& a = t["agent"];
+  std::string agent = a.value("connected", false) ? "connected" : "not connected";
+  if (!str(a, "version").empty()) agent += ", factory-agent " + str(a, "version");
+  if (!str(a, "last_seen").empty()) agent += ", last seen " + str(a, "last_seen");
+  row("Agent:", agent);
+  if (t.contains("plan")) {
+    const json& p = t["plan"];
+    std::string h = str(p, "hash");
+    row("Plan:", str(p, "state") + " (" + str(p, "steps_done") + "/" + str(p, "steps_total") +
+                     " steps, hash " + h.substr(0, 12) + ")");
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& s : t.value("plan_steps", json::array())) {
+    std::string progress = s.contains("percent") ? str(s, "percent") + "%" : "-";
+    std::string msg = str(s, "message");
+    if (msg.size() > 80) msg = msg.substr(0, 77) + "...";
+    rows.push_back({str(s, "id"), str(s, "kind").empty() ? "-" : str(s, "kind"), str(s, "state"),
+                    progress, msg.empty() ? "-" : msg});
+  }
+  if (!rows.empty()) {
+    std::cout << "\n";
+    print_table(std::cout, {"step", "kind", "state", "progress", "message"}, rows);
+  }
+  if (t.contains("diagnoses") && t["diagnoses"].is_object() && !t["diagnoses"].empty()) {
+    std::cout << "\nDiagnoses:\n";
+    for (const auto& [code, d] : t["diagnoses"].items()) {
+      std::cout << "  " << code << ": " << str(d, "summary") << "\n";
+      if (!str(d, "fix").empty()) std::cout << "    fix: " << str(d, "fix") << "\n";
+    }
+  }
+  if (str(t, "phase") == "failed") {
+    std::cout << "\n";
+    for (const auto& line : failure_report(t)) std::cout << line << "\n";
+  }
+  return 0;
+}
+
+int remove(const Context& ctx, const std::string& name, const std::string& ns) {
+  if (auto st = enroll::validate_tenant_name(name); !st.ok())
+    return fail(st.error().with_context("tenant name"));
+  auto client = AdminClient::from(ctx.global);
+  if (!client) return fail(client.error());
+  std::string path = "/v1/tenants/" + name;
+  if (!ns.empty()) path += "?namespace=" + ns;
+  auto res = client->call("DELETE", path);
+  if (!res) return fail(res.error());
+  if (!res->value("found", false)) {
+    std::cout << "tenant " << name << ": nothing to delete (no record, no objects)\n";
+    return 0;
+  }
+  const json deleted = res->value("deleted", json::array());
+  std::cout << "tenant " << name << " deleted: " << deleted.size() << " object(s) removed, agent "
+            << "certificate and unused tokens revoked\n";
+  for (const auto& d : deleted) std::cout << "  deleted " << d.get<std::string>() << "\n";
+  return 0;
+}
+
+int retry(const Context& ctx, const std::string& name, const std::string& step) {
+  auto client = AdminClient::from(ctx.global);
+  if (!client) return fail(client.error());
+  json body = json::object();
+  if (!step.empty()) body["step"] = step;
+  auto res = client->call("POST", "/v1/tenants/" + name + "/retry", body);
+  if (!res) return fail(res.error());
+  std::cout << "asked the agent of " << name << " to retry its plan"
+            << (step.empty() ? " from the failed step" : " from step " + step)
+            << "; follow it with `factory tenant show " << name << "`\n";
+  return 0;
+}
+
+}  // namespace
+
+void add_tenant_commands(CLI::App& app, Context& ctx) {
+  auto* group = app.add_subcommand("tenant", "Tenants: a GPU VM per customer, from a catalog tier");
+  group->require_subcommand(1);
+
+  auto o = std::make_shared<CreateOptions>();
+  auto* c = group->add_subcommand(
+      "create",
+      "Create a tenant: its cloud-init Secret, VirtualMachine and SSH Service (idempotent: "
+      "running it again finishes an interrupted create)");
+  c->add_option("NAME", o->name, "Tenant name (DNS-1123 label, starting with a letter)")->required();
+  c->add_option("--tier", o->tier, "Catalog tier, e.g. gpu-vm or gpu-k8s (factory catalog list)")
+      ->required();
+  o->gpus_opt = c->add_option("--gpus", o->gpus, "GPUs for the VM (default: the tier's)");
+  c->add_option("--cpu", o->cpu, "CPU request, e.g. 8 (default: the tier's)");
+  c->add_option("--memory", o->memory, "Memory, e.g. 16Gi (default: the tier's)");
+  c->add_option("--disk", o->disk, "Root disk size, e.g. 100Gi (default: the tier's)");
+  c->add_option("--image", o->image, "Cloud image URL CDI imports (default: the tier's)");
+  c->add_option("--gpu-resource", o->gpu_resource,
+                "Allowlisted GPU resource, e.g. nvidia.com/AD104GL_L4 (default: the tier's, or "
+                "any allowlisted one with a free card)");
+  c->add_option("--ssh-key", o->ssh_keys,
+                "Public key file for the ubuntu user, repeatable (default: ~/.ssh/id_ed25519.pub, "
+                "id_ecdsa.pub or id_rsa.pub)");
+  c->add_option("--ssh-node-port", o->ssh_node_port,
+                "NodePort for SSH, 30000-32767 (default: Kubernetes picks a free one)");
+  c->add_option("--namespace", o->ns, "Namespace for the tenant's objects (default: the "
+                                      "coordinator's kube.namespace, tenants)");
+  c->add_flag("--wait", o->wait,
+              "Follow the VM and then the agent's plan, step by step, until the tenant is ready");
+  c->add_option("--timeout", o->timeout, "How long --wait waits, e.g. 30m")->capture_default_str();
+  c->add_option("--poll", o->poll, "How often --wait asks the coordinator")->capture_default_str();
+  c->add_flag("--dry-run", o->dry_run,
+              "Print every object it would create (multi-document YAML, secrets as marked "
+              "placeholders); contacts nothing, stores nothing");
+  c->add_option("--catalog", o->catalog_file,
+                "With --dry-run: catalog file (default: the config's 'catalog' key, else the "
+                "built-in one); a real create uses the coordinator's catalog");
+  o->out_opt = add_output_option(*c, o->out);
+  c->callback([&ctx, o] {
+    ctx.run = [&ctx, o] {
+      // A dry run prints manifests: YAML unless told otherwise.
+      if (o->dry_run && o->out_opt->count() == 0) o->out = OutputFormat::yaml;
+      return create(ctx, *o);
+    };
+  });
+
+  auto list_out = std::make_shared<OutputFormat>(OutputFormat::table);
+  auto* l = group->add_subcommand("list", "List tenants: tier, phase, GPUs, agent");
+  add_output_option(*l, *list_out);
+  l->callback([&ctx, list_out] { ctx.run = [&ctx, list_out] { return list(ctx, *list_out); }; });
+
+  struct NameOpts {
+    std::string name, ns, step;
+    OutputFormat out = OutputFormat::table;
+  };
+  auto so = std::make_shared<NameOpts>();
+  auto* s = group->add_subcommand(
+      "show", "Show one tenant: its VM in the cluster, its agent, its plan step by step");
+  s->add_option("NAME", so->name, "Tenant name")->required();
+  add_output_option(*s, so->out);
+  s->callback([&ctx, so] { ctx.run = [&ctx, so] { return show(ctx, so->name, so->out); }; });
+
+  auto dopt = std::make_shared<NameOpts>();
+  auto* d = group->add_subcommand(
+      "delete",
+      "Delete a tenant: every object Factory made for it, its agent certificate and unused "
+      "tokens, its record (idempotent)");
+  d->add_option("NAME", dopt->name, "Tenant name")->required();
+  d->add_option("--namespace", dopt->ns,
+                "Where to look for its objects when the coordinator has no record of it");
+  d->callback([&ctx, dopt] { ctx.run = [&ctx, dopt] { return remove(ctx, dopt->name, dopt->ns); }; });
+
+  auto ro = std::make_shared<NameOpts>();
+  auto* r = group->add_subcommand(
+      "retry", "Ask the tenant's agent to re-run its failed plan from the failed step");
+  r->add_option("NAME", ro->name, "Tenant name")->required();
+  r->add_option("--step", ro->step, "Re-run from this step instead (an id from `tenant show`)");
+  r->callback([&ctx, ro] { ctx.run = [&ctx, ro] { return retry(ctx, ro->name, ro->step); }; });
+}
+
+}  // namespace factory::cli

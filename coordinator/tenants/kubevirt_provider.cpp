@@ -1,0 +1,408 @@
+#include "coordinator/tenants/kubevirt_provider.hpp"
+
+#include <spdlog/spdlog.h>
+
+namespace factory::tenants {
+
+using nlohmann::json;
+
+namespace {
+
+const kube::Kind& kind_of(const std::string& kind) {
+  static const std::vector<const kube::Kind*> kinds = {
+      &kube::kNamespace, &kube::kSecret, &kube::kService, &kube::kVirtualMachine,
+      &kube::kVirtualMachineInstance, &kube::kDataVolume, &kube::kPersistentVolumeClaim};
+  for (auto* k : kinds)
+    if (k->kind == kind) return *k;
+  return kube::kSecret;  // unreachable: callers pass the kinds above
+}
+
+// Whether an object carries Factory's labels for this tenant.
+bool owned_by(const json& obj, const std::string& tenant) {
+  const json labels = obj.contains("metadata") ? obj["metadata"].value("labels", json::object())
+                                               : json::object();
+  return labels.value(kManagedByLabel, "") == kManagedByValue &&
+         labels.value(kTenantLabel, "") == tenant;
+}
+
+long long parse_count(const json& q) {
+  // Extended resources are whole numbers ("2"); anything else counts as none.
+  if (q.is_number_integer()) return q.get<long long>();
+  if (!q.is_string()) return 0;
+  const std::string s = q.get<std::string>();
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) return 0;
+  try {
+    return std::stoll(s);
+  } catch (...) {
+    return 0;
+  }
+}
+
+// GPUs a VM asks for, by resource: gpus[] and hostDevices[] of its template.
+std::map<std::string, int> vm_gpu_requests(const json& vm) {
+  std::map<std::string, int> out;
+  const json devices = vm.value("/spec/template/spec/domain/devices"_json_pointer, json::object());
+  for (const char* list : {"gpus", "hostDevices"}) {
+    if (!devices.contains(list) || !devices[list].is_array()) continue;
+    for (const auto& d : devices[list]) {
+      std::string name = d.value("deviceName", "");
+      if (!name.empty()) out[name]++;
+    }
+  }
+  return out;
+}
+
+// A VM that holds (or will hold) its devices: not being deleted, and set to run.
+bool vm_holds_devices(const json& vm) {
+  const json md = vm.value("metadata", json::object());
+  if (md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null()) return false;
+  const json spec = vm.value("spec", json::object());
+  std::string strategy = spec.value("runStrategy", "");
+  if (strategy.empty()) strategy = spec.value("running", false) ? "Always" : "Halted";
+  return strategy != "Halted";
+}
+
+std::string vm_user(const json& vm) {
+  const json md = vm.value("metadata", json::object());
+  const json labels = md.value("labels", json::object());
+  if (labels.value(kManagedByLabel, "") == kManagedByValue && labels.contains(kTenantLabel))
+    return labels.value(kTenantLabel, "");
+  return md.value("namespace", "") + "/" + md.value("name", "");
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+// The API server's refusal of a clashing node port, said the way a user acts on it.
+Error service_error(const Error& e, const VmSpec& spec) {
+  if (e.message.find("provided port is already allocated") != std::string::npos)
+    return Error(Errc::invalid_argument,
+                 "node port " + std::to_string(spec.ssh_node_port) +
+                     " is already allocated to another Service: pick another --ssh-node-port, "
+                     "or leave it out and Kubernetes picks a free one");
+  if (e.message.find("provided port is not in the valid range") != std::string::npos)
+    return Error(Errc::invalid_argument,
+                 "node port " + std::to_string(spec.ssh_node_port) +
+                     " is outside the cluster's node port range: " + e.message);
+  return e.with_context("Service " + spec.ns + "/" + ssh_service_name(spec.name));
+}
+
+}  // namespace
+
+json VmObservation::to_json() const {
+  json j = {{"exists", exists}, {"status", status}, {"phase", phase},
+            {"ip", ip},         {"node", node},     {"ssh_node_port", ssh_node_port}};
+  if (!reason.empty()) j["reason"] = reason;
+  return j;
+}
+
+std::vector<std::string> permitted_gpu_resources(const json& kubevirt_list) {
+  std::vector<std::string> out;
+  for (const auto& kv : kubevirt_list.value("items", json::array())) {
+    const json list = kv.value(
+        "/spec/configuration/permittedHostDevices/pciHostDevices"_json_pointer, json::array());
+    if (!list.is_array()) continue;
+    for (const auto& d : list) {
+      if (d.value("externalResourceProvider", false)) continue;
+      std::string name = d.value("resourceName", "");
+      if (!name.empty() && std::find(out.begin(), out.end(), name) == out.end())
+        out.push_back(name);
+    }
+  }
+  return out;
+}
+
+GpuCapacity gpu_capacity(const std::string& resource, const json& node_list, const json& vm_list,
+                         const std::string& skip_ns, const std::string& skip_name) {
+  GpuCapacity c;
+  c.resource = resource;
+  for (const auto& n : node_list.value("items", json::array())) {
+    const json alloc = n.value("/status/allocatable"_json_pointer, json::object());
+    if (alloc.contains(resource)) c.allocatable += parse_count(alloc[resource]);
+  }
+  for (const auto& vm : vm_list.value("items", json::array())) {
+    const json md = vm.value("metadata", json::object());
+    if (md.value("namespace", "") == skip_ns && md.value("name", "") == skip_name) continue;
+    if (!vm_holds_devices(vm)) continue;
+    auto req = vm_gpu_requests(vm);
+    auto it = req.find(resource);
+    if (it == req.end()) continue;
+    c.in_use += it->second;
+    c.users.push_back(vm_user(vm));
+  }
+  std::sort(c.users.begin(), c.users.end());
+  return c;
+}
+
+std::string capacity_shortfall(const GpuCapacity& c, int wanted) {
+  std::string head = c.free() <= 0 ? "no free " + c.resource
+                                   : "only " + std::to_string(c.free()) + " free " + c.resource +
+                                         " (want " + std::to_string(wanted) + ")";
+  std::string out = head + ": " + std::to_string(c.allocatable) + " allocatable";
+  if (c.in_use > 0) out += ", " + std::to_string(c.in_use) + " in use by " + join(c.users, ", ");
+  if (c.allocatable == 0)
+    out += " (no node advertises it: are the cards on vfio-pci and allowlisted? see `factory "
+           "kubevirt allowlist`)";
+  return out;
+}
+
+KubeVirtProvider::KubeVirtProvider(kube::AccessOptions access,
+                                   std::chrono::milliseconds request_timeout)
+    : access_(std::move(access)), timeout_(request_timeout) {}
+
+Result<kube::KubeClient> KubeVirtProvider::client() const {
+  auto access = kube::resolve_access(access_);
+  if (!access) return access.error().with_context("Kubernetes access (coordinator config kube:)");
+  return kube::KubeClient(std::move(*access), timeout_);
+}
+
+Status KubeVirtProvider::preflight(VmSpec& spec) {
+  auto c = client();
+  if (!c) return c.error();
+
+  // Objects of the tenant's names that someone else made are never taken over.
+  const std::pair<const kube::Kind*, std::string> mine[] = {
+      {&kube::kSecret, cloud_init_secret_name(spec.name)},
+      {&kube::kVirtualMachine, spec.name},
+      {&kube::kService, ssh_service_name(spec.name)}};
+  for (const auto& [kind, name] : mine) {
+    auto obj = c->get(*kind, spec.ns, name);
+    if (!obj) {
+      if (obj.error().code == Errc::not_found &&
+          obj.error().message.find("does not serve") == std::string::npos)
+        continue;
+      return obj.error();
+    }
+    if (!owned_by(*obj, spec.name))
+      return Error(Errc::already_exists,
+                   kind->kind + " " + spec.ns + "/" + name +
+                       " exists and was not made by Factory for tenant " + spec.name +
+                       ": remove it, or choose another tenant name");
+  }
+
+  if (spec.ssh_node_port != 0) {
+    auto services = c->list(kube::kService, "");
+    if (!services) return services.error();
+    for (const auto& s : services->value("items", json::array())) {
+      const json md = s.value("metadata", json::object());
+      if (md.value("namespace", "") == spec.ns && md.value("name", "") == ssh_service_name(spec.name))
+        continue;
+      for (const auto& p : s.value("/spec/ports"_json_pointer, json::array()))
+        if (p.value("nodePort", 0) == spec.ssh_node_port)
+          return Error(Errc::invalid_argument,
+                       "node port " + std::to_string(spec.ssh_node_port) + " is taken by Service " +
+                           md.value("namespace", "") + "/" + md.value("name", "") +
+                           ": pick another --ssh-node-port, or leave it out and Kubernetes picks "
+                           "a free one");
+    }
+  }
+
+  if (spec.gpus <= 0) return {};
+  std::vector<std::string> candidates;
+  if (!spec.gpu_resource.empty()) {
+    candidates.push_back(spec.gpu_resource);
+  } else {
+    auto kvs = c->list(kube::kKubeVirt, "");
+    if (!kvs) return kvs.error().with_context("reading the KubeVirt CR's GPU allowlist");
+    candidates = permitted_gpu_resources(*kvs);
+    if (candidates.empty())
+      return Error(Errc::failed_precondition,
+                   "tier " + spec.tier +
+                       " takes any allowlisted GPU, but the KubeVirt CR allowlists none "
+                       "(permittedHostDevices.pciHostDevices): run `factory kubevirt allowlist` "
+                       "on the GPU host");
+  }
+  auto nodes = c->list(kube::kNode, "");
+  if (!nodes) return nodes.error();
+  auto vms = c->list(kube::kVirtualMachine, "");
+  if (!vms) return vms.error();
+  std::vector<std::string> short_of;
+  for (const auto& r : candidates) {
+    auto cap = gpu_capacity(r, *nodes, *vms, spec.ns, spec.name);
+    if (cap.free() >= spec.gpus) {
+      spec.gpu_resource = r;
+      return {};
+    }
+    short_of.push_back(capacity_shortfall(cap, spec.gpus));
+  }
+  return Error(Errc::failed_precondition, join(short_of, "; "));
+}
+
+Result<bool> KubeVirtProvider::has_user_data(const VmSpec& spec) {
+  auto c = client();
+  if (!c) return c.error();
+  auto s = c->get(kube::kSecret, spec.ns, cloud_init_secret_name(spec.name));
+  if (s) return owned_by(*s, spec.name);
+  if (s.error().code == Errc::not_found) return false;
+  return s.error();
+}
+
+Status KubeVirtProvider::provision(const VmSpec& spec, const std::string& userdata,
+                                   std::vector<VmObject>& created) {
+  auto c = client();
+  if (!c) return c.error();
+
+  // The namespace is shared by tenants: created when missing, never applied
+  // (its labels and quotas are the platform team's), never deleted by us.
+  auto ns = c->get(kube::kNamespace, "", spec.ns);
+  if (!ns) {
+    if (ns.error().code != Errc::not_found) return ns.error();
+    auto made = c->create(namespace_object(spec.ns));
+    if (made) {
+      created.push_back({"Namespace", "", spec.ns});
+    } else if (made.error().code != Errc::already_exists) {
+      return made.error().with_context("Namespace " + spec.ns);
+    }
+  }
+
+  // The Secret: created only when this call rendered the user-data; one
+  // that exists is the user-data the VM may already have booted with.
+  if (!userdata.empty()) {
+    const std::string name = cloud_init_secret_name(spec.name);
+    auto made = c->create(cloud_init_secret(spec, userdata));
+    if (made) {
+      created.push_back({"Secret", spec.ns, name});
+    } else if (made.error().code == Errc::already_exists) {
+      // Appeared meanwhile: put our user-data (with the token just issued) in it.
+      auto applied = c->apply(cloud_init_secret(spec, userdata));
+      if (!applied) return applied.error().with_context("Secret " + spec.ns + "/" + name);
+    } else {
+      return made.error().with_context("Secret " + spec.ns + "/" + name);
+    }
+  }
+
+  // VirtualMachine and Service by server-side apply: a re-run converges them
+  // to what the spec says, and creates them when missing.
+  struct Step {
+    const kube::Kind* kind;
+    std::string name;
+    json obj;
+  };
+  const Step steps[] = {{&kube::kVirtualMachine, spec.name, virtual_machine(spec)},
+                        {&kube::kService, ssh_service_name(spec.name), ssh_service(spec)}};
+  for (const auto& s : steps) {
+    auto before = c->get(*s.kind, spec.ns, s.name);
+    if (!before && before.error().code != Errc::not_found) return before.error();
+    auto applied = c->apply(s.obj);
+    if (!applied) {
+      if (s.kind == &kube::kService) return service_error(applied.error(), spec);
+      return applied.error().with_context(s.kind->kind + " " + spec.ns + "/" + s.name);
+    }
+    if (!before) created.push_back({s.kind->kind, spec.ns, s.name});
+  }
+  return {};
+}
+
+std::vector<std::pair<VmObject, Error>> KubeVirtProvider::remove(
+    const std::vector<VmObject>& objects) {
+  std::vector<std::pair<VmObject, Error>> failed;
+  auto c = client();
+  for (auto it = objects.rbegin(); it != objects.rend(); ++it) {
+    if (!c) {
+      failed.emplace_back(*it, c.error());
+      continue;
+    }
+    auto st = kube::ignore_not_found(c->remove(kind_of(it->kind), it->ns, it->name));
+    if (!st.ok()) failed.emplace_back(*it, st.error());
+  }
+  return failed;
+}
+
+Result<std::vector<VmObject>> KubeVirtProvider::destroy(const std::string& tenant,
+                                                        const std::string& ns) {
+  auto c = client();
+  if (!c) return c.error();
+  std::vector<VmObject> deleted;
+  auto del = [&](const kube::Kind& kind, const std::string& ons, const std::string& name) -> Status {
+    auto st = c->remove(kind, ons, name);
+    if (st.ok()) {
+      deleted.push_back({kind.kind, ons, name});
+      return {};
+    }
+    if (st.error().code == Errc::not_found) return {};
+    return st.error().with_context("delete " + kind.kind + " " + ons + "/" + name);
+  };
+  // The known names first, the Service (the way in) before the VM, the
+  // Secret (the token) last; deleting the VM lets Kubernetes collect its
+  // VMI and DataVolume, which are named here too in case it does not.
+  const std::pair<const kube::Kind*, std::string> known[] = {
+      {&kube::kService, ssh_service_name(tenant)},
+      {&kube::kVirtualMachine, tenant},
+      {&kube::kVirtualMachineInstance, tenant},
+      {&kube::kDataVolume, root_volume_name(tenant)},
+      {&kube::kPersistentVolumeClaim, root_volume_name(tenant)},
+      {&kube::kSecret, cloud_init_secret_name(tenant)}};
+  for (const auto& [kind, name] : known) {
+    // Only what Factory made: a same-named object of someone else stays.
+    auto obj = c->get(*kind, ns, name);
+    if (!obj) {
+      if (obj.error().code == Errc::not_found) continue;
+      return obj.error();
+    }
+    const json owners = obj->value("/metadata/ownerReferences"_json_pointer, json::array());
+    bool owned_by_our_vm = false;
+    for (const auto& o : owners)
+      if (o.value("kind", "") == "VirtualMachine" && o.value("name", "") == tenant)
+        owned_by_our_vm = true;
+    if (!owned_by(*obj, tenant) && !owned_by_our_vm) continue;
+    if (auto st = del(*kind, ns, name); !st.ok()) return st.error();
+  }
+  // Then anything else carrying the tenant's labels, in any namespace.
+  for (const auto* kind : {&kube::kService, &kube::kVirtualMachine, &kube::kVirtualMachineInstance,
+                           &kube::kDataVolume, &kube::kPersistentVolumeClaim, &kube::kSecret}) {
+    auto list = c->list(*kind, "", {tenant_selector(tenant), ""});
+    if (!list) {
+      // A cluster without CDI has no DataVolumes to leave behind.
+      if (list.error().code == Errc::not_found) continue;
+      return list.error();
+    }
+    for (const auto& o : list->value("items", json::array())) {
+      const json md = o.value("metadata", json::object());
+      if (auto st = del(*kind, md.value("namespace", ""), md.value("name", "")); !st.ok())
+        return st.error();
+    }
+  }
+  return deleted;
+}
+
+Result<VmObservation> KubeVirtProvider::observe(const std::string& tenant, const std::string& ns) {
+  auto c = client();
+  if (!c) return c.error();
+  VmObservation o;
+  auto vm = c->get(kube::kVirtualMachine, ns, tenant);
+  if (!vm) {
+    if (vm.error().code != Errc::not_found) return vm.error();
+    return o;
+  }
+  o.exists = true;
+  o.status = vm->value("/status/printableStatus"_json_pointer, std::string());
+  for (const auto& cond : vm->value("/status/conditions"_json_pointer, json::array()))
+    if (cond.value("reason", "") == "Unschedulable") o.reason = cond.value("message", "");
+  auto vmi = c->get(kube::kVirtualMachineInstance, ns, tenant);
+  if (vmi) {
+    o.phase = vmi->value("/status/phase"_json_pointer, std::string());
+    o.node = vmi->value("/status/nodeName"_json_pointer, std::string());
+    for (const auto& i : vmi->value("/status/interfaces"_json_pointer, json::array())) {
+      o.ip = i.value("ipAddress", "");
+      if (!o.ip.empty()) break;
+    }
+    for (const auto& cond : vmi->value("/status/conditions"_json_pointer, json::array()))
+      if (cond.value("reason", "") == "Unschedulable" && o.reason.empty())
+        o.reason = cond.value("message", "");
+  } else if (vmi.error().code != Errc::not_found) {
+    return vmi.error();
+  }
+  auto svc = c->get(kube::kService, ns, ssh_service_name(tenant));
+  if (svc) {
+    for (const auto& p : svc->value("/spec/ports"_json_pointer, json::array()))
+      if (p.value("name", "") == "ssh" || o.ssh_node_port == 0) o.ssh_node_port = p.value("nodePort", 0);
+  } else if (svc.error().code != Errc::not_found) {
+    return svc.error();
+  }
+  return o;
+}
+
+}  // namespace factory::tenants

@@ -1,0 +1,59 @@
+#pragma once
+// VMs as KubeVirt VirtualMachines in the host cluster, through the
+// Kubernetes API (coordinator/kube): the runbook's step 4 objects from
+// objects.hpp, GPU capacity read from the nodes and the KubeVirt CR, node
+// ports read from the Services.
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "coordinator/kube/client.hpp"
+#include "coordinator/tenants/vm_provider.hpp"
+
+namespace factory::tenants {
+
+// GPU capacity of one resource, as the nodes advertise it and the VMs use it.
+struct GpuCapacity {
+  std::string resource;              // "nvidia.com/AD104GL_L4"
+  long long allocatable = 0;         // summed over the nodes
+  long long in_use = 0;              // requested by VMs that are not being deleted
+  std::vector<std::string> users;    // who requests it: tenant names, or ns/name
+  long long free() const { return allocatable - in_use; }
+};
+
+// Pure parts of the capacity check, kept apart so tests can feed them lists.
+// The resource names KubeVirt's own device plugin advertises: every
+// pciHostDevices entry of every KubeVirt CR without externalResourceProvider
+// (an external plugin's resources are that plugin's business), in CR order.
+std::vector<std::string> permitted_gpu_resources(const nlohmann::json& kubevirt_list);
+// Capacity of `resource` from a NodeList and a VirtualMachineList, leaving
+// out the VM `skip_ns/skip_name` (the tenant being created again).
+GpuCapacity gpu_capacity(const std::string& resource, const nlohmann::json& node_list,
+                         const nlohmann::json& vm_list, const std::string& skip_ns,
+                         const std::string& skip_name);
+// "no free nvidia.com/AD104GL_L4: 2 allocatable, 2 in use by tenant-1, tenant-2"
+std::string capacity_shortfall(const GpuCapacity& c, int wanted);
+
+class KubeVirtProvider : public VmProvider {
+ public:
+  // Connects on every call, so a kubeconfig fixed (or a token rotated) while
+  // the coordinator runs is picked up, and a broken one is reported where it
+  // matters instead of stopping `factory serve` from starting.
+  KubeVirtProvider(kube::AccessOptions access, std::chrono::milliseconds request_timeout);
+
+  Status preflight(VmSpec& spec) override;
+  Result<bool> has_user_data(const VmSpec& spec) override;
+  Status provision(const VmSpec& spec, const std::string& userdata,
+                   std::vector<VmObject>& created) override;
+  std::vector<std::pair<VmObject, Error>> remove(const std::vector<VmObject>& objects) override;
+  Result<std::vector<VmObject>> destroy(const std::string& tenant, const std::string& ns) override;
+  Result<VmObservation> observe(const std::string& tenant, const std::string& ns) override;
+
+ private:
+  Result<kube::KubeClient> client() const;
+
+  kube::AccessOptions access_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace factory::tenants

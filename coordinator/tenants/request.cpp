@@ -1,0 +1,148 @@
+#include "coordinator/tenants/request.hpp"
+
+#include <set>
+
+#include "coordinator/enroll/tenant_name.hpp"
+#include "coordinator/tenants/k8s_names.hpp"
+
+namespace factory::tenants {
+
+using nlohmann::json;
+
+namespace {
+
+Error invalid(std::string m) { return Error(Errc::invalid_argument, std::move(m)); }
+
+const std::set<std::string> kKeys = {"name",  "tier",          "gpus",       "cpu",
+                                     "memory", "disk",         "image",      "gpu_resource",
+                                     "namespace", "ssh_node_port", "ssh_authorized_keys",
+                                     "password"};
+
+Status read_string(const json& j, const char* key, std::string& out) {
+  if (!j.contains(key) || j[key].is_null()) return {};
+  if (!j[key].is_string()) return invalid(std::string("'") + key + "' must be a string");
+  out = j[key].get<std::string>();
+  return {};
+}
+
+}  // namespace
+
+json TenantRequest::to_json(bool with_password) const {
+  json j = {{"name", name}, {"tier", tier}};
+  if (gpus) j["gpus"] = *gpus;
+  auto put = [&](const char* k, const std::string& v) {
+    if (!v.empty()) j[k] = v;
+  };
+  put("cpu", cpu);
+  put("memory", memory);
+  put("disk", disk);
+  put("image", image);
+  put("gpu_resource", gpu_resource);
+  put("namespace", ns);
+  if (ssh_node_port != 0) j["ssh_node_port"] = ssh_node_port;
+  j["ssh_authorized_keys"] = ssh_authorized_keys;
+  if (with_password && !password.empty()) j["password"] = password;
+  return j;
+}
+
+Result<TenantRequest> TenantRequest::from_json(const json& j) {
+  if (!j.is_object()) return invalid("want a JSON object {\"name\": ..., \"tier\": ...}");
+  for (auto& [k, v] : j.items())
+    if (!kKeys.count(k)) return invalid("unknown field '" + k + "' in the tenant request");
+  TenantRequest r;
+  const std::pair<const char*, std::string*> strings[] = {
+      {"name", &r.name},     {"tier", &r.tier},   {"cpu", &r.cpu},
+      {"memory", &r.memory}, {"disk", &r.disk},   {"image", &r.image},
+      {"gpu_resource", &r.gpu_resource}, {"namespace", &r.ns}, {"password", &r.password}};
+  for (auto [key, out] : strings)
+    if (auto st = read_string(j, key, *out); !st.ok()) return st.error();
+  if (j.contains("gpus") && !j["gpus"].is_null()) {
+    if (!j["gpus"].is_number_integer()) return invalid("'gpus' must be an integer");
+    r.gpus = j["gpus"].get<int>();
+  }
+  if (j.contains("ssh_node_port") && !j["ssh_node_port"].is_null()) {
+    if (!j["ssh_node_port"].is_number_integer()) return invalid("'ssh_node_port' must be an integer");
+    r.ssh_node_port = j["ssh_node_port"].get<int>();
+  }
+  if (j.contains("ssh_authorized_keys") && !j["ssh_authorized_keys"].is_null()) {
+    if (!j["ssh_authorized_keys"].is_array())
+      return invalid("'ssh_authorized_keys' must be a list of OpenSSH public keys");
+    for (auto& k : j["ssh_authorized_keys"]) {
+      if (!k.is_string()) return invalid("'ssh_authorized_keys' must be a list of strings");
+      r.ssh_authorized_keys.push_back(k.get<std::string>());
+    }
+  }
+  if (r.name.empty()) return invalid("no tenant name");
+  if (r.tier.empty()) return invalid("no tier for tenant " + r.name + " (--tier gpu-vm|gpu-k8s)");
+  return r;
+}
+
+Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequest& req,
+                               const std::string& default_namespace, bool fill_gpu_placeholder) {
+  // The name is checked first, and by the rules of every place it ends up in:
+  // a certificate CN (validate_tenant_name) and object names (validate_vm_name).
+  if (auto st = enroll::validate_tenant_name(req.name); !st.ok())
+    return st.error().with_context("tenant name");
+  if (auto st = validate_vm_name(req.name); !st.ok()) return st.error();
+  auto tier = catalog.tier(req.tier);
+  if (!tier) return tier.error();
+  const catalog::VmShape& shape = (*tier)->vm;
+  VmSpec s;
+  s.name = req.name;
+  s.tier = (*tier)->name;
+  s.ns = req.ns.empty() ? default_namespace : req.ns;
+  s.cpu = req.cpu.empty() ? shape.cpu : req.cpu;
+  s.memory = req.memory.empty() ? shape.memory : req.memory;
+  s.disk = req.disk.empty() ? shape.disk : req.disk;
+  s.image_url = req.image.empty() ? shape.image : req.image;
+  s.gpus = req.gpus ? *req.gpus : shape.gpus;
+  s.gpu_resource = req.gpu_resource.empty() ? shape.gpu_resource : req.gpu_resource;
+  if (req.ssh_node_port != 0) {
+    if (auto st = validate_node_port(req.ssh_node_port); !st.ok()) return st.error();
+  }
+  s.ssh_node_port = req.ssh_node_port;
+  // validate_vm_spec wants a resource name for a VM with GPUs; "any
+  // allowlisted" is resolved later (or shown as a placeholder), so check the
+  // rest with a stand-in and put the empty name back.
+  const bool any_gpu = s.gpus > 0 && s.gpu_resource.empty();
+  if (any_gpu) s.gpu_resource = kAnyAllowlistedGpuPlaceholder;
+  if (auto st = validate_vm_spec(s); !st.ok()) return st.error();
+  if (any_gpu && !fill_gpu_placeholder) s.gpu_resource.clear();
+  return s;
+}
+
+json spec_json(const VmSpec& vm, const TenantRequest& req) {
+  json j = {{"tier", vm.tier},     {"namespace", vm.ns},     {"cpu", vm.cpu},
+            {"memory", vm.memory}, {"disk", vm.disk},        {"image", vm.image_url},
+            {"gpus", vm.gpus},     {"gpu_resource", vm.gpu_resource},
+            {"ssh_node_port", vm.ssh_node_port},
+            {"ssh_authorized_keys", req.ssh_authorized_keys}};
+  return j;
+}
+
+Status same_request(const json& stored, const TenantRequest& req) {
+  auto differs = [&](const char* key, const json& want) -> std::optional<std::string> {
+    json have = stored.contains(key) ? stored[key] : json();
+    if (have == want) return std::nullopt;
+    return std::string(key) + " " + (have.is_null() ? "unset" : have.dump()) + ", not " +
+           want.dump();
+  };
+  std::optional<std::string> d;
+  if (!d) d = differs("tier", req.tier);
+  if (!d && req.gpus) d = differs("gpus", *req.gpus);
+  const std::pair<const char*, const std::string*> overrides[] = {
+      {"cpu", &req.cpu},     {"memory", &req.memory},           {"disk", &req.disk},
+      {"image", &req.image}, {"gpu_resource", &req.gpu_resource}, {"namespace", &req.ns}};
+  for (auto [key, val] : overrides)
+    if (!d && !val->empty()) d = differs(key, *val);
+  if (!d && req.ssh_node_port != 0) d = differs("ssh_node_port", req.ssh_node_port);
+  if (!d && !req.ssh_authorized_keys.empty())
+    d = differs("ssh_authorized_keys", req.ssh_authorized_keys);
+  if (!d) return {};
+  return Error(Errc::already_exists,
+               "tenant " + req.name + " exists with a different spec (" + *d +
+                   "): repeat the original create, or `factory tenant delete " + req.name +
+                   "` first");
+}
+
+}  // namespace factory::tenants

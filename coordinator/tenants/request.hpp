@@ -1,0 +1,63 @@
+#pragma once
+// What an admin asks for when creating a tenant (`factory tenant create` and
+// POST /v1/tenants carry the same fields), and how it becomes a VM shape: the
+// tier's VM from the catalog, overridden field by field by what the request
+// sets. Shared by the coordinator and by `--dry-run`, which builds the same
+// objects without contacting anything.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/catalog.hpp"
+#include "common/error.hpp"
+#include "coordinator/tenants/objects.hpp"
+
+namespace factory::tenants {
+
+// When the tier names no GPU resource ("any allowlisted") and nothing is
+// asked to pick one (a dry run contacts no cluster), the VM's deviceName is
+// this, and the dry run's header says so. A valid resource name, so the
+// printed VirtualMachine still validates.
+inline constexpr const char* kAnyAllowlistedGpuPlaceholder = "factory.dev/any-allowlisted-gpu";
+
+struct TenantRequest {
+  std::string name;
+  std::string tier;
+  // Overrides of the tier's VM shape; unset / empty = the tier's value.
+  std::optional<int> gpus;
+  std::string cpu, memory, disk, image, gpu_resource;
+  std::string ns;         // "" = the coordinator's kube.namespace
+  int ssh_node_port = 0;  // 0 = Kubernetes picks a free one
+  std::vector<std::string> ssh_authorized_keys;
+  // The ubuntu user's password; "" = generated. Never stored by the
+  // coordinator (it goes into the cloud-init Secret only).
+  std::string password;
+
+  // The wire form (POST /v1/tenants). The password is included only when
+  // with_password, so a stored spec never holds it.
+  nlohmann::json to_json(bool with_password = false) const;
+  // Checks types and unknown keys; one line naming the field.
+  static Result<TenantRequest> from_json(const nlohmann::json& j);
+};
+
+// The VM for a request: validates the tenant name, finds the tier, applies
+// the overrides and checks the result (validate_vm_spec). An empty
+// gpu_resource stays empty when the tier has none: the coordinator picks an
+// allowlisted resource with a free card (see KubeVirtProvider::preflight);
+// a dry run puts kAnyAllowlistedGpuPlaceholder there instead (fill_placeholder).
+Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequest& req,
+                               const std::string& default_namespace,
+                               bool fill_gpu_placeholder = false);
+
+// The stored form of a resolved request: what `tenant show` prints as spec,
+// and what a re-run of create is compared with.
+nlohmann::json spec_json(const VmSpec& vm, const TenantRequest& req);
+
+// When a create is run again for a tenant that exists, it must ask for the
+// same thing: every field the new request sets must equal the stored spec.
+// Returns the first difference as one line, or ok.
+Status same_request(const nlohmann::json& stored_spec, const TenantRequest& req);
+
+}  // namespace factory::tenants

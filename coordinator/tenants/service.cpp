@@ -1,0 +1,439 @@
+#include "coordinator/tenants/service.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "common/durations.hpp"
+#include "coordinator/enroll/tenant_name.hpp"
+#include "coordinator/server/coordinator.hpp"
+#include "coordinator/tenants/cloud_init.hpp"
+
+namespace factory::tenants {
+
+using nlohmann::json;
+
+namespace {
+
+std::string now_str() { return format_rfc3339(Clock::now()); }
+
+// A token-only tenant (`factory token create`) has neither tier nor VM.
+bool has_vm(const store::TenantRecord& t) { return !t.tier.empty() || t.status.contains("kube"); }
+
+std::string record_namespace(const store::TenantRecord& t, const std::string& fallback) {
+  std::string ns = t.spec.value("namespace", "");
+  return ns.empty() ? fallback : ns;
+}
+
+// The VM of a tenant as it was first resolved: a re-run of create builds the
+// same objects even if the catalog changed meanwhile.
+VmSpec vm_spec_from_stored(const json& s, const std::string& name) {
+  VmSpec v;
+  v.name = name;
+  v.tier = s.value("tier", "");
+  v.ns = s.value("namespace", "");
+  v.cpu = s.value("cpu", "");
+  v.memory = s.value("memory", "");
+  v.disk = s.value("disk", "");
+  v.image_url = s.value("image", "");
+  v.gpus = s.value("gpus", 0);
+  v.gpu_resource = s.value("gpu_resource", "");
+  v.ssh_node_port = s.value("ssh_node_port", 0);
+  return v;
+}
+
+std::vector<std::string> refs(const std::vector<VmObject>& objects) {
+  std::vector<std::string> out;
+  for (const auto& o : objects) out.push_back(o.ref());
+  return out;
+}
+
+net::HttpResponseOut json_reply(const json& j, int status = 200) {
+  return net::HttpResponseOut::json(status, j.dump(2) + "\n");
+}
+
+net::HttpResponseOut error_reply(const Error& e) {
+  return net::HttpResponseOut::error(http_status_for(e), errc_name(e.code), e.message);
+}
+
+// A handler's exception is a bug; it must not take the io thread down.
+template <class F>
+net::HttpResponseOut guarded(const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& ex) {
+    spdlog::error("tenants: {} failed with an exception: {}", what, ex.what());
+    return net::HttpResponseOut::error(500, "internal",
+                                       std::string("internal error in ") + what + ": " + ex.what());
+  }
+}
+
+}  // namespace
+
+int http_status_for(const Error& e) {
+  switch (e.code) {
+    case Errc::invalid_argument: return 400;
+    case Errc::not_found: return 404;
+    case Errc::already_exists:
+    case Errc::conflict:
+    case Errc::failed_precondition: return 409;
+    case Errc::permission_denied:
+    case Errc::unauthenticated:
+    case Errc::unavailable:
+    case Errc::timeout:
+    case Errc::protocol: return 502;  // the cluster (or its API) failed us, not the admin
+    case Errc::io:
+    case Errc::internal: return 500;
+  }
+  return 500;
+}
+
+TenantService::TenantService(coordinator::Coordinator& coordinator, catalog::Catalog catalog,
+                             std::unique_ptr<VmProvider> provider, TenantServiceOptions opts)
+    : coord_(coordinator),
+      catalog_(std::move(catalog)),
+      provider_(std::move(provider)),
+      opts_(std::move(opts)) {}
+
+TenantService::~TenantService() = default;
+
+std::optional<json> TenantService::plan_for(const store::TenantRecord& t) const {
+  if (t.tier.empty()) return std::nullopt;
+  const catalog::Tier* tier = catalog_.find(t.tier);
+  if (!tier) {
+    spdlog::warn("tenants: tenant {} has tier {}, which catalog {} does not offer: no plan sent",
+                 t.name, t.tier, catalog_.source);
+    return std::nullopt;
+  }
+  json plan = catalog::plan_for(*tier);
+  return json{{"hash", catalog::plan_hash(plan)}, {"plan", plan}};
+}
+
+Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
+  auto& store = coord_.store();
+  auto resolved = resolve_vm_spec(catalog_, req, opts_.default_namespace);
+  if (!resolved) return resolved.error();
+  VmSpec vm = *resolved;
+  TenantRequest effective = req;
+
+  auto existing = store.get_tenant(req.name);
+  if (existing) {
+    if (!has_vm(*existing))
+      return Error(Errc::already_exists,
+                   "tenant " + req.name +
+                       " exists without a VM (made by `factory token create`): choose another "
+                       "name, or `factory tenant delete " + req.name + "` first");
+    if (auto st = same_request(existing->spec, req); !st.ok()) return st.error();
+    if (existing->status.value("/kube/state"_json_pointer, std::string()) == "created") {
+      CreateOutcome out;
+      out.note = "tenant " + req.name + " exists already (phase " + existing->phase +
+                 "); nothing changed";
+      return out;
+    }
+    // Finishing an interrupted or failed create: exactly what it asked for.
+    vm = vm_spec_from_stored(existing->spec, req.name);
+    if (effective.ssh_authorized_keys.empty())
+      effective.ssh_authorized_keys =
+          existing->spec.value("ssh_authorized_keys", std::vector<std::string>{});
+  }
+
+  // Everything that can be checked without acting is checked before the
+  // record exists: bad input and an unreachable cluster leave nothing behind.
+  CloudInitParams params;
+  params.tenant = req.name;
+  params.hostname = req.name;
+  params.ssh_authorized_keys = effective.ssh_authorized_keys;
+  params.password = req.password.empty() ? std::string(kPasswordPlaceholder) : req.password;
+  params.coordinator_url = coord_.config().external_url;
+  params.agent_binary_url = coord_.config().agents_https_url() + "/v1/agent/binary";
+  params.ca_pem = coord_.ca().certificate_pem();
+  params.bootstrap_token = kBootstrapTokenPlaceholder;
+  params.agent_sha256 = coord_.agent_binary_sha256();
+  if (params.agent_sha256.empty())
+    return Error(Errc::failed_precondition,
+                 "the coordinator has no agent binary to serve (" + coord_.agent_binary_path() +
+                     " is not readable): set agents.binary in its config, or guests could never "
+                     "install the agent");
+  if (auto st = validate_cloud_init_params(params); !st.ok()) return st.error();
+  if (auto st = provider_->preflight(vm); !st.ok()) return st.error();
+
+  const bool record_is_new = !existing;
+  store::TenantRecord rec = existing.value_or(store::TenantRecord{});
+  if (record_is_new) {
+    rec.name = req.name;
+    rec.created_at = now_str();
+  }
+  rec.tier = vm.tier;
+  rec.phase = "creating";
+  rec.spec = spec_json(vm, effective);
+  json kube_status = rec.status.value("kube", json::object());
+  kube_status["state"] = "creating";
+  kube_status["namespace"] = vm.ns;
+  kube_status["started_at"] = now_str();
+  kube_status.erase("error");
+  rec.status["kube"] = kube_status;
+  if (auto st = store.put_tenant(rec); !st.ok())
+    return st.error().with_context("recording tenant " + req.name);
+  spdlog::info("tenants: creating tenant {} (tier {}, {} x {}, namespace {}){}", vm.name, vm.tier,
+               vm.gpus, vm.gpu_resource.empty() ? "-" : vm.gpu_resource, vm.ns,
+               record_is_new ? "" : ": finishing an earlier attempt");
+
+  CreateOutcome out;
+  std::string token_id;
+  std::string userdata;
+  auto has = provider_->has_user_data(vm);
+  if (!has) {
+    auto st = rollback(rec, record_is_new, token_id, out.objects, has.error());
+    return st.error();
+  }
+  if (!*has) {
+    // Any token of an earlier attempt went with its Secret: void it.
+    if (auto r = coord_.tokens().revoke_tenant(req.name); !r)
+      return rollback(rec, record_is_new, token_id, out.objects, r.error()).error();
+    auto token = coord_.tokens().issue(req.name, opts_.token_ttl);
+    if (!token) return rollback(rec, record_is_new, token_id, out.objects, token.error()).error();
+    token_id = token->id;
+    if (req.password.empty()) {
+      auto pw = generate_password();
+      if (!pw) return rollback(rec, record_is_new, token_id, out.objects, pw.error()).error();
+      params.password = *pw;
+    }
+    params.bootstrap_token = token->token;
+    auto rendered = render_user_data(params);
+    if (!rendered)
+      return rollback(rec, record_is_new, token_id, out.objects, rendered.error()).error();
+    userdata = std::move(rendered->text);
+  } else {
+    out.note = "the user-data (and the ubuntu password) of an earlier attempt is kept: read it "
+               "from Secret " + vm.ns + "/" + cloud_init_secret_name(vm.name);
+  }
+
+  if (auto st = provider_->provision(vm, userdata, out.objects); !st.ok())
+    return rollback(rec, record_is_new, token_id, out.objects, st.error()).error();
+
+  auto now = store.get_tenant(req.name).value_or(rec);
+  if (now.phase == "creating" || now.phase == "failed") {
+    if (now.agent.value("agent_id", "").empty()) now.phase = "pending";
+    else now.phase = now.status.contains("plan") ? "provisioning" : "enrolled";
+  }
+  json ks = now.status.value("kube", json::object());
+  ks["state"] = "created";
+  ks["gpu_resource"] = vm.gpu_resource;
+  ks["created_at"] = now_str();
+  json objects = ks.value("objects", json::array());
+  for (const auto& r : refs(out.objects))
+    if (std::find(objects.begin(), objects.end(), r) == objects.end()) objects.push_back(r);
+  ks["objects"] = objects;
+  if (!token_id.empty()) ks["bootstrap_token_id"] = token_id;
+  ks.erase("error");
+  now.status["kube"] = ks;
+  now.tier = vm.tier;
+  now.spec = rec.spec;
+  if (auto st = store.put_tenant(now); !st.ok())
+    return st.error().with_context("recording tenant " + req.name + " (its objects exist: run "
+                                   "create again to record it)");
+  out.created = true;
+  if (!userdata.empty()) out.password = params.password;
+  std::string made;
+  for (const auto& r : refs(out.objects)) made += (made.empty() ? "" : ", ") + r;
+  spdlog::info("tenants: tenant {} created (new: {}; bootstrap token {})", vm.name,
+               made.empty() ? "nothing" : made, token_id.empty() ? "kept" : token_id);
+  return out;
+}
+
+Status TenantService::rollback(store::TenantRecord& rec, bool record_is_new,
+                               const std::string& token_id, const std::vector<VmObject>& created,
+                               const Error& cause) {
+  auto& store = coord_.store();
+  // The shared Namespace stays: other tenants may live in it.
+  std::vector<VmObject> mine;
+  for (const auto& o : created)
+    if (o.kind != "Namespace") mine.push_back(o);
+  auto failures = provider_->remove(mine);
+  std::string left;
+  for (const auto& [o, e] : failures) left += (left.empty() ? "" : "; ") + o.ref() + ": " + e.message;
+
+  if (failures.empty() && record_is_new) {
+    if (!token_id.empty())
+      if (auto r = coord_.tokens().revoke_tenant(rec.name); !r)
+        spdlog::warn("tenants: could not revoke the token of {}: {}", rec.name, r.error().message);
+    if (auto st = store.delete_tenant(rec.name); !st.ok())
+      spdlog::warn("tenants: could not drop the record of {}: {}", rec.name, st.error().message);
+    spdlog::warn("tenants: create of {} failed and was rolled back ({}): {}", rec.name,
+                 mine.empty() ? "nothing had been created" : "removed what it created",
+                 cause.message);
+    return cause;
+  }
+  auto now = store.get_tenant(rec.name).value_or(rec);
+  now.phase = "failed";
+  json ks = now.status.value("kube", json::object());
+  ks["state"] = "failed";
+  ks["error"] = cause.message + (left.empty() ? "" : "; could not remove " + left);
+  json objects = ks.value("objects", json::array());
+  for (const auto& o : created) {
+    bool gone = std::none_of(failures.begin(), failures.end(),
+                             [&](const auto& f) { return f.first.ref() == o.ref(); });
+    if (!gone || o.kind == "Namespace") objects.push_back(o.ref());
+  }
+  ks["objects"] = objects;
+  now.status["kube"] = ks;
+  if (auto st = store.put_tenant(now); !st.ok())
+    spdlog::error("tenants: could not record the failure of {}: {}", rec.name, st.error().message);
+  spdlog::warn("tenants: create of {} failed; left in phase failed: {}", rec.name,
+               ks["error"].get<std::string>());
+  return Error(cause.code, cause.message + (left.empty() ? "" : "; could not remove " + left) +
+                               "; tenant " + rec.name +
+                               " is left in phase failed: run the same create again to finish it, "
+                               "or `factory tenant delete " + rec.name + "`");
+}
+
+Result<json> TenantService::remove(const std::string& name, const std::string& ns_hint) {
+  if (auto st = enroll::validate_tenant_name(name); !st.ok()) return st.error();
+  auto& store = coord_.store();
+  auto rec = store.get_tenant(name);
+  const std::string ns =
+      rec ? record_namespace(*rec, ns_hint.empty() ? opts_.default_namespace : ns_hint)
+          : (ns_hint.empty() ? opts_.default_namespace : ns_hint);
+  if (rec) {
+    rec->phase = "deleting";
+    if (auto st = store.put_tenant(*rec); !st.ok()) return st.error().with_context("tenant " + name);
+  }
+  // The agent's identity goes first: from here on nothing can enroll or
+  // connect as this tenant, whatever happens to the cluster calls.
+  if (auto st = coord_.agents().revoke(name); !st.ok())
+    return st.error().with_context("revoking the agent identity of " + name);
+
+  std::vector<VmObject> deleted;
+  if (!rec || has_vm(*rec)) {
+    auto d = provider_->destroy(name, ns);
+    if (!d) {
+      if (rec) {
+        auto now = store.get_tenant(name).value_or(*rec);
+        now.status["kube"]["error"] = d.error().message;
+        (void)store.put_tenant(now);
+      }
+      return Error(d.error().code, d.error().message + "; tenant " + name +
+                                       " is left in phase deleting: run delete again");
+    }
+    deleted = std::move(*d);
+  }
+  if (rec)
+    if (auto st = store.delete_tenant(name); !st.ok()) return st.error().with_context("tenant " + name);
+  spdlog::info("tenants: deleted tenant {} ({} object(s); agent identity and tokens revoked)", name,
+               deleted.size());
+  return json{{"tenant", name},
+              {"namespace", ns},
+              {"found", rec.has_value() || !deleted.empty()},
+              {"record_removed", rec.has_value()},
+              {"deleted", refs(deleted)},
+              {"revoked", true}};
+}
+
+json TenantService::plan_steps(const store::TenantRecord& t) const {
+  json out = json::array();
+  const json reported = t.status.value("/plan/steps"_json_pointer, json::object());
+  std::vector<std::string> seen;
+  auto entry = [&](const std::string& id, const std::string& kind) {
+    json s = {{"id", id}, {"kind", kind}, {"state", "pending"}};
+    if (reported.contains(id) && reported[id].is_object())
+      for (auto& [k, v] : reported[id].items()) s[k] = v;
+    seen.push_back(id);
+    return s;
+  };
+  if (auto plan = plan_for(t))
+    for (const auto& s : (*plan)["plan"].value("steps", json::array()))
+      out.push_back(entry(s.value("id", ""), s.value("kind", "")));
+  // Steps an agent reported that the catalog no longer has (it changed).
+  for (auto& [id, v] : reported.items())
+    if (std::find(seen.begin(), seen.end(), id) == seen.end()) out.push_back(entry(id, ""));
+  return out;
+}
+
+Result<json> TenantService::show(const std::string& name) {
+  auto rec = coord_.store().get_tenant(name);
+  if (!rec) return Error(Errc::not_found, "no tenant named " + name);
+  json j = coord_.agents().tenant_json(*rec);
+  json events = json::array();
+  for (auto& e : coord_.store().recent_events(rec->name, 50))
+    events.push_back({{"id", e.id}, {"received_at", e.received_at}, {"event", e.event}});
+  j["recent_events"] = events;
+  j["plan_steps"] = plan_steps(*rec);
+  if (has_vm(*rec)) {
+    auto obs = provider_->observe(name, record_namespace(*rec, opts_.default_namespace));
+    // The record stands on its own: a cluster that does not answer is shown, not fatal.
+    j["vm"] = obs ? obs->to_json() : json{{"error", obs.error().message}};
+  }
+  return j;
+}
+
+Result<json> TenantService::retry(const std::string& name, const std::string& step) {
+  auto rec = coord_.store().get_tenant(name);
+  if (!rec) return Error(Errc::not_found, "no tenant named " + name);
+  if (!step.empty()) {
+    std::vector<std::string> ids;
+    for (const auto& s : plan_steps(*rec)) ids.push_back(s.value("id", ""));
+    if (std::find(ids.begin(), ids.end(), step) == ids.end()) {
+      std::string known;
+      for (const auto& i : ids) known += (known.empty() ? "" : ", ") + i;
+      return Error(Errc::invalid_argument, "tenant " + name + "'s plan has no step '" + step +
+                                               "' (steps: " + (known.empty() ? "none" : known) +
+                                               ")");
+    }
+  }
+  json cmd = {{"action", "retry"}};
+  if (!step.empty()) cmd["step"] = step;
+  if (!coord_.agents().send_command(name, cmd))
+    return Error(Errc::failed_precondition,
+                 "the agent of tenant " + name + " is not connected (phase " + rec->phase +
+                     "): it cannot be asked to retry now; try again once it is");
+  spdlog::info("tenants: asked the agent of {} to retry its plan{}", name,
+               step.empty() ? "" : " from step " + step);
+  return json{{"tenant", name}, {"sent", true}, {"command", cmd}};
+}
+
+void TenantService::install_routes(coordinator::ApiRouter& r) {
+  r.add("POST", "/v1/tenants", [this](const net::HttpRequestIn& req, auto&) {
+    return guarded("POST /v1/tenants", [&] {
+      auto body = json::parse(req.body, nullptr, false);
+      if (body.is_discarded())
+        return net::HttpResponseOut::error(400, "bad_request", "the body is not JSON");
+      auto tr = TenantRequest::from_json(body);
+      if (!tr) return error_reply(tr.error());
+      auto out = create(*tr);
+      if (!out) return error_reply(out.error());
+      json j = {{"created", out->created}, {"objects", refs(out->objects)}};
+      if (!out->password.empty()) j["password"] = out->password;
+      if (!out->note.empty()) j["note"] = out->note;
+      if (auto shown = show(tr->name)) j["tenant"] = *shown;
+      return json_reply(j, out->created ? 201 : 200);
+    });
+  });
+  r.add("GET", "/v1/tenants/{name}", [this](auto&, const coordinator::PathParams& p) {
+    return guarded("GET /v1/tenants/{name}", [&] {
+      auto j = show(p.at("name"));
+      return j ? json_reply(*j) : error_reply(j.error());
+    });
+  });
+  r.add("DELETE", "/v1/tenants/{name}", [this](const net::HttpRequestIn& req,
+                                                const coordinator::PathParams& p) {
+    return guarded("DELETE /v1/tenants/{name}", [&] {
+      auto it = req.query.find("namespace");
+      auto j = remove(p.at("name"), it == req.query.end() ? "" : it->second);
+      return j ? json_reply(*j) : error_reply(j.error());
+    });
+  });
+  r.add("POST", "/v1/tenants/{name}/retry", [this](const net::HttpRequestIn& req,
+                                                    const coordinator::PathParams& p) {
+    return guarded("POST /v1/tenants/{name}/retry", [&] {
+      auto body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
+      if (body.is_discarded() || !body.is_object() ||
+          (body.contains("step") && !body["step"].is_string() && !body["step"].is_null()))
+        return net::HttpResponseOut::error(400, "bad_request", "want {\"step\": ID} or {}");
+      std::string step = body.contains("step") && body["step"].is_string()
+                             ? body["step"].get<std::string>()
+                             : "";
+      auto j = retry(p.at("name"), step);
+      return j ? json_reply(*j, 202) : error_reply(j.error());
+    });
+  });
+}
+
+}  // namespace factory::tenants

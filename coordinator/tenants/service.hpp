@@ -1,0 +1,102 @@
+#pragma once
+// Tenants as a coordinator service: create / list / show / delete / retry,
+// behind the admin API (install_routes) that `factory tenant ...` calls, and
+// the plan each tenant's agent is sent.
+//
+// Create is idempotent and recorded before it acts. In order:
+//   1. validate the request, resolve the tier's VM shape (request.hpp);
+//   2. provider preflight, read-only: reachable, names not someone else's,
+//      node port free, GPUs available (picks the GPU resource);
+//   3. store the record: phase "creating", spec = the resolved request;
+//   4. unless the VM's user-data already exists (a re-run): a fresh one-time
+//      bootstrap token and the rendered user-data (generated password);
+//   5. provider provision: Namespace if missing, Secret, VirtualMachine,
+//      Service;
+//   6. phase "pending" (the agent has not enrolled yet).
+// On a failure after 3 the call rolls back what IT created (objects, token)
+// and drops the record it created. When the rollback itself cannot finish
+// (the API went away), or the record existed before this call (a re-run),
+// the record stays in phase "failed" with the reason in status.kube.error:
+// running `create` again finishes the tenant, `delete` removes it. A
+// coordinator that dies mid-create leaves phase "creating", handled alike.
+//
+// Threading: everything runs on the coordinator's single io thread,
+// including the Kubernetes calls, which block it for their duration. That is
+// acceptable while creates are a handful of short requests (and the client's
+// request timeout is kept short, see TenantServiceOptions); moving provider
+// work to a worker strand is the next step if it ever is not.
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/catalog.hpp"
+#include "common/error.hpp"
+#include "coordinator/api/router.hpp"
+#include "coordinator/store/store.hpp"
+#include "coordinator/tenants/request.hpp"
+#include "coordinator/tenants/vm_provider.hpp"
+
+namespace factory::coordinator {
+class Coordinator;
+}
+
+namespace factory::tenants {
+
+struct TenantServiceOptions {
+  std::string default_namespace = "tenants";
+  // Bootstrap tokens written into user-data: the VM must import its image,
+  // boot and enroll within this.
+  std::chrono::seconds token_ttl{std::chrono::hours(24)};
+};
+
+struct CreateOutcome {
+  bool created = false;           // false: it existed complete already, nothing changed
+  std::vector<VmObject> objects;  // what this call created
+  std::string password;           // set when this call wrote the user-data
+  std::string note;               // e.g. why no password is shown
+};
+
+class TenantService {
+ public:
+  TenantService(coordinator::Coordinator& coordinator, catalog::Catalog catalog,
+                std::unique_ptr<VmProvider> provider, TenantServiceOptions opts);
+  ~TenantService();
+
+  // POST /v1/tenants, GET/DELETE /v1/tenants/{name}, POST /v1/tenants/{name}/retry.
+  // (GET /v1/tenants, the list, is the core status feed's.)
+  void install_routes(coordinator::ApiRouter& router);
+
+  Result<CreateOutcome> create(const TenantRequest& req);
+  // Every object, the agent's certificate and unused tokens, the record.
+  // ns_hint: where to look when there is no record ("" = the default).
+  Result<nlohmann::json> remove(const std::string& name, const std::string& ns_hint);
+  // The record as the status feed shows it, plus the VM as the provider sees
+  // it now ("vm") and the plan's steps in plan order ("plan_steps").
+  Result<nlohmann::json> show(const std::string& name);
+  // Asks the tenant's agent to re-run its failed plan (from `step` if set).
+  Result<nlohmann::json> retry(const std::string& name, const std::string& step);
+
+  // For AgentService::set_plan_provider: {"hash", "plan"} of the tenant's tier.
+  std::optional<nlohmann::json> plan_for(const store::TenantRecord& t) const;
+
+  const catalog::Catalog& catalog() const { return catalog_; }
+
+ private:
+  Status rollback(store::TenantRecord& rec, bool record_is_new, const std::string& token_id,
+                  const std::vector<VmObject>& created, const Error& cause);
+  nlohmann::json plan_steps(const store::TenantRecord& t) const;
+
+  coordinator::Coordinator& coord_;
+  catalog::Catalog catalog_;
+  std::unique_ptr<VmProvider> provider_;
+  TenantServiceOptions opts_;
+};
+
+// HTTP status for an error of the service (400 bad input, 404, 409 state,
+// 502 when the cluster or its API failed us, 500 for our own bugs).
+int http_status_for(const Error& e);
+
+}  // namespace factory::tenants

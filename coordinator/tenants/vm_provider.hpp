@@ -1,0 +1,70 @@
+#pragma once
+// The one seam between tenant logic (store record, tokens, user-data,
+// revocation: service.hpp) and where VMs actually run. KubeVirt is the
+// provider today (kubevirt_provider.hpp); a plain-QEMU provider on a single
+// host (DESIGN.md, "tenants") fits behind the same calls: check, create,
+// observe and delete a VM with this shape, these GPUs and this user-data.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "coordinator/tenants/objects.hpp"
+
+namespace factory::tenants {
+
+// One object the provider made ("Secret", "tenants", "tenant-1-cloud-init").
+struct VmObject {
+  std::string kind;
+  std::string ns;  // empty for cluster-scoped objects
+  std::string name;
+  std::string ref() const { return ns.empty() ? kind + "/" + name : kind + "/" + ns + "/" + name; }
+};
+
+// What the provider sees of a tenant's VM now.
+struct VmObservation {
+  bool exists = false;     // the VM object
+  std::string status;      // KubeVirt's printableStatus: Starting, Running, ErrorUnschedulable
+  std::string phase;       // the VMI's phase: Pending, Scheduling, Scheduled, Running ("" none)
+  std::string ip, node;
+  std::string reason;      // why it is not running, when the provider says
+  int ssh_node_port = 0;   // where `ssh -p` reaches it on the node
+  nlohmann::json to_json() const;
+};
+
+class VmProvider {
+ public:
+  virtual ~VmProvider() = default;
+
+  // Read-only checks before anything is recorded or created: the provider
+  // answers, no object of the VM's names belongs to someone else, an
+  // explicit SSH node port is free, and the GPUs can be supplied. Picks
+  // spec.gpu_resource when it is empty ("any allowlisted"). One line on
+  // failure, saying why and what to do.
+  virtual Status preflight(VmSpec& spec) = 0;
+
+  // Whether the VM's user-data is stored already. A re-run of an
+  // interrupted create keeps it: the VM may have read its token already.
+  virtual Result<bool> has_user_data(const VmSpec& spec) = 0;
+
+  // Creates what is missing, in order. `userdata` empty: keep the stored
+  // one. Every object this call creates is appended to `created` as soon as
+  // it exists (also when a later one fails), so the caller can roll back.
+  virtual Status provision(const VmSpec& spec, const std::string& userdata,
+                           std::vector<VmObject>& created) = 0;
+
+  // Deletes these objects, last first; returns those it could not delete.
+  virtual std::vector<std::pair<VmObject, Error>> remove(const std::vector<VmObject>& objects) = 0;
+
+  // Deletes everything the provider holds for the tenant (by its known names
+  // in `ns` and by Factory's labels anywhere); returns what it deleted.
+  // Nothing found is not an error.
+  virtual Result<std::vector<VmObject>> destroy(const std::string& tenant,
+                                                const std::string& ns) = 0;
+
+  virtual Result<VmObservation> observe(const std::string& tenant, const std::string& ns) = 0;
+};
+
+}  // namespace factory::tenants
