@@ -19,8 +19,9 @@ set -euo pipefail
 build="${1:-build}"
 top="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$top"
-out="$top/$build/demo"
-factory="$top/$build/coordinator/factory"
+case "$build" in /*) ;; *) build="$top/$build" ;; esac
+out="${FACTORY_DEMO_OUT:-$build/demo}"
+factory="$build/coordinator/factory"
 py=/usr/bin/python3
 rm -rf "$out"
 mkdir -p "$out"
@@ -79,7 +80,7 @@ state_dir: $work/state
 external_url: wss://127.0.0.1:$agents_port
 agents:
   listen: 127.0.0.1:$agents_port
-  binary: $top/$build/agent/factory-agent
+  binary: $build/agent/factory-agent
 api:
   listen: 127.0.0.1:$api_port
 kube:
@@ -100,8 +101,12 @@ pids+=($!)
 say "factory catalog list"
 "$factory" "${cfg[@]}" catalog list
 
-say "factory tenant create tenant-1 --tier gpu-vm --wait"
-"$factory" "${cfg[@]}" tenant create tenant-1 --tier gpu-vm --ssh-node-port 30022 --wait --timeout 5m
+# The admin's key for the guest's ubuntu user (a throwaway one for the demo).
+ssh-keygen -q -t ed25519 -N '' -C demo-admin -f "$work/id_ed25519"
+
+say "factory tenant create tenant-1 --tier gpu-vm --ssh-key id_ed25519.pub --wait"
+"$factory" "${cfg[@]}" tenant create tenant-1 --tier gpu-vm --ssh-key "$work/id_ed25519.pub" \
+  --ssh-node-port 30022 --wait --timeout 3m
 
 say "factory status"
 "$factory" "${cfg[@]}" status
