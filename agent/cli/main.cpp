@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/cli/config.hpp"
+#include "agent/cli/local_commands.hpp"
 #include "agent/link/link.hpp"
 #include "agent/link/spool.hpp"
 #include "agent/plan/runner.hpp"
@@ -44,10 +45,16 @@ int main(int argc, char** argv) {
                  "Soak testing: make sure N numbered synthetic events exist (counting those a "
                  "previous run emitted) and deliver them like any other event");
   app.add_option("--synthetic-rate", synthetic_rate, "Synthetic events per second");
+  LocalCommand local;
+  add_local_commands(app, local);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (local.run) {
+    setup_logging("factory-agent", "warn");
+    return local.run();
   }
   if (!config_file.empty()) {
     // The file supplies defaults; flags given on the command line win.

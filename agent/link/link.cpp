@@ -208,8 +208,11 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       if (spool.acked() > last_sent) last_sent = spool.acked();
       if (now >= next_heartbeat) {
         nlohmann::json hb = {{"pending_events", spool.pending()}, {"dropped_events", spool.dropped()}};
-        if (cb.heartbeat_fields)
-          for (auto& [k, v] : cb.heartbeat_fields().items()) hb[k] = v;
+        if (cb.heartbeat_fields) {
+          // Named, not iterated as a temporary: items() only refers to it.
+          nlohmann::json extra = cb.heartbeat_fields();
+          for (auto& [k, v] : extra.items()) hb[k] = v;
+        }
         if (auto st = co_await send_frame(*ws, seq, proto::type::kHeartbeat, hb); !st.ok()) {
           result = st;
           break;

@@ -1,5 +1,9 @@
 // `factory serve`, `factory token create`, `factory status`.
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
+
+#include <spdlog/spdlog.h>
 
 #include "common/durations.hpp"
 #include "common/log.hpp"
@@ -23,7 +27,14 @@ void add_serve_command(CLI::App& app, Context& ctx) {
       if (!c) return fail(c.error());
       if (auto st = (*c)->start(); !st.ok()) return fail(st.error());
       (*c)->run();
-      return 0;
+      // Everything the coordinator keeps is durable the moment it is written
+      // (fsync'd files), so nothing is left to flush but the log. Exit here
+      // rather than tear down live sessions inside the io_context's
+      // destructor, where their sockets would outlive the reactor.
+      spdlog::info("stopped");
+      spdlog::shutdown();
+      std::fflush(nullptr);
+      std::_Exit(0);
     };
   });
 }

@@ -64,6 +64,16 @@ class Kube:
         if "client-certificate" in user:
             self.ctx.load_cert_chain(os.path.join(base, user["client-certificate"]),
                                      os.path.join(base, user["client-key"]))
+        elif "client-certificate-data" in user:
+            # ssl wants files: write them next to the runner's work, private.
+            import tempfile
+            d = tempfile.mkdtemp(prefix="vm-runner-")
+            cert, key = os.path.join(d, "client.crt"), os.path.join(d, "client.key")
+            for path, field in ((cert, "client-certificate-data"), (key, "client-key-data")):
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+                os.write(fd, base64.b64decode(user[field]))
+                os.close(fd)
+            self.ctx.load_cert_chain(cert, key)
 
     def get(self, path):
         req = urllib.request.Request(self.server + path, headers=self.headers)

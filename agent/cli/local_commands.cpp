@@ -1,0 +1,163 @@
+#include "agent/cli/local_commands.hpp"
+
+#include <iostream>
+
+#include "agent/health/gpu_health.hpp"
+#include "agent/plan/engine.hpp"
+#include "agent/plan/plan_spec.hpp"
+#include "agent/steps/builtin.hpp"
+#include "common/atomic_file.hpp"
+#include "common/catalog.hpp"
+#include "common/yaml_json.hpp"
+
+namespace factory::agent {
+
+namespace {
+
+struct Opts {
+  std::string root = "/";
+  std::string state_dir = "/var/lib/factory-agent/local";
+  std::string ollama_url = "http://127.0.0.1:11434";
+  std::string tier = "gpu-vm";
+  std::string catalog;
+  std::string output = "text";
+  bool check_only = false;
+  bool reboot = false;
+};
+
+GuestEnv env_of(const Opts& o) {
+  GuestEnv e;
+  e.root = o.root;
+  e.state_dir = o.state_dir;
+  e.ollama_url = o.ollama_url;
+  return e;
+}
+
+void print(const nlohmann::json& j, const std::string& fmt) {
+  if (fmt == "yaml") std::cout << to_yaml(j);
+  else std::cout << j.dump(2) << "\n";
+}
+
+// check() and verify() of every step, apply() never: safe on any guest.
+int check_plan(const Opts& o, const nlohmann::json& plan) {
+  auto spec = parse_plan(plan);
+  if (!spec) {
+    std::cerr << "factory-agent: " << spec.error().message << "\n";
+    return 2;
+  }
+  StepRegistry reg;
+  register_builtin_steps(reg);
+  GuestEnv env = env_of(o);
+  nlohmann::json steps = nlohmann::json::array();
+  bool all_done = true;
+  for (auto& s : spec->steps) {
+    nlohmann::json row = {{"id", s.id}, {"kind", s.kind}};
+    auto step = reg.create(s);
+    if (!step) {
+      row["state"] = "unsupported";
+      row["message"] = step.error().message;
+      all_done = false;
+      steps.push_back(row);
+      continue;
+    }
+    StepContext ctx{env, s, [](nlohmann::json) {}, std::chrono::steady_clock::now() + s.timeout};
+    auto done = (*step)->check(ctx);
+    if (!done) {
+      row["state"] = "error";
+      row["message"] = done.error().message;
+      all_done = false;
+    } else if (!*done) {
+      row["state"] = "not_done";
+      all_done = false;
+    } else {
+      auto v = (*step)->verify(ctx);
+      row["state"] = v.ok() ? "done" : "verify_failed";
+      if (!v.message.empty()) row["message"] = v.message;
+      if (v.diagnosis) row["diagnosis"] = v.diagnosis->to_json();
+      if (!v.ok()) all_done = false;
+    }
+    steps.push_back(row);
+  }
+  nlohmann::json out = {{"tier", spec->tier}, {"plan_hash", spec->hash}, {"steps", steps},
+                        {"complete", all_done}};
+  if (o.output == "text") {
+    std::cout << "tier " << spec->tier << " (plan " << spec->hash.substr(0, 12) << ")\n";
+    for (auto& r : steps) {
+      std::cout << "  " << r["id"].get<std::string>() << ": " << r["state"].get<std::string>();
+      if (r.contains("message")) std::cout << " - " << r["message"].get<std::string>();
+      std::cout << "\n";
+      if (r.contains("diagnosis"))
+        std::cout << "    diagnosis " << r["diagnosis"]["code"].get<std::string>() << ": "
+                  << r["diagnosis"]["summary"].get<std::string>() << "\n    fix: "
+                  << r["diagnosis"]["fix"].get<std::string>() << "\n";
+    }
+  } else {
+    print(out, o.output);
+  }
+  return all_done ? 0 : 1;
+}
+
+int run_plan(const Opts& o, const nlohmann::json& plan) {
+  StepRegistry reg;
+  register_builtin_steps(reg);
+  if (auto st = ensure_dir(o.state_dir, 0700); !st.ok()) {
+    std::cerr << "factory-agent: " << st.error().message << "\n";
+    return 1;
+  }
+  PlanEventSink sink = [](nlohmann::json e) { std::cout << e.dump() << std::endl; };
+  RebootHook hook = o.reboot ? system_reboot_hook() : RebootHook([]() -> Status {
+    std::cerr << "factory-agent: a step needs a reboot; reboot the guest and run this again "
+                 "(or pass --reboot)\n";
+    return {};
+  });
+  PlanEngine engine(env_of(o), std::move(reg), sink, hook);
+  auto outcome = engine.run(plan);
+  std::cerr << "factory-agent: plan " << PlanEngine::to_string(outcome) << "\n";
+  return outcome == PlanEngine::Outcome::succeeded ? 0 : 1;
+}
+
+}  // namespace
+
+void add_local_commands(CLI::App& app, LocalCommand& chosen) {
+  auto o = std::make_shared<Opts>();
+  auto* health = app.add_subcommand("health", "Print what this guest's GPU (NVML or nvidia-smi) and Ollama report");
+  health->add_option("--root", o->root, "Filesystem root of the guest");
+  health->add_option("--ollama-url", o->ollama_url, "Ollama's API");
+  health->add_option("-o,--output", o->output, "json|yaml")->check(CLI::IsMember({"json", "yaml", "text"}));
+  health->callback([&chosen, o] {
+    chosen.run = [o] {
+      GuestEnv env = env_of(*o);
+      nlohmann::json h = {{"gpu", collect_gpu_health(env)}, {"ollama", collect_ollama_health(env)}};
+      print(h, o->output == "text" ? "json" : o->output);
+      return h["gpu"].value("gpus", nlohmann::json::array()).empty() ? 1 : 0;
+    };
+  });
+
+  auto* plan = app.add_subcommand("plan", "Run (or only check) a catalog tier's plan on this guest, without a coordinator");
+  plan->add_option("--tier", o->tier, "Catalog tier")->capture_default_str();
+  plan->add_option("--catalog", o->catalog, "Catalog file (default: the built-in catalog)");
+  plan->add_option("--root", o->root, "Filesystem root of the guest");
+  plan->add_option("--state-dir", o->state_dir, "Where the local plan journal goes")->capture_default_str();
+  plan->add_option("--ollama-url", o->ollama_url, "Ollama's API");
+  plan->add_flag("--check-only", o->check_only, "Run every step's check and verify, never apply");
+  plan->add_flag("--reboot", o->reboot, "Reboot the guest when a step asks for it");
+  plan->add_option("-o,--output", o->output, "text|json|yaml (with --check-only)")
+      ->check(CLI::IsMember({"json", "yaml", "text"}));
+  plan->callback([&chosen, o] {
+    chosen.run = [o] {
+      auto cat = o->catalog.empty() ? catalog::builtin() : catalog::load_file(o->catalog);
+      if (!cat) {
+        std::cerr << "factory-agent: " << cat.error().message << "\n";
+        return 2;
+      }
+      auto p = catalog::plan_for(*cat, o->tier);
+      if (!p) {
+        std::cerr << "factory-agent: " << p.error().message << "\n";
+        return 2;
+      }
+      return o->check_only ? check_plan(*o, *p) : run_plan(*o, *p);
+    };
+  });
+}
+
+}  // namespace factory::agent

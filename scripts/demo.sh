@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# make demo: the whole story on one machine, with no cluster and no GPU.
+#
+# Real: the `factory` coordinator and `factory-agent` binaries, TLS and mTLS
+# websockets on loopback, enrollment, the plan engine, cloud-init user-data as
+# rendered for the tenant, the agent download and its SHA-256 check.
+# Simulated (test doubles, labelled as such in tests/): the Kubernetes API
+# playing KubeVirt and CDI with two L4s on vfio-pci (tests/fakes/kube_apiserver.py),
+# the VM booting and cloud-init applying its user-data (tests/guestsim/vm_runner.py),
+# and the guest itself: a directory tree whose apt-get, dkms, nvidia-smi,
+# reboot and Ollama are stand-ins answering with output captured from real
+# machines (tests/guestsim/).
+#
+# Writes build/demo/: status.json (the final `factory status -o json`),
+# tenant-1.json, metrics.txt, and the logs. Exits 0 only when every tenant is
+# ready, and leaves no process running.
+set -euo pipefail
+
+build="${1:-build}"
+top="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$top"
+case "$build" in /*) ;; *) build="$top/$build" ;; esac
+out="${FACTORY_DEMO_OUT:-$build/demo}"
+factory="$build/coordinator/factory"
+py=/usr/bin/python3
+rm -rf "$out"
+mkdir -p "$out"
+work="$out/work"
+mkdir -p "$work"
+
+pids=()
+cleanup() {
+  local rc=$?
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  # The simulated guests' Ollama stand-ins.
+  for root in "$work"/guests/*/root; do
+    [ -d "$root" ] && tests/guestsim/guestsim.sh stop "$root" >/dev/null 2>&1 || true
+  done
+  exit $rc
+}
+trap cleanup EXIT INT TERM
+
+say() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_for() {  # wait_for SECONDS CMD...
+  local t=$(( $1 * 10 )); shift
+  for _ in $(seq 1 "$t"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  return 1
+}
+
+cat <<'BANNER'
++--------------------------------------------------------------------------+
+| Factory demo. SIMULATED here: the Kubernetes/KubeVirt API (a test double  |
+| checking objects against KubeVirt's real OpenAPI schema), the VM boot,    |
+| and the guest OS (stand-ins answering with output captured from a real    |
+| L4 guest). REAL: factory, factory-agent, TLS/mTLS on loopback, cloud-init |
+| user-data as rendered, the agent download and hash check, the plan.      |
++--------------------------------------------------------------------------+
+BANNER
+
+say "A Kubernetes API with KubeVirt, one node 'utho' with two L4s (10de:27b8) on vfio-pci [simulated]"
+"$py" tests/fakes/kube_apiserver.py --pki-dir "$work/kube" --port-file "$work/kube.port" \
+  --vfio-cards 10DE:27B8=2 > "$out/kube-apiserver.log" 2>&1 &
+pids+=($!)
+wait_for 20 test -s "$work/kube/kubeconfig" || { echo "the Kubernetes API test double did not start:"; cat "$out/kube-apiserver.log"; exit 1; }
+kubeconfig="$work/kube/kubeconfig"
+
+say "factory kubevirt allowlist --pci-id 10de:27b8 --resource-name nvidia.com/AD104GL_L4"
+"$factory" kubevirt allowlist --kubeconfig "$kubeconfig" --pci-id 10de:27b8 \
+  --resource-name nvidia.com/AD104GL_L4 --wait-timeout 30s
+
+agents_port="$(free_port)"
+api_port="$(free_port)"
+cat > "$work/coordinator.yaml" <<EOF
+state_dir: $work/state
+external_url: wss://127.0.0.1:$agents_port
+agents:
+  listen: 127.0.0.1:$agents_port
+  binary: $build/agent/factory-agent
+api:
+  listen: 127.0.0.1:$api_port
+kube:
+  kubeconfig: $kubeconfig
+EOF
+cfg=(--config "$work/coordinator.yaml")
+
+say "factory serve (agents on wss://127.0.0.1:$agents_port, API on https://127.0.0.1:$api_port)"
+"$factory" serve "${cfg[@]}" > "$out/coordinator.log" 2>&1 &
+pids+=($!)
+wait_for 20 "$factory" "${cfg[@]}" status || { echo "factory serve did not start:"; cat "$out/coordinator.log"; exit 1; }
+
+say "Simulated VMs: when KubeVirt reports a VMI Running, boot a simulated L4 guest and run its user-data [simulated]"
+"$py" tests/guestsim/vm_runner.py --kubeconfig "$kubeconfig" --work "$work/guests" \
+  --agent-arg=--heartbeat --agent-arg=1 > "$out/vm-runner.log" 2>&1 &
+pids+=($!)
+
+say "factory catalog list"
+"$factory" "${cfg[@]}" catalog list
+
+# The admin's key for the guest's ubuntu user (a throwaway one for the demo).
+ssh-keygen -q -t ed25519 -N '' -C demo-admin -f "$work/id_ed25519"
+
+say "factory tenant create tenant-1 --tier gpu-vm --ssh-key id_ed25519.pub --wait"
+"$factory" "${cfg[@]}" tenant create tenant-1 --tier gpu-vm --ssh-key "$work/id_ed25519.pub" \
+  --ssh-node-port 30022 --wait --timeout 3m
+
+say "factory status"
+"$factory" "${cfg[@]}" status
+"$factory" "${cfg[@]}" status -o json > "$out/status.json"
+"$factory" "${cfg[@]}" tenant show tenant-1 -o json > "$out/tenant-1.json"
+curl -s --cacert "$work/state/ca.crt" "https://127.0.0.1:$api_port/metrics" > "$out/metrics.txt"
+for g in "$work"/guests/*/; do
+  n="$(basename "$g")"
+  cp "$g/agent.log" "$out/$n-agent.log" 2>/dev/null || true
+  cp "$g/cloud-init-output.log" "$out/$n-cloud-init-output.log" 2>/dev/null || true
+done
+
+say "What tenant-1 reports"
+"$py" - "$out/status.json" <<'PYEOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+bad = [t["name"] for t in doc["tenants"] if t.get("phase") != "ready"]
+for t in doc["tenants"]:
+    h = t.get("health", {})
+    for g in h.get("gpu", {}).get("gpus", []):
+        print("  %s: %s, %d MiB, driver %s" % (t["name"], g.get("name"), g.get("memory_total_mib", 0),
+                                               h["gpu"].get("driver_version")))
+    for m in h.get("ollama", {}).get("models", []):
+        print("  %s: model %s, %s%% on the GPU" % (t["name"], m.get("name"), m.get("gpu_percent")))
+if bad:
+    print("not ready: " + ", ".join(bad))
+    sys.exit(1)
+print("every tenant is ready; see build/demo/status.json")
+PYEOF

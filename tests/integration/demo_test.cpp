@@ -1,0 +1,54 @@
+// The README's main job (`make demo`) as a test: coordinator with its file
+// store, the Kubernetes API test double playing KubeVirt, `factory tenant
+// create tenant-1 --tier gpu-vm --wait`, and a simulated guest running the
+// rendered user-data (agent downloaded from the coordinator, hash checked),
+// enrolling and provisioning itself through the driver's reboot.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/test_support.hpp"
+
+using namespace factory::testing;
+
+TEST(Demo, TenantOneBecomesReadyWithItsGpuAndModel) {
+  TempDir dir("demo");
+  auto r = run({"/bin/bash", (source_dir() / "scripts/demo.sh").string(), FACTORY_BINARY_DIR},
+               std::chrono::minutes(6), {{"FACTORY_DEMO_OUT", dir.path().string()}});
+  ASSERT_EQ(r.exit_code, 0) << r.output << slurp(dir.path() / "coordinator.log").substr(0, 4000);
+  EXPECT_NE(r.output.find("SIMULATED"), std::string::npos) << "the output says what is simulated";
+  auto status = nlohmann::json::parse(slurp(dir.path() / "status.json"));
+  ASSERT_EQ(status["tenants"].size(), 1u);
+  auto& t = status["tenants"][0];
+  EXPECT_EQ(t["name"], "tenant-1");
+  EXPECT_EQ(t["phase"], "ready");
+  EXPECT_EQ(t["tier"], "gpu-vm");
+  EXPECT_TRUE(t["agent"]["connected"]);
+  auto& gpu = t["health"]["gpu"];
+  ASSERT_EQ(gpu["gpus"].size(), 1u);
+  EXPECT_EQ(gpu["gpus"][0]["name"], "NVIDIA L4");
+  EXPECT_EQ(gpu["gpus"][0]["memory_total_mib"], 23034);
+  EXPECT_EQ(gpu["driver_version"], "615.71.09");
+  auto& models = t["health"]["ollama"]["models"];
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_EQ(models[0]["name"], "llama3.2:1b");
+  EXPECT_EQ(models[0]["gpu_percent"], 100);
+  EXPECT_EQ(models[0]["size"], models[0]["size_vram"]);
+  // Through the reboot exactly once, and every step done.
+  for (auto& [id, step] : t["plan"]["steps"].items())
+    EXPECT_TRUE(step["state"] == "succeeded" || step["state"] == "skipped") << id << ": " << step;
+  auto agent_log = slurp(dir.path() / "tenant-1-agent.log");
+  EXPECT_NE(agent_log.find("enrolled as tenant tenant-1"), std::string::npos);
+  auto cloud = slurp(dir.path() / "tenant-1-cloud-init-output.log");
+  EXPECT_NE(cloud.find("(exit 0)"), std::string::npos) << cloud;
+  // The metrics the status feed serves are valid Prometheus text (promtool).
+  factory::CommandSpec check;
+  check.argv = {"promtool", "check", "metrics"};
+  check.stdin_data = slurp(dir.path() / "metrics.txt");
+  auto pr = factory::run_command(check);
+  ASSERT_TRUE(pr.ok()) << "promtool (Debian's prometheus package) is needed: " << pr.error().message;
+  EXPECT_EQ(pr->exit_code, 0) << pr->output;
+  EXPECT_NE(check.stdin_data->find("factory_tenants{phase=\"ready\"} 1"), std::string::npos);
+  // No process of the run is left behind.
+  auto ps = run({"/bin/sh", "-c", "ps -eo args | grep -F '" + dir.path().string() + "' | grep -v grep || true"});
+  EXPECT_EQ(ps.output, "") << "left running:\n" << ps.output;
+}
