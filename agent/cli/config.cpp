@@ -53,6 +53,7 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
   }
   for (auto [k, out] : {std::pair{"heartbeat", &cfg.heartbeat},
                         std::pair{"health_interval", &cfg.health_interval},
+                        std::pair{"retry_delay", &cfg.retry_delay},
                         std::pair{"backoff_base", &cfg.backoff_base},
                         std::pair{"backoff_cap", &cfg.backoff_cap},
                         std::pair{"first_connect_jitter", &cfg.first_connect_jitter}}) {

@@ -18,6 +18,8 @@ struct AgentConfig {
   std::string log_level = "info";
   std::chrono::milliseconds heartbeat{std::chrono::seconds(15)};
   std::chrono::milliseconds health_interval{std::chrono::seconds(60)};
+  // Wait before a failed step's next attempt, times the failures so far.
+  std::chrono::milliseconds retry_delay{std::chrono::seconds(10)};
   std::string ollama_url = "http://127.0.0.1:11434";
   std::chrono::milliseconds backoff_base{std::chrono::milliseconds(500)};
   std::chrono::milliseconds backoff_cap{std::chrono::minutes(2)};

@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
   bool no_plan = false;
   app.add_flag("--link-only", no_plan, "Connect and report, but do not run plans");
   std::string ollama_url;
+  double retry_delay_s = -1;
+  auto* rd = app.add_option("--retry-delay", retry_delay_s, "Seconds before a failed step's next attempt (times the failures)");
   auto* ou = app.add_option("--ollama-url", ollama_url, "Ollama's API on this guest (default http://127.0.0.1:11434)");
   uint64_t synthetic = 0;
   double synthetic_rate = 100;
@@ -75,6 +77,7 @@ int main(int argc, char** argv) {
     keep(ll, cfg.log_level, from_file.log_level);
     if (hb->count() == 0) cfg.heartbeat = from_file.heartbeat;
     cfg.health_interval = from_file.health_interval;
+    if (rd->count() == 0) cfg.retry_delay = from_file.retry_delay;
     cfg.ollama_url = from_file.ollama_url;
     cfg.backoff_base = from_file.backoff_base;
     cfg.backoff_cap = from_file.backoff_cap;
@@ -87,6 +90,8 @@ int main(int argc, char** argv) {
     cfg.heartbeat = std::chrono::milliseconds(static_cast<int64_t>(heartbeat_s * 1000));
   if (no_plan) cfg.run_plan = false;
   if (ou->count()) cfg.ollama_url = ollama_url;
+  if (retry_delay_s >= 0)
+    cfg.retry_delay = std::chrono::milliseconds(static_cast<int64_t>(retry_delay_s * 1000));
   setup_logging("factory-agent", cfg.log_level);
   if (auto st = validate(cfg); !st.ok()) {
     std::cerr << "factory-agent: " << st.error().message << "\n";
@@ -116,7 +121,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<PlanRunner> runner;
   LinkCallbacks cb;
   if (cfg.run_plan) {
-    runner = std::make_unique<PlanRunner>(env, **spool, cfg.health_interval);
+    PlanEngineOptions eo;
+    eo.retry_delay = cfg.retry_delay;
+    runner = std::make_unique<PlanRunner>(env, **spool, cfg.health_interval, eo);
     cb.on_plan = [&runner](const nlohmann::json& p) { runner->submit_plan(p); };
     cb.on_command = [&runner](const nlohmann::json& c) { runner->submit_command(c); };
     cb.heartbeat_fields = [&runner] { return runner->summary(); };

@@ -9,7 +9,7 @@
 namespace factory::agent {
 
 PlanRunner::PlanRunner(GuestEnv env, EventSpool& spool, std::chrono::milliseconds health_interval,
-                       RebootHook reboot)
+                       PlanEngineOptions engine_options, RebootHook reboot)
     : env_(std::move(env)), spool_(spool), health_interval_(health_interval) {
   StepRegistry registry;
   register_builtin_steps(registry);
@@ -19,7 +19,8 @@ PlanRunner::PlanRunner(GuestEnv env, EventSpool& spool, std::chrono::millisecond
     return reboot();
   };
   engine_ = std::make_unique<PlanEngine>(
-      env_, std::move(registry), [this](nlohmann::json e) { emit(std::move(e)); }, hook);
+      env_, std::move(registry), [this](nlohmann::json e) { emit(std::move(e)); }, hook,
+      std::move(engine_options));
 }
 
 PlanRunner::~PlanRunner() {

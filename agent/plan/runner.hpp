@@ -25,7 +25,7 @@ class EventSpool;
 class PlanRunner {
  public:
   PlanRunner(GuestEnv env, EventSpool& spool, std::chrono::milliseconds health_interval,
-             RebootHook reboot = system_reboot_hook());
+             PlanEngineOptions engine_options = {}, RebootHook reboot = system_reboot_hook());
   ~PlanRunner();
   void start();
   // body: {"hash": ..., "plan": {...}} as the coordinator sends it.

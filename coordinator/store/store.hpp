@@ -18,7 +18,8 @@ namespace factory::store {
 struct TenantRecord {
   std::string name;
   std::string tier;               // catalog item; empty for a token-only tenant
-  std::string phase = "pending";  // pending | enrolled | provisioning | ready | failed | deleting
+  // creating | pending | enrolled | provisioning | ready | failed | deleting
+  std::string phase = "pending";
   std::string created_at;
   nlohmann::json spec = nlohmann::json::object();    // what the admin asked for
   nlohmann::json agent = nlohmann::json::object();   // identity: agent_id, cert_serial, ...

@@ -116,6 +116,12 @@ class Guest:
                 "--ollama-port", str(port))
         self.ollama_url = "http://127.0.0.1:%d" % port
         self.path = self.sh(self.args.guestsim, "path", self.root).stdout.strip()
+        # Failure knobs asked for on the command line (tests provoke diagnoses).
+        for knob in self.args.knob:
+            name, _, value = knob.partition("=")
+            os.makedirs(os.path.join(self.root, ".guestsim/knobs"), exist_ok=True)
+            with open(os.path.join(self.root, ".guestsim/knobs", name), "w") as f:
+                f.write(value or "1")
         log("%s/%s: guest booted (simulated %s guest at %s)" % (self.ns, self.name, self.args.profile, self.root))
         self.cloud_init()
 
@@ -241,6 +247,7 @@ def main():
     p.add_argument("--profile", default="l4")
     p.add_argument("--poll", type=float, default=0.3)
     p.add_argument("--agent-arg", action="append", default=[], help="extra factory-agent flag")
+    p.add_argument("--knob", action="append", default=[], help="NAME[=VALUE]: a guest simulator failure knob")
     args = p.parse_args()
     args.guestsim_home = os.path.dirname(os.path.abspath(__file__))
     args.guestsim = os.path.join(args.guestsim_home, "guestsim.sh")
