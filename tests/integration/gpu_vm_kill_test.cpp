@@ -26,16 +26,6 @@ struct KillPoint {
   std::function<bool(const GuestSim&)> reached;
 };
 
-std::string journal(const fs::path& state) { return slurp(state / "plan" / "journal.json"); }
-
-bool step_running(const fs::path& state, const std::string& step) {
-  auto j = nlohmann::json::parse(journal(state), nullptr, false);
-  if (j.is_discarded()) return false;
-  for (auto& s : j.value("steps", nlohmann::json::array()))
-    if (s.value("id", "") == step && s.value("state", "") == "running") return true;
-  return false;
-}
-
 bool called(const GuestSim& g, const std::string& needle, int after_reboots = 0) {
   if (g.counter("reboot") < after_reboots) return false;
   auto log = g.calls_log();
