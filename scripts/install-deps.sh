@@ -13,7 +13,7 @@ build_pkgs=(
 test_pkgs=(
   cloud-init prometheus node-ws testssl.sh openssl curl
   python3 python3-jsonschema python3-kubernetes python3-yaml
-  iproute2 procps openssh-client binutils
+  iproute2 procps openssh-client binutils systemd
 )
 
 want=("${build_pkgs[@]}")
