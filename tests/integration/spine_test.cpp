@@ -379,3 +379,23 @@ TEST(Spine, CommandsSayClearlyWhenTheCoordinatorIsDown) {
   EXPECT_NE(r.output.find("cannot reach the coordinator API"), std::string::npos) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
 }
+
+// A guest that freezes (SIGSTOP: a hung VM, a dead network path) is detected
+// by the ping/pong deadline, not by a TCP timeout hours later.
+TEST(Spine, FrozenAgentIsDetectedByPingTimeoutAndComesBack) {
+  TempDir dir("spine");
+  CoordinatorHarness h(dir.path());
+  auto cfg = slurp(h.config_path());
+  cfg.replace(cfg.find("  idle_timeout: 10s\n"), 19, "  idle_timeout: 2s\n");
+  ASSERT_TRUE(factory::write_file_atomic(h.config_path(), cfg).ok());
+  h.start();
+  AgentProcess agent(h, h.create_token("t1"));
+  ASSERT_TRUE(eventually([&] { return h.agent_connected("t1"); }, 5s)) << agent.log();
+  agent.proc().kill(SIGSTOP);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(eventually([&] { return !h.agent_connected("t1"); }, 10s)) << h.log();
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  std::cout << "[ figures  ] frozen agent dropped after " << took.count() << " ms (idle_timeout 2s)\n";
+  agent.proc().kill(SIGCONT);
+  EXPECT_TRUE(eventually([&] { return h.agent_connected("t1"); }, 20s)) << agent.log();
+}
