@@ -25,7 +25,7 @@ namespace factory::testing {
 class GuestSim {
  public:
   struct Options {
-    std::string profile = "l4";  // l4 | h200 | l4-gpu-operator | none
+    std::string profile = "l4";  // l4 | l4-k8s | h200 | l4-gpu-operator | none
     int ollama_port = 0;         // 0: a free loopback port
   };
 

@@ -5,7 +5,7 @@
 # no GPU and no VM: see tests/guestsim/README.md for what it models and what
 # it does not.
 #
-#   guestsim.sh create ROOT [--profile l4|h200|l4-gpu-operator|none]
+#   guestsim.sh create ROOT [--profile l4|l4-k8s|h200|l4-gpu-operator|none]
 #                           [--ollama-port PORT] [--fixtures DIR] [--python PYTHON]
 #   guestsim.sh path ROOT       the PATH the agent runs with in this guest
 #   guestsim.sh stop ROOT       stops the guest's services (the stand-in Ollama server)
@@ -83,6 +83,7 @@ python=$python
 fixtures=$fixtures
 ollama_latest=0.40.2
 network_nvidia_package_version=615.71.09-1ubuntu1
+rke2_latest=v1.36.4+rke2r1
 EOF
 cp "$pf" "$G/profile.env"
 
@@ -92,6 +93,8 @@ cp "$fixtures/l4-runbook/tenant1-nvidia-smi-ollama-loaded.txt" "$G/data/l4-nvidi
 cp "$fixtures/h200-passthrough-vm/nvidia-smi.txt" "$G/data/h200-nvidia-smi.txt"
 cp "$fixtures/h200-passthrough-vm/nvidia-smi-q-x.xml" "$G/data/h200-nvidia-smi-q-x.xml"
 cp "$fixtures/third-party/pci.ids-nvidia-2025.07.11" "$G/data/pci.ids"
+cp "$fixtures/l4-runbook/tenant2-pod-nvidia-smi-hami-1024MiB.txt" "$G/data/"
+cp "$fixtures/l4-runbook/tenant2-node-allocatable.txt" "$G/data/"
 chmod u+w "$G"/data/*
 
 # The commands every Ubuntu guest has; nvidia-smi and ollama appear in
@@ -143,6 +146,27 @@ ID_LIKE=debian
 UBUNTU_CODENAME=noble
 EOF
 echo "$HOSTNAME" > "$root/etc/hostname"
+
+# DNS as KubeVirt's DHCP gives it (profiles that say): systemd-resolved's
+# upstream list in /run/systemd/resolve/resolv.conf, and the stub it points
+# /etc/resolv.conf at, as on Ubuntu 24.04.
+if [ -n "${DNS_SERVERS:-}" ]; then
+  mkdir -p "$root/run/systemd/resolve"
+  {
+    echo "# This is /run/systemd/resolve/resolv.conf managed by man:systemd-resolved(8)."
+    echo "# Do not edit."
+    for s in $DNS_SERVERS; do echo "nameserver $s"; done
+    if [ -n "${DNS_SEARCH:-}" ]; then echo "search $DNS_SEARCH"; fi
+  } > "$root/run/systemd/resolve/resolv.conf"
+  {
+    echo "# This is /run/systemd/resolve/stub-resolv.conf managed by man:systemd-resolved(8)."
+    echo "# Do not edit."
+    echo "nameserver 127.0.0.53"
+    echo "options edns0 trust-ad"
+    if [ -n "${DNS_SEARCH:-}" ]; then echo "search $DNS_SEARCH"; fi
+  } > "$root/run/systemd/resolve/stub-resolv.conf"
+  ln -s ../run/systemd/resolve/stub-resolv.conf "$root/etc/resolv.conf"
+fi
 
 # What a fresh Ubuntu cloud image has installed (of what the plan touches).
 pkg() { printf 'Status: install ok installed\nVersion: %s\n' "$2" > "$G/state/dpkg/$1"; }

@@ -159,14 +159,16 @@ gs_service_running() {
 
 gs_unit_file() {
   local u
-  for u in "$GS_ROOT/etc/systemd/system/$1.service" "$GS_ROOT/lib/systemd/system/$1.service"; do
+  for u in "$GS_ROOT/etc/systemd/system/$1.service" "$GS_ROOT/lib/systemd/system/$1.service" \
+           "$GS_ROOT/usr/local/lib/systemd/system/$1.service"; do
     [ -f "$u" ] && { echo "$u"; return 0; }
   done
   return 1
 }
 
 # Starts a unit's process. Only ollama has one here: the stand-in Ollama HTTP
-# server (tests/fakes/ollama_server.py) on the port in config. The knob
+# server (tests/fakes/ollama_server.py) on the port in config; rke2-server
+# brings the simulated guest cluster up (tests/guestsim/k8s_sim.py). The knob
 # ollama_not_answering makes the service "start" (systemctl returns 0, as for
 # a Type=simple unit) and die at once, so nothing listens.
 gs_service_start() {
@@ -188,6 +190,12 @@ gs_service_start() {
       # returning, so a stop right after a start finds it.
       echo $! > "$GS_STATE/services/$unit.pid"
       ;;
+    rke2-server)
+      # No process either: the simulated cluster (tests/guestsim/k8s_sim.py)
+      # is up while this unit is active; its first start fixes the ranges.
+      echo "active" > "$GS_STATE/services/$unit.result"
+      FACTORY_GUESTSIM_ROOT="$GS_ROOT" GS_HOME="$GS_HOME" "$(gs_config python)" "$GS_HOME/k8s_sim.py" server-start
+      ;;
     *)
       : # no process behind other units in this simulation
       echo "active" > "$GS_STATE/services/$unit.result"
@@ -205,4 +213,16 @@ gs_service_stop() {
     rm -f "$pidf"
   fi
   rm -f "$GS_STATE/services/$unit.result"
+}
+
+# For commands a fresh guest does not have until something installs them
+# into /usr/local/bin (<root>/.guestsim/installed-bin): bin/<name> shadows
+# the build machine's own (its /usr/bin is on the guest's PATH too, and may
+# hold a real kubectl or helm that must never run here). Runs the installed
+# stand-in, or fails as bash does for a command that does not exist.
+gs_exec_installed_or_absent() {
+  local name="$1"; shift
+  if [ -x "$GS_DIR/installed-bin/$name" ]; then exec "$GS_DIR/installed-bin/$name" "$@"; fi
+  echo "bash: $name: command not found" >&2
+  exit 127
 }

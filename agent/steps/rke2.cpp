@@ -1,0 +1,296 @@
+#include "agent/steps/rke2.hpp"
+
+#include <algorithm>
+#include <regex>
+#include <thread>
+
+#include "agent/diagnose/k8s.hpp"
+#include "agent/steps/kube_cli.hpp"
+#include "agent/steps/step_util.hpp"
+#include "common/atomic_file.hpp"
+#include "common/yaml_json.hpp"
+
+namespace factory::agent::steps {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kConfigPath = "/etc/rancher/rke2/config.yaml";
+const char* const kRangeKeys[] = {"cluster-cidr", "service-cidr", "cluster-dns"};
+
+struct Rke2Params {
+  std::string version;
+  std::string install_url;
+  std::string service;
+  std::string kubeconfig;
+  std::string bin_dir;
+  json config;
+  ClusterRanges ranges;
+};
+
+// A value as the config file compares it: strings as they are, other
+// scalars in their JSON spelling ("true", "10").
+std::string scalar_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+// Go's YAML (RKE2 reads config.yaml with it) still takes YAML 1.1's words
+// for booleans: such a string must be quoted.
+bool yaml_plain_safe(const std::string& s) {
+  static const std::regex safe(R"(^[A-Za-z0-9][A-Za-z0-9./:_+-]*$)");
+  if (!std::regex_match(s, safe)) return false;
+  std::string lower = s;
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  for (const char* w : {"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+    if (lower == w) return false;
+  auto back = parse_yaml("k: " + s, "config value");
+  return back && back->is_object() && (*back)["k"].is_string() &&
+         (*back)["k"].get<std::string>() == s;
+}
+
+std::string render_entry(const std::string& key, const json& v) {
+  if (v.is_string() && yaml_plain_safe(v.get<std::string>()))
+    return key + ": " + v.get<std::string>() + "\n";
+  return to_yaml(json{{key, v}});
+}
+
+struct Readiness {
+  bool ready = false;
+  std::optional<KubeNode> node;  // the last node seen (the first not Ready one)
+  std::string api_error;         // the last reason the API gave none
+};
+
+class Rke2 final : public Step {
+ public:
+  explicit Rke2(Rke2Params p) : p_(std::move(p)) {}
+
+  Result<bool> check(StepContext& ctx) override {
+    if (!config_matches(ctx.env)) return false;
+    if (installed_version(ctx) != p_.version) return false;
+    if (!service_active(ctx)) return false;
+    return poll_ready(ctx).ready;
+  }
+
+  StepOutcome apply(StepContext& ctx) override {
+    // Nothing is touched before the ranges are known to be safe.
+    if (auto v = validate_ranges(p_.ranges); !v)
+      return StepOutcome::failure("params.config: " + v.error().message);
+    auto dns = guest_dns_servers(ctx.env);
+    if (auto d = diagnose_cidr_plan(p_.ranges, dns)) return StepOutcome::failure(d->summary, {}, d);
+
+    bool changed = false;
+    if (!config_matches(ctx.env)) {
+      emit_progress(ctx, {{"state", "progress"}, {"message", std::string("writing ") + kConfigPath}});
+      if (auto s = ensure_dir(ctx.env.path("/etc/rancher/rke2"), 0755); !s)
+        return StepOutcome::failure(s.error().message);
+      // 0600: RKE2's config may hold a join token once admins add one.
+      if (auto s = write_file_atomic(ctx.env.path(kConfigPath), render_rke2_config(p_.config), 0600);
+          !s)
+        return StepOutcome::failure("cannot write " + std::string(kConfigPath) + ": " +
+                                    s.error().message);
+      changed = true;
+    }
+
+    std::string installed = installed_version(ctx);
+    if (installed != p_.version) {
+      emit_progress(ctx, {{"state", "progress"}, {"message", "installing RKE2 " + p_.version}});
+      auto out = run_install_script(ctx, "RKE2 install script", p_.install_url, "sh",
+                                    {{"INSTALL_RKE2_VERSION", p_.version}}, 15min);
+      if (!out.ok()) return out;
+      installed = installed_version(ctx);
+      if (installed != p_.version)
+        return StepOutcome::failure("the RKE2 install script finished but `rke2 --version` reports '" +
+                                    installed + "', not " + p_.version);
+      changed = true;
+    }
+
+    bool was_active = service_active(ctx);
+    emit_progress(ctx, {{"state", "progress"}, {"message", "starting " + p_.service}});
+    // A server that starts blocks `systemctl start` until it is up (Type=notify).
+    auto r = run_in_step(ctx, {"systemctl", "enable", "--now", p_.service}, 10min);
+    if (!r) return StepOutcome::failure("systemctl: " + r.error().message);
+    if (!r->ok())
+      return StepOutcome::failure("systemctl enable --now " + p_.service + " " + r->describe(),
+                                  r->tail(20));
+    if (changed && was_active) {
+      // A running server reads config.yaml and its binary only at start.
+      auto rr = run_in_step(ctx, {"systemctl", "restart", p_.service}, 10min);
+      if (!rr) return StepOutcome::failure("systemctl: " + rr.error().message);
+      if (!rr->ok())
+        return StepOutcome::failure("systemctl restart " + p_.service + " " + rr->describe(),
+                                    rr->tail(20));
+    }
+
+    auto ready = wait_ready(ctx, ctx.deadline);
+    if (!ready.ready) return not_ready(ctx, ready, dns);
+    return StepOutcome::success("RKE2 " + p_.version + " running, node " + ready.node->name +
+                                " Ready");
+  }
+
+  StepOutcome verify(StepContext& ctx) override {
+    auto give_up = std::min(ctx.deadline, std::chrono::steady_clock::now() + 2min);
+    auto ready = wait_ready(ctx, give_up);
+    if (!ready.ready) return not_ready(ctx, ready, guest_dns_servers(ctx.env));
+    if (!config_matches(ctx.env))
+      return StepOutcome::failure(std::string(kConfigPath) +
+                                  " does not hold the planned cluster-cidr / service-cidr / "
+                                  "cluster-dns");
+    return StepOutcome::success("node " + ready.node->name + " Ready (" +
+                                ready.node->kubelet_version + "), cluster-cidr " +
+                                p_.ranges.cluster_cidr + ", service-cidr " +
+                                p_.ranges.service_cidr + ", cluster-dns " + p_.ranges.cluster_dns);
+  }
+
+ private:
+  bool config_matches(const GuestEnv& env) const {
+    auto text = read_file(env.path(kConfigPath));
+    if (!text) return false;
+    auto j = parse_yaml(*text, kConfigPath);
+    if (!j || !j->is_object()) return false;
+    for (auto& [k, v] : p_.config.items())
+      if (!j->contains(k) || scalar_text((*j)[k]) != scalar_text(v)) return false;
+    return true;
+  }
+
+  std::string installed_version(const StepContext& ctx) const {
+    auto r = run_in_step(ctx, {"rke2", "--version"}, 30s);
+    if (!r || !r->ok()) return "";
+    return parse_rke2_version(r->output);
+  }
+
+  bool service_active(const StepContext& ctx) const {
+    auto r = run_in_step(ctx, {"systemctl", "is-active", p_.service}, 30s);
+    return r && r->ok() && r->output.rfind("active", 0) == 0;
+  }
+
+  // One look at the nodes: ready when there is at least one and all are.
+  Readiness poll_ready(const StepContext& ctx) const {
+    Readiness out;
+    auto k = Kubectl::find(ctx.env, p_.kubeconfig, p_.bin_dir);
+    if (!k) {
+      out.api_error = k.error().message;
+      return out;
+    }
+    auto nodes = k->nodes(time_left(ctx, 30s));
+    if (!nodes) {
+      out.api_error = nodes.error().message;
+      return out;
+    }
+    if (nodes->empty()) {
+      out.api_error = "the API lists no node yet";
+      return out;
+    }
+    out.ready = true;
+    out.node = nodes->front();
+    for (const auto& n : *nodes)
+      if (!n.ready) {
+        out.ready = false;
+        out.node = n;
+        break;
+      }
+    return out;
+  }
+
+  Readiness wait_ready(const StepContext& ctx, std::chrono::steady_clock::time_point give_up) const {
+    ProgressLimiter limiter(15s);
+    std::string last_state;
+    while (true) {
+      auto r = poll_ready(ctx);
+      if (r.ready) return r;
+      std::string state = r.node ? "node " + r.node->name + " NotReady" +
+                                       (r.node->ready_reason.empty() ? "" : " (" + r.node->ready_reason + ")")
+                                 : "API not answering: " + r.api_error;
+      if (state != last_state || limiter.due()) {
+        emit_progress(ctx, {{"state", "progress"},
+                            {"message", "waiting for the guest cluster's node to be Ready: " + state}});
+        last_state = state;
+      }
+      if (std::chrono::steady_clock::now() + 1s >= give_up) return r;
+      std::this_thread::sleep_for(1s);
+    }
+  }
+
+  StepOutcome not_ready(const StepContext& ctx, const Readiness& r,
+                        const std::vector<std::string>& dns) const {
+    NodeNotReadyObservations o;
+    o.node = r.node;
+    o.api_error = r.api_error;
+    o.dns_servers = dns;
+    o.running_service_cidr = rke2_running_service_cidr(ctx.env);
+    o.planned = p_.ranges;
+    o.service = p_.service;
+    std::string tail;
+    if (auto k = Kubectl::find(ctx.env, p_.kubeconfig, p_.bin_dir)) {
+      // Past the deadline already: a short, fixed allowance for the look.
+      if (auto pods = k->pods(15s, "kube-system")) {
+        o.system_pods = *pods;
+        for (const auto& p : *pods)
+          if (!p.running() && p.status != "Completed")
+            tail += p.ns + "/" + p.name + " " + p.status + (p.message.empty() ? "" : ": " + p.message) +
+                    "\n";
+      }
+    }
+    if (!r.node) {
+      CommandSpec spec;
+      spec.argv = {"systemctl", "status", "--no-pager", p_.service};
+      spec.timeout = 10s;
+      if (auto s = run_command(spec)) tail = s->tail(15) + tail;
+    }
+    auto d = diagnose_node_not_ready(o);
+    return StepOutcome::failure(d.summary, tail, d);
+  }
+
+  Rke2Params p_;
+};
+
+}  // namespace
+
+std::string render_rke2_config(const json& config) {
+  std::string out =
+      "# Written by factory-agent (plan step rke2). The guest cluster's own ranges: they must\n"
+      "# not clash with the host cluster's, whose DNS server the guest got from DHCP.\n";
+  for (const char* k : kRangeKeys)
+    if (config.contains(k)) out += render_entry(k, config[k]);
+  for (auto& [k, v] : config.items())
+    if (std::find(std::begin(kRangeKeys), std::end(kRangeKeys), k) == std::end(kRangeKeys))
+      out += render_entry(k, v);
+  return out;
+}
+
+std::string parse_rke2_version(const std::string& output) {
+  static const std::regex re(R"(rke2 version (v[0-9][^\s]*))");
+  std::smatch m;
+  if (std::regex_search(output, m, re)) return m[1];
+  return "";
+}
+
+Result<std::unique_ptr<Step>> make_rke2(const StepSpec& spec) {
+  Rke2Params p;
+  auto v = string_param(spec.params, "version", spec.id);
+  if (!v) return v.error();
+  p.version = *v;
+  auto url = string_param(spec.params, "install_url", spec.id, "https://get.rke2.io");
+  if (!url) return url.error();
+  p.install_url = *url;
+  auto svc = string_param(spec.params, "service", spec.id, "rke2-server");
+  if (!svc) return svc.error();
+  p.service = *svc;
+  auto kc = string_param(spec.params, "kubeconfig", spec.id, kRke2Kubeconfig);
+  if (!kc) return kc.error();
+  p.kubeconfig = *kc;
+  auto bin = string_param(spec.params, "bin_dir", spec.id, kRke2BinDir);
+  if (!bin) return bin.error();
+  p.bin_dir = *bin;
+  if (!spec.params.contains("config") || !spec.params["config"].is_object())
+    return Error(Errc::invalid_argument, "step '" + spec.id + "': params.config is required");
+  p.config = spec.params["config"];
+  for (const char* k : kRangeKeys)
+    if (!p.config.contains(k) || !p.config[k].is_string())
+      return Error(Errc::invalid_argument, "step '" + spec.id + "': params.config." + k +
+                                               " is required (a string)");
+  p.ranges = {p.config["cluster-cidr"].get<std::string>(), p.config["service-cidr"].get<std::string>(),
+              p.config["cluster-dns"].get<std::string>()};
+  return std::unique_ptr<Step>(new Rke2(std::move(p)));
+}
+
+}  // namespace factory::agent::steps
