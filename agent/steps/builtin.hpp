@@ -7,10 +7,11 @@
 //   nvidia_driver   agent/steps/nvidia_driver.hpp
 //   ollama_install  agent/steps/ollama_install.hpp
 //   ollama_model    agent/steps/ollama_model.hpp
+//   rke2            agent/steps/rke2.hpp
+//   helm_release    agent/steps/helm_release.hpp
+//   node_label      agent/steps/node_label.hpp
+//   wait_allocatable agent/steps/wait_allocatable.hpp
 //   script          agent/plan/script_step.hpp (the plan engine's; registered here too)
-//
-// The gpu-k8s kinds (rke2, helm_release, node_label, wait_allocatable) are
-// not built yet: StepRegistry::create refuses them with "unknown step kind".
 #include "agent/plan/step.hpp"
 
 namespace factory::agent {

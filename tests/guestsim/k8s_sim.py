@@ -323,8 +323,11 @@ def release_path(ns, name):
 
 
 def deployed_chart(chart):
+    """The release of this chart whose objects are in the cluster: a release
+    whose --wait failed (status failed) or that is still pending keeps what
+    it created, as Helm does without --atomic."""
     for r in releases():
-        if r["chart"] == chart and r["status"] == "deployed":
+        if r["chart"] == chart and r["status"] != "uninstalled":
             return r
     return None
 
@@ -659,7 +662,7 @@ def workload_pods():
 def all_pods():
     pods = system_pods()
     for r in releases():
-        if r["status"] != "deployed":
+        if r["status"] == "uninstalled":
             continue
         if r["chart"] == "gpu-operator":
             pods += operator_pods(r)

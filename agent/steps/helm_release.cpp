@@ -1,0 +1,309 @@
+#include "agent/steps/helm_release.hpp"
+
+#include <thread>
+
+#include "agent/diagnose/k8s.hpp"
+#include "agent/steps/kube_cli.hpp"
+#include "agent/steps/step_util.hpp"
+#include "common/atomic_file.hpp"
+#include "common/durations.hpp"
+#include "common/yaml_json.hpp"
+
+namespace factory::agent::steps {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+struct HelmParams {
+  std::string release;
+  std::string chart;
+  std::string repo_name;
+  std::string repo_url;
+  std::string version;
+  std::string ns;
+  bool create_namespace = true;
+  std::chrono::seconds wait_timeout{std::chrono::minutes(5)};
+  std::string kubeconfig;
+  std::string helm_installer;
+  json values = json::object();
+};
+
+struct ReleaseState {
+  bool found = false;
+  std::string status;         // deployed, failed, pending-install, ...
+  std::string chart_version;  // chart.metadata.version
+  json values = json::object();
+  std::optional<Clock::time_point> last_deployed;
+};
+
+// The JSON document in helm's output: from the first line that starts one
+// (helm may print warnings first, e.g. about a group-readable kubeconfig).
+json json_document(const std::string& output) {
+  size_t pos = 0;
+  while (pos < output.size()) {
+    char c = output[pos];
+    if (c == '{' || c == '[' || output.compare(pos, 4, "null") == 0)
+      return json::parse(output.substr(pos), nullptr, false);
+    size_t nl = output.find('\n', pos);
+    if (nl == std::string::npos) break;
+    pos = nl + 1;
+  }
+  return json::value_t::discarded;
+}
+
+// Helm prints "Error: ..." last; that line is the reason.
+std::string helm_error_line(const CommandResult& r) {
+  std::string last;
+  size_t pos = 0;
+  while (pos < r.output.size()) {
+    size_t nl = r.output.find('\n', pos);
+    std::string line = r.output.substr(pos, nl == std::string::npos ? std::string::npos : nl - pos);
+    if (line.rfind("Error: ", 0) == 0) last = line.substr(7);
+    if (nl == std::string::npos) break;
+    pos = nl + 1;
+  }
+  return last;
+}
+
+class HelmRelease final : public Step {
+ public:
+  explicit HelmRelease(HelmParams p) : p_(std::move(p)) {}
+
+  Result<bool> check(StepContext& ctx) override {
+    if (!helm_installed(ctx)) return false;
+    auto st = release_state(ctx);
+    // The API not answering is "not done" here; apply says why.
+    if (!st) return false;
+    return in_place(*st);
+  }
+
+  StepOutcome apply(StepContext& ctx) override {
+    if (!helm_installed(ctx)) {
+      emit_progress(ctx, {{"state", "progress"}, {"message", "installing helm"}});
+      // USE_SUDO=false: the agent runs as root; without root the installer
+      // should fail plainly rather than wait for a sudo password.
+      auto out = run_install_script(ctx, "Helm install script", p_.helm_installer, "bash",
+                                    {{"USE_SUDO", "false"}}, 10min);
+      if (!out.ok()) return out;
+      if (!helm_installed(ctx))
+        return StepOutcome::failure("the Helm install script finished but `helm version` does not run",
+                                    out.message);
+    }
+    std::error_code ec;
+    if (!std::filesystem::exists(ctx.env.path(p_.kubeconfig), ec))
+      return StepOutcome::failure("the guest cluster's kubeconfig " +
+                                  ctx.env.path(p_.kubeconfig).string() +
+                                  " does not exist: RKE2 is not running yet (step kind rke2)");
+
+    for (auto args : {std::vector<std::string>{"repo", "add", p_.repo_name, p_.repo_url,
+                                               "--force-update"},
+                      std::vector<std::string>{"repo", "update", p_.repo_name}}) {
+      auto r = helm(ctx, args, 5min);
+      if (!r) return StepOutcome::failure("helm: " + r.error().message);
+      if (!r->ok())
+        return StepOutcome::failure("helm " + command_line(args) + " " + r->describe() +
+                                        (helm_error_line(*r).empty() ? "" : ": " + helm_error_line(*r)),
+                                    r->tail(20));
+    }
+
+    auto st = release_state(ctx);
+    if (!st) return StepOutcome::failure(st.error().message);
+    if (st->status.rfind("pending-", 0) == 0) {
+      auto out = recover_pending(ctx, *st);
+      if (!out.ok()) return out;
+    }
+
+    auto dir = ctx.env.state_dir / "helm";
+    if (auto s = ensure_dir(dir, 0700); !s) return StepOutcome::failure(s.error().message);
+    auto values_file = dir / (p_.release + ".values.yaml");
+    std::string values_text = p_.values.empty() ? "{}\n" : to_yaml(p_.values);
+    // Values may carry credentials (a registry secret): 0600, never logged.
+    if (auto s = write_file_atomic(values_file, values_text, 0600); !s)
+      return StepOutcome::failure("cannot write " + values_file.string() + ": " +
+                                  s.error().message);
+
+    // Helm's own --timeout ends before the step's, so Helm reports what it
+    // was waiting for instead of being killed mid-wait.
+    auto left = std::chrono::duration_cast<std::chrono::seconds>(ctx.remaining()) - 30s;
+    auto helm_timeout = std::max(std::min(p_.wait_timeout, left), std::chrono::seconds(10));
+    std::vector<std::string> args = {"upgrade", "--install", p_.release,
+                                     p_.repo_name + "/" + p_.chart, "--version", p_.version,
+                                     "--namespace", p_.ns};
+    if (p_.create_namespace) args.push_back("--create-namespace");
+    args.insert(args.end(), {"-f", values_file.string(), "--wait", "--timeout",
+                             std::to_string(helm_timeout.count()) + "s"});
+    emit_progress(ctx, {{"state", "progress"},
+                        {"message", "helm upgrade --install " + p_.release + " " + p_.repo_name +
+                                        "/" + p_.chart + " " + p_.version + " (waiting up to " +
+                                        format_duration(helm_timeout) + ")"}});
+    auto r = helm(ctx, args, helm_timeout + 60s);
+    if (!r) return StepOutcome::failure("helm: " + r.error().message);
+    if (!r->ok()) return failed(ctx, helm_error_line(*r).empty() ? r->describe() : helm_error_line(*r),
+                                r->tail(20));
+    return StepOutcome::success("release " + p_.release + " deployed: " + p_.chart + " " +
+                                p_.version);
+  }
+
+  StepOutcome verify(StepContext& ctx) override {
+    auto st = release_state(ctx);
+    if (!st) return StepOutcome::failure(st.error().message);
+    if (in_place(*st))
+      return StepOutcome::success("release " + p_.release + " in " + p_.ns + ": " + st->status +
+                                  ", chart " + p_.chart + " " + st->chart_version);
+    if (!st->found) return failed(ctx, "release: not found", "");
+    if (st->status != "deployed") return failed(ctx, "", "");
+    if (!same_chart_version(st->chart_version, p_.version))
+      return StepOutcome::failure("release " + p_.release + " runs chart version " +
+                                  st->chart_version + ", not " + p_.version);
+    return StepOutcome::failure("release " + p_.release +
+                                "'s values (helm get values) differ from the plan's");
+  }
+
+ private:
+  bool in_place(const ReleaseState& st) const {
+    return st.found && st.status == "deployed" && same_chart_version(st.chart_version, p_.version) &&
+           st.values == p_.values;
+  }
+
+  Result<CommandResult> helm(const StepContext& ctx, std::vector<std::string> args,
+                             std::chrono::milliseconds cap) const {
+    CommandSpec spec;
+    spec.argv = {"helm"};
+    for (auto& a : args) spec.argv.push_back(std::move(a));
+    spec.argv.insert(spec.argv.end(), {"--kubeconfig", ctx.env.path(p_.kubeconfig).string()});
+    spec.env = helm_env(ctx.env, p_.kubeconfig);
+    spec.timeout = time_left(ctx, cap);
+    return run_command(spec);
+  }
+
+  Result<ReleaseState> release_state(const StepContext& ctx) const {
+    ReleaseState st;
+    auto r = helm(ctx, {"status", p_.release, "--namespace", p_.ns, "-o", "json"}, 1min);
+    if (!r) return r.error();
+    if (!r->ok()) {
+      if (r->output.find("release: not found") != std::string::npos) return st;
+      return classify_kube_failure("helm status", *r);
+    }
+    auto j = json_document(r->output);
+    if (!j.is_object()) return Error(Errc::protocol, "helm status printed JSON that does not parse");
+    st.found = true;
+    const json& info = j.value("info", json::object());
+    st.status = info.value("status", "");
+    if (auto t = parse_rfc3339(info.value("last_deployed", ""))) st.last_deployed = *t;
+    st.chart_version =
+        j.value("chart", json::object()).value("metadata", json::object()).value("version", "");
+
+    auto v = helm(ctx, {"get", "values", p_.release, "--namespace", p_.ns, "-o", "json"}, 1min);
+    if (!v) return v.error();
+    if (!v->ok()) return classify_kube_failure("helm get values", *v);
+    auto vj = json_document(v->output);
+    if (vj.is_discarded()) return Error(Errc::protocol, "helm get values printed JSON that does not parse");
+    st.values = vj.is_null() ? json::object() : vj;
+    return st;
+  }
+
+  // A release an interrupted helm left pending-*: helm refuses to touch it.
+  // While the helm that left it could still be running (its --timeout from
+  // the release's last_deployed), wait; after that nothing will finish it.
+  StepOutcome recover_pending(StepContext& ctx, ReleaseState st) {
+    auto started = st.last_deployed.value_or(Clock::now());
+    auto safe_after = started + p_.wait_timeout + 1min;
+    while (st.status.rfind("pending-", 0) == 0 && Clock::now() < safe_after) {
+      if (ctx.remaining() < 60s) {
+        auto d = diagnoses::helm_operation_in_progress(p_.release, p_.ns, st.status);
+        return StepOutcome::failure(d.summary, {}, d);
+      }
+      emit_progress(ctx, {{"state", "progress"},
+                          {"message", "release " + p_.release + " is " + st.status +
+                                          ": waiting for the helm that started it"}});
+      std::this_thread::sleep_for(5s);
+      auto again = release_state(ctx);
+      if (!again) return StepOutcome::failure(again.error().message);
+      st = *again;
+    }
+    if (st.status.rfind("pending-", 0) != 0) return StepOutcome::success();
+    // Nothing was ever deployed under a pending-install: start over. A
+    // pending upgrade goes back to the last deployed revision.
+    std::vector<std::string> args =
+        st.status == "pending-install"
+            ? std::vector<std::string>{"uninstall", p_.release, "--namespace", p_.ns}
+            : std::vector<std::string>{"rollback", p_.release, "--namespace", p_.ns};
+    emit_progress(ctx, {{"state", "progress"},
+                        {"message", "release " + p_.release + " was left " + st.status +
+                                        " by an interrupted helm: helm " + args[0]}});
+    auto r = helm(ctx, args, 5min);
+    if (!r) return StepOutcome::failure("helm: " + r.error().message);
+    if (!r->ok()) {
+      auto d = diagnoses::helm_operation_in_progress(p_.release, p_.ns, st.status);
+      return StepOutcome::failure(d.summary, r->tail(20), d);
+    }
+    return StepOutcome::success();
+  }
+
+  StepOutcome failed(const StepContext& ctx, const std::string& error, std::string tail) const {
+    std::string status;
+    if (auto st = release_state(ctx); st && st->found) status = st->status;
+    json not_ready = json::array();
+    if (auto k = Kubectl::find(ctx.env, p_.kubeconfig)) {
+      if (auto pods = k->pods(15s, p_.ns))
+        for (const auto& p : *pods)
+          if (!p.running() && p.status != "Completed") {
+            not_ready.push_back(p.to_json());
+            tail += "\n" + p.ns + "/" + p.name + " " + p.status +
+                    (p.message.empty() ? "" : ": " + p.message);
+          }
+    }
+    auto d = diagnoses::helm_release_failed(p_.release, p_.ns, status, error, not_ready);
+    return StepOutcome::failure(d.summary, tail, d);
+  }
+
+  HelmParams p_;
+};
+
+}  // namespace
+
+bool same_chart_version(const std::string& a, const std::string& b) {
+  auto strip = [](const std::string& s) {
+    return !s.empty() && (s[0] == 'v' || s[0] == 'V') ? s.substr(1) : s;
+  };
+  return !a.empty() && strip(a) == strip(b);
+}
+
+Result<std::unique_ptr<Step>> make_helm_release(const StepSpec& spec) {
+  HelmParams p;
+  for (auto [key, field] : {std::pair<const char*, std::string*>{"release", &p.release},
+                            {"chart", &p.chart},
+                            {"repo_name", &p.repo_name},
+                            {"repo_url", &p.repo_url},
+                            {"version", &p.version},
+                            {"namespace", &p.ns}}) {
+    auto v = string_param(spec.params, key, spec.id);
+    if (!v) return v.error();
+    *field = *v;
+  }
+  p.create_namespace = bool_param(spec.params, "create_namespace", true);
+  auto wt = string_param(spec.params, "wait_timeout", spec.id, "5m");
+  if (!wt) return wt.error();
+  auto d = parse_duration(*wt);
+  if (!d)
+    return Error(Errc::invalid_argument,
+                 "step '" + spec.id + "': params.wait_timeout: " + d.error().message);
+  p.wait_timeout = *d;
+  auto kc = string_param(spec.params, "kubeconfig", spec.id, kRke2Kubeconfig);
+  if (!kc) return kc.error();
+  p.kubeconfig = *kc;
+  auto inst = string_param(spec.params, "helm_installer", spec.id,
+                           "https://raw.githubusercontent.com/helm/helm/main/scripts/get-helm-4");
+  if (!inst) return inst.error();
+  p.helm_installer = *inst;
+  if (spec.params.contains("values")) {
+    if (!spec.params["values"].is_object())
+      return Error(Errc::invalid_argument, "step '" + spec.id + "': params.values must be a map");
+    p.values = spec.params["values"];
+  }
+  return std::unique_ptr<Step>(new HelmRelease(std::move(p)));
+}
+
+}  // namespace factory::agent::steps

@@ -1,0 +1,40 @@
+#pragma once
+// Step kind `helm_release`: a chart installed in the guest cluster at a
+// pinned version with the catalog's values (runbook step 6: the NVIDIA GPU
+// Operator, guest/02-gpu-operator.sh, and HAMi, guest/03-hami.sh).
+//
+// Params (catalog/catalog.yaml):
+//   release, chart, repo_name, repo_url, version, namespace   (required)
+//   create_namespace: true         (default) --create-namespace
+//   wait_timeout:     20m          (default 5m, Helm's) --wait --timeout, at most what is
+//                                  left of the step's deadline
+//   kubeconfig:       /etc/rancher/rke2/rke2.yaml (default)
+//   helm_installer:   https://raw.githubusercontent.com/helm/helm/main/scripts/get-helm-4
+//                     (default) run with bash when helm is not on PATH
+//   values:           {...}        written as YAML to <state_dir>/helm/<release>.values.yaml (0600)
+//
+// check:  `helm status` says deployed, at the pinned chart version, and
+//         `helm get values -o json` equals `values` (the cluster itself is
+//         the record: nothing to drift from).
+// apply:  installs helm when `helm version` does not run; `helm repo add --force-update` and
+//         `helm repo update`; a release left pending-install / pending-upgrade
+//         by an interrupted helm is waited for while that helm could still be
+//         running (its own --timeout), then uninstalled / rolled back; then
+//         `helm upgrade --install NAME REPO/CHART --version V --namespace NS
+//         [--create-namespace] -f VALUES --wait --timeout T`.
+// verify: the same as check, with the release's status in the message.
+// Diagnoses: helm_release_failed (with the namespace's pods that are not
+//   ready), helm_operation_in_progress, download_failed (the helm installer).
+#include <memory>
+#include <string>
+
+#include "agent/plan/step.hpp"
+
+namespace factory::agent::steps {
+
+Result<std::unique_ptr<Step>> make_helm_release(const StepSpec& spec);
+
+// Chart versions compare without a leading "v" (NVIDIA tags v26.3.2, HAMi 2.10.0).
+bool same_chart_version(const std::string& a, const std::string& b);
+
+}  // namespace factory::agent::steps
