@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/health/gpu_health.hpp"
+#include "agent/health/k8s_health.hpp"
 #include "agent/link/spool.hpp"
 #include "agent/steps/builtin.hpp"
 
@@ -81,10 +82,13 @@ nlohmann::json PlanRunner::summary() const {
 void PlanRunner::report_health() {
   nlohmann::json h = {{"kind", "health"}, {"gpu", collect_gpu_health(env_)}};
   auto status = engine_->status_json();
-  bool serves_models = false;
-  for (auto& s : status.value("steps", nlohmann::json::array()))
+  bool serves_models = false, runs_k8s = false;
+  for (auto& s : status.value("steps", nlohmann::json::array())) {
     if (s.value("kind", "").rfind("ollama", 0) == 0) serves_models = true;
+    if (s.value("kind", "") == "rke2") runs_k8s = true;
+  }
   if (serves_models) h["ollama"] = collect_ollama_health(env_);
+  if (runs_k8s) h["k8s"] = collect_k8s_health(env_);
   h["plan_hash"] = status.value("plan_hash", "");
   emit(std::move(h));
 }

@@ -166,6 +166,10 @@ if [ -n "${DNS_SERVERS:-}" ]; then
     if [ -n "${DNS_SEARCH:-}" ]; then echo "search $DNS_SEARCH"; fi
   } > "$root/run/systemd/resolve/stub-resolv.conf"
   ln -s ../run/systemd/resolve/stub-resolv.conf "$root/etc/resolv.conf"
+  # What systemd-resolved holds in memory (resolvectl asks it over D-Bus).
+  mkdir -p "$G/state/resolved"
+  echo "$DNS_SERVERS" > "$G/state/resolved/servers"
+  echo "${DNS_SEARCH:-}" > "$G/state/resolved/domains"
 fi
 
 # What a fresh Ubuntu cloud image has installed (of what the plan touches).

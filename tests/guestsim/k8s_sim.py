@@ -228,8 +228,16 @@ def module_loaded():
 
 
 def guest_dns():
-    """The nameservers the guest got from DHCP: systemd-resolved's upstream
-    list, else /etc/resolv.conf (skipping the 127.0.0.53 stub)."""
+    """The nameservers the guest got from DHCP (what systemd-resolved holds,
+    guestsim.sh writes it from the profile), else /etc/resolv.conf's
+    (skipping the 127.0.0.53 stub)."""
+    try:
+        with open(p(STATE, "resolved", "servers")) as f:
+            servers = f.read().split()
+        if servers:
+            return servers
+    except OSError:
+        pass
     servers = []
     for f in ("/run/systemd/resolve/resolv.conf", "/etc/resolv.conf"):
         try:
