@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
   bool no_plan = false;
   app.add_flag("--link-only", no_plan, "Connect and report, but do not run plans");
   std::string ollama_url;
+  size_t replay_rate = 0;
+  auto* rr = app.add_option("--replay-rate", replay_rate, "Events per second when replaying a backlog after an outage (default 200)");
   double retry_delay_s = -1;
   auto* rd = app.add_option("--retry-delay", retry_delay_s, "Seconds before a failed step's next attempt (times the failures)");
   auto* ou = app.add_option("--ollama-url", ollama_url, "Ollama's API on this guest (default http://127.0.0.1:11434)");
@@ -83,13 +85,14 @@ int main(int argc, char** argv) {
     cfg.backoff_cap = from_file.backoff_cap;
     cfg.first_connect_jitter = from_file.first_connect_jitter;
     cfg.spool_max_events = from_file.spool_max_events;
-    cfg.replay_rate_per_second = from_file.replay_rate_per_second;
+    if (rr->count() == 0) cfg.replay_rate_per_second = from_file.replay_rate_per_second;
     cfg.run_plan = from_file.run_plan;
   }
   if (heartbeat_s > 0)
     cfg.heartbeat = std::chrono::milliseconds(static_cast<int64_t>(heartbeat_s * 1000));
   if (no_plan) cfg.run_plan = false;
   if (ou->count()) cfg.ollama_url = ollama_url;
+  if (replay_rate > 0) cfg.replay_rate_per_second = replay_rate;
   if (retry_delay_s >= 0)
     cfg.retry_delay = std::chrono::milliseconds(static_cast<int64_t>(retry_delay_s * 1000));
   setup_logging("factory-agent", cfg.log_level);

@@ -399,3 +399,34 @@ TEST(Spine, FrozenAgentIsDetectedByPingTimeoutAndComesBack) {
   agent.proc().kill(SIGCONT);
   EXPECT_TRUE(eventually([&] { return h.agent_connected("t1"); }, 20s)) << agent.log();
 }
+
+// After an outage the backlog is replayed at a bounded rate, so a fleet coming
+// back does not flood the coordinator that just recovered.
+TEST(Spine, BacklogIsReplayedAtABoundedRate) {
+  TempDir dir("spine");
+  CoordinatorHarness h(dir.path());
+  h.start();
+  const uint64_t n = 600;
+  const int rate = 200;
+  AgentProcess agent(h, h.create_token("t1"),
+                     named("agent", {"--synthetic-events", std::to_string(n), "--synthetic-rate", "5000",
+                                     "--replay-rate", std::to_string(rate)}));
+  ASSERT_TRUE(eventually([&] { return h.agent_connected("t1"); }, 5s));
+  h.kill9();
+  // The whole backlog piles up in the agent's spool while the coordinator is down.
+  ASSERT_TRUE(eventually([&] {
+    auto log = slurp(agent.state_dir() / "spool" / "spool.log");
+    return std::count(log.begin(), log.end(), '\n') >= static_cast<long>(n);
+  }, 10s));
+  size_t before = h.stored_events("t1").size();
+  h.start();
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(eventually([&] { return h.stored_events("t1").size() >= n; }, 30s));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double replayed = static_cast<double>(n - before);
+  std::cout << "[ figures  ] replayed " << replayed << " events in " << secs << " s ("
+            << replayed / secs << "/s, cap " << rate << "/s)\n";
+  // One second's burst is allowed on top of the rate.
+  EXPECT_GE(secs, (replayed - rate) / rate * 0.9) << "the replay exceeded its rate";
+  EXPECT_EQ(h.stored_events("t1").size(), n);
+}
