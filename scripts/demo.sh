@@ -12,7 +12,7 @@
 # machines (tests/guestsim/).
 #
 # Writes build/demo/: status.json (the final `factory status -o json`),
-# tenant-1.json, metrics.txt, and the logs. Exits 0 only when every tenant is
+# tenant-1.json, tenant-2.json, metrics.txt, and the logs. Exits 0 only when every tenant is
 # ready, and leaves no process running.
 set -euo pipefail
 
@@ -108,10 +108,15 @@ say "factory tenant create tenant-1 --tier gpu-vm --ssh-key id_ed25519.pub --wai
 "$factory" "${cfg[@]}" tenant create tenant-1 --tier gpu-vm --ssh-key "$work/id_ed25519.pub" \
   --ssh-node-port 30022 --wait --timeout 3m
 
+say "factory tenant create tenant-2 --tier gpu-k8s --wait   (its own RKE2, the GPU Operator, HAMi: one card as ten GPUs)"
+"$factory" "${cfg[@]}" tenant create tenant-2 --tier gpu-k8s --ssh-key "$work/id_ed25519.pub" \
+  --ssh-node-port 30023 --wait --timeout 3m
+
 say "factory status"
 "$factory" "${cfg[@]}" status
 "$factory" "${cfg[@]}" status -o json > "$out/status.json"
 "$factory" "${cfg[@]}" tenant show tenant-1 -o json > "$out/tenant-1.json"
+"$factory" "${cfg[@]}" tenant show tenant-2 -o json > "$out/tenant-2.json"
 curl -s --cacert "$work/state/ca.crt" "https://127.0.0.1:$api_port/metrics" > "$out/metrics.txt"
 for g in "$work"/guests/*/; do
   n="$(basename "$g")"
@@ -119,7 +124,7 @@ for g in "$work"/guests/*/; do
   cp "$g/cloud-init-output.log" "$out/$n-cloud-init-output.log" 2>/dev/null || true
 done
 
-say "What tenant-1 reports"
+say "What the tenants report"
 "$py" - "$out/status.json" <<'PYEOF'
 import json, sys
 doc = json.load(open(sys.argv[1]))
@@ -131,6 +136,9 @@ for t in doc["tenants"]:
                                                h["gpu"].get("driver_version")))
     for m in h.get("ollama", {}).get("models", []):
         print("  %s: model %s, %s%% on the GPU" % (t["name"], m.get("name"), m.get("gpu_percent")))
+    k8s = h.get("k8s", {})
+    for n in k8s.get("nodes", []):
+        print("  %s: node %s, allocatable nvidia.com/gpu %s" % (t["name"], n.get("name"), n.get("allocatable")))
 if bad:
     print("not ready: " + ", ".join(bad))
     sys.exit(1)

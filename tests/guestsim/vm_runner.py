@@ -108,11 +108,13 @@ class Guest:
         except OSError:
             return 0
 
-    def boot(self):
+    def boot(self, tier=""):
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir)
         port = free_port()
-        self.sh(self.args.guestsim, "create", self.root, "--profile", self.args.profile,
+        # The runbook's guest for the tier: tenant-1 (gpu-vm) or tenant-2 (gpu-k8s).
+        self.profile = self.args.profile or TIER_PROFILES.get(tier, "l4")
+        self.sh(self.args.guestsim, "create", self.root, "--profile", self.profile,
                 "--ollama-port", str(port))
         self.ollama_url = "http://127.0.0.1:%d" % port
         self.path = self.sh(self.args.guestsim, "path", self.root).stdout.strip()
@@ -122,7 +124,7 @@ class Guest:
             os.makedirs(os.path.join(self.root, ".guestsim/knobs"), exist_ok=True)
             with open(os.path.join(self.root, ".guestsim/knobs", name), "w") as f:
                 f.write(value or "1")
-        log("%s/%s: guest booted (simulated %s guest at %s)" % (self.ns, self.name, self.args.profile, self.root))
+        log("%s/%s: guest booted (simulated %s guest at %s)" % (self.ns, self.name, self.profile, self.root))
         self.cloud_init()
 
     def cloud_init(self):
@@ -231,6 +233,9 @@ class Guest:
         log("%s: guest stopped" % self.name)
 
 
+TIER_PROFILES = {"gpu-vm": "l4", "gpu-k8s": "l4-k8s"}
+
+
 def free_port():
     import socket
     s = socket.socket()
@@ -244,7 +249,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--work", required=True, help="where guests' roots and logs go")
-    p.add_argument("--profile", default="l4")
+    p.add_argument("--profile", default="", help="guest simulator profile (default: by the VM's tier)")
     p.add_argument("--poll", type=float, default=0.3)
     p.add_argument("--agent-arg", action="append", default=[], help="extra factory-agent flag")
     p.add_argument("--knob", action="append", default=[], help="NAME[=VALUE]: a guest simulator failure knob")
@@ -288,8 +293,9 @@ def main():
                     userdata = sec.get("stringData", {}).get("userdata", "")
             g = Guest(args, ns, name, userdata)
             guests[key] = g
+            tier = vmi["metadata"].get("labels", {}).get("factory.dev/tier", "")
             try:
-                g.boot()
+                g.boot(tier)
             except Exception as e:
                 log("%s: boot failed: %s" % (name, e))
         for key, g in list(guests.items()):

@@ -1,6 +1,7 @@
 // The README's main job (`make demo`) as a test: coordinator with its file
 // store, the Kubernetes API test double playing KubeVirt, `factory tenant
-// create tenant-1 --tier gpu-vm --wait`, and a simulated guest running the
+// create tenant-1 --tier gpu-vm --wait` (and tenant-2 --tier gpu-k8s), and a
+// simulated guest running the
 // rendered user-data (agent downloaded from the coordinator, hash checked),
 // enrolling and provisioning itself through the driver's reboot.
 #include <gtest/gtest.h>
@@ -10,14 +11,14 @@
 
 using namespace factory::testing;
 
-TEST(Demo, TenantOneBecomesReadyWithItsGpuAndModel) {
+TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
   TempDir dir("demo");
   auto r = run({"/bin/bash", (source_dir() / "scripts/demo.sh").string(), FACTORY_BINARY_DIR},
                std::chrono::minutes(6), {{"FACTORY_DEMO_OUT", dir.path().string()}});
   ASSERT_EQ(r.exit_code, 0) << r.output << slurp(dir.path() / "coordinator.log").substr(0, 4000);
   EXPECT_NE(r.output.find("SIMULATED"), std::string::npos) << "the output says what is simulated";
   auto status = nlohmann::json::parse(slurp(dir.path() / "status.json"));
-  ASSERT_EQ(status["tenants"].size(), 1u);
+  ASSERT_EQ(status["tenants"].size(), 2u);
   auto& t = status["tenants"][0];
   EXPECT_EQ(t["name"], "tenant-1");
   EXPECT_EQ(t["phase"], "ready");
@@ -36,6 +37,14 @@ TEST(Demo, TenantOneBecomesReadyWithItsGpuAndModel) {
   // Through the reboot exactly once, and every step done.
   for (auto& [id, step] : t["plan"]["steps"].items())
     EXPECT_TRUE(step["state"] == "succeeded" || step["state"] == "skipped") << id << ": " << step;
+  // tenant-2: the catalog's second item on the runbook's tenant-2 guest.
+  auto& k = status["tenants"][1];
+  EXPECT_EQ(k["name"], "tenant-2");
+  EXPECT_EQ(k["tier"], "gpu-k8s");
+  EXPECT_EQ(k["phase"], "ready");
+  EXPECT_EQ(k["health"]["k8s"]["resource"], "nvidia.com/gpu");
+  EXPECT_EQ(k["health"]["k8s"]["allocatable"], 10) << "HAMi splits the one card ten ways";
+  EXPECT_EQ(k["health"]["gpu"]["driver_version"], "580.126.20") << "the GPU Operator's driver";
   auto agent_log = slurp(dir.path() / "tenant-1-agent.log");
   EXPECT_NE(agent_log.find("enrolled as tenant tenant-1"), std::string::npos);
   auto cloud = slurp(dir.path() / "tenant-1-cloud-init-output.log");
@@ -47,7 +56,7 @@ TEST(Demo, TenantOneBecomesReadyWithItsGpuAndModel) {
   auto pr = factory::run_command(check);
   ASSERT_TRUE(pr.ok()) << "promtool (Debian's prometheus package) is needed: " << pr.error().message;
   EXPECT_EQ(pr->exit_code, 0) << pr->output;
-  EXPECT_NE(check.stdin_data->find("factory_tenants{phase=\"ready\"} 1"), std::string::npos);
+  EXPECT_NE(check.stdin_data->find("factory_tenants{phase=\"ready\"} 2"), std::string::npos);
   // No process of the run is left behind.
   auto ps = run({"/bin/sh", "-c", "ps -eo args | grep -F '" + dir.path().string() + "' | grep -v grep || true"});
   EXPECT_EQ(ps.output, "") << "left running:\n" << ps.output;
