@@ -96,7 +96,7 @@ json KubeNode::to_json() const {
 }
 
 json KubePod::to_json() const {
-  json j = {{"namespace", ns}, {"name", name},         {"phase", phase},
+  json j = {{"namespace", ns},  {"name", name},         {"phase", phase},
             {"status", status}, {"restarts", restarts}, {"node", node}};
   if (!message.empty()) j["message"] = message;
   return j;
@@ -109,8 +109,8 @@ std::optional<long long> parse_quantity_count(const std::string& q) {
   if (ec != std::errc()) return std::nullopt;
   std::string suffix(p, q.data() + q.size());
   static const std::map<std::string, long long> mult = {
-      {"", 1},          {"k", 1000},          {"M", 1000000},     {"G", 1000000000},
-      {"Ki", 1LL << 10}, {"Mi", 1LL << 20},    {"Gi", 1LL << 30}};
+      {"", 1},           {"k", 1000},       {"M", 1000000},   {"G", 1000000000},
+      {"Ki", 1LL << 10}, {"Mi", 1LL << 20}, {"Gi", 1LL << 30}};
   auto it = mult.find(suffix);
   if (it == mult.end()) return std::nullopt;
   return n * it->second;
@@ -167,7 +167,8 @@ std::vector<KubePod> parse_pod_list(const json& doc) {
       else
         in_init = true;
     }
-    if (in_init) p.status = "Init:" + std::to_string(init_done) + "/" + std::to_string(inits.size());
+    if (in_init)
+      p.status = "Init:" + std::to_string(init_done) + "/" + std::to_string(inits.size());
     bool all_ready = !arr_at(status, "containerStatuses").empty();
     for (const auto& cs : arr_at(status, "containerStatuses")) {
       if (cs.contains("restartCount") && cs["restartCount"].is_number_integer())
@@ -183,7 +184,8 @@ std::vector<KubePod> parse_pod_list(const json& doc) {
     if (p.phase == "Succeeded") p.status = "Completed";
     p.ready = all_ready;
     for (const auto& c : arr_at(status, "conditions"))
-      if (str_at(c, "type") == "PodScheduled" && str_at(c, "status") == "False" && p.message.empty())
+      if (str_at(c, "type") == "PodScheduled" && str_at(c, "status") == "False" &&
+          p.message.empty())
         p.message = str_at(c, "message");
     pods.push_back(std::move(p));
   }
@@ -283,8 +285,8 @@ Status validate_ranges(const ClusterRanges& r) {
   auto dns = Ipv4Cidr::parse_address(r.cluster_dns);
   if (!dns) return Error(Errc::invalid_argument, "cluster-dns: " + dns.error().message);
   if (pods->overlaps(*svcs))
-    return Error(Errc::invalid_argument, "cluster-cidr " + r.cluster_cidr +
-                                             " overlaps service-cidr " + r.service_cidr);
+    return Error(Errc::invalid_argument,
+                 "cluster-cidr " + r.cluster_cidr + " overlaps service-cidr " + r.service_cidr);
   if (!svcs->contains(*dns))
     return Error(Errc::invalid_argument,
                  "cluster-dns " + r.cluster_dns + " is not inside service-cidr " + r.service_cidr);
@@ -306,8 +308,8 @@ std::optional<Diagnosis> diagnose_cidr_plan(const ClusterRanges& planned,
   for (const auto& dns : dns_servers) {
     auto host = Ipv4Cidr::parse(assumed_host_service_range(dns));
     if (!host) continue;
-    const std::pair<std::string, std::string> ranges[] = {
-        {"service-cidr", planned.service_cidr}, {"cluster-cidr", planned.cluster_cidr}};
+    const std::pair<std::string, std::string> ranges[] = {{"service-cidr", planned.service_cidr},
+                                                          {"cluster-cidr", planned.cluster_cidr}};
     for (const auto& [key, value] : ranges) {
       auto r = Ipv4Cidr::parse(value);
       if (r && r->overlaps(*host)) return diagnoses::guest_cidr_clash(key, value, dns, host->str());
@@ -335,12 +337,12 @@ Diagnosis diagnose_allocatable(const AllocatableObservations& o) {
   json nodes = json::array();
   bool any_labelled = false;
   for (const auto& n : o.nodes) {
-    nodes.push_back({{"name", n.name},
-                     {"ready", n.ready},
-                     {"gpu_label", n.labels.count("gpu") ? json(n.labels.at("gpu")) : json(nullptr)},
-                     {"allocatable", n.allocatable.count(o.resource)
-                                         ? json(n.allocatable.at(o.resource))
-                                         : json(nullptr)}});
+    nodes.push_back(
+        {{"name", n.name},
+         {"ready", n.ready},
+         {"gpu_label", n.labels.count("gpu") ? json(n.labels.at("gpu")) : json(nullptr)},
+         {"allocatable",
+          n.allocatable.count(o.resource) ? json(n.allocatable.at(o.resource)) : json(nullptr)}});
     any_labelled |= n.has_label("gpu", "on");
   }
   bool hami = false;
@@ -417,7 +419,8 @@ Diagnosis guest_dns_clash(const std::string& service_cidr, const std::string& dn
   if (created_with_other_ranges)
     summary += "; the cluster was created with " + service_cidr + ", not the planned " +
                planned.service_cidr + " (a cluster's ranges are fixed at its first start)";
-  return {"guest_dns_clash", summary,
+  return {"guest_dns_clash",
+          summary,
           "in the guest run /usr/local/bin/rke2-killall.sh and /usr/local/bin/rke2-uninstall.sh "
           "(this deletes the guest cluster), then `factory tenant retry`: the plan writes "
           "/etc/rancher/rke2/config.yaml with cluster-cidr " +
@@ -425,9 +428,10 @@ Diagnosis guest_dns_clash(const std::string& service_cidr, const std::string& dn
               " and cluster-dns " + planned.cluster_dns + " before installing RKE2 again",
           {{"service_cidr", service_cidr},
            {"dns_server", dns_server},
-           {"planned", {{"cluster-cidr", planned.cluster_cidr},
-                        {"service-cidr", planned.service_cidr},
-                        {"cluster-dns", planned.cluster_dns}}}}};
+           {"planned",
+            {{"cluster-cidr", planned.cluster_cidr},
+             {"service-cidr", planned.service_cidr},
+             {"cluster-dns", planned.cluster_dns}}}}};
 }
 
 Diagnosis rke2_api_unreachable(const std::string& service, const std::string& error) {
@@ -440,13 +444,15 @@ Diagnosis rke2_api_unreachable(const std::string& service, const std::string& er
 
 Diagnosis rke2_node_not_ready(const std::string& node, const std::string& reason,
                               const std::string& message, const json& failing_pods) {
-  std::string why = reason.empty() ? "" : " (" + reason + (message.empty() ? "" : ": " + message) + ")";
-  return {"rke2_node_not_ready",
-          "the guest cluster's node " + node + " did not become Ready" + why,
-          "in the guest run `kubectl get pods -n kube-system` and `kubectl describe node " + node +
-              "` (KUBECONFIG=/etc/rancher/rke2/rke2.yaml, PATH=/var/lib/rancher/rke2/bin:$PATH), "
-              "fix what they report, then `factory tenant retry`",
-          {{"node", node}, {"reason", reason}, {"message", message}, {"failing_pods", failing_pods}}};
+  std::string why =
+      reason.empty() ? "" : " (" + reason + (message.empty() ? "" : ": " + message) + ")";
+  return {
+      "rke2_node_not_ready",
+      "the guest cluster's node " + node + " did not become Ready" + why,
+      "in the guest run `kubectl get pods -n kube-system` and `kubectl describe node " + node +
+          "` (KUBECONFIG=/etc/rancher/rke2/rke2.yaml, PATH=/var/lib/rancher/rke2/bin:$PATH), "
+          "fix what they report, then `factory tenant retry`",
+      {{"node", node}, {"reason", reason}, {"message", message}, {"failing_pods", failing_pods}}};
 }
 
 Diagnosis helm_release_failed(const std::string& release, const std::string& ns,
@@ -455,7 +461,8 @@ Diagnosis helm_release_failed(const std::string& release, const std::string& ns,
   std::string summary = "the Helm release " + release + " in namespace " + ns + " did not deploy";
   if (!status.empty()) summary += " (status " + status + ")";
   if (!error.empty()) summary += ": " + error;
-  return {"helm_release_failed", summary,
+  return {"helm_release_failed",
+          summary,
           "in the guest run `kubectl -n " + ns + " get pods` and `kubectl -n " + ns +
               " describe pod` on the pods that are not ready, fix what they report, then "
               "`factory tenant retry` (the release is upgraded in place)",

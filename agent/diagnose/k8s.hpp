@@ -7,11 +7,10 @@
 // captured input); guest_dns_servers() and rke2_running_service_cidr() read
 // the guest through GuestEnv.
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "agent/diagnose/diagnosis.hpp"
 #include "agent/plan/step.hpp"
@@ -110,13 +109,13 @@ std::optional<Diagnosis> diagnose_cidr_plan(const ClusterRanges& planned,
 
 // Why the guest's node is not Ready.
 struct NodeNotReadyObservations {
-  std::optional<KubeNode> node;              // absent when the API gave no node
-  std::string api_error;                     // set when the API did not answer
-  std::vector<std::string> dns_servers;      // the guest's (from DHCP)
+  std::optional<KubeNode> node;                     // absent when the API gave no node
+  std::string api_error;                            // set when the API did not answer
+  std::vector<std::string> dns_servers;             // the guest's (from DHCP)
   std::optional<std::string> running_service_cidr;  // the cluster's, when known
   ClusterRanges planned;
-  std::vector<KubePod> system_pods;          // kube-system
-  std::string service;                       // rke2-server
+  std::vector<KubePod> system_pods;  // kube-system
+  std::string service;               // rke2-server
 };
 // guest_dns_clash when a DNS server lies in the cluster's service range (the
 // running one, else the planned one); rke2_api_unreachable when the API never

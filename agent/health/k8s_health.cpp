@@ -43,12 +43,12 @@ json collect_k8s_health(const GuestEnv& env, const std::string& kubeconfig,
     json c = count_or_null(n.capacity, resource);
     if (a.is_number()) alloc += a.get<long long>(), any_alloc = true;
     if (c.is_number()) cap += c.get<long long>(), any_cap = true;
-    out["nodes"].push_back({{"name", n.name},
-                            {"ready", n.ready},
-                            {"allocatable", a},
-                            {"capacity", c},
-                            {"gpu_label", n.labels.count("gpu") ? json(n.labels.at("gpu"))
-                                                                : json(nullptr)}});
+    out["nodes"].push_back(
+        {{"name", n.name},
+         {"ready", n.ready},
+         {"allocatable", a},
+         {"capacity", c},
+         {"gpu_label", n.labels.count("gpu") ? json(n.labels.at("gpu")) : json(nullptr)}});
   }
   if (any_alloc) out["allocatable"] = alloc;
   if (any_cap) out["capacity"] = cap;
@@ -59,7 +59,8 @@ json collect_k8s_health(const GuestEnv& env, const std::string& kubeconfig,
     return out;
   }
   for (const auto& p : *pods) {
-    bool mem = p.limits.count("nvidia.com/gpumem") || p.limits.count("nvidia.com/gpumem-percentage");
+    bool mem =
+        p.limits.count("nvidia.com/gpumem") || p.limits.count("nvidia.com/gpumem-percentage");
     if (!mem) continue;
     auto limit = [&](const char* key) {
       auto it = p.limits.find(key);

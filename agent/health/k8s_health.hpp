@@ -14,9 +14,8 @@
 //
 // Read with kubectl (PATH, else RKE2's /var/lib/rancher/rke2/bin) and the
 // guest cluster's kubeconfig, like the gpu-k8s steps.
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "agent/plan/step.hpp"
 

@@ -67,6 +67,22 @@ std::string helm_error_line(const CommandResult& r) {
   return last;
 }
 
+// Whether a helm process runs in the guest (<root>/proc/<pid>/comm). An
+// unreadable /proc counts as "maybe": the caller then waits.
+bool helm_process_running(const GuestEnv& env) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it(env.path("/proc"), ec), end;
+  if (ec) return true;
+  for (; it != end; it.increment(ec)) {
+    if (ec) return true;
+    const auto name = it->path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    auto comm = read_file(it->path() / "comm");
+    if (comm && (*comm == "helm\n" || *comm == "helm")) return true;
+  }
+  return false;
+}
+
 class HelmRelease final : public Step {
  public:
   explicit HelmRelease(HelmParams p) : p_(std::move(p)) {}
@@ -88,8 +104,8 @@ class HelmRelease final : public Step {
                                     {{"USE_SUDO", "false"}}, 10min);
       if (!out.ok()) return out;
       if (!helm_installed(ctx))
-        return StepOutcome::failure("the Helm install script finished but `helm version` does not run",
-                                    out.message);
+        return StepOutcome::failure(
+            "the Helm install script finished but `helm version` does not run", out.message);
     }
     std::error_code ec;
     if (!std::filesystem::exists(ctx.env.path(p_.kubeconfig), ec))
@@ -97,15 +113,16 @@ class HelmRelease final : public Step {
                                   ctx.env.path(p_.kubeconfig).string() +
                                   " does not exist: RKE2 is not running yet (step kind rke2)");
 
-    for (auto args : {std::vector<std::string>{"repo", "add", p_.repo_name, p_.repo_url,
-                                               "--force-update"},
-                      std::vector<std::string>{"repo", "update", p_.repo_name}}) {
+    for (auto args :
+         {std::vector<std::string>{"repo", "add", p_.repo_name, p_.repo_url, "--force-update"},
+          std::vector<std::string>{"repo", "update", p_.repo_name}}) {
       auto r = helm(ctx, args, 5min);
       if (!r) return StepOutcome::failure("helm: " + r.error().message);
       if (!r->ok())
-        return StepOutcome::failure("helm " + command_line(args) + " " + r->describe() +
-                                        (helm_error_line(*r).empty() ? "" : ": " + helm_error_line(*r)),
-                                    r->tail(20));
+        return StepOutcome::failure(
+            "helm " + command_line(args) + " " + r->describe() +
+                (helm_error_line(*r).empty() ? "" : ": " + helm_error_line(*r)),
+            r->tail(20));
     }
 
     auto st = release_state(ctx);
@@ -113,7 +130,13 @@ class HelmRelease final : public Step {
     if (st->status.rfind("pending-", 0) == 0) {
       auto out = recover_pending(ctx, *st);
       if (!out.ok()) return out;
+      st = release_state(ctx);
+      if (!st) return StepOutcome::failure(st.error().message);
     }
+    // The helm an interrupted agent started may have finished the job.
+    if (in_place(*st))
+      return StepOutcome::success("release " + p_.release + " already deployed: " + p_.chart + " " +
+                                  p_.version);
 
     auto dir = ctx.env.state_dir / "helm";
     if (auto s = ensure_dir(dir, 0700); !s) return StepOutcome::failure(s.error().message);
@@ -128,9 +151,9 @@ class HelmRelease final : public Step {
     // was waiting for instead of being killed mid-wait.
     auto left = std::chrono::duration_cast<std::chrono::seconds>(ctx.remaining()) - 30s;
     auto helm_timeout = std::max(std::min(p_.wait_timeout, left), std::chrono::seconds(10));
-    std::vector<std::string> args = {"upgrade", "--install", p_.release,
-                                     p_.repo_name + "/" + p_.chart, "--version", p_.version,
-                                     "--namespace", p_.ns};
+    std::vector<std::string> args = {
+        "upgrade",   "--install", p_.release,    p_.repo_name + "/" + p_.chart,
+        "--version", p_.version,  "--namespace", p_.ns};
     if (p_.create_namespace) args.push_back("--create-namespace");
     args.insert(args.end(), {"-f", values_file.string(), "--wait", "--timeout",
                              std::to_string(helm_timeout.count()) + "s"});
@@ -140,8 +163,9 @@ class HelmRelease final : public Step {
                                         format_duration(helm_timeout) + ")"}});
     auto r = helm(ctx, args, helm_timeout + 60s);
     if (!r) return StepOutcome::failure("helm: " + r.error().message);
-    if (!r->ok()) return failed(ctx, helm_error_line(*r).empty() ? r->describe() : helm_error_line(*r),
-                                r->tail(20));
+    if (!r->ok())
+      return failed(ctx, helm_error_line(*r).empty() ? r->describe() : helm_error_line(*r),
+                    r->tail(20));
     return StepOutcome::success("release " + p_.release + " deployed: " + p_.chart + " " +
                                 p_.version);
   }
@@ -163,8 +187,8 @@ class HelmRelease final : public Step {
 
  private:
   bool in_place(const ReleaseState& st) const {
-    return st.found && st.status == "deployed" && same_chart_version(st.chart_version, p_.version) &&
-           st.values == p_.values;
+    return st.found && st.status == "deployed" &&
+           same_chart_version(st.chart_version, p_.version) && st.values == p_.values;
   }
 
   Result<CommandResult> helm(const StepContext& ctx, std::vector<std::string> args,
@@ -187,7 +211,8 @@ class HelmRelease final : public Step {
       return classify_kube_failure("helm status", *r);
     }
     auto j = json_document(r->output);
-    if (!j.is_object()) return Error(Errc::protocol, "helm status printed JSON that does not parse");
+    if (!j.is_object())
+      return Error(Errc::protocol, "helm status printed JSON that does not parse");
     st.found = true;
     const json& info = j.value("info", json::object());
     st.status = info.value("status", "");
@@ -199,18 +224,21 @@ class HelmRelease final : public Step {
     if (!v) return v.error();
     if (!v->ok()) return classify_kube_failure("helm get values", *v);
     auto vj = json_document(v->output);
-    if (vj.is_discarded()) return Error(Errc::protocol, "helm get values printed JSON that does not parse");
+    if (vj.is_discarded())
+      return Error(Errc::protocol, "helm get values printed JSON that does not parse");
     st.values = vj.is_null() ? json::object() : vj;
     return st;
   }
 
   // A release an interrupted helm left pending-*: helm refuses to touch it.
-  // While the helm that left it could still be running (its --timeout from
-  // the release's last_deployed), wait; after that nothing will finish it.
+  // While a helm process runs in the guest and could still be the one that
+  // left it (its --timeout from the release's last_deployed), wait; once no
+  // helm runs, or that time is over, nothing will finish it.
   StepOutcome recover_pending(StepContext& ctx, ReleaseState st) {
     auto started = st.last_deployed.value_or(Clock::now());
     auto safe_after = started + p_.wait_timeout + 1min;
-    while (st.status.rfind("pending-", 0) == 0 && Clock::now() < safe_after) {
+    while (st.status.rfind("pending-", 0) == 0 && Clock::now() < safe_after &&
+           helm_process_running(ctx.env)) {
       if (ctx.remaining() < 60s) {
         auto d = diagnoses::helm_operation_in_progress(p_.release, p_.ns, st.status);
         return StepOutcome::failure(d.summary, {}, d);

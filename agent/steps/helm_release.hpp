@@ -18,8 +18,10 @@
 //         the record: nothing to drift from).
 // apply:  installs helm when `helm version` does not run; `helm repo add --force-update` and
 //         `helm repo update`; a release left pending-install / pending-upgrade
-//         by an interrupted helm is waited for while that helm could still be
-//         running (its own --timeout), then uninstalled / rolled back; then
+//         by an interrupted helm is waited for while a helm process runs in
+//         the guest and could still be that one (its own --timeout), then
+//         uninstalled / rolled back (and left alone if that helm finished
+//         the job); then
 //         `helm upgrade --install NAME REPO/CHART --version V --namespace NS
 //         [--create-namespace] -f VALUES --wait --timeout T`.
 // verify: the same as check, with the release's status in the message.

@@ -22,7 +22,8 @@ Result<Kubectl> Kubectl::find(const GuestEnv& env, const std::string& kubeconfig
   else
     k.binary_ = which("kubectl");
   if (k.binary_.empty())
-    return Error(Errc::not_found, "kubectl is neither on PATH nor in " + env.path(bin_dir).string() +
+    return Error(Errc::not_found, "kubectl is neither on PATH nor in " +
+                                      env.path(bin_dir).string() +
                                       " (RKE2 puts it there when rke2-server starts)");
   return k;
 }
@@ -128,14 +129,13 @@ StepOutcome run_install_script(const StepContext& ctx, const std::string& what,
       "f=$(mktemp)\n"
       "trap 'rm -f \"$f\"' EXIT\n"
       "curl -fsSL " +
-      sh_quote(url) +
-      " -o \"$f\"\n" + interpreter + " \"$f\"\n";
+      sh_quote(url) + " -o \"$f\"\n" + interpreter + " \"$f\"\n";
   CommandSpec spec = shell_command(script);
   spec.env = std::move(env);
   auto left = ctx.remaining();
-  spec.timeout = left < cap ? (left > std::chrono::milliseconds(100) ? left
-                                                                     : std::chrono::milliseconds(100))
-                            : cap;
+  spec.timeout =
+      left < cap ? (left > std::chrono::milliseconds(100) ? left : std::chrono::milliseconds(100))
+                 : cap;
   auto r = run_command(spec);
   if (!r) return StepOutcome::failure("cannot run the " + what + ": " + r.error().message);
   if (!r->ok()) {

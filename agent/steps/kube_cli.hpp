@@ -8,10 +8,9 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "agent/diagnose/k8s.hpp"
 #include "agent/plan/step.hpp"

@@ -60,9 +60,9 @@ class NodeLabel final : public Step {
     }
     std::string labels;
     for (const auto& [k, v] : p_.labels) labels += (labels.empty() ? "" : ",") + k + "=" + v;
-    return StepOutcome::success("labelled " + labels + " on " +
-                                (p_.nodes.empty() ? std::string("every node")
-                                                  : command_line(p_.nodes)));
+    return StepOutcome::success(
+        "labelled " + labels + " on " +
+        (p_.nodes.empty() ? std::string("every node") : command_line(p_.nodes)));
   }
 
  private:
@@ -82,9 +82,9 @@ class NodeLabel final : public Step {
       seen.push_back(n.name);
       for (const auto& [key, value] : p_.labels)
         if (!n.has_label(key, value))
-          missing.push_back(n.name + ": " + key + "=" + value +
-                            (n.labels.count(key) ? " (has " + key + "=" + n.labels.at(key) + ")"
-                                                 : ""));
+          missing.push_back(
+              n.name + ": " + key + "=" + value +
+              (n.labels.count(key) ? " (has " + key + "=" + n.labels.at(key) + ")" : ""));
     }
     for (const auto& want : p_.nodes)
       if (std::find(seen.begin(), seen.end(), want) == seen.end())

@@ -32,7 +32,9 @@ struct Rke2Params {
 
 // A value as the config file compares it: strings as they are, other
 // scalars in their JSON spelling ("true", "10").
-std::string scalar_text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+std::string scalar_text(const json& v) {
+  return v.is_string() ? v.get<std::string>() : v.dump();
+}
 
 // Go's YAML (RKE2 reads config.yaml with it) still takes YAML 1.1's words
 // for booleans: such a string must be quoted.
@@ -80,27 +82,35 @@ class Rke2 final : public Step {
 
     bool changed = false;
     if (!config_matches(ctx.env)) {
-      emit_progress(ctx, {{"state", "progress"}, {"message", std::string("writing ") + kConfigPath}});
+      emit_progress(ctx,
+                    {{"state", "progress"}, {"message", std::string("writing ") + kConfigPath}});
       if (auto s = ensure_dir(ctx.env.path("/etc/rancher/rke2"), 0755); !s)
         return StepOutcome::failure(s.error().message);
       // 0600: RKE2's config may hold a join token once admins add one.
-      if (auto s = write_file_atomic(ctx.env.path(kConfigPath), render_rke2_config(p_.config), 0600);
+      if (auto s =
+              write_file_atomic(ctx.env.path(kConfigPath), render_rke2_config(p_.config), 0600);
           !s)
         return StepOutcome::failure("cannot write " + std::string(kConfigPath) + ": " +
                                     s.error().message);
       changed = true;
     }
 
+    // The installer is re-run unless it finished for this version here: one
+    // killed half way can leave a binary that answers --version without the
+    // units beside it. (It is idempotent; a running server keeps running.)
     std::string installed = installed_version(ctx);
-    if (installed != p_.version) {
+    if (installed != p_.version || load_step_state(ctx).value("installed", "") != p_.version) {
       emit_progress(ctx, {{"state", "progress"}, {"message", "installing RKE2 " + p_.version}});
       auto out = run_install_script(ctx, "RKE2 install script", p_.install_url, "sh",
                                     {{"INSTALL_RKE2_VERSION", p_.version}}, 15min);
       if (!out.ok()) return out;
       installed = installed_version(ctx);
       if (installed != p_.version)
-        return StepOutcome::failure("the RKE2 install script finished but `rke2 --version` reports '" +
-                                    installed + "', not " + p_.version);
+        return StepOutcome::failure(
+            "the RKE2 install script finished but `rke2 --version` reports '" + installed +
+            "', not " + p_.version);
+      if (auto s = save_step_state(ctx, {{"installed", p_.version}}); !s)
+        return StepOutcome::failure("cannot record the install: " + s.error().message);
       changed = true;
     }
 
@@ -191,18 +201,21 @@ class Rke2 final : public Step {
     return out;
   }
 
-  Readiness wait_ready(const StepContext& ctx, std::chrono::steady_clock::time_point give_up) const {
+  Readiness wait_ready(const StepContext& ctx,
+                       std::chrono::steady_clock::time_point give_up) const {
     ProgressLimiter limiter(15s);
     std::string last_state;
     while (true) {
       auto r = poll_ready(ctx);
       if (r.ready) return r;
-      std::string state = r.node ? "node " + r.node->name + " NotReady" +
-                                       (r.node->ready_reason.empty() ? "" : " (" + r.node->ready_reason + ")")
-                                 : "API not answering: " + r.api_error;
+      std::string state =
+          r.node ? "node " + r.node->name + " NotReady" +
+                       (r.node->ready_reason.empty() ? "" : " (" + r.node->ready_reason + ")")
+                 : "API not answering: " + r.api_error;
       if (state != last_state || limiter.due()) {
-        emit_progress(ctx, {{"state", "progress"},
-                            {"message", "waiting for the guest cluster's node to be Ready: " + state}});
+        emit_progress(ctx,
+                      {{"state", "progress"},
+                       {"message", "waiting for the guest cluster's node to be Ready: " + state}});
         last_state = state;
       }
       if (std::chrono::steady_clock::now() + 1s >= give_up) return r;
@@ -226,8 +239,8 @@ class Rke2 final : public Step {
         o.system_pods = *pods;
         for (const auto& p : *pods)
           if (!p.running() && p.status != "Completed")
-            tail += p.ns + "/" + p.name + " " + p.status + (p.message.empty() ? "" : ": " + p.message) +
-                    "\n";
+            tail += p.ns + "/" + p.name + " " + p.status +
+                    (p.message.empty() ? "" : ": " + p.message) + "\n";
       }
     }
     if (!r.node) {
@@ -286,9 +299,10 @@ Result<std::unique_ptr<Step>> make_rke2(const StepSpec& spec) {
   p.config = spec.params["config"];
   for (const char* k : kRangeKeys)
     if (!p.config.contains(k) || !p.config[k].is_string())
-      return Error(Errc::invalid_argument, "step '" + spec.id + "': params.config." + k +
-                                               " is required (a string)");
-  p.ranges = {p.config["cluster-cidr"].get<std::string>(), p.config["service-cidr"].get<std::string>(),
+      return Error(Errc::invalid_argument,
+                   "step '" + spec.id + "': params.config." + k + " is required (a string)");
+  p.ranges = {p.config["cluster-cidr"].get<std::string>(),
+              p.config["service-cidr"].get<std::string>(),
               p.config["cluster-dns"].get<std::string>()};
   return std::unique_ptr<Step>(new Rke2(std::move(p)));
 }

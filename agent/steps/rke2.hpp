@@ -19,7 +19,8 @@
 //         cluster's service range as the guest sees it (the DNS server it got
 //         from DHCP, 10.43.0.10 under the runbook's host), before touching
 //         anything; writes config.yaml atomically; runs the install script
-//         with INSTALL_RKE2_VERSION unless that version is installed;
+//         with INSTALL_RKE2_VERSION unless it finished installing that version
+//         before (recorded in the agent's step state) and rke2 reports it;
 //         `systemctl enable --now` (or `restart` when a running server's
 //         config changed); waits for the node to be Ready within the step's
 //         deadline, with progress events.
@@ -30,9 +31,8 @@
 //   runbook's failure), rke2_api_unreachable, rke2_node_not_ready,
 //   download_failed.
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "agent/plan/step.hpp"
 

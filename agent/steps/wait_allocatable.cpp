@@ -43,11 +43,12 @@ class WaitAllocatable final : public Step {
       if (l) {
         if (l->found >= p_.count) return success(*l);
         if (l->found != last) {
-          emit_progress(ctx, {{"state", "progress"},
-                              {"message", p_.resource + " allocatable: " + std::to_string(l->found) +
-                                              " of " + std::to_string(p_.count)},
-                              {"allocatable", l->found},
-                              {"expected", p_.count}});
+          emit_progress(
+              ctx, {{"state", "progress"},
+                    {"message", p_.resource + " allocatable: " + std::to_string(l->found) + " of " +
+                                    std::to_string(p_.count)},
+                    {"allocatable", l->found},
+                    {"expected", p_.count}});
           last = l->found;
         }
         last_error.clear();

@@ -45,9 +45,9 @@ class K8sGuest : public ::testing::Test {
 
   // kubectl in the guest, as RKE2 ships it (not on PATH).
   CommandResult kubectl(std::vector<std::string> args) const {
-    std::vector<std::string> argv = {
-        (sim_->root() / "var/lib/rancher/rke2/bin/kubectl").string(), "--kubeconfig",
-        (sim_->root() / "etc/rancher/rke2/rke2.yaml").string()};
+    std::vector<std::string> argv = {(sim_->root() / "var/lib/rancher/rke2/bin/kubectl").string(),
+                                     "--kubeconfig",
+                                     (sim_->root() / "etc/rancher/rke2/rke2.yaml").string()};
     argv.insert(argv.end(), args.begin(), args.end());
     return sim_->sh(argv);
   }

@@ -124,8 +124,9 @@ TEST_F(LabelAndAllocatable, ACrashingDevicePluginIsNamed) {
   ASSERT_FALSE(v.ok());
   ASSERT_TRUE(v.diagnosis) << describe(v);
   EXPECT_EQ(v.diagnosis->code, "device_plugin_not_running");
-  EXPECT_TRUE(contains(v.diagnosis->summary, "hami-system/hami-device-plugin-9vd4t is "
-                                             "CrashLoopBackOff"))
+  EXPECT_TRUE(contains(v.diagnosis->summary,
+                       "hami-system/hami-device-plugin-9vd4t is "
+                       "CrashLoopBackOff"))
       << v.diagnosis->summary;
   EXPECT_TRUE(contains(v.output_tail, "CrashLoopBackOff")) << v.output_tail;
 }

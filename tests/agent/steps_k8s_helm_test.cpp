@@ -62,11 +62,13 @@ TEST_F(HelmStep, GpuOperatorInstallsHelmThenThePinnedChartWithTheCatalogsValues)
   EXPECT_EQ(sim_->counter("helm.get"), 1);  // the get-helm-4 installer
   EXPECT_EQ(sim_->counter("helm.install.gpu-operator"), 1);
   auto calls = sim_->calls_log();
-  EXPECT_TRUE(contains(calls, "helm repo add nvidia https://nvidia.github.io/gpu-operator "
-                              "--force-update"))
+  EXPECT_TRUE(contains(calls,
+                       "helm repo add nvidia https://nvidia.github.io/gpu-operator "
+                       "--force-update"))
       << calls;
-  EXPECT_TRUE(contains(calls, "helm upgrade --install gpu-operator nvidia/gpu-operator --version "
-                              "v26.3.2 --namespace gpu-operator --create-namespace -f "))
+  EXPECT_TRUE(contains(calls,
+                       "helm upgrade --install gpu-operator nvidia/gpu-operator --version "
+                       "v26.3.2 --namespace gpu-operator --create-namespace -f "))
       << calls;
   EXPECT_TRUE(contains(calls, "--wait --timeout ")) << calls;
 
@@ -192,12 +194,40 @@ TEST_F(HelmStep, AReleaseLeftPendingByAKilledHelmIsCleanedUpOnceThatHelmCannotBe
   EXPECT_EQ(sim_->counter("helm.install.gpu-operator"), 2);
 }
 
-TEST_F(HelmStep, AReleaseStillPendingFromARecentHelmIsNotTouched) {
+TEST_F(HelmStep, AReleaseLeftPendingRecentlyIsRolledBackWhenNoHelmRuns) {
+  done("gpu-operator");
+  // A helm killed during an upgrade a moment ago (the agent's unit was
+  // stopped, and systemd ended the helm it had started with it).
+  auto f = release_file("gpu-operator", "gpu-operator");
+  auto rel = json::parse(slurp(f));
+  rel["status"] = "pending-upgrade";
+  rel["previous"] = {{"chart_version", rel["chart_version"]},
+                     {"app_version", rel["app_version"]},
+                     {"values", rel["values"]},
+                     {"revision", 1}};
+  rel["revision"] = 2;
+  ASSERT_TRUE(write_file_atomic(f, rel.dump(), 0644));
+  auto h = step("gpu-operator");
+  auto a = h.apply();
+  ASSERT_TRUE(a.ok()) << describe(a);
+  EXPECT_EQ(sim_->counter("helm.rollback.gpu-operator"), 1);
+  // The rollback restored the deployed revision, which is what the plan
+  // wants: no upgrade after it.
+  EXPECT_TRUE(contains(a.message, "already deployed")) << a.message;
+  EXPECT_EQ(sim_->counter("helm.install.gpu-operator"), 1);
+  ASSERT_TRUE(h.verify().ok());
+}
+
+TEST_F(HelmStep, AReleaseStillPendingUnderARunningHelmIsNotTouched) {
   done("gpu-operator");
   auto f = release_file("gpu-operator", "gpu-operator");
   auto rel = json::parse(slurp(f));
   rel["status"] = "pending-upgrade";
   ASSERT_TRUE(write_file_atomic(f, rel.dump(), 0644));
+  // A helm process in the guest (the simulated guest's /proc holds only
+  // what a test puts there).
+  std::filesystem::create_directories(sim_->root() / "proc/4242");
+  ASSERT_TRUE(write_file_atomic(sim_->root() / "proc/4242/comm", "helm\n", 0644));
 
   auto h = step("gpu-operator");
   auto ctx = h.context(30s);  // less than the helm's own timeout can still take

@@ -15,20 +15,20 @@ using namespace factory::agent;
 using nlohmann::json;
 
 json node_json(bool ready, json labels, json allocatable) {
-  return {{"apiVersion", "v1"},
-          {"kind", "Node"},
-          {"metadata", {{"name", "tenant-2"}, {"labels", labels}}},
-          {"status",
-           {{"allocatable", allocatable},
-            {"capacity", allocatable},
-            {"conditions",
-             json::array({{{"type", "MemoryPressure"}, {"status", "False"}},
-                          {{"type", "Ready"},
-                           {"status", ready ? "True" : "False"},
-                           {"reason", ready ? "KubeletReady" : "KubeletNotReady"},
-                           {"message", ready ? "kubelet is posting ready status"
-                                             : "container runtime network not ready"}}})},
-            {"nodeInfo", {{"kubeletVersion", "v1.36.4+rke2r1"}}}}}};
+  return {
+      {"apiVersion", "v1"},
+      {"kind", "Node"},
+      {"metadata", {{"name", "tenant-2"}, {"labels", labels}}},
+      {"status",
+       {{"allocatable", allocatable},
+        {"capacity", allocatable},
+        {"conditions", json::array({{{"type", "MemoryPressure"}, {"status", "False"}},
+                                    {{"type", "Ready"},
+                                     {"status", ready ? "True" : "False"},
+                                     {"reason", ready ? "KubeletReady" : "KubeletNotReady"},
+                                     {"message", ready ? "kubelet is posting ready status"
+                                                       : "container runtime network not ready"}}})},
+        {"nodeInfo", {{"kubeletVersion", "v1.36.4+rke2r1"}}}}}};
 }
 
 json pod_json(const std::string& ns, const std::string& name, json labels, json status,
@@ -41,16 +41,19 @@ json pod_json(const std::string& ns, const std::string& name, json labels, json 
 }
 
 json running() {
-  return {{"phase", "Running"},
-          {"containerStatuses",
-           json::array({{{"ready", true}, {"restartCount", 0}, {"state", {{"running", json::object()}}}}})}};
+  return {
+      {"phase", "Running"},
+      {"containerStatuses",
+       json::array(
+           {{{"ready", true}, {"restartCount", 0}, {"state", {{"running", json::object()}}}}})}};
 }
 
 TEST(KubeParse, NodesFromAListWithReadinessLabelsAndResources) {
-  json list = {{"apiVersion", "v1"},
-               {"kind", "List"},
-               {"items", json::array({node_json(true, {{"gpu", "on"}},
-                                                {{"cpu", "8"}, {"nvidia.com/gpu", "10"}})})}};
+  json list = {
+      {"apiVersion", "v1"},
+      {"kind", "List"},
+      {"items",
+       json::array({node_json(true, {{"gpu", "on"}}, {{"cpu", "8"}, {"nvidia.com/gpu", "10"}})})}};
   auto nodes = parse_node_list(list);
   ASSERT_EQ(nodes.size(), 1u);
   EXPECT_EQ(nodes[0].name, "tenant-2");
@@ -67,22 +70,23 @@ TEST(KubeParse, NodesFromAListWithReadinessLabelsAndResources) {
 }
 
 TEST(KubeParse, PodStatusesAsKubectlPrintsThem) {
-  json init = {{"phase", "Pending"},
-               {"initContainerStatuses",
-                json::array({{{"name", "toolkit-validation"},
-                              {"state", {{"running", json::object()}}}}})},
-               {"containerStatuses",
-                json::array({{{"ready", false},
-                              {"restartCount", 0},
-                              {"state", {{"waiting", {{"reason", "PodInitializing"}}}}}}})}};
-  json crash = {{"phase", "Running"},
-                {"containerStatuses",
-                 json::array({{{"ready", false},
-                               {"restartCount", 7},
-                               {"state",
-                                {{"waiting",
-                                  {{"reason", "CrashLoopBackOff"},
-                                   {"message", "back-off 5m0s restarting failed container"}}}}}}})}};
+  json init = {
+      {"phase", "Pending"},
+      {"initContainerStatuses",
+       json::array({{{"name", "toolkit-validation"}, {"state", {{"running", json::object()}}}}})},
+      {"containerStatuses",
+       json::array({{{"ready", false},
+                     {"restartCount", 0},
+                     {"state", {{"waiting", {{"reason", "PodInitializing"}}}}}}})}};
+  json crash = {
+      {"phase", "Running"},
+      {"containerStatuses",
+       json::array({{{"ready", false},
+                     {"restartCount", 7},
+                     {"state",
+                      {{"waiting",
+                        {{"reason", "CrashLoopBackOff"},
+                         {"message", "back-off 5m0s restarting failed container"}}}}}}})}};
   json unschedulable = {
       {"phase", "Pending"},
       {"conditions",
@@ -90,12 +94,12 @@ TEST(KubeParse, PodStatusesAsKubectlPrintsThem) {
                      {"status", "False"},
                      {"reason", "Unschedulable"},
                      {"message", "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."}}})}};
-  json list = {{"items", json::array({pod_json("hami-system", "hami-device-plugin-x", {}, init),
-                                      pod_json("hami-system", "hami-device-plugin-y", {}, crash),
-                                      pod_json("default", "gpu-test-1", {}, unschedulable,
-                                               {{"nvidia.com/gpu", 1},
-                                                {"nvidia.com/gpumem", "1024"}}),
-                                      pod_json("kube-system", "etcd-tenant-2", {}, running())})}};
+  json list = {
+      {"items", json::array({pod_json("hami-system", "hami-device-plugin-x", {}, init),
+                             pod_json("hami-system", "hami-device-plugin-y", {}, crash),
+                             pod_json("default", "gpu-test-1", {}, unschedulable,
+                                      {{"nvidia.com/gpu", 1}, {"nvidia.com/gpumem", "1024"}}),
+                             pod_json("kube-system", "etcd-tenant-2", {}, running())})}};
   auto pods = parse_pod_list(list);
   ASSERT_EQ(pods.size(), 4u);
   EXPECT_EQ(pods[0].status, "Init:0/1");
@@ -155,13 +159,14 @@ TEST(CidrRules, RangesValidatedAndCheckedAgainstTheHostsDns) {
   EXPECT_EQ(assumed_host_service_range("192.168.1.1"), "192.168.1.1/32");
 
   EXPECT_FALSE(diagnose_cidr_plan(runbook, {"10.43.0.10"}));
-  auto defaults = diagnose_cidr_plan({"10.42.0.0/16", "10.43.0.0/16", "10.43.0.10"}, {"10.43.0.10"});
+  auto defaults =
+      diagnose_cidr_plan({"10.42.0.0/16", "10.43.0.0/16", "10.43.0.10"}, {"10.43.0.10"});
   ASSERT_TRUE(defaults);
   EXPECT_EQ(defaults->code, "guest_cidr_clash");
   EXPECT_EQ(defaults->details["host_service_range_assumed"], "10.43.0.0/16");
   // Overlapping the host's /16 without holding the address is refused too.
-  EXPECT_TRUE(diagnose_cidr_plan({"10.52.0.0/16", "10.43.128.0/17", "10.43.128.10"},
-                                 {"10.43.0.10"}));
+  EXPECT_TRUE(
+      diagnose_cidr_plan({"10.52.0.0/16", "10.43.128.0/17", "10.43.128.10"}, {"10.43.0.10"}));
   EXPECT_FALSE(diagnose_cidr_plan(runbook, {}));  // nothing seen, nothing refused
 }
 

@@ -106,8 +106,8 @@ TEST_F(GpuK8sTier, RunbookTenant2EndToEndThroughThePlanEngine) {
     EXPECT_EQ(s["state"], "succeeded") << s.dump(2);
     EXPECT_EQ(s["failures"], 0) << s.dump(2);
   }
-  EXPECT_EQ(ids, (std::vector<std::string>{"gpu-present", "rke2", "gpu-operator",
-                                           "label-gpu-node", "hami", "gpus-allocatable"}));
+  EXPECT_EQ(ids, (std::vector<std::string>{"gpu-present", "rke2", "gpu-operator", "label-gpu-node",
+                                           "hami", "gpus-allocatable"}));
 
   // Every effect once.
   EXPECT_EQ(sim_->counter("rke2.install"), 1);
