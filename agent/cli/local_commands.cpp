@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "agent/health/gpu_health.hpp"
+#include "agent/health/k8s_health.hpp"
 #include "agent/plan/engine.hpp"
 #include "agent/plan/plan_spec.hpp"
 #include "agent/steps/builtin.hpp"
@@ -120,7 +121,8 @@ int run_plan(const Opts& o, const nlohmann::json& plan) {
 
 void add_local_commands(CLI::App& app, LocalCommand& chosen) {
   auto o = std::make_shared<Opts>();
-  auto* health = app.add_subcommand("health", "Print what this guest's GPU (NVML or nvidia-smi) and Ollama report");
+  auto* health = app.add_subcommand(
+      "health", "Print what this guest's GPU (NVML or nvidia-smi), Ollama and (gpu-k8s) its cluster report");
   health->add_option("--root", o->root, "Filesystem root of the guest");
   health->add_option("--ollama-url", o->ollama_url, "Ollama's API");
   health->add_option("-o,--output", o->output, "json|yaml")->check(CLI::IsMember({"json", "yaml", "text"}));
@@ -128,6 +130,10 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
     chosen.run = [o] {
       GuestEnv env = env_of(*o);
       nlohmann::json h = {{"gpu", collect_gpu_health(env)}, {"ollama", collect_ollama_health(env)}};
+      // A gpu-k8s guest: its own cluster's view of the GPU (HAMi's split).
+      std::error_code ec;
+      if (std::filesystem::exists(env.path("/etc/rancher/rke2/rke2.yaml"), ec))
+        h["k8s"] = collect_k8s_health(env);
       print(h, o->output == "text" ? "json" : o->output);
       return h["gpu"].value("gpus", nlohmann::json::array()).empty() ? 1 : 0;
     };

@@ -91,6 +91,31 @@ void add_token_commands(CLI::App& app, Context& ctx) {
 }
 
 namespace {
+// One cell that says what the tenant's GPU is doing: the card and driver,
+// then what the tier made of it (a model on the GPU, or HAMi's split).
+std::string gpu_summary(const nlohmann::json& t) {
+  if (!t.contains("health") || !t["health"].is_object()) return "-";
+  const auto& h = t["health"];
+  std::string out;
+  if (h.contains("gpu") && h["gpu"].is_object()) {
+    const auto& g = h["gpu"];
+    for (auto& card : g.value("gpus", nlohmann::json::array())) {
+      if (!out.empty()) out += ", ";
+      out += card.value("name", "?");
+    }
+    if (g.contains("driver_version") && g["driver_version"].is_string())
+      out += " (" + g["driver_version"].get<std::string>() + ")";
+  }
+  if (h.contains("ollama") && h["ollama"].is_object())
+    for (auto& m : h["ollama"].value("models", nlohmann::json::array()))
+      out += "; " + m.value("name", "?") + " " + std::to_string(m.value("gpu_percent", 0)) + "% GPU";
+  if (h.contains("k8s") && h["k8s"].is_object() && h["k8s"].contains("allocatable") &&
+      h["k8s"]["allocatable"].is_number())
+    out += "; " + std::to_string(h["k8s"]["allocatable"].get<int>()) + " x " +
+           h["k8s"].value("resource", "nvidia.com/gpu");
+  return out.empty() ? "-" : out;
+}
+
 std::string ago(const std::string& ts) {
   if (ts.empty()) return "-";
   auto t = parse_rfc3339(ts);
@@ -119,14 +144,14 @@ void add_status_command(CLI::App& app, Context& ctx) {
                         t.value("phase", ""), up ? "yes" : "no",
                         a.value("version", "").empty() ? "-" : a.value("version", ""),
                         up ? ago(a.value("connected_since", "")) : "-", ago(a.value("last_seen", "")),
-                        a.value("remote_address", "").empty() ? "-" : a.value("remote_address", "")});
+                        gpu_summary(t)});
       }
       if (rows.empty()) {
         std::cout << "No tenants yet. Create one with `factory tenant create` or `factory token create`.\n";
         return 0;
       }
       print_table(std::cout,
-                  {"tenant", "tier", "phase", "connected", "agent", "since", "last seen", "remote"},
+                  {"tenant", "tier", "phase", "connected", "agent", "since", "last seen", "gpu"},
                   rows);
       return 0;
     };
