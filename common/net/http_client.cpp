@@ -7,6 +7,8 @@
 // a fresh connection never inherits a half-read response from an earlier one.
 #include "common/net/http_client.hpp"
 
+#include "common/net/url.hpp"
+
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -43,81 +45,17 @@ namespace {
 constexpr std::uint64_t kMaxBody = 64ull << 20;
 constexpr std::uint32_t kMaxHeader = 64u << 10;
 
-struct Url {
-  bool tls = false;
-  std::string host;    // without brackets: "::1", "example.com"
-  std::string port;
-  std::string target;  // "/path?query"
-  bool host_is_ip = false;
-  bool default_port = true;
-
-  // "https://[::1]:6443" — how the caller named the server, used in messages.
-  std::string origin() const {
-    std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
-    return std::string(tls ? "https://" : "http://") + h + (default_port ? "" : ":" + port);
-  }
-  std::string host_header() const {
-    std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
-    return default_port ? h : h + ":" + port;
-  }
-};
-
 bool is_ip_literal(const std::string& host) {
   boost::system::error_code ec;
   asio::ip::make_address(host, ec);
   return !ec;
 }
 
-Result<Url> parse_url(const std::string& s) {
-  Url u;
-  std::string_view rest = s;
-  if (rest.starts_with("https://")) {
-    u.tls = true;
-    rest.remove_prefix(8);
-  } else if (rest.starts_with("http://")) {
-    rest.remove_prefix(7);
-  } else {
+// This client speaks HTTP only; wss:// belongs to the agent link.
+Result<Url> parse_http_url(const std::string& s) {
+  auto u = parse_url(s);
+  if (u && u->scheme != "http" && u->scheme != "https")
     return Error(Errc::invalid_argument, "URL '" + s + "' must start with http:// or https://");
-  }
-  auto slash = rest.find_first_of("/?");
-  std::string_view authority = rest.substr(0, slash);
-  u.target = slash == std::string_view::npos ? "/" : std::string(rest.substr(slash));
-  if (u.target.front() == '?') u.target.insert(0, "/");
-  if (authority.find('@') != std::string_view::npos)
-    return Error(Errc::invalid_argument, "URL '" + s + "': user info in URLs is not supported");
-  std::string_view port;
-  if (authority.starts_with("[")) {
-    auto close = authority.find(']');
-    if (close == std::string_view::npos)
-      return Error(Errc::invalid_argument, "URL '" + s + "': unterminated IPv6 literal");
-    u.host = std::string(authority.substr(1, close - 1));
-    auto after = authority.substr(close + 1);
-    if (!after.empty()) {
-      if (after.front() != ':')
-        return Error(Errc::invalid_argument, "URL '" + s + "': junk after IPv6 literal");
-      port = after.substr(1);
-    }
-  } else {
-    auto colon = authority.rfind(':');
-    if (colon != std::string_view::npos) {
-      u.host = std::string(authority.substr(0, colon));
-      port = authority.substr(colon + 1);
-    } else {
-      u.host = std::string(authority);
-    }
-  }
-  if (u.host.empty()) return Error(Errc::invalid_argument, "URL '" + s + "' has no host");
-  if (!port.empty()) {
-    if (!std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
-        port.size() > 5 || std::stoi(std::string(port)) == 0 ||
-        std::stoi(std::string(port)) > 65535)
-      return Error(Errc::invalid_argument, "URL '" + s + "': bad port '" + std::string(port) + "'");
-    u.port = std::string(port);
-    u.default_port = u.port == (u.tls ? "443" : "80");
-  } else {
-    u.port = u.tls ? "443" : "80";
-  }
-  u.host_is_ip = is_ip_literal(u.host);
   return u;
 }
 
@@ -405,7 +343,7 @@ bool is_truncation(const boost::system::error_code& ec) {
 HttpClient::HttpClient(TlsClientOptions tls) : tls_(std::move(tls)) {}
 
 Result<HttpResponse> HttpClient::request(const HttpRequest& req) {
-  auto url = parse_url(req.url);
+  auto url = parse_http_url(req.url);
   if (!url) return url.error();
   Connection conn(*url, tls_, req.timeout);
   if (auto st = conn.open(); !st) return st.error();
@@ -443,7 +381,7 @@ Result<HttpResponse> HttpClient::request(const HttpRequest& req) {
 Result<int> HttpClient::stream(const HttpRequest& req,
                                const std::function<bool(std::string_view chunk)>& on_data,
                                const std::function<bool(const HttpResponse& head)>& on_head) {
-  auto url = parse_url(req.url);
+  auto url = parse_http_url(req.url);
   if (!url) return url.error();
   Connection conn(*url, tls_, req.timeout);
   if (auto st = conn.open(); !st) return st.error();

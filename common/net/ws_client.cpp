@@ -23,40 +23,6 @@ using tcp = asio::ip::tcp;
 using asio::awaitable;
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 
-Result<ParsedUrl> parse_url(const std::string& url) {
-  ParsedUrl u;
-  auto sep = url.find("://");
-  if (sep == std::string::npos) return Error(Errc::invalid_argument, "invalid URL '" + url + "'");
-  u.scheme = url.substr(0, sep);
-  std::string rest = url.substr(sep + 3);
-  auto slash = rest.find('/');
-  std::string hostport = rest.substr(0, slash);
-  u.path = slash == std::string::npos ? "/" : rest.substr(slash);
-  uint16_t def = (u.scheme == "wss" || u.scheme == "https") ? 443 : 80;
-  if (!hostport.empty() && hostport.front() == '[') {
-    auto close = hostport.find(']');
-    if (close == std::string::npos) return Error(Errc::invalid_argument, "invalid URL '" + url + "'");
-    u.host = hostport.substr(1, close - 1);
-    if (close + 1 < hostport.size()) {
-      if (hostport[close + 1] != ':') return Error(Errc::invalid_argument, "invalid URL '" + url + "'");
-      u.port = static_cast<uint16_t>(std::stoi(hostport.substr(close + 2)));
-    } else {
-      u.port = def;
-    }
-  } else {
-    auto colon = hostport.rfind(':');
-    u.host = hostport.substr(0, colon);
-    try {
-      u.port = colon == std::string::npos ? def
-                                          : static_cast<uint16_t>(std::stoi(hostport.substr(colon + 1)));
-    } catch (...) {
-      return Error(Errc::invalid_argument, "invalid port in URL '" + url + "'");
-    }
-  }
-  if (u.host.empty()) return Error(Errc::invalid_argument, "no host in URL '" + url + "'");
-  return u;
-}
-
 struct WsClient::Impl {
   std::shared_ptr<ssl::context> ctx;
   websocket::stream<beast::ssl_stream<beast::tcp_stream>> ws;
@@ -81,11 +47,11 @@ awaitable<Result<std::unique_ptr<WsClient>>> WsClient::connect(WsClientOptions o
   auto impl = std::make_unique<Impl>(ex, *ctx);
   auto& tls = impl->ws.next_layer();
   auto& tcp_layer = beast::get_lowest_layer(impl->ws);
-  std::string where = url->host + ":" + std::to_string(url->port);
+  std::string where = url->host + ":" + url->port;
 
   tcp::resolver resolver(ex);
   tcp_layer.expires_after(o.connect_timeout);
-  auto [rec, results] = co_await resolver.async_resolve(url->host, std::to_string(url->port), use_tuple);
+  auto [rec, results] = co_await resolver.async_resolve(url->host, url->port, use_tuple);
   if (rec) co_return Error(Errc::unavailable, "cannot resolve " + url->host + ": " + rec.message());
   auto [cec, ep] = co_await tcp_layer.async_connect(results, use_tuple);
   if (cec) {
@@ -125,10 +91,10 @@ awaitable<Result<std::unique_ptr<WsClient>>> WsClient::connect(WsClientOptions o
   impl->ws.set_option(websocket::stream_base::decorator(
       [ua](websocket::request_type& req) { req.set(beast::http::field::user_agent, ua); }));
   websocket::response_type res;
-  auto [wec] = co_await impl->ws.async_handshake(res, url->host, url->path, use_tuple);
+  auto [wec] = co_await impl->ws.async_handshake(res, url->host_header(), url->target, use_tuple);
   if (wec) {
     if (res.result_int() != 0 && res.result_int() != 101)
-      co_return Error(Errc::unavailable, "websocket upgrade at " + where + url->path +
+      co_return Error(Errc::unavailable, "websocket upgrade at " + where + url->target +
                                              " refused with HTTP " + std::to_string(res.result_int()));
     co_return Error(Errc::unavailable, "websocket handshake with " + where + " failed: " + wec.message());
   }

@@ -10,6 +10,7 @@
 
 #include "common/error.hpp"
 #include "common/net/tls.hpp"
+#include "common/net/url.hpp"
 
 namespace factory::net {
 
@@ -21,12 +22,6 @@ struct WsClientOptions {
   size_t max_frame = 1024 * 1024;
   std::string user_agent = "factory-agent";
 };
-
-struct ParsedUrl {
-  std::string scheme, host, path;
-  uint16_t port = 0;
-};
-Result<ParsedUrl> parse_url(const std::string& url);
 
 class WsClient {
  public:

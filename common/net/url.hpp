@@ -1,0 +1,30 @@
+#pragma once
+// URLs as Factory's clients dial them: http(s):// for the admin API, the
+// Kubernetes API and Ollama, wss:// for the agent link. One parser for all of
+// them, strict about what it accepts (ports, IPv6 literals, no user info).
+#include <cstdint>
+#include <string>
+
+#include "common/error.hpp"
+
+namespace factory::net {
+
+struct Url {
+  std::string scheme;  // http | https | ws | wss
+  bool tls = false;    // https or wss
+  std::string host;    // without brackets: "::1", "example.com"
+  std::string port;    // always set: the explicit one or the scheme's default
+  std::string target;  // "/path?query"
+  bool host_is_ip = false;
+  bool default_port = true;
+
+  uint16_t port_number() const { return static_cast<uint16_t>(std::stoi(port)); }
+  // "https://[::1]:6443": how the caller named the server, for messages.
+  std::string origin() const;
+  // The Host header: the port only when it is not the scheme's default.
+  std::string host_header() const;
+};
+
+Result<Url> parse_url(const std::string& url);
+
+}  // namespace factory::net
