@@ -161,27 +161,34 @@ TEST(HostBind, BadInputGetsOneLineAndChangesNothing) {
   HostTree t(dir);
   build_l4_runbook(t);
   KernelStandIn kernel(t);
-  expect_refused(t, {"bind", "--pci", "0000:01:00"},
-                 "factory: malformed PCI address \"0000:01:00\"");
-  expect_refused(t, {"bind", "--pci", "0000:01:00.0", "--pci", "1:00.0"},
-                 "factory: malformed PCI address \"1:00.0\"");
-  expect_refused(t, {"bind", "--pci", "0000:99:00.0"},
-                 "factory: bind: no PCI function 0000:99:00.0 on this host");
-  expect_refused(t, {"bind", "--pci", "0000:c1:00.0"},
-                 "factory: bind: 0000:c1:00.0 is not an NVIDIA function (8086:1521, class 0200)");
-  expect_refused(t, {"bind", "--pci", "0000:01:00.0", "--pci-ids", (dir / "missing.ids").string()},
-                 "factory: --pci-ids " + (dir / "missing.ids").string() + ": no such file");
-  expect_refused(t, {"bind", "--pci", "0000:01:00.0"},
-                 "factory: factory host bind writes /sys and /etc, so it must run as root",
-                 {{"FACTORY_HOST_ASSUME_NONROOT", "1"}});
-  expect_refused(t, {"unbind", "--pci", "0000:01:00.0"},
-                 "factory: factory host unbind writes /sys and /etc, so it must run as root",
-                 {{"FACTORY_HOST_ASSUME_NONROOT", "1"}});
-  expect_refused(t, {"unbind", "--pci", "0000:00:01.1"},
-                 "factory: unbind: 0000:00:01.1 is not an NVIDIA function (1022:1483, class 0604)");
+  ASSERT_NO_FATAL_FAILURE(expect_refused(t, {"bind", "--pci", "0000:01:00"},
+                                         "factory: malformed PCI address \"0000:01:00\""));
+  ASSERT_NO_FATAL_FAILURE(expect_refused(t, {"bind", "--pci", "0000:01:00.0", "--pci", "1:00.0"},
+                                         "factory: malformed PCI address \"1:00.0\""));
+  ASSERT_NO_FATAL_FAILURE(
+      expect_refused(t, {"bind", "--pci", "0000:99:00.0"},
+                     "factory: bind: no PCI function 0000:99:00.0 on this host"));
+  ASSERT_NO_FATAL_FAILURE(expect_refused(
+      t, {"bind", "--pci", "0000:c1:00.0"},
+      "factory: bind: 0000:c1:00.0 is not an NVIDIA function (8086:1521, class 0200)"));
+  ASSERT_NO_FATAL_FAILURE(expect_refused(
+      t, {"bind", "--pci", "0000:01:00.0", "--pci-ids", (dir / "missing.ids").string()},
+      "factory: --pci-ids " + (dir / "missing.ids").string() + ": no such file"));
+  ASSERT_NO_FATAL_FAILURE(
+      expect_refused(t, {"bind", "--pci", "0000:01:00.0"},
+                     "factory: factory host bind writes /sys and /etc, so it must run as root",
+                     {{"FACTORY_HOST_ASSUME_NONROOT", "1"}}));
+  ASSERT_NO_FATAL_FAILURE(
+      expect_refused(t, {"unbind", "--pci", "0000:01:00.0"},
+                     "factory: factory host unbind writes /sys and /etc, so it must run as root",
+                     {{"FACTORY_HOST_ASSUME_NONROOT", "1"}}));
+  ASSERT_NO_FATAL_FAILURE(expect_refused(
+      t, {"unbind", "--pci", "0000:00:01.1"},
+      "factory: unbind: 0000:00:01.1 is not an NVIDIA function (1022:1483, class 0604)"));
   // A bad address among good ones: refused before anything is touched.
-  expect_refused(t, {"bind", "--pci", "0000:01:00.0", "--pci", "0000:c1:00.0"},
-                 "factory: bind: 0000:c1:00.0 is not an NVIDIA function");
+  ASSERT_NO_FATAL_FAILURE(expect_refused(t,
+                                         {"bind", "--pci", "0000:01:00.0", "--pci", "0000:c1:00.0"},
+                                         "factory: bind: 0000:c1:00.0 is not an NVIDIA function"));
   // Without root the dry run still works: it only reads.
   auto dry = factory_host(t, {"bind", "--pci", "0000:01:00.0", "--dry-run"},
                           {{"FACTORY_HOST_ASSUME_NONROOT", "1"}});
@@ -401,10 +408,10 @@ TEST(HostBind, RefusesWhileAnotherProcessHoldsTheCard) {
   t.add_process(2201, "nvidia-persistenced", {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"});
   t.add_process(3100, "python3", {"/dev/nvidiactl", "/dev/nvidia0"});
   KernelStandIn kernel(t);
-  expect_refused(
+  ASSERT_NO_FATAL_FAILURE(expect_refused(
       t, {"bind", "--pci", "0000:01:00.0"},
       "factory: bind: 0000:01:00.0 is open by python3 (pid 3100) through /dev/nvidia0; unbinding "
-      "nvidia now would hang until they exit: stop them and run bind again");
+      "nvidia now would hang until they exit: stop them and run bind again"));
 }
 
 TEST(HostBind, RefusesACardWhoseGroupHoldsAFunctionTheHostUses) {
@@ -413,11 +420,11 @@ TEST(HostBind, RefusesACardWhoseGroupHoldsAFunctionTheHostUses) {
   t.overlay(host_fixtures() / "amd-epyc-host" / "root");
   t.add(facts_file("workstation-shared-group"));
   KernelStandIn kernel(t);
-  expect_refused(
+  ASSERT_NO_FATAL_FAILURE(expect_refused(
       t, {"bind", "--pci", "0000:21:00.0"},
       "factory: bind: 0000:21:00.0: IOMMU group 14 also holds 0000:22:00.0 (8086:1533, class "
       "0200, driver igb), which the host is using; KubeVirt needs every function of the group on "
-      "vfio-pci (\"group not viable\"), so bind refuses");
+      "vfio-pci (\"group not viable\"), so bind refuses"));
 }
 
 TEST(HostBind, MovesTheCardsAudioFunctionWithItAndLeavesTheBridge) {
@@ -492,10 +499,10 @@ TEST(HostBind, RealH200GuestHasNoIommuGroupSoBindRefuses) {
   HostTree t(dir);
   build_h200_guest(t);
   KernelStandIn kernel(t);
-  expect_refused(
+  ASSERT_NO_FATAL_FAILURE(expect_refused(
       t, {"bind", "--pci", "0000:00:06.0"},
       "factory: bind: 0000:00:06.0 has no IOMMU group: the IOMMU is off (or this is a VM without a "
-      "virtual IOMMU), so no card can be passed through here");
+      "virtual IOMMU), so no card can be passed through here"));
 }
 
 TEST(HostBind, BuiltInVfioIsNeitherLoadedNorListedForBoot) {

@@ -3,10 +3,10 @@
 // bookmarks, ERROR 410 "too old resource version" after compaction) and can
 // cut streams on demand: the situations a long-running coordinator meets when
 // the API server restarts or its etcd compacts.
+#include <gtest/gtest.h>
+
 #include <mutex>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "coordinator/kube/client.hpp"
 #include "tests/fakes/fake_kube.hpp"
@@ -92,8 +92,8 @@ TEST(KubeWatch, ReportsWhatExistsThenEveryChange) {
   ASSERT_TRUE(client.update(*s).ok());
   ASSERT_TRUE(client.remove(kSecret, "default", "before").ok());
   ASSERT_TRUE(eventually([&] { return rec.saw("DELETED before"); }));
-  EXPECT_EQ(rec.events(), (std::vector<std::string>{"ADDED before", "ADDED after",
-                                                    "MODIFIED after", "DELETED before"}));
+  EXPECT_EQ(rec.events(), (std::vector<std::string>{"ADDED before", "ADDED after", "MODIFIED after",
+                                                    "DELETED before"}));
   rec.stop();
   ASSERT_TRUE(client.create(secret("last")).ok());  // an event to notice the stop on
   ASSERT_TRUE(eventually([&] { return rec.done(); }));
@@ -110,7 +110,8 @@ TEST(KubeWatch, ResumesAfterDroppedStreamsWithoutLosingOrRepeating) {
     ASSERT_TRUE(client.create(secret("s" + std::to_string(i))).ok());
     std::this_thread::sleep_for(30ms);
   }
-  ASSERT_TRUE(eventually([&] { return rec.saw("ADDED s6"); }, 15s)) << ::testing::PrintToString(rec.events());
+  ASSERT_TRUE(eventually([&] { return rec.saw("ADDED s6"); }, 15s))
+      << ::testing::PrintToString(rec.events());
   for (int i = 0; i < 7; ++i) EXPECT_EQ(rec.count("ADDED s" + std::to_string(i)), 1u) << i;
   EXPECT_EQ(rec.events().size(), 7u);
 
@@ -174,8 +175,12 @@ void gone_then_relist(const std::string& style) {
   ASSERT_TRUE(client.create(secret("stop")).ok());  // the event that delivers the stop
 }
 
-TEST(KubeWatch, GoneAsAnErrorEventRelists) { gone_then_relist("event"); }
-TEST(KubeWatch, GoneAsHttp410Relists) { gone_then_relist("http"); }
+TEST(KubeWatch, GoneAsAnErrorEventRelists) {
+  ASSERT_NO_FATAL_FAILURE(gone_then_relist("event"));
+}
+TEST(KubeWatch, GoneAsHttp410Relists) {
+  ASSERT_NO_FATAL_FAILURE(gone_then_relist("http"));
+}
 
 TEST(KubeWatch, ResumesFromTheBookmarkVersion) {
   FakeKube kube({"--bookmark-interval", "0.3"});
@@ -194,16 +199,18 @@ TEST(KubeWatch, ResumesFromTheBookmarkVersion) {
   std::string cm_rv = (*created)["metadata"]["resourceVersion"];
   std::this_thread::sleep_for(900ms);
   kube.control("/_fake/drop-watches");
-  ASSERT_TRUE(eventually([&] {
-    json seen = kube.control("/_fake/requests", {}, "GET");
-    for (const auto& r : seen["requests"]) {
-      std::string p = r["path"];
-      if (p.find("watch=1") != std::string::npos &&
-          p.find("resourceVersion=" + cm_rv) != std::string::npos)
-        return true;
-    }
-    return false;
-  }, 5s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        json seen = kube.control("/_fake/requests", {}, "GET");
+        for (const auto& r : seen["requests"]) {
+          std::string p = r["path"];
+          if (p.find("watch=1") != std::string::npos &&
+              p.find("resourceVersion=" + cm_rv) != std::string::npos)
+            return true;
+        }
+        return false;
+      },
+      5s));
   EXPECT_EQ(rec.events(), std::vector<std::string>{"ADDED a"});
   rec.stop();
   ASSERT_TRUE(client.create(secret("z")).ok());
@@ -214,8 +221,8 @@ TEST(KubeWatch, GivesUpAtItsTimeoutWithAClearError) {
   ASSERT_TRUE(kube.ok()) << kube.log();
   auto client = client_for(kube);
   auto t0 = std::chrono::steady_clock::now();
-  auto st = client.watch(kSecret, "default", {.timeout = 1500ms},
-                         [](const WatchEvent&) { return true; });
+  auto st =
+      client.watch(kSecret, "default", {.timeout = 1500ms}, [](const WatchEvent&) { return true; });
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code, Errc::timeout);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 6s);
@@ -225,7 +232,8 @@ TEST(KubeWatch, ForbiddenWatchIsNotRetried) {
   FakeKube kube({"--forbid", "watch:secrets"});
   ASSERT_TRUE(kube.ok()) << kube.log();
   auto client = client_for(kube);
-  auto st = client.watch(kSecret, "default", {.timeout = 10s}, [](const WatchEvent&) { return true; });
+  auto st =
+      client.watch(kSecret, "default", {.timeout = 10s}, [](const WatchEvent&) { return true; });
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code, Errc::permission_denied);
   EXPECT_EQ(st.error().message,
