@@ -1,7 +1,7 @@
 #pragma once
-// TLS contexts for both tiers. The stream type that carries them is fixed in
-// one place (net/tls_stream.hpp) so the per-connection memory budget can be
-// tuned behind this seam without touching the protocol code.
+// TLS contexts for both tiers: TLS 1.3 only, buffers released when idle. The
+// coordinator's server (common/net/server.hpp) runs them on the socket
+// directly; the agent's client (common/net/ws_client.hpp) through Beast.
 #include <memory>
 #include <string>
 
@@ -20,6 +20,10 @@ struct TlsServerOptions {
   // without one still completes the handshake (it may only enroll); a client
   // with a bad one is refused by the handshake.
   std::string client_ca_pem;
+  // A client certificate from client_ca_pem that is only past its notAfter
+  // still completes the handshake, marked expired (PeerInfo), so the
+  // application can allow it the one thing it may do: renew.
+  bool accept_expired_client_certs = false;
 };
 
 struct TlsClientIdentity {
