@@ -1,15 +1,27 @@
 #pragma once
 // What the coordinator remembers: tenants (spec, agent identity, derived
-// status), and every event agents sent, stored exactly once. One interface;
-// the embedded backend keeps files under the state directory. A Kubernetes
-// backend (CRD + Lease) fits behind the same interface.
+// status), the events their agents sent (stored exactly once, kept within a
+// retention), and each tenant's latest health.
+//
+// Threads. Reads of tenants, cursors and counts come from memory and never
+// wait on the disk: any thread, an io thread included. Writes go through one
+// writer thread that batches whatever is queued into one transaction and one
+// sync (SQLite in WAL mode, synchronous=FULL): an io thread queues an event
+// with append_event() and hears back when it is durable; a worker or the CLI
+// may instead wait for put_tenant()/update_tenant(). Health is state, not
+// history: put_health() replaces the tenant's latest sample in memory, and
+// the writer saves the latest of each tenant at most every health_flush.
+//
+// A Kubernetes backend (a CRD with status, a Lease for leader election) fits
+// behind the same interface for coordinators that share a fleet.
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 
@@ -17,13 +29,13 @@ namespace factory::store {
 
 struct TenantRecord {
   std::string name;
-  std::string tier;               // catalog item; empty for a token-only tenant
+  std::string tier;  // catalog item; empty for a token-only tenant
   // creating | pending | enrolled | provisioning | ready | failed | deleting
   std::string phase = "pending";
   std::string created_at;
   nlohmann::json spec = nlohmann::json::object();    // what the admin asked for
-  nlohmann::json agent = nlohmann::json::object();   // identity: agent_id, cert_serial, ...
-  nlohmann::json status = nlohmann::json::object();  // derived from events: plan, health, ...
+  nlohmann::json agent = nlohmann::json::object();   // identity: agent_id, cert_serials, ...
+  nlohmann::json status = nlohmann::json::object();  // derived from events: plan, diagnoses, ...
 
   nlohmann::json to_json() const;
   static Result<TenantRecord> from_json(const nlohmann::json& j);
@@ -31,29 +43,87 @@ struct TenantRecord {
 
 struct StoredEvent {
   std::string agent_id;
-  uint64_t id = 0;  // the agent's durable event id
+  std::uint64_t id = 0;  // the agent's durable event id
   std::string received_at;
   nlohmann::json event;
+  std::uint64_t seq = 0;  // the store's own order over every tenant, set when stored
+};
+
+struct StoreOptions {
+  // Retention: each tenant keeps at most this many events, none older than max_age.
+  std::size_t max_events_per_tenant = 10000;
+  std::chrono::seconds max_event_age{std::chrono::hours(24 * 90)};
+  std::chrono::seconds health_flush{std::chrono::seconds(30)};
+  std::chrono::seconds maintenance_every{std::chrono::seconds(60)};
+  std::size_t max_batch = 4096;  // operations in one transaction
+};
+
+struct StoreStats {
+  std::uint64_t events_stored = 0;
+  std::uint64_t events_duplicate = 0;
+  std::uint64_t events_expired = 0;  // dropped by retention, oldest first
+  std::uint64_t transactions = 0;
+  std::uint64_t write_failures = 0;
+  std::uint64_t queued = 0;  // operations waiting for the writer now
+};
+
+// Changes the tenant's record together with an event, in its transaction;
+// true when it changed something.
+using Projection = std::function<bool(TenantRecord&)>;
+
+struct AppendOutcome {
+  bool stored = false;                 // false: this agent's id was stored before (a replay)
+  std::optional<TenantRecord> record;  // the record after the projection, when it changed
+  std::uint64_t seq = 0;
 };
 
 class Store {
  public:
   virtual ~Store() = default;
+
+  // From memory; any thread.
   virtual std::vector<TenantRecord> list_tenants() const = 0;
   virtual std::optional<TenantRecord> get_tenant(const std::string& name) const = 0;
-  virtual Status put_tenant(const TenantRecord& t) = 0;
-  virtual Status delete_tenant(const std::string& name) = 0;
+  virtual std::uint64_t last_event_id(const std::string& tenant,
+                                      const std::string& agent_id) const = 0;
+  virtual std::size_t event_count(const std::string& tenant) const = 0;
+  virtual std::optional<nlohmann::json> get_health(const std::string& tenant) const = 0;
+  virtual StoreStats stats() const = 0;
 
-  // Durable before it returns. false (not an error) when this agent's event
-  // id was already stored: that is the duplicate a reconnect replays.
-  virtual Result<bool> append_event(const std::string& tenant, const StoredEvent& e) = 0;
-  virtual uint64_t last_event_id(const std::string& tenant, const std::string& agent_id) const = 0;
-  virtual std::vector<StoredEvent> recent_events(const std::string& tenant, size_t max) const = 0;
-  virtual size_t event_count(const std::string& tenant) const = 0;
+  // From the disk: workers only.
+  virtual std::vector<StoredEvent> recent_events(const std::string& tenant,
+                                                 std::size_t max) const = 0;
+
+  // Durable when they return: workers and the CLI, never an io thread.
+  virtual Status put_tenant(const TenantRecord& t) = 0;
+  // Deletes the record, its events and its health.
+  virtual Status delete_tenant(const std::string& name) = 0;
+  // Read-modify-write of one record on the writer thread, so it never loses
+  // a change made at the same time by an event's projection. not_found when
+  // there is no such tenant; an error from `change` aborts it.
+  virtual Result<TenantRecord> update_tenant(const std::string& name,
+                                             std::function<Status(TenantRecord&)> change) = 0;
+
+  // For io threads. Queued to the writer; `done` runs on the writer thread
+  // once the event (and the projection's change) is durable, or with the
+  // error that kept it from being. A tenant's events are stored, and their
+  // `done` called, in the order they were queued.
+  virtual void append_event(const std::string& tenant, StoredEvent e, Projection project,
+                            std::function<void(Result<AppendOutcome>)> done) = 0;
+  // The same for a record change without an event (an agent's hello).
+  virtual void update_tenant_async(const std::string& name,
+                                   std::function<Status(TenantRecord&)> change,
+                                   std::function<void(Result<TenantRecord>)> done) = 0;
+  // The tenant's latest health; saved coalesced, not per sample.
+  virtual void put_health(const std::string& tenant, nlohmann::json health) = 0;
+
+  // Writes what is pending (health included) and stops the writer.
+  virtual void close() = 0;
 };
 
-// Files under dir: tenants/<name>.json (atomic writes), events/<name>.jsonl
-// (durable appends; a torn last line from a crash is cut off on open).
-Result<std::unique_ptr<Store>> open_file_store(const std::string& dir);
+// <dir>/factory.db (0600), with its WAL beside it. A state directory of the
+// earlier file store (<dir>/tenants/*.json, <dir>/events/*.jsonl) is
+// imported on first open and left as <dir>/*.imported.
+Result<std::unique_ptr<Store>> open_sqlite_store(const std::string& dir, StoreOptions opts = {});
 
 }  // namespace factory::store
