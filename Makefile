@@ -9,7 +9,7 @@ ifeq ($(CI),true)
 CMAKE_FLAGS += -DFACTORY_WERROR=ON
 endif
 
-.PHONY: all deps test-deps build demo test clean format
+.PHONY: all deps test-deps build demo test clean format fuzz sanitize
 
 all: build
 
@@ -31,6 +31,22 @@ demo: build
 test: test-deps $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS)
+
+# libFuzzer targets with ASan+UBSan (clang), each run FUZZ_SECONDS.
+FUZZ_SECONDS ?= 60
+fuzz: test-deps
+	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DFACTORY_FUZZ=ON -DFACTORY_PCH=OFF
+	cmake --build build-fuzz -j $(JOBS) --target fuzz_all
+	scripts/run-fuzzers.sh build-fuzz $(FUZZ_SECONDS)
+
+# The test suite built with sanitizers (clang): SANITIZE=address,undefined or thread.
+SANITIZE ?= address,undefined
+SANITIZE_DIR ?= build-$(subst $(comma),-,$(SANITIZE))
+comma := ,
+sanitize: test-deps
+	cmake -S . -B $(SANITIZE_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DFACTORY_SANITIZE=$(SANITIZE) -DFACTORY_PCH=OFF
+	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+	cd $(SANITIZE_DIR) && ctest --output-on-failure --timeout 900 -j $(JOBS) $(CTEST_ARGS)
 
 format:
 	git ls-files '*.cpp' '*.hpp' | xargs clang-format -i
