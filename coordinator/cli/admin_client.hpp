@@ -2,12 +2,11 @@
 // How admin commands reach a running coordinator: the API address, CA and
 // admin token all come from the same --config the server reads, so on the
 // coordinator's host no other flag is needed (--server / --token-file override).
+#include <nlohmann/json.hpp>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "common/error.hpp"
-#include "coordinator/cli/commands.hpp"
+#include "coordinator/cli/context.hpp"
 #include "coordinator/config/coordinator_config.hpp"
 
 namespace factory::cli {
@@ -26,5 +25,11 @@ class AdminClient {
   coordinator::CoordinatorConfig cfg_;
   std::string base_, token_, ca_pem_;
 };
+
+// One call for a command that needs nothing else of the client: connects
+// with the global options and returns the answer, or why there is none.
+Result<nlohmann::json> call_coordinator(const GlobalOptions& g, const std::string& method,
+                                        const std::string& path,
+                                        const nlohmann::json& body = nullptr);
 
 }  // namespace factory::cli
