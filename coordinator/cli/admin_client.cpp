@@ -1,6 +1,7 @@
 #include "coordinator/cli/admin_client.hpp"
 
 #include <filesystem>
+#include <iostream>
 
 #include "common/atomic_file.hpp"
 #include "common/net/http_client.hpp"
@@ -80,6 +81,14 @@ Result<nlohmann::json> call_coordinator(const GlobalOptions& g, const std::strin
   auto client = AdminClient::from(g);
   if (!client) return client.error();
   return client->call(method, path, body);
+}
+
+int list_from_coordinator(const GlobalOptions& g, const std::string& path, OutputFormat out,
+                          const std::function<void(const nlohmann::json&)>& print_table_of) {
+  auto res = call_coordinator(g, "GET", path);
+  if (!res) return fail(res.error());
+  if (!print_document(std::cout, out, *res)) print_table_of(*res);
+  return 0;
 }
 
 }  // namespace factory::cli

@@ -149,19 +149,16 @@ void add_host_commands(CLI::App& app, Context& ctx) {
   add_output_option(*c, opts->check_out);
   c->callback([&ctx, opts] { ctx.run = [opts] { return check(*opts); }; });
 
-  auto* b = host->add_subcommand(
-      "bind", "Move cards to vfio-pci by address and keep them there across reboots (driverctl)");
-  b->add_option("--pci", opts->pci, "PCI address of a card, e.g. 0000:01:00.0 (repeatable)")
-      ->required();
-  b->add_flag("--dry-run", opts->dry_run, "Print each action and change nothing");
-  b->callback([&ctx, opts] { ctx.run = [opts] { return move_cards(*opts, true); }; });
-
-  auto* u = host->add_subcommand(
-      "unbind", "Give cards back to the host driver and remove the driverctl override");
-  u->add_option("--pci", opts->pci, "PCI address of a card, e.g. 0000:01:00.0 (repeatable)")
-      ->required();
-  u->add_flag("--dry-run", opts->dry_run, "Print each action and change nothing");
-  u->callback([&ctx, opts] { ctx.run = [opts] { return move_cards(*opts, false); }; });
+  for (bool bind : {true, false}) {
+    auto* m = host->add_subcommand(
+        bind ? "bind" : "unbind",
+        bind ? "Move cards to vfio-pci by address and keep them there across reboots (driverctl)"
+             : "Give cards back to the host driver and remove the driverctl override");
+    m->add_option("--pci", opts->pci, "PCI address of a card, e.g. 0000:01:00.0 (repeatable)")
+        ->required();
+    m->add_flag("--dry-run", opts->dry_run, "Print each action and change nothing");
+    m->callback([&ctx, opts, bind] { ctx.run = [opts, bind] { return move_cards(*opts, bind); }; });
+  }
 }
 
 }  // namespace factory::cli

@@ -34,6 +34,27 @@ std::string gpu_summary(const nlohmann::json& t) {
            h["k8s"].value("resource", "nvidia.com/gpu");
   return out.empty() ? "-" : out;
 }
+// The table of `factory status`.
+void print_status(const nlohmann::json& res) {
+  std::vector<std::vector<std::string>> rows;
+  for (auto& t : res["tenants"]) {
+    const auto& a = t["agent"];
+    bool up = a.value("connected", false);
+    rows.push_back({t.value("name", ""), t.value("tier", "").empty() ? "-" : t.value("tier", ""),
+                    t.value("phase", ""), up ? "yes" : "no",
+                    a.value("version", "").empty() ? "-" : a.value("version", ""),
+                    up ? age(a.value("connected_since", ""), " ago") : "-",
+                    age(a.value("last_seen", ""), " ago"), gpu_summary(t)});
+  }
+  if (rows.empty()) {
+    std::cout << "No tenants yet. Create one with `factory tenant create` or `factory token "
+                 "create`.\n";
+    return;
+  }
+  print_table(std::cout,
+              {"tenant", "tier", "phase", "connected", "agent", "since", "last seen", "gpu"}, rows);
+}
+
 }  // namespace
 
 void add_status_command(CLI::App& app, Context& ctx) {
@@ -41,30 +62,8 @@ void add_status_command(CLI::App& app, Context& ctx) {
   auto out = std::make_shared<OutputFormat>(OutputFormat::table);
   add_output_option(*cmd, *out);
   cmd->callback([&ctx, out] {
-    ctx.run = [&ctx, out]() -> int {
-      auto res = call_coordinator(ctx.global, "GET", "/v1/tenants");
-      if (!res) return fail(res.error());
-      if (print_document(std::cout, *out, *res)) return 0;
-      std::vector<std::vector<std::string>> rows;
-      for (auto& t : (*res)["tenants"]) {
-        const auto& a = t["agent"];
-        bool up = a.value("connected", false);
-        rows.push_back({t.value("name", ""),
-                        t.value("tier", "").empty() ? "-" : t.value("tier", ""),
-                        t.value("phase", ""), up ? "yes" : "no",
-                        a.value("version", "").empty() ? "-" : a.value("version", ""),
-                        up ? age(a.value("connected_since", ""), " ago") : "-",
-                        age(a.value("last_seen", ""), " ago"), gpu_summary(t)});
-      }
-      if (rows.empty()) {
-        std::cout << "No tenants yet. Create one with `factory tenant create` or `factory token "
-                     "create`.\n";
-        return 0;
-      }
-      print_table(std::cout,
-                  {"tenant", "tier", "phase", "connected", "agent", "since", "last seen", "gpu"},
-                  rows);
-      return 0;
+    ctx.run = [&ctx, out] {
+      return list_from_coordinator(ctx.global, "/v1/tenants", *out, print_status);
     };
   });
 }

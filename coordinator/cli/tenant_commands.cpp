@@ -256,12 +256,10 @@ std::string gpus_text(const json& spec) {
   return str(spec, "gpus") + (r.empty() ? "" : " x " + r);
 }
 
-int list(const Context& ctx, OutputFormat out) {
-  auto res = call_coordinator(ctx.global, "GET", "/v1/tenants");
-  if (!res) return fail(res.error());
-  if (print_document(std::cout, out, *res)) return 0;
+// The table of `factory tenant list`.
+void print_tenants(const json& res) {
   std::vector<std::vector<std::string>> rows;
-  for (const auto& t : (*res)["tenants"]) {
+  for (const auto& t : res["tenants"]) {
     const json spec = t.value("spec", json::object());
     rows.push_back({str(t, "name"), str(t, "tier").empty() ? "-" : str(t, "tier"), str(t, "phase"),
                     gpus_text(spec), str(spec, "namespace").empty() ? "-" : str(spec, "namespace"),
@@ -270,10 +268,9 @@ int list(const Context& ctx, OutputFormat out) {
   }
   if (rows.empty()) {
     std::cout << "No tenants. Create one with `factory tenant create NAME --tier gpu-vm`.\n";
-    return 0;
+    return;
   }
   print_table(std::cout, {"tenant", "tier", "phase", "gpus", "namespace", "agent", "age"}, rows);
-  return 0;
 }
 
 int show(const Context& ctx, const std::string& name, OutputFormat out) {
@@ -433,7 +430,11 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   auto list_out = std::make_shared<OutputFormat>(OutputFormat::table);
   auto* l = group->add_subcommand("list", "List tenants: tier, phase, GPUs, agent");
   add_output_option(*l, *list_out);
-  l->callback([&ctx, list_out] { ctx.run = [&ctx, list_out] { return list(ctx, *list_out); }; });
+  l->callback([&ctx, list_out] {
+    ctx.run = [&ctx, list_out] {
+      return list_from_coordinator(ctx.global, "/v1/tenants", *list_out, print_tenants);
+    };
+  });
 
   struct NameOpts {
     std::string name, ns, step;

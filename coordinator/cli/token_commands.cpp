@@ -43,16 +43,14 @@ void add_token_commands(CLI::App& app, Context& ctx) {
   auto lo = std::make_shared<OutputFormat>(OutputFormat::table);
   add_output_option(*list, *lo);
   list->callback([&ctx, lo] {
-    ctx.run = [&ctx, lo]() -> int {
-      auto res = call_coordinator(ctx.global, "GET", "/v1/tokens");
-      if (!res) return fail(res.error());
-      if (print_document(std::cout, *lo, *res)) return 0;
-      std::vector<std::vector<std::string>> rows;
-      for (auto& t : (*res)["tokens"])
-        rows.push_back({t.value("id", ""), t.value("tenant", ""), t.value("state", ""),
-                        t.value("expires_at", "")});
-      print_table(std::cout, {"id", "tenant", "state", "expires"}, rows);
-      return 0;
+    ctx.run = [&ctx, lo] {
+      return list_from_coordinator(ctx.global, "/v1/tokens", *lo, [](const nlohmann::json& res) {
+        std::vector<std::vector<std::string>> rows;
+        for (auto& t : res["tokens"])
+          rows.push_back({t.value("id", ""), t.value("tenant", ""), t.value("state", ""),
+                          t.value("expires_at", "")});
+        print_table(std::cout, {"id", "tenant", "state", "expires"}, rows);
+      });
     };
   });
 }
