@@ -1,7 +1,9 @@
 #pragma once
-// TLS contexts for both tiers. The stream type that carries them is fixed in
-// one place (net/tls_stream.hpp) so the per-connection memory budget can be
-// tuned behind this seam without touching the protocol code.
+// TLS contexts for both tiers: every TLS setting (TLS 1.3 only, buffers
+// released when idle, peer verification) is made here, so the connections'
+// memory and policy are tuned in one place. The streams that carry them are
+// Beast's ssl_stream over a tcp_stream, declared where they are used
+// (https_server.cpp, http_client.cpp, ws_client.cpp).
 #include <memory>
 #include <string>
 
