@@ -26,6 +26,9 @@ function(factory_module target)
   endif()
   set(src_dir ${CMAKE_SOURCE_DIR}/${M_DIR})
   file(GLOB sources CONFIGURE_DEPENDS ${src_dir}/*.cpp)
+  # A folder's main.cpp is a binary's entry point (coordinator/cli/main.cpp):
+  # the executable compiles it, linking the module; the module does not hold it.
+  list(FILTER sources EXCLUDE REGEX "/main\\.cpp$")
   file(GLOB headers CONFIGURE_DEPENDS ${src_dir}/*.hpp)
   list(APPEND sources ${M_SOURCES})
 

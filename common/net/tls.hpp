@@ -1,7 +1,8 @@
 #pragma once
-// TLS contexts for both tiers: TLS 1.3 only, buffers released when idle. The
-// coordinator's server (common/net/server.hpp) runs them on the socket
-// directly; the agent's client (common/net/ws_client.hpp) through Beast.
+// TLS contexts for both tiers: every TLS setting (TLS 1.3 only, buffers
+// released when idle, peer verification) is made here. The coordinator's
+// server (common/net/server.hpp) runs them on the socket itself; the agent's
+// clients (http_client.cpp, ws_client.cpp) through Beast's ssl_stream.
 #include <memory>
 #include <string>
 

@@ -18,6 +18,10 @@ std::vector<std::string> split_path(const std::string& path) {
   return out;
 }
 
+net::HttpResponseOut json_response(const nlohmann::json& j, int status) {
+  return net::HttpResponseOut::json(status, j.dump(2) + "\n");
+}
+
 void ApiRouter::add(const std::string& method, const std::string& pattern, RouteHandler h,
                     bool public_route) {
   routes_.push_back({method, split_path(pattern), std::move(h), public_route});
@@ -33,8 +37,10 @@ net::HttpResponseOut ApiRouter::handle(const net::HttpRequestIn& req,
     bool match = true;
     for (size_t i = 0; i < segs.size() && match; ++i) {
       const auto& p = r.segments[i];
-      if (p.size() > 2 && p.front() == '{' && p.back() == '}') params[p.substr(1, p.size() - 2)] = segs[i];
-      else match = p == segs[i];
+      if (p.size() > 2 && p.front() == '{' && p.back() == '}')
+        params[p.substr(1, p.size() - 2)] = segs[i];
+      else
+        match = p == segs[i];
     }
     if (!match) continue;
     path_matched = true;

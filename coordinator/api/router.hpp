@@ -4,6 +4,7 @@
 // token (Authorization: Bearer ...), compared in constant time.
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -35,5 +36,8 @@ class ApiRouter {
 };
 
 std::vector<std::string> split_path(const std::string& path);
+
+// A JSON answer as every route gives it: pretty, with a final newline.
+net::HttpResponseOut json_response(const nlohmann::json& j, int status = 200);
 
 }  // namespace factory::coordinator

@@ -1,6 +1,7 @@
 #include "coordinator/cli/admin_client.hpp"
 
 #include <filesystem>
+#include <iostream>
 
 #include "common/atomic_file.hpp"
 #include "common/net/http_client.hpp"
@@ -10,8 +11,7 @@ namespace factory::cli {
 namespace fs = std::filesystem;
 
 Result<AdminClient> AdminClient::from(const GlobalOptions& g) {
-  bool explicit_config = g.config_path != GlobalOptions{}.config_path;
-  auto cfg = coordinator::load_coordinator_config(g.config_path, explicit_config);
+  auto cfg = load_config(g);
   if (!cfg) return cfg.error();
   AdminClient c;
   c.cfg_ = *cfg;
@@ -22,9 +22,9 @@ Result<AdminClient> AdminClient::from(const GlobalOptions& g) {
                             : fs::path(g.token_file);
   auto tok = read_file(token_file);
   if (!tok) {
-    return Error(tok.error().code,
-                 "cannot read the admin token " + token_file.string() + " (" +
-                     tok.error().message + "); run as the coordinator's user, or pass --token-file");
+    return Error(tok.error().code, "cannot read the admin token " + token_file.string() + " (" +
+                                       tok.error().message +
+                                       "); run as the coordinator's user, or pass --token-file");
   }
   c.token_ = *tok;
   while (!c.token_.empty() && (c.token_.back() == '\n' || c.token_.back() == '\r'))
@@ -64,16 +64,31 @@ Result<nlohmann::json> AdminClient::call(const std::string& method, const std::s
   if (res->status / 100 != 2) {
     std::string msg = "HTTP " + std::to_string(res->status);
     if (!j.is_discarded() && j.contains("error")) msg = j["error"].value("message", msg);
-    Errc code = res->status == 401   ? Errc::unauthenticated
-                : res->status == 403 ? Errc::permission_denied
-                : res->status == 404 ? Errc::not_found
-                : res->status == 409 ? Errc::conflict
+    Errc code = res->status == 401       ? Errc::unauthenticated
+                : res->status == 403     ? Errc::permission_denied
+                : res->status == 404     ? Errc::not_found
+                : res->status == 409     ? Errc::conflict
                 : res->status / 100 == 4 ? Errc::invalid_argument
                                          : Errc::unavailable;
     return Error(code, msg);
   }
   if (j.is_discarded()) return Error(Errc::protocol, "the coordinator answered with invalid JSON");
   return j;
+}
+
+Result<nlohmann::json> call_coordinator(const GlobalOptions& g, const std::string& method,
+                                        const std::string& path, const nlohmann::json& body) {
+  auto client = AdminClient::from(g);
+  if (!client) return client.error();
+  return client->call(method, path, body);
+}
+
+int list_from_coordinator(const GlobalOptions& g, const std::string& path, OutputFormat out,
+                          const std::function<void(const nlohmann::json&)>& print_table_of) {
+  auto res = call_coordinator(g, "GET", path);
+  if (!res) return fail(res.error());
+  if (!print_document(std::cout, out, *res)) print_table_of(*res);
+  return 0;
 }
 
 }  // namespace factory::cli

@@ -4,13 +4,6 @@
 #include "common/log.hpp"
 #include "coordinator/cli/commands.hpp"
 
-namespace factory::cli {
-int fail(const Error& e) {
-  std::cerr << "factory: " << e.message << "\n";
-  return e.code == Errc::invalid_argument ? 2 : 1;
-}
-}  // namespace factory::cli
-
 int main(int argc, char** argv) {
   using namespace factory::cli;
   CLI::App app{"factory: run a catalog of GPU products on a KubeVirt host"};
@@ -18,13 +11,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.fallthrough();
   Context ctx;
-  app.add_option("--config", ctx.global.config_path, "Coordinator config file")
-      ->capture_default_str();
-  app.add_option("--server", ctx.global.server, "Coordinator API URL (overrides the config)");
-  app.add_option("--token-file", ctx.global.token_file,
-                 "Admin token file (overrides <state_dir>/admin.token)");
-  app.add_option("--log-level", ctx.global.log_level, "trace|debug|info|warn|error")
-      ->capture_default_str();
+  add_global_options(app, ctx.global);
 
   add_serve_command(app, ctx);
   add_token_commands(app, ctx);

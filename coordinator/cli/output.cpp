@@ -3,17 +3,20 @@
 #include <algorithm>
 #include <ostream>
 
+#include "common/durations.hpp"
 #include "common/yaml_json.hpp"
 
 namespace factory::cli {
 
 CLI::Option* add_output_option(CLI::App& cmd, OutputFormat& out, bool allow_table) {
-  std::map<std::string, OutputFormat> m{{"json", OutputFormat::json},
-                                        {"yaml", OutputFormat::yaml}};
-  if (allow_table) m["table"] = OutputFormat::table;
-  else out = OutputFormat::yaml;
-  return cmd.add_option("-o,--output", out, allow_table ? "Output format: table|json|yaml"
-                                                         : "Output format: json|yaml")
+  std::map<std::string, OutputFormat> m{{"json", OutputFormat::json}, {"yaml", OutputFormat::yaml}};
+  if (allow_table)
+    m["table"] = OutputFormat::table;
+  else
+    out = OutputFormat::yaml;
+  return cmd
+      .add_option("-o,--output", out,
+                  allow_table ? "Output format: table|json|yaml" : "Output format: json|yaml")
       ->transform(CLI::CheckedTransformer(m, CLI::ignore_case));
 }
 
@@ -40,11 +43,24 @@ void print_table(std::ostream& os, const std::vector<std::string>& headers,
 
 bool print_document(std::ostream& os, OutputFormat fmt, const nlohmann::json& doc) {
   switch (fmt) {
-    case OutputFormat::json: os << doc.dump(2) << "\n"; return true;
-    case OutputFormat::yaml: os << to_yaml(doc); return true;
-    case OutputFormat::table: return false;
+    case OutputFormat::json:
+      os << doc.dump(2) << "\n";
+      return true;
+    case OutputFormat::yaml:
+      os << to_yaml(doc);
+      return true;
+    case OutputFormat::table:
+      return false;
   }
   return false;
+}
+
+std::string age(const std::string& rfc3339, const std::string& suffix) {
+  if (rfc3339.empty()) return "-";
+  auto t = parse_rfc3339(rfc3339);
+  if (!t) return rfc3339;
+  auto d = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - *t);
+  return format_duration(std::max(d, std::chrono::seconds(0))) + suffix;
 }
 
 }  // namespace factory::cli

@@ -1,11 +1,11 @@
 #pragma once
-// `-o table|json|yaml` for every command that prints objects, as kubectl does.
+// How commands print: `-o table|json|yaml` for every command that prints
+// objects, as kubectl does, and the cells of its tables.
+#include <CLI/CLI.hpp>
 #include <iosfwd>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 namespace factory::cli {
 
@@ -20,5 +20,9 @@ void print_table(std::ostream& os, const std::vector<std::string>& headers,
 
 // Prints doc as pretty JSON or YAML; returns false for table (caller prints its own).
 bool print_document(std::ostream& os, OutputFormat fmt, const nlohmann::json& doc);
+
+// A table cell for how long ago an RFC 3339 time was ("5m" + suffix): "-"
+// when there is none, the text as it is when it is not a time.
+std::string age(const std::string& rfc3339, const std::string& suffix = "");
 
 }  // namespace factory::cli

@@ -1,9 +1,6 @@
 #include "coordinator/host/binder.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -278,11 +275,8 @@ Result<const PciFunction*> find_nvidia(const HostInventory& inv, const PciBus& b
 
 }  // namespace
 
-Status require_root(const HostRoot& root, const std::string& what) {
-  const char* assume = std::getenv("FACTORY_HOST_ASSUME_NONROOT");
-  bool nonroot =
-      (assume && *assume && std::string(assume) != "0") || (root.is_real() && ::geteuid() != 0);
-  if (nonroot)
+Status require_root(uid_t euid, const std::string& what) {
+  if (euid != 0)
     return Error(Errc::permission_denied,
                  "factory host " + what +
                      " writes /sys and /etc, so it must run as root: run it "

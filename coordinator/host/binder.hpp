@@ -9,6 +9,8 @@
 // again afterwards while other cards stay on nvidia).
 // unbind: `driverctl unset-override`, clear driver_override, unbind vfio-pci,
 // reprobe so the host driver takes the card back.
+#include <sys/types.h>
+
 #include <vector>
 
 #include "common/error.hpp"
@@ -19,10 +21,10 @@
 
 namespace factory::host {
 
-// Binding writes /sys and /etc: root only. The check is skipped for trees
-// under --host-root; FACTORY_HOST_ASSUME_NONROOT=1 makes it fail anyway, so
-// the refusal itself can be tested (the test suite runs as root).
-Status require_root(const HostRoot& root, const std::string& what);
+// Binding the real machine's cards writes /sys and /etc: root only. The
+// caller passes the effective uid (geteuid() for the real machine) and
+// `what` names the command in the refusal.
+Status require_root(uid_t euid, const std::string& what);
 
 // Refuses (nothing changed) for an unknown address, a non-NVIDIA function, a
 // card without an IOMMU group, a group shared with a function the host uses,

@@ -1,15 +1,12 @@
 #include "coordinator/server/coordinator.hpp"
 
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
-
-#include <spdlog/spdlog.h>
 
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
@@ -17,13 +14,49 @@
 #include "common/net/ws_client.hpp"
 #include "common/pki.hpp"
 #include "common/protocol.hpp"
+#include "coordinator/agents/agent_service.hpp"
+#include "coordinator/api/router.hpp"
 #include "coordinator/catalog/source.hpp"
+#include "coordinator/enroll/ca.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
+#include "coordinator/enroll/tokens.hpp"
+#include "coordinator/feed/status_feed.hpp"
+#include "coordinator/store/store.hpp"
+#include "coordinator/tenants/agent_control.hpp"
 #include "coordinator/tenants/kubevirt_provider.hpp"
 #include "coordinator/tenants/service.hpp"
 
 namespace factory::coordinator {
 namespace fs = std::filesystem;
+
+namespace {
+
+// What tenant logic may ask of the agents, answered by the agents module.
+class AgentsForTenants : public tenants::AgentControl {
+ public:
+  explicit AgentsForTenants(AgentService& agents) : agents_(agents) {}
+  Status revoke(const std::string& tenant) override { return agents_.revoke(tenant); }
+  bool send_command(const std::string& tenant, const nlohmann::json& body) override {
+    return agents_.send_command(tenant, body);
+  }
+
+ private:
+  AgentService& agents_;
+};
+
+}  // namespace
+
+struct Coordinator::Parts {
+  std::unique_ptr<enroll::CertificateAuthority> ca;
+  std::unique_ptr<enroll::TokenBook> tokens;
+  std::unique_ptr<store::Store> store;
+  std::unique_ptr<feed::StatusFeed> feed;
+  std::unique_ptr<AgentService> agents;
+  std::unique_ptr<AgentsForTenants> agent_control;
+  std::unique_ptr<ApiRouter> router;
+  std::unique_ptr<tenants::TenantService> tenants;
+  std::string agent_binary, agent_sha256;  // served at /v1/agent/binary ("" sha: absent)
+};
 
 struct Coordinator::Net {
   boost::asio::io_context ioc{1};
@@ -62,8 +95,8 @@ std::vector<std::string> server_hosts(const CoordinatorConfig& cfg) {
   if (::gethostname(hn, sizeof hn - 1) == 0 && hn[0]) hosts.push_back(hn);
   if (auto u = net::parse_url(cfg.external_url)) hosts.push_back(u->host);
   for (auto* l : {&cfg.agents_listen, &cfg.api_listen}) {
-    if (auto hp = net::split_host_port(*l); hp && !hp->first.empty() && hp->first != "0.0.0.0" &&
-                                            hp->first != "::")
+    if (auto hp = net::split_host_port(*l);
+        hp && !hp->first.empty() && hp->first != "0.0.0.0" && hp->first != "::")
       hosts.push_back(hp->first);
   }
   std::sort(hosts.begin(), hosts.end());
@@ -71,40 +104,41 @@ std::vector<std::string> server_hosts(const CoordinatorConfig& cfg) {
   return hosts;
 }
 
-net::HttpResponseOut json_ok(const nlohmann::json& j, int status = 200) {
-  return net::HttpResponseOut::json(status, j.dump(2) + "\n");
-}
-
 }  // namespace
 
 Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   std::unique_ptr<Coordinator> c(new Coordinator());
   c->cfg_ = std::move(cfg);
+  c->parts_ = std::make_unique<Parts>();
+  Parts& p = *c->parts_;
   const std::string& dir = c->cfg_.state_dir;
   if (auto st = ensure_dir(dir, 0700); !st.ok())
     return st.error().with_context("state_dir (run as a user that can write it, or set state_dir)");
   auto ca = enroll::CertificateAuthority::load_or_create(dir);
   if (!ca) return ca.error();
-  c->ca_ = std::make_unique<enroll::CertificateAuthority>(std::move(*ca));
+  p.ca = std::make_unique<enroll::CertificateAuthority>(std::move(*ca));
   auto admin = load_or_create_admin_token(dir);
   if (!admin) return admin.error();
   auto tokens = enroll::TokenBook::load(fs::path(dir) / kTokenBookFile);
   if (!tokens) return tokens.error();
-  c->tokens_ = std::make_unique<enroll::TokenBook>(std::move(*tokens));
+  p.tokens = std::make_unique<enroll::TokenBook>(std::move(*tokens));
   auto store = store::open_file_store((fs::path(dir) / "store").string());
   if (!store) return store.error();
-  c->store_ = std::move(*store);
+  p.store = std::move(*store);
+  p.feed = std::make_unique<feed::StatusFeed>(*p.store);
   AgentServiceOptions ao;
   ao.cert_ttl = c->cfg_.agent_cert_ttl;
-  c->agents_ = std::make_unique<AgentService>(*c->store_, *c->ca_, *c->tokens_, ao);
-  c->router_ = std::make_unique<ApiRouter>(*admin);
-  c->agent_binary_ =
+  p.agents = std::make_unique<AgentService>(*p.store, *p.ca, *p.tokens, p.feed->state(), ao);
+  p.agent_control = std::make_unique<AgentsForTenants>(*p.agents);
+  p.router = std::make_unique<ApiRouter>(*admin);
+  p.agent_binary =
       c->cfg_.agent_binary.empty() ? self_dir() + "/factory-agent" : c->cfg_.agent_binary;
-  if (auto bin = read_file(c->agent_binary_)) {
-    c->agent_sha256_ = pki::sha256_hex(*bin);
+  if (auto bin = read_file(p.agent_binary)) {
+    p.agent_sha256 = pki::sha256_hex(*bin);
   } else {
-    spdlog::warn("agent binary {} not readable: guests cannot download the agent (set agents.binary)",
-                 c->agent_binary_);
+    spdlog::warn(
+        "agent binary {} not readable: guests cannot download the agent (set agents.binary)",
+        p.agent_binary);
   }
   // The catalog is checked whole at start-up: a typo in it stops the
   // coordinator here, not a guest halfway through its first boot.
@@ -113,40 +147,46 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   tenants::TenantServiceOptions to;
   to.default_namespace = c->cfg_.kube_namespace;
   to.token_ttl = c->cfg_.token_tenant_ttl;
-  c->tenants_ = std::make_unique<tenants::TenantService>(
-      *c, std::move(*cat),
+  to.coordinator_url = c->cfg_.external_url;
+  to.agent_binary_url = c->cfg_.agents_https_url() + "/v1/agent/binary";
+  to.agent_binary_sha256 = p.agent_sha256;
+  to.agent_binary_path = p.agent_binary;
+  to.ca_pem = p.ca->certificate_pem();
+  p.tenants = std::make_unique<tenants::TenantService>(
+      tenants::TenantServiceDeps{*p.store, *p.tokens, p.feed->view(), *p.agent_control},
+      std::move(*cat),
       std::make_unique<tenants::KubeVirtProvider>(
           kube::AccessOptions{c->cfg_.kube_kubeconfig, c->cfg_.kube_context},
           std::chrono::duration_cast<std::chrono::milliseconds>(c->cfg_.kube_request_timeout)),
       to);
-  c->agents_->set_plan_provider(
-      [svc = c->tenants_.get()](const store::TenantRecord& t) { return svc->plan_for(t); });
+  p.agents->set_plan_provider(
+      [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->plan_for(t); });
   c->net_ = std::make_unique<Net>();
   c->install_core_routes();
-  c->tenants_->install_routes(*c->router_);
+  p.feed->install_routes(*p.router);
+  p.tenants->install_routes(*p.router);
   return c;
 }
 
 Coordinator::~Coordinator() = default;
 
-boost::asio::io_context& Coordinator::io() { return net_->ioc; }
-
 void Coordinator::install_core_routes() {
-  auto& r = *router_;
-  r.add("GET", "/healthz", [](auto&, auto&) { return json_ok({{"status", "ok"}}); }, true);
-  r.add("GET", "/metrics", [this](auto&, auto&) {
-    net::HttpResponseOut out;
-    out.content_type = "text/plain; version=0.0.4; charset=utf-8";
-    out.body = prometheus_metrics();
-    return out;
-  }, true);
-  r.add("GET", "/v1/tenants", [this](auto&, auto&) { return json_ok(agents_->status_json()); });
-  // GET/DELETE /v1/tenants/{name}, POST /v1/tenants and retry: TenantService.
-  r.add("POST", "/v1/tokens", [this](const net::HttpRequestIn& req, auto&) {
+  Parts& p = *parts_;
+  auto& r = *p.router;
+  r.add(
+      "GET", "/healthz",
+      [](auto&, auto&) {
+        return json_response({{"status", "ok"}});
+      },
+      true);
+  // GET /v1/tenants and /metrics: the status feed; GET/DELETE
+  // /v1/tenants/{name}, POST /v1/tenants and retry: TenantService.
+  r.add("POST", "/v1/tokens", [this, &p](const net::HttpRequestIn& req, auto&) {
     auto body = nlohmann::json::parse(req.body, nullptr, false);
     if (body.is_discarded() || !body.is_object() || !body.contains("tenant") ||
         !body["tenant"].is_string())
-      return net::HttpResponseOut::error(400, "bad_request", "want {\"tenant\": NAME, \"ttl\": \"1h\"}");
+      return net::HttpResponseOut::error(400, "bad_request",
+                                         "want {\"tenant\": NAME, \"ttl\": \"1h\"}");
     std::string tenant = body["tenant"].get<std::string>();
     if (auto st = enroll::validate_tenant_name(tenant); !st.ok())
       return net::HttpResponseOut::error(400, "invalid_argument", st.error().message);
@@ -158,77 +198,39 @@ void Coordinator::install_core_routes() {
     }
     if (ttl < std::chrono::seconds(1) || ttl > std::chrono::hours(24 * 7))
       return net::HttpResponseOut::error(400, "invalid_argument", "ttl must be between 1s and 7d");
-    auto issued = tokens_->issue(tenant, ttl);
+    auto issued = p.tokens->issue(tenant, ttl);
     if (!issued) return net::HttpResponseOut::error(500, "internal", issued.error().message);
-    if (!store_->get_tenant(tenant)) {
+    if (!p.store->get_tenant(tenant)) {
       store::TenantRecord rec;
       rec.name = tenant;
       rec.created_at = format_rfc3339(Clock::now());
-      if (auto st = store_->put_tenant(rec); !st.ok())
+      if (auto st = p.store->put_tenant(rec); !st.ok())
         return net::HttpResponseOut::error(500, "internal", st.error().message);
     }
     spdlog::info("api: issued bootstrap token {} for tenant {} (expires {})", issued->id, tenant,
                  format_rfc3339(issued->expires_at));
-    return json_ok({{"tenant", tenant},
-                    {"token", issued->token},
-                    {"expires_at", format_rfc3339(issued->expires_at)},
-                    {"coordinator_url", cfg_.external_url},
-                    {"ca_sha256", ca_->sha256()}},
-                   201);
+    return json_response({{"tenant", tenant},
+                          {"token", issued->token},
+                          {"expires_at", format_rfc3339(issued->expires_at)},
+                          {"coordinator_url", cfg_.external_url},
+                          {"ca_sha256", p.ca->sha256()}},
+                         201);
   });
-  r.add("GET", "/v1/tokens", [this](auto&, auto&) {
+  r.add("GET", "/v1/tokens", [&p](auto&, auto&) {
     nlohmann::json list = nlohmann::json::array();
-    for (auto& t : tokens_->list())
+    for (auto& t : p.tokens->list())
       list.push_back({{"id", t.id},
                       {"tenant", t.tenant},
                       {"state", enroll::token_state(t)},
                       {"expires_at", format_rfc3339(t.expires_at)}});
-    return json_ok({{"tokens", list}});
+    return json_response({{"tokens", list}});
   });
 }
 
-std::string Coordinator::prometheus_metrics() const {
-  std::ostringstream o;
-  auto gauge = [&](const char* name, const char* help) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
-  };
-  auto counter = [&](const char* name, const char* help, uint64_t v) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
-      << name << " " << v << "\n";
-  };
-  gauge("factory_agents_connected", "Agents connected to this coordinator now.");
-  o << "factory_agents_connected " << agents_->connected_count() << "\n";
-  std::map<std::string, int> phases;
-  for (auto p : {"pending", "enrolled", "provisioning", "ready", "failed"}) phases[p] = 0;
-  auto tenants = store_->list_tenants();
-  for (auto& t : tenants) phases[t.phase]++;
-  gauge("factory_tenants", "Tenants by lifecycle phase.");
-  for (auto& [p, n] : phases) o << "factory_tenants{phase=\"" << p << "\"} " << n << "\n";
-  gauge("factory_tenant_agent_connected", "1 when the tenant's agent is connected.");
-  for (auto& t : tenants) {
-    auto l = agents_->live(t.name);
-    o << "factory_tenant_agent_connected{tenant=\"" << t.name << "\"} "
-      << (l && l->connected ? 1 : 0) << "\n";
-  }
-  const auto& m = agents_->metrics();
-  counter("factory_enrollments_accepted_total", "Agent enrollments accepted.", m.enrollments_accepted);
-  counter("factory_enrollments_refused_total", "Agent enrollments refused (bad token or CSR).",
-          m.enrollments_refused);
-  counter("factory_agent_connections_refused_total",
-          "Agent connections refused (revoked certificate, wrong tenant).", m.connections_refused);
-  counter("factory_events_stored_total", "Agent events stored.", m.events_stored);
-  counter("factory_events_duplicate_total", "Replayed agent events dropped as duplicates.",
-          m.events_duplicate);
-  counter("factory_frames_rejected_total", "Malformed frames from agents.", m.frames_rejected);
-  counter("factory_frames_unknown_type_total", "Frames of an unknown type, ignored.",
-          m.frames_unknown_type);
-  counter("factory_certificates_renewed_total", "Agent certificates renewed.",
-          m.certificates_renewed);
-  return o.str();
-}
-
 Status Coordinator::start() {
-  auto server_cert = ca_->issue_server_certificate(server_hosts(cfg_), std::chrono::hours(24 * 30));
+  Parts& p = *parts_;
+  auto server_cert =
+      p.ca->issue_server_certificate(server_hosts(cfg_), std::chrono::hours(24 * 30));
   if (!server_cert) return server_cert.error().with_context("server certificate");
   net::TlsServerOptions tls;
   tls.cert_chain_pem = server_cert->certificate_pem;
@@ -237,7 +239,7 @@ Status Coordinator::start() {
   net::HttpsServerOptions ao;
   ao.listen = cfg_.agents_listen;
   ao.tls = tls;
-  ao.tls.client_ca_pem = ca_->certificate_pem();
+  ao.tls.client_ca_pem = p.ca->certificate_pem();
   ao.ws_idle_timeout = cfg_.agents_idle_timeout;
   // Beast's own limit is the hard ceiling (a frame above it closes the
   // connection with 1009); the protocol's 64 KiB cap per type is enforced by
@@ -245,18 +247,19 @@ Status Coordinator::start() {
   ao.ws_max_frame = proto::kMaxPlanFrameBytes;
   ao.name = "agents";
   net_->agents = std::make_unique<net::HttpsServer>(net_->ioc, ao);
-  net_->agents->on_websocket(
-      [this](const net::HttpRequestIn& req, const net::PeerInfo& peer) { return agents_->accept(req, peer); });
-  net_->agents->on_http([this](const net::HttpRequestIn& req, const net::PeerInfo&) {
-    if (req.method == "GET" && req.path == "/healthz") return json_ok({{"status", "ok"}});
+  net_->agents->on_websocket([&p](const net::HttpRequestIn& req, const net::PeerInfo& peer) {
+    return p.agents->accept(req, peer);
+  });
+  net_->agents->on_http([&p](const net::HttpRequestIn& req, const net::PeerInfo&) {
+    if (req.method == "GET" && req.path == "/healthz") return json_response({{"status", "ok"}});
     if (req.method == "GET" && req.path == "/v1/agent/binary") {
-      if (agent_sha256_.empty())
+      if (p.agent_sha256.empty())
         return net::HttpResponseOut::error(404, "not_found",
                                            "the coordinator has no agent binary (agents.binary)");
       net::HttpResponseOut out;
       out.content_type = "application/octet-stream";
-      out.file_path = agent_binary_;
-      out.headers["X-Factory-Agent-Sha256"] = agent_sha256_;
+      out.file_path = p.agent_binary;
+      out.headers["X-Factory-Agent-Sha256"] = p.agent_sha256;
       return out;
     }
     return net::HttpResponseOut::error(404, "not_found", "no such path: " + req.path);
@@ -267,13 +270,14 @@ Status Coordinator::start() {
   po.tls = tls;
   po.name = "api";
   net_->api = std::make_unique<net::HttpsServer>(net_->ioc, po);
-  net_->api->on_http(
-      [this](const net::HttpRequestIn& req, const net::PeerInfo& peer) { return router_->handle(req, peer); });
+  net_->api->on_http([&p](const net::HttpRequestIn& req, const net::PeerInfo& peer) {
+    return p.router->handle(req, peer);
+  });
 
   if (auto st = net_->agents->start(); !st.ok()) return st.error().with_context("agents endpoint");
   if (auto st = net_->api->start(); !st.ok()) return st.error().with_context("api endpoint");
   spdlog::info("agents endpoint on {} (agents dial {}), API on {}; CA sha256 {}",
-               cfg_.agents_listen, cfg_.external_url, cfg_.api_listen, ca_->sha256());
+               cfg_.agents_listen, cfg_.external_url, cfg_.api_listen, p.ca->sha256());
   return {};
 }
 
@@ -293,7 +297,11 @@ void Coordinator::stop() {
   net_->ioc.stop();
 }
 
-int Coordinator::agents_port() const { return net_->agents ? net_->agents->port() : 0; }
-int Coordinator::api_port() const { return net_->api ? net_->api->port() : 0; }
+int Coordinator::agents_port() const {
+  return net_->agents ? net_->agents->port() : 0;
+}
+int Coordinator::api_port() const {
+  return net_->api ? net_->api->port() : 0;
+}
 
 }  // namespace factory::coordinator

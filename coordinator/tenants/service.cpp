@@ -4,7 +4,6 @@
 
 #include "common/durations.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
-#include "coordinator/server/coordinator.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
 
 namespace factory::tenants {
@@ -50,10 +49,6 @@ std::vector<std::string> refs(const std::vector<VmObject>& objects) {
   return out;
 }
 
-net::HttpResponseOut json_reply(const json& j, int status = 200) {
-  return net::HttpResponseOut::json(status, j.dump(2) + "\n");
-}
-
 net::HttpResponseOut error_reply(const Error& e) {
   return net::HttpResponseOut::error(http_status_for(e), errc_name(e.code), e.message);
 }
@@ -95,9 +90,9 @@ int http_status_for(const Error& e) {
   return 500;
 }
 
-TenantService::TenantService(coordinator::Coordinator& coordinator, catalog::Catalog catalog,
+TenantService::TenantService(TenantServiceDeps deps, catalog::Catalog catalog,
                              std::unique_ptr<VmProvider> provider, TenantServiceOptions opts)
-    : coord_(coordinator),
+    : deps_(deps),
       catalog_(std::move(catalog)),
       provider_(std::move(provider)),
       opts_(std::move(opts)) {}
@@ -117,7 +112,7 @@ std::optional<json> TenantService::plan_for(const store::TenantRecord& t) const 
 }
 
 Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
-  auto& store = coord_.store();
+  auto& store = deps_.store;
   auto resolved = resolve_vm_spec(catalog_, req, opts_.default_namespace);
   if (!resolved) return resolved.error();
   VmSpec vm = *resolved;
@@ -156,14 +151,14 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
   params.hostname = req.name;
   params.ssh_authorized_keys = effective.ssh_authorized_keys;
   params.password = req.password.empty() ? std::string(kPasswordPlaceholder) : req.password;
-  params.coordinator_url = coord_.config().external_url;
-  params.agent_binary_url = coord_.config().agents_https_url() + "/v1/agent/binary";
-  params.ca_pem = coord_.ca().certificate_pem();
+  params.coordinator_url = opts_.coordinator_url;
+  params.agent_binary_url = opts_.agent_binary_url;
+  params.ca_pem = opts_.ca_pem;
   params.bootstrap_token = kBootstrapTokenPlaceholder;
-  params.agent_sha256 = coord_.agent_binary_sha256();
+  params.agent_sha256 = opts_.agent_binary_sha256;
   if (params.agent_sha256.empty())
     return Error(Errc::failed_precondition,
-                 "the coordinator has no agent binary to serve (" + coord_.agent_binary_path() +
+                 "the coordinator has no agent binary to serve (" + opts_.agent_binary_path +
                      " is not readable): set agents.binary in its config, or guests could never "
                      "install the agent");
   if (auto st = validate_cloud_init_params(params); !st.ok()) return st.error();
@@ -200,9 +195,9 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
   }
   if (!*has) {
     // Any token of an earlier attempt went with its Secret: void it.
-    if (auto r = coord_.tokens().revoke_tenant(req.name); !r)
+    if (auto r = deps_.tokens.revoke_tenant(req.name); !r)
       return rollback(rec, record_is_new, token_id, out.objects, r.error()).error();
-    auto token = coord_.tokens().issue(req.name, opts_.token_ttl);
+    auto token = deps_.tokens.issue(req.name, opts_.token_ttl);
     if (!token) return rollback(rec, record_is_new, token_id, out.objects, token.error()).error();
     token_id = token->id;
     if (req.password.empty()) {
@@ -261,7 +256,7 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
 Status TenantService::rollback(store::TenantRecord& rec, bool record_is_new,
                                const std::string& token_id, const std::vector<VmObject>& created,
                                const Error& cause) {
-  auto& store = coord_.store();
+  auto& store = deps_.store;
   // The shared Namespace stays: other tenants may live in it.
   std::vector<VmObject> mine;
   for (const auto& o : created)
@@ -273,7 +268,7 @@ Status TenantService::rollback(store::TenantRecord& rec, bool record_is_new,
 
   if (failures.empty() && record_is_new) {
     if (!token_id.empty())
-      if (auto r = coord_.tokens().revoke_tenant(rec.name); !r)
+      if (auto r = deps_.tokens.revoke_tenant(rec.name); !r)
         spdlog::warn("tenants: could not revoke the token of {}: {}", rec.name, r.error().message);
     if (auto st = store.delete_tenant(rec.name); !st.ok())
       spdlog::warn("tenants: could not drop the record of {}: {}", rec.name, st.error().message);
@@ -308,7 +303,7 @@ Status TenantService::rollback(store::TenantRecord& rec, bool record_is_new,
 
 Result<json> TenantService::remove(const std::string& name, const std::string& ns_hint) {
   if (auto st = enroll::validate_tenant_name(name); !st.ok()) return st.error();
-  auto& store = coord_.store();
+  auto& store = deps_.store;
   auto rec = store.get_tenant(name);
   const std::string ns =
       rec ? record_namespace(*rec, ns_hint.empty() ? opts_.default_namespace : ns_hint)
@@ -320,7 +315,7 @@ Result<json> TenantService::remove(const std::string& name, const std::string& n
   }
   // The agent's identity goes first: from here on nothing can enroll or
   // connect as this tenant, whatever happens to the cluster calls.
-  if (auto st = coord_.agents().revoke(name); !st.ok())
+  if (auto st = deps_.agents.revoke(name); !st.ok())
     return st.error().with_context("revoking the agent identity of " + name);
 
   std::vector<VmObject> deleted;
@@ -375,11 +370,11 @@ json TenantService::plan_steps(const store::TenantRecord& t) const {
 }
 
 Result<json> TenantService::show(const std::string& name) {
-  auto rec = coord_.store().get_tenant(name);
+  auto rec = deps_.store.get_tenant(name);
   if (!rec) return Error(Errc::not_found, "no tenant named " + name);
-  json j = coord_.agents().tenant_json(*rec);
+  json j = deps_.view.tenant(*rec);
   json events = json::array();
-  for (auto& e : coord_.store().recent_events(rec->name, 50))
+  for (auto& e : deps_.store.recent_events(rec->name, 50))
     events.push_back({{"id", e.id}, {"received_at", e.received_at}, {"event", e.event}});
   j["recent_events"] = events;
   j["plan_steps"] = plan_steps(*rec);
@@ -392,7 +387,7 @@ Result<json> TenantService::show(const std::string& name) {
 }
 
 Result<json> TenantService::retry(const std::string& name, const std::string& step) {
-  auto rec = coord_.store().get_tenant(name);
+  auto rec = deps_.store.get_tenant(name);
   if (!rec) return Error(Errc::not_found, "no tenant named " + name);
   if (!step.empty()) {
     std::vector<std::string> ids;
@@ -407,7 +402,7 @@ Result<json> TenantService::retry(const std::string& name, const std::string& st
   }
   json cmd = {{"action", "retry"}};
   if (!step.empty()) cmd["step"] = step;
-  if (!coord_.agents().send_command(name, cmd))
+  if (!deps_.agents.send_command(name, cmd))
     return Error(Errc::failed_precondition,
                  "the agent of tenant " + name + " is not connected (phase " + rec->phase +
                      "): it cannot be asked to retry now; try again once it is");
@@ -430,13 +425,13 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
       if (!out->password.empty()) j["password"] = out->password;
       if (!out->note.empty()) j["note"] = out->note;
       if (auto shown = show(tr->name)) j["tenant"] = *shown;
-      return json_reply(j, out->created ? 201 : 200);
+      return coordinator::json_response(j, out->created ? 201 : 200);
     });
   });
   r.add("GET", "/v1/tenants/{name}", [this](auto&, const coordinator::PathParams& p) {
     return guarded("GET /v1/tenants/{name}", [&] {
       auto j = show(p.at("name"));
-      return j ? json_reply(*j) : error_reply(j.error());
+      return j ? coordinator::json_response(*j) : error_reply(j.error());
     });
   });
   r.add("DELETE", "/v1/tenants/{name}",
@@ -444,7 +439,7 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
           return guarded("DELETE /v1/tenants/{name}", [&] {
             auto it = req.query.find("namespace");
             auto j = remove(p.at("name"), it == req.query.end() ? "" : it->second);
-            return j ? json_reply(*j) : error_reply(j.error());
+            return j ? coordinator::json_response(*j) : error_reply(j.error());
           });
         });
   r.add("POST", "/v1/tenants/{name}/retry",
@@ -458,7 +453,7 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
                                    ? body["step"].get<std::string>()
                                    : "";
             auto j = retry(p.at("name"), step);
-            return j ? json_reply(*j, 202) : error_reply(j.error());
+            return j ? coordinator::json_response(*j, 202) : error_reply(j.error());
           });
         });
 }

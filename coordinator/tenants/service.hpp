@@ -34,13 +34,12 @@
 #include "common/catalog.hpp"
 #include "common/error.hpp"
 #include "coordinator/api/router.hpp"
+#include "coordinator/enroll/tokens.hpp"
+#include "coordinator/feed/tenant_view.hpp"
 #include "coordinator/store/store.hpp"
+#include "coordinator/tenants/agent_control.hpp"
 #include "coordinator/tenants/request.hpp"
 #include "coordinator/tenants/vm_provider.hpp"
-
-namespace factory::coordinator {
-class Coordinator;
-}
 
 namespace factory::tenants {
 
@@ -49,6 +48,20 @@ struct TenantServiceOptions {
   // Bootstrap tokens written into user-data: the VM must import its image,
   // boot and enroll within this.
   std::chrono::seconds token_ttl{std::chrono::hours(24)};
+  // What every tenant's user-data tells its guest (cloud_init.hpp):
+  std::string coordinator_url;      // the wss:// URL the agent dials (external_url)
+  std::string agent_binary_url;     // where it downloads the agent
+  std::string agent_binary_sha256;  // the agent's hash; "" when there is no binary to serve
+  std::string agent_binary_path;    // the file served, for the message when it is missing
+  std::string ca_pem;               // the coordinator CA the agent pins
+};
+
+// What the service works with, all owned by the server and outliving it.
+struct TenantServiceDeps {
+  store::Store& store;
+  enroll::TokenBook& tokens;
+  const feed::TenantView& view;  // the record as the status feed shows it
+  AgentControl& agents;
 };
 
 struct CreateOutcome {
@@ -60,12 +73,12 @@ struct CreateOutcome {
 
 class TenantService {
  public:
-  TenantService(coordinator::Coordinator& coordinator, catalog::Catalog catalog,
+  TenantService(TenantServiceDeps deps, catalog::Catalog catalog,
                 std::unique_ptr<VmProvider> provider, TenantServiceOptions opts);
   ~TenantService();
 
   // POST /v1/tenants, GET/DELETE /v1/tenants/{name}, POST /v1/tenants/{name}/retry.
-  // (GET /v1/tenants, the list, is the core status feed's.)
+  // (GET /v1/tenants, the list, is the status feed's.)
   void install_routes(coordinator::ApiRouter& router);
 
   Result<CreateOutcome> create(const TenantRequest& req);
@@ -78,7 +91,8 @@ class TenantService {
   // Asks the tenant's agent to re-run its failed plan (from `step` if set).
   Result<nlohmann::json> retry(const std::string& name, const std::string& step);
 
-  // For AgentService::set_plan_provider: {"hash", "plan"} of the tenant's tier.
+  // What the server gives the agents module as the tenants' plans:
+  // {"hash", "plan"} of the tenant's tier.
   std::optional<nlohmann::json> plan_for(const store::TenantRecord& t) const;
 
   const catalog::Catalog& catalog() const { return catalog_; }
@@ -88,7 +102,7 @@ class TenantService {
                   const std::vector<VmObject>& created, const Error& cause);
   nlohmann::json plan_steps(const store::TenantRecord& t) const;
 
-  coordinator::Coordinator& coord_;
+  TenantServiceDeps deps_;
   catalog::Catalog catalog_;
   std::unique_ptr<VmProvider> provider_;
   TenantServiceOptions opts_;

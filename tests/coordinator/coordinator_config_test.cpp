@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-#include "coordinator/agents/agent_service.hpp"
+#include "coordinator/agents/projection.hpp"
 #include "coordinator/api/router.hpp"
 #include "tests/support/test_support.hpp"
 

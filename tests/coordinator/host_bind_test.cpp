@@ -175,13 +175,11 @@ TEST(HostBind, BadInputGetsOneLineAndChangesNothing) {
       t, {"bind", "--pci", "0000:01:00.0", "--pci-ids", (dir / "missing.ids").string()},
       "factory: --pci-ids " + (dir / "missing.ids").string() + ": no such file"));
   ASSERT_NO_FATAL_FAILURE(
-      expect_refused(t, {"bind", "--pci", "0000:01:00.0"},
-                     "factory: factory host bind writes /sys and /etc, so it must run as root",
-                     {{"FACTORY_HOST_ASSUME_NONROOT", "1"}}));
+      expect_refused(t, {"bind", "--pci", "0000:01:00.0", "--euid", "1000"},
+                     "factory: factory host bind writes /sys and /etc, so it must run as root"));
   ASSERT_NO_FATAL_FAILURE(
-      expect_refused(t, {"unbind", "--pci", "0000:01:00.0"},
-                     "factory: factory host unbind writes /sys and /etc, so it must run as root",
-                     {{"FACTORY_HOST_ASSUME_NONROOT", "1"}}));
+      expect_refused(t, {"unbind", "--pci", "0000:01:00.0", "--euid", "1000"},
+                     "factory: factory host unbind writes /sys and /etc, so it must run as root"));
   ASSERT_NO_FATAL_FAILURE(expect_refused(
       t, {"unbind", "--pci", "0000:00:01.1"},
       "factory: unbind: 0000:00:01.1 is not an NVIDIA function (1022:1483, class 0604)"));
@@ -190,8 +188,7 @@ TEST(HostBind, BadInputGetsOneLineAndChangesNothing) {
                                          {"bind", "--pci", "0000:01:00.0", "--pci", "0000:c1:00.0"},
                                          "factory: bind: 0000:c1:00.0 is not an NVIDIA function"));
   // Without root the dry run still works: it only reads.
-  auto dry = factory_host(t, {"bind", "--pci", "0000:01:00.0", "--dry-run"},
-                          {{"FACTORY_HOST_ASSUME_NONROOT", "1"}});
+  auto dry = factory_host(t, {"bind", "--pci", "0000:01:00.0", "--dry-run", "--euid", "1000"});
   EXPECT_EQ(dry.exit_code, 0) << dry.output;
 }
 

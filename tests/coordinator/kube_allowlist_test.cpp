@@ -5,7 +5,7 @@
 // (two L4s, tests/coordinator/host_tree.hpp) as the inventory.
 #include <gtest/gtest.h>
 
-#include "coordinator/kube/allowlist.hpp"
+#include "coordinator/kubevirt/allowlist.hpp"
 #include "tests/coordinator/host_tree.hpp"
 #include "tests/fakes/fake_kube.hpp"
 #include "tests/support/test_support.hpp"
@@ -15,6 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using namespace factory::kubevirt;
 using factory::testing::FakeKube;
 using factory::testing::TempDir;
 using factory::testing::hosttree::HostTree;

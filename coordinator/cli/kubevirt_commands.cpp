@@ -9,13 +9,14 @@
 #include "coordinator/host/inventory.hpp"
 #include "coordinator/host/pci.hpp"
 #include "coordinator/host/pci_ids.hpp"
-#include "coordinator/kube/allowlist.hpp"
-#include "coordinator/kube/cli_flags.hpp"
+#include "coordinator/kube/client.hpp"
+#include "coordinator/kubevirt/allowlist.hpp"
 
 namespace factory::cli {
 namespace {
 
-using namespace factory::kube;
+using namespace factory::kubevirt;
+using kube::AccessOptions;
 using nlohmann::json;
 
 struct AllowlistOptions {
@@ -67,7 +68,7 @@ int allowlist(const AllowlistOptions& o) {
   if (!timeout) return fail(timeout.error().with_context("--wait-timeout"));
   auto models = choose_models(o);
   if (!models) return fail(models.error());
-  auto client = connect(o.access);
+  auto client = kube::connect(o.access);
   if (!client) return fail(client.error());
 
   auto res = ensure_allowlisted(*client, o.ns, *models, o.dry_run);
@@ -111,8 +112,8 @@ int allowlist(const AllowlistOptions& o) {
     return 0;
   }
 
-  auto report = wait_for_advertised(*client, o.ns, *models,
-                                    std::chrono::duration_cast<std::chrono::milliseconds>(*timeout));
+  auto report = wait_for_advertised(
+      *client, o.ns, *models, std::chrono::duration_cast<std::chrono::milliseconds>(*timeout));
   if (!report) return fail(report.error());
   json nodes = json::array();
   for (const auto& n : report->nodes)
@@ -129,9 +130,9 @@ int allowlist(const AllowlistOptions& o) {
   // so a script does not go on to create VMs that can never schedule.
   for (size_t i = 0; i + 1 < report->problems.size(); ++i)
     std::cerr << "factory: " << report->problems[i] << "\n";
-  return fail(Error(Errc::failed_precondition,
-                    report->problems.empty() ? "the cards are not advertised"
-                                             : report->problems.back()));
+  return fail(Error(Errc::failed_precondition, report->problems.empty()
+                                                   ? "the cards are not advertised"
+                                                   : report->problems.back()));
 }
 
 }  // namespace

@@ -115,8 +115,7 @@ Result<TenantRequest> build_request(const CreateOptions& o) {
 // --dry-run: every object create would make, with the secrets it would
 // generate shown as the marked placeholders of cloud_init.hpp.
 int dry_run(const Context& ctx, const CreateOptions& o) {
-  bool explicit_config = ctx.global.config_path != GlobalOptions{}.config_path;
-  auto cfg = coordinator::load_coordinator_config(ctx.global.config_path, explicit_config);
+  auto cfg = load_config(ctx.global);
   if (!cfg) return fail(cfg.error());
   auto cat = catalog::load_configured(o.catalog_file, ctx.global.config_path);
   if (!cat) return fail(cat.error());
@@ -251,46 +250,31 @@ int create(const Context& ctx, const CreateOptions& o) {
                   std::chrono::duration_cast<std::chrono::milliseconds>(*poll), os);
 }
 
-std::string ago(const std::string& ts) {
-  if (ts.empty()) return "-";
-  auto t = parse_rfc3339(ts);
-  if (!t) return ts;
-  auto d = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - *t);
-  return format_duration(std::max(d, std::chrono::seconds(0)));
-}
-
 std::string gpus_text(const json& spec) {
   if (!spec.is_object() || !spec.contains("gpus")) return "-";
   std::string r = str(spec, "gpu_resource");
   return str(spec, "gpus") + (r.empty() ? "" : " x " + r);
 }
 
-int list(const Context& ctx, OutputFormat out) {
-  auto client = AdminClient::from(ctx.global);
-  if (!client) return fail(client.error());
-  auto res = client->call("GET", "/v1/tenants");
-  if (!res) return fail(res.error());
-  if (print_document(std::cout, out, *res)) return 0;
+// The table of `factory tenant list`.
+void print_tenants(const json& res) {
   std::vector<std::vector<std::string>> rows;
-  for (const auto& t : (*res)["tenants"]) {
+  for (const auto& t : res["tenants"]) {
     const json spec = t.value("spec", json::object());
     rows.push_back({str(t, "name"), str(t, "tier").empty() ? "-" : str(t, "tier"), str(t, "phase"),
                     gpus_text(spec), str(spec, "namespace").empty() ? "-" : str(spec, "namespace"),
                     t["agent"].value("connected", false) ? "yes" : "no",
-                    ago(str(t, "created_at"))});
+                    age(str(t, "created_at"))});
   }
   if (rows.empty()) {
     std::cout << "No tenants. Create one with `factory tenant create NAME --tier gpu-vm`.\n";
-    return 0;
+    return;
   }
   print_table(std::cout, {"tenant", "tier", "phase", "gpus", "namespace", "agent", "age"}, rows);
-  return 0;
 }
 
 int show(const Context& ctx, const std::string& name, OutputFormat out) {
-  auto client = AdminClient::from(ctx.global);
-  if (!client) return fail(client.error());
-  auto res = client->call("GET", "/v1/tenants/" + name);
+  auto res = call_coordinator(ctx.global, "GET", "/v1/tenants/" + name);
   if (!res) return fail(res.error());
   if (print_document(std::cout, out, *res)) return 0;
   const json& t = *res;
@@ -367,11 +351,9 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
 int remove(const Context& ctx, const std::string& name, const std::string& ns) {
   if (auto st = enroll::validate_tenant_name(name); !st.ok())
     return fail(st.error().with_context("tenant name"));
-  auto client = AdminClient::from(ctx.global);
-  if (!client) return fail(client.error());
   std::string path = "/v1/tenants/" + name;
   if (!ns.empty()) path += "?namespace=" + ns;
-  auto res = client->call("DELETE", path);
+  auto res = call_coordinator(ctx.global, "DELETE", path);
   if (!res) return fail(res.error());
   if (!res->value("found", false)) {
     std::cout << "tenant " << name << ": nothing to delete (no record, no objects)\n";
@@ -385,11 +367,9 @@ int remove(const Context& ctx, const std::string& name, const std::string& ns) {
 }
 
 int retry(const Context& ctx, const std::string& name, const std::string& step) {
-  auto client = AdminClient::from(ctx.global);
-  if (!client) return fail(client.error());
   json body = json::object();
   if (!step.empty()) body["step"] = step;
-  auto res = client->call("POST", "/v1/tenants/" + name + "/retry", body);
+  auto res = call_coordinator(ctx.global, "POST", "/v1/tenants/" + name + "/retry", body);
   if (!res) return fail(res.error());
   std::cout << "asked the agent of " << name << " to retry its plan"
             << (step.empty() ? " from the failed step" : " from step " + step)
@@ -450,7 +430,11 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   auto list_out = std::make_shared<OutputFormat>(OutputFormat::table);
   auto* l = group->add_subcommand("list", "List tenants: tier, phase, GPUs, agent");
   add_output_option(*l, *list_out);
-  l->callback([&ctx, list_out] { ctx.run = [&ctx, list_out] { return list(ctx, *list_out); }; });
+  l->callback([&ctx, list_out] {
+    ctx.run = [&ctx, list_out] {
+      return list_from_coordinator(ctx.global, "/v1/tenants", *list_out, print_tenants);
+    };
+  });
 
   struct NameOpts {
     std::string name, ns, step;

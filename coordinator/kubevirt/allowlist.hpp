@@ -4,18 +4,19 @@
 // spec.configuration.permittedHostDevices.pciHostDevices. With
 // externalResourceProvider unset, KubeVirt's own device plugin (virt-handler)
 // advertises every matching function that is on vfio-pci as an allocatable
-// node resource, under the entry's resourceName.
+// node resource, under the entry's resourceName. This is product knowledge
+// (which cards, under which names), so it lives here and not in the
+// Kubernetes client (coordinator/kube), which knows no product.
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 #include "coordinator/host/inventory.hpp"
 #include "coordinator/kube/client.hpp"
 
-namespace factory::kube {
+namespace factory::kubevirt {
 
 // One card model to allowlist.
 struct GpuModel {
@@ -61,7 +62,7 @@ struct AllowlistResult {
 // of the whole list, and the next apply by whoever owns the other entries
 // would drop ours (or ours theirs). dry_run: the server validates the patch
 // and stores nothing.
-Result<AllowlistResult> ensure_allowlisted(KubeClient& client, const std::string& ns,
+Result<AllowlistResult> ensure_allowlisted(kube::KubeClient& client, const std::string& ns,
                                            const std::vector<GpuModel>& models, bool dry_run);
 
 struct NodeResource {
@@ -77,8 +78,9 @@ struct AdvertiseReport {
 // Follows the nodes until, for every model, some node advertises it (at least
 // as many as the host has on vfio-pci, when the inventory says), or the
 // timeout passes; then says why what is short is short.
-Result<AdvertiseReport> wait_for_advertised(KubeClient& client, const std::string& cr_namespace,
+Result<AdvertiseReport> wait_for_advertised(kube::KubeClient& client,
+                                            const std::string& cr_namespace,
                                             const std::vector<GpuModel>& models,
                                             std::chrono::milliseconds timeout);
 
-}  // namespace factory::kube
+}  // namespace factory::kubevirt

@@ -1,10 +1,10 @@
-#include "coordinator/kube/allowlist.hpp"
+#include "coordinator/kubevirt/allowlist.hpp"
 
 #include <algorithm>
 #include <map>
 #include <regex>
 
-namespace factory::kube {
+namespace factory::kubevirt {
 
 using nlohmann::json;
 
@@ -45,7 +45,9 @@ long long quantity(const json& v) {
 
 // How many cards of the model the wait can expect to see advertised, and how
 // many there are in all.
-size_t can_appear(const GpuModel& m) { return m.from_inventory ? m.on_vfio.size() : 1; }
+size_t can_appear(const GpuModel& m) {
+  return m.from_inventory ? m.on_vfio.size() : 1;
+}
 size_t wanted(const GpuModel& m) {
   return m.from_inventory ? m.on_vfio.size() + m.not_on_vfio.size() : 1;
 }
@@ -115,7 +117,8 @@ Result<AllowlistMerge> merge_allowlist(const json& current, const std::vector<Gp
                      "the KubeVirt CR already allowlists " + sel + " as " + res + ", not " +
                          m.resource_name +
                          ": KubeVirt would advertise the same cards under two names; remove that "
-                         "entry, or pass --resource-name " + res);
+                         "entry, or pass --resource-name " +
+                         res);
       listed = true;
       if (e.value("externalResourceProvider", false))
         out.warnings.push_back(describe(sel, res) +
@@ -130,17 +133,17 @@ Result<AllowlistMerge> merge_allowlist(const json& current, const std::vector<Gp
     }
     // externalResourceProvider stays unset: KubeVirt's own device plugin then
     // advertises exactly the functions bound to vfio-pci.
-    out.entries.push_back({{"pciVendorSelector", m.pci_vendor_selector},
-                           {"resourceName", m.resource_name}});
+    out.entries.push_back(
+        {{"pciVendorSelector", m.pci_vendor_selector}, {"resourceName", m.resource_name}});
     out.added.push_back(d);
   }
   return out;
 }
 
-Result<AllowlistResult> ensure_allowlisted(KubeClient& client, const std::string& ns,
+Result<AllowlistResult> ensure_allowlisted(kube::KubeClient& client, const std::string& ns,
                                            const std::vector<GpuModel>& models, bool dry_run) {
   for (int attempt = 0;; ++attempt) {
-    auto crs = client.list(kKubeVirt, ns);
+    auto crs = client.list(kube::kKubeVirt, ns);
     if (!crs) return crs.error();
     const json& items = (*crs)["items"];
     if (items.empty())
@@ -164,7 +167,8 @@ Result<AllowlistResult> ensure_allowlisted(KubeClient& client, const std::string
         {"metadata", {{"resourceVersion", cr["metadata"].value("resourceVersion", "")}}},
         {"spec",
          {{"configuration", {{"permittedHostDevices", {{"pciHostDevices", res.merge.entries}}}}}}}};
-    auto written = client.merge_patch(kKubeVirt, ns, res.cr_name, patch, {.dry_run = dry_run});
+    auto written =
+        client.merge_patch(kube::kKubeVirt, ns, res.cr_name, patch, {.dry_run = dry_run});
     if (written) return res;
     // Someone changed the CR between our read and write: read it again.
     if (written.error().code == Errc::conflict && attempt < 5) continue;
@@ -172,7 +176,8 @@ Result<AllowlistResult> ensure_allowlisted(KubeClient& client, const std::string
   }
 }
 
-Result<AdvertiseReport> wait_for_advertised(KubeClient& client, const std::string& cr_namespace,
+Result<AdvertiseReport> wait_for_advertised(kube::KubeClient& client,
+                                            const std::string& cr_namespace,
                                             const std::vector<GpuModel>& models,
                                             std::chrono::milliseconds timeout) {
   std::map<std::string, json> allocatable;  // node -> status.allocatable
@@ -187,15 +192,16 @@ Result<AdvertiseReport> wait_for_advertised(KubeClient& client, const std::strin
       if (best(m.resource_name) < static_cast<long long>(can_appear(m))) return false;
     return true;
   };
-  auto on_event = [&](const WatchEvent& e) {
+  auto on_event = [&](const kube::WatchEvent& e) {
     std::string node = e.object["metadata"].value("name", "");
     if (e.type == "DELETED")
       allocatable.erase(node);
     else
-      allocatable[node] = e.object.value("status", json::object()).value("allocatable", json::object());
+      allocatable[node] =
+          e.object.value("status", json::object()).value("allocatable", json::object());
     return !settled();
   };
-  auto st = client.watch(kNode, "", {.timeout = timeout}, on_event);
+  auto st = client.watch(kube::kNode, "", {.timeout = timeout}, on_event);
   if (!st && st.error().code != Errc::timeout) return st.error();
 
   AdvertiseReport report;
@@ -211,7 +217,7 @@ Result<AdvertiseReport> wait_for_advertised(KubeClient& client, const std::strin
   // Why a model is short: the CR (re-read: someone may have reverted it),
   // the cards' drivers on this host, or KubeVirt not having caught up.
   json cr_entries = json::array();
-  if (auto crs = client.list(kKubeVirt, cr_namespace); crs && !(*crs)["items"].empty())
+  if (auto crs = client.list(kube::kKubeVirt, cr_namespace); crs && !(*crs)["items"].empty())
     cr_entries = current_entries((*crs)["items"][0]);
   for (const auto& m : models) {
     long long have = best(m.resource_name);
@@ -233,8 +239,9 @@ Result<AdvertiseReport> wait_for_advertised(KubeClient& client, const std::strin
       continue;
     }
     if (external) {
-      report.problems.push_back(head + ": the CR leaves it to an external device plugin "
-                                       "(externalResourceProvider: true); is that plugin running?");
+      report.problems.push_back(head +
+                                ": the CR leaves it to an external device plugin "
+                                "(externalResourceProvider: true); is that plugin running?");
       continue;
     }
     if (!m.not_on_vfio.empty()) {
@@ -248,9 +255,10 @@ Result<AdvertiseReport> wait_for_advertised(KubeClient& client, const std::strin
       if (have >= static_cast<long long>(m.on_vfio.size())) continue;
     }
     if (m.from_inventory)
-      report.problems.push_back(head + ": the cards on vfio-pci are not advertised yet: is "
-                                       "virt-handler running on the node (kubectl -n kubevirt get "
-                                       "pods)?");
+      report.problems.push_back(head +
+                                ": the cards on vfio-pci are not advertised yet: is "
+                                "virt-handler running on the node (kubectl -n kubevirt get "
+                                "pods)?");
     else
       report.problems.push_back(head + ": no node advertises it: is every " +
                                 m.pci_vendor_selector +
@@ -260,4 +268,4 @@ Result<AdvertiseReport> wait_for_advertised(KubeClient& client, const std::strin
   return report;
 }
 
-}  // namespace factory::kube
+}  // namespace factory::kubevirt

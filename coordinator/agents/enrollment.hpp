@@ -1,0 +1,51 @@
+#pragma once
+// Enrollment and renewal: an agent's identity. A new agent trades its
+// one-time bootstrap token and a CSR (its key never leaves the guest) for a
+// client certificate naming its tenant; an enrolled one renews before
+// expiry; the tenant's record lists the serials that are valid now, so a
+// revoked or replaced certificate stops working at once.
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/net/https_server.hpp"
+#include "coordinator/agents/refusal.hpp"
+#include "coordinator/enroll/ca.hpp"
+#include "coordinator/enroll/tokens.hpp"
+#include "coordinator/feed/feed_state.hpp"
+#include "coordinator/store/store.hpp"
+
+namespace factory::coordinator {
+
+class Enrollment {
+ public:
+  Enrollment(store::Store& store, const enroll::CertificateAuthority& ca, enroll::TokenBook& tokens,
+             feed::AgentCounters& counters, std::chrono::seconds cert_ttl)
+      : store_(store), ca_(ca), tokens_(tokens), counters_(counters), cert_ttl_(cert_ttl) {}
+
+  // Why a connection with this client certificate may not speak for the
+  // tenant it names; "" when it may.
+  std::string certificate_refusal(const net::PeerInfo& peer) const;
+
+  // An enroll frame's body ({token, csr, hostname, agent_version}) from an
+  // agent at `remote`: the "enrolled" reply's body, with the certificate.
+  Answer<nlohmann::json> enroll(const nlohmann::json& body, const std::string& remote);
+
+  // A renew frame's body ({csr}) from the tenant's agent: the "certificate"
+  // reply's body. The previous serial stays valid until the agent reconnects
+  // with the new one.
+  Answer<nlohmann::json> renew(const std::string& tenant, const nlohmann::json& body);
+
+  // Voids the tenant's certificates and unused tokens (the caller closes its
+  // connection).
+  Status revoke(const std::string& tenant);
+
+ private:
+  store::Store& store_;
+  const enroll::CertificateAuthority& ca_;
+  enroll::TokenBook& tokens_;
+  feed::AgentCounters& counters_;
+  std::chrono::seconds cert_ttl_;
+};
+
+}  // namespace factory::coordinator

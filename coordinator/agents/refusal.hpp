@@ -1,0 +1,19 @@
+#pragma once
+// How the parts of the agents module say no to an agent: the error frame
+// the session sends (code, message), and whether the connection ends after it.
+#include <string>
+#include <variant>
+
+namespace factory::coordinator {
+
+struct Refusal {
+  std::string code;          // "enrollment_refused", "bad_event", ...
+  std::string message;       // one line the agent logs
+  std::string close_reason;  // empty: the connection stays
+};
+
+// A reply frame's body, or why there is none.
+template <class Body>
+using Answer = std::variant<Body, Refusal>;
+
+}  // namespace factory::coordinator

@@ -1,0 +1,38 @@
+// `factory serve`: the coordinator itself (server/coordinator.hpp).
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "common/log.hpp"
+#include "coordinator/cli/commands.hpp"
+#include "coordinator/server/coordinator.hpp"
+
+namespace factory::cli {
+
+void add_serve_command(CLI::App& app, Context& ctx) {
+  auto* cmd =
+      app.add_subcommand("serve", "Run the coordinator: agents endpoint, admin API, status feed");
+  cmd->callback([&ctx] {
+    ctx.run = [&ctx]() -> int {
+      auto cfg = load_config(ctx.global);
+      if (!cfg) return fail(cfg.error());
+      // The server logs at info unless told otherwise; the CLI default (warn) is for commands.
+      if (ctx.global.log_level == "warn") setup_logging("factory", cfg->log_level);
+      auto c = coordinator::Coordinator::open(*cfg);
+      if (!c) return fail(c.error());
+      if (auto st = (*c)->start(); !st.ok()) return fail(st.error());
+      (*c)->run();
+      // Everything the coordinator keeps is durable the moment it is written
+      // (fsync'd files), so nothing is left to flush but the log. Exit here
+      // rather than tear down live sessions inside the io_context's
+      // destructor, where their sockets would outlive the reactor.
+      spdlog::info("stopped");
+      spdlog::shutdown();
+      std::fflush(nullptr);
+      std::_Exit(0);
+    };
+  });
+}
+
+}  // namespace factory::cli

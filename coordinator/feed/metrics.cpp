@@ -1,0 +1,49 @@
+#include "coordinator/feed/metrics.hpp"
+
+#include <map>
+#include <sstream>
+
+namespace factory::feed {
+
+std::string render_metrics(const store::Store& store, const FeedState& state) {
+  std::ostringstream o;
+  auto gauge = [&](const char* name, const char* help) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
+  };
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
+      << name << " " << v << "\n";
+  };
+  gauge("factory_agents_connected", "Agents connected to this coordinator now.");
+  o << "factory_agents_connected " << state.connected_count() << "\n";
+  std::map<std::string, int> phases;
+  for (auto p : {"pending", "enrolled", "provisioning", "ready", "failed"}) phases[p] = 0;
+  auto tenants = store.list_tenants();
+  for (auto& t : tenants) phases[t.phase]++;
+  gauge("factory_tenants", "Tenants by lifecycle phase.");
+  for (auto& [p, n] : phases) o << "factory_tenants{phase=\"" << p << "\"} " << n << "\n";
+  gauge("factory_tenant_agent_connected", "1 when the tenant's agent is connected.");
+  for (auto& t : tenants) {
+    const AgentPresence* l = state.presence(t.name);
+    o << "factory_tenant_agent_connected{tenant=\"" << t.name << "\"} "
+      << (l && l->connected ? 1 : 0) << "\n";
+  }
+  const AgentCounters& m = state.counters();
+  counter("factory_enrollments_accepted_total", "Agent enrollments accepted.",
+          m.enrollments_accepted);
+  counter("factory_enrollments_refused_total", "Agent enrollments refused (bad token or CSR).",
+          m.enrollments_refused);
+  counter("factory_agent_connections_refused_total",
+          "Agent connections refused (revoked certificate, wrong tenant).", m.connections_refused);
+  counter("factory_events_stored_total", "Agent events stored.", m.events_stored);
+  counter("factory_events_duplicate_total", "Replayed agent events dropped as duplicates.",
+          m.events_duplicate);
+  counter("factory_frames_rejected_total", "Malformed frames from agents.", m.frames_rejected);
+  counter("factory_frames_unknown_type_total", "Frames of an unknown type, ignored.",
+          m.frames_unknown_type);
+  counter("factory_certificates_renewed_total", "Agent certificates renewed.",
+          m.certificates_renewed);
+  return o.str();
+}
+
+}  // namespace factory::feed
