@@ -7,7 +7,7 @@ set -euo pipefail
 build_pkgs=(
   build-essential cmake ninja-build ccache pkg-config
   libboost1.81-dev libssl-dev nlohmann-json3-dev libyaml-cpp-dev
-  libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev
+  libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libsqlite3-dev
 )
 # Real validators and peers the test suite runs against the product.
 test_pkgs=(

@@ -333,6 +333,7 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
     });
   }
   const PeerInfo& peer() const override { return peer_; }
+  void post(std::function<void()> fn) override { asio::post(tc_.io, std::move(fn)); }
 
   // From the sweep, on the io thread.
   void tick(Clock::time_point now);

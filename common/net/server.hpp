@@ -156,6 +156,10 @@ class WsConnection {
   // the connection once it is out.
   virtual void close(std::string_view reason, std::uint16_t code = 1008) = 0;
   virtual const PeerInfo& peer() const = 0;
+  // Runs fn on the connection's io thread, after what is queued there: how
+  // work done elsewhere (a worker, the store's writer) comes back to the
+  // handler, one callback at a time. Runs even after the connection closed.
+  virtual void post(std::function<void()> fn) = 0;
 };
 
 // Callbacks run on the connection's io thread, one at a time.

@@ -5,16 +5,18 @@
 namespace factory::coordinator {
 
 AgentService::AgentService(store::Store& store, const enroll::CertificateAuthority& ca,
-                           enroll::TokenBook& tokens, feed::FeedState& feed,
+                           enroll::TokenBook& tokens, feed::FeedState& feed, WorkerPool& workers,
                            AgentServiceOptions opts)
     : store_(store),
+      feed_(feed),
       enrollment_(store, ca, tokens, feed.counters(), opts.cert_ttl),
-      ingestion_(store, feed),
+      ingestion_(feed),
       ctx_{store,
            feed,
            enrollment_,
            ingestion_,
            sessions_,
+           workers,
            [this](const std::string& tenant) { push_plan(tenant); },
            std::move(opts.server_version)} {}
 
@@ -27,24 +29,30 @@ std::shared_ptr<net::WsHandler> AgentService::accept(const net::HttpRequestIn& r
 }
 
 bool AgentService::send_command(const std::string& tenant, const nlohmann::json& body) {
-  AgentSession* s = sessions_.find(tenant);
+  auto s = sessions_.find(tenant);
   if (!s) return false;
-  s->send(proto::type::kCommand, body);
+  s->deliver(std::string(proto::type::kCommand), body);
   return true;
 }
 
 void AgentService::push_plan(const std::string& tenant) {
-  AgentSession* s = sessions_.find(tenant);
+  auto s = sessions_.find(tenant);
   if (!s || !plan_provider_) return;
   auto rec = store_.get_tenant(tenant);
   if (!rec) return;
-  if (auto plan = plan_provider_(*rec)) s->send(proto::type::kPlan, *plan);
+  if (auto plan = plan_provider_(*rec)) s->deliver(std::string(proto::type::kPlan), *plan);
 }
 
 Status AgentService::revoke(const std::string& tenant) {
   if (auto st = enrollment_.revoke(tenant); !st.ok()) return st;
-  if (AgentSession* s = sessions_.find(tenant)) s->close("revoked");
+  if (auto s = sessions_.find(tenant)) s->end("revoked", "revoked");
+  // Nothing of the old agent stays on show.
+  feed_.forget(tenant);
   return {};
+}
+
+std::size_t AgentService::connected_count() const {
+  return sessions_.size();
 }
 
 }  // namespace factory::coordinator

@@ -5,8 +5,9 @@
 // (ingestion.hpp) and their projection onto the tenant (projection.hpp).
 // AgentService owns them and is what the server wires: the websocket
 // acceptor, and the few things the rest of the coordinator asks of agents.
-// The agents' presence and counters go to the status feed (feed/). Runs on
-// the server's io_context thread; no locks.
+// The agents' presence and counters go to the status feed (feed/).
+// Thread-safe: sessions live on the io threads, the rest of the coordinator
+// calls in from workers.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -14,7 +15,8 @@
 #include <optional>
 #include <string>
 
-#include "common/net/https_server.hpp"
+#include "common/net/server.hpp"
+#include "common/worker_pool.hpp"
 #include "coordinator/agents/enrollment.hpp"
 #include "coordinator/agents/ingestion.hpp"
 #include "coordinator/agents/session.hpp"
@@ -36,7 +38,8 @@ using PlanProvider = std::function<std::optional<nlohmann::json>(const store::Te
 class AgentService {
  public:
   AgentService(store::Store& store, const enroll::CertificateAuthority& ca,
-               enroll::TokenBook& tokens, feed::FeedState& feed, AgentServiceOptions opts);
+               enroll::TokenBook& tokens, feed::FeedState& feed, WorkerPool& workers,
+               AgentServiceOptions opts);
   AgentService(const AgentService&) = delete;
   AgentService& operator=(const AgentService&) = delete;
 
@@ -49,10 +52,13 @@ class AgentService {
   // Sends the tenant's plan to its connected agent (on hello).
   void push_plan(const std::string& tenant);
   // Forgets the tenant's agent identity: its certificate stops working now.
+  // May wait on the store: workers only.
   Status revoke(const std::string& tenant);
+  std::size_t connected_count() const;
 
  private:
   store::Store& store_;
+  feed::FeedState& feed_;
   Enrollment enrollment_;
   Ingestion ingestion_;
   SessionRegistry sessions_;

@@ -41,46 +41,62 @@ Answer<nlohmann::json> Enrollment::enroll(const nlohmann::json& b, const std::st
   if (!b.contains("token") || !b["token"].is_string() || !b.contains("csr") ||
       !b["csr"].is_string()) {
     ++counters_.enrollments_refused;
-    return Refusal{"bad_request", "enroll needs 'token' and 'csr'", ""};
+    return Refusal{"bad_request", "enroll needs 'token' and 'csr'", "enrollment refused"};
   }
   const std::string token = b["token"].get<std::string>();
   const std::string csr = b["csr"].get<std::string>();
   std::string token_id = token.substr(0, token.find('.'));
-  if (token_id.size() > 16) token_id = "?";
-  // Check the CSR before the token is spent: a malformed CSR must not cost
-  // the guest its one-time token.
-  if (auto probe = ca_.sign_agent_csr(csr, "probe", std::chrono::seconds(60)); !probe) {
-    ++counters_.enrollments_refused;
-    spdlog::warn("agents: enrollment from {} refused: {}", remote, probe.error().message);
-    return Refusal{"enrollment_refused", probe.error().message, "enrollment refused"};
-  }
-  auto tenant = tokens_.redeem(token);
+  if (token_id.size() > enroll::kTokenIdLength) token_id = "?";
+  // The token first: a stranger with a made-up token costs a hash, never a
+  // signature.
+  auto tenant = tokens_.check(token);
   if (!tenant) {
     ++counters_.enrollments_refused;
     spdlog::warn("agents: enrollment from {} with token {} refused: {}", remote, token_id,
                  tenant.error().message);
     return Refusal{"enrollment_refused", tenant.error().message, "enrollment refused"};
   }
+  // Then the CSR, before the token is spent: a malformed CSR must not cost
+  // the guest its one-time token.
   auto cert = ca_.sign_agent_csr(csr, *tenant, cert_ttl_);
   if (!cert) {
     ++counters_.enrollments_refused;
+    spdlog::warn("agents: enrollment from {} refused: {}", remote, cert.error().message);
     return Refusal{"enrollment_refused", cert.error().message, "enrollment refused"};
   }
-  auto rec = store_.get_tenant(*tenant).value_or(store::TenantRecord{});
-  if (rec.name.empty()) {
-    rec.name = *tenant;
-    rec.created_at = format_rfc3339(Clock::now());
+  // Spent now; a second enrollment racing with the same token loses here.
+  auto spent = tokens_.redeem(token);
+  if (!spent) {
+    ++counters_.enrollments_refused;
+    return Refusal{"enrollment_refused", spent.error().message, "enrollment refused"};
   }
-  std::string agent_id = pki::random_hex(8);
-  rec.agent = {{"agent_id", agent_id},
-               {"cert_serials", nlohmann::json::array({cert->serial_hex})},
-               {"certificate_expires_at", format_rfc3339(cert->not_after)},
-               {"enrolled_at", format_rfc3339(Clock::now())},
-               {"hostname", b.value("hostname", "")},
-               {"version", b.value("agent_version", "")}};
-  if (rec.phase == "pending") rec.phase = "enrolled";
-  if (auto st = store_.put_tenant(rec); !st.ok()) {
-    spdlog::error("agents: enrollment of {} not recorded: {}", *tenant, st.error().message);
+  const std::string agent_id = pki::random_hex(8);
+  nlohmann::json identity = {{"agent_id", agent_id},
+                             {"cert_serials", nlohmann::json::array({cert->serial_hex})},
+                             {"certificate_expires_at", format_rfc3339(cert->not_after)},
+                             {"enrolled_at", format_rfc3339(Clock::now())},
+                             {"hostname", b.value("hostname", "")},
+                             {"version", b.value("agent_version", "")}};
+  auto set_identity = [&](store::TenantRecord& r) {
+    r.agent = identity;
+    if (r.phase == "pending") r.phase = "enrolled";
+    return Status{};
+  };
+  Status recorded;
+  if (auto up = store_.update_tenant(*tenant, set_identity); !up) {
+    if (up.error().code == Errc::not_found) {
+      // A tenant made by `factory token create` alone has no record yet.
+      store::TenantRecord rec;
+      rec.name = *tenant;
+      rec.created_at = format_rfc3339(Clock::now());
+      (void)set_identity(rec);
+      recorded = store_.put_tenant(rec);
+    } else {
+      recorded = up.error();
+    }
+  }
+  if (!recorded.ok()) {
+    spdlog::error("agents: enrollment of {} not recorded: {}", *tenant, recorded.error().message);
     return Refusal{"internal", "the coordinator could not record the enrollment; retry later",
                    "internal"};
   }
@@ -94,21 +110,30 @@ Answer<nlohmann::json> Enrollment::enroll(const nlohmann::json& b, const std::st
                         {"expires_at", format_rfc3339(cert->not_after)}};
 }
 
-Answer<nlohmann::json> Enrollment::renew(const std::string& tenant, const nlohmann::json& b) {
+Answer<nlohmann::json> Enrollment::renew(const std::string& tenant,
+                                         const std::string& session_serial,
+                                         const nlohmann::json& b) {
   if (!b.contains("csr") || !b["csr"].is_string())
     return Refusal{"bad_request", "renew needs 'csr'", ""};
+  if (!store_.get_tenant(tenant))
+    return Refusal{"renewal_refused", "tenant " + tenant + " no longer exists", ""};
   auto cert = ca_.sign_agent_csr(b["csr"].get<std::string>(), tenant, cert_ttl_);
   if (!cert) return Refusal{"renewal_refused", cert.error().message, ""};
-  auto rec = store_.get_tenant(tenant);
-  if (!rec) return Refusal{"renewal_refused", "tenant " + tenant + " no longer exists", ""};
-  // Keep the previous serial valid until the agent reconnects with the new one.
-  auto serials = rec->agent.value("cert_serials", nlohmann::json::array());
-  serials.push_back(cert->serial_hex);
-  while (serials.size() > 2) serials.erase(serials.begin());
-  rec->agent["cert_serials"] = serials;
-  rec->agent["certificate_expires_at"] = format_rfc3339(cert->not_after);
-  if (auto st = store_.put_tenant(*rec); !st.ok())
+  auto updated = store_.update_tenant(tenant, [&](store::TenantRecord& r) -> Status {
+    // Revoked meanwhile (the list was emptied): the session's serial is no
+    // longer listed, and this renewal must not bring it back.
+    if (!serial_listed(r.agent.value("cert_serials", nlohmann::json::array()), session_serial))
+      return Error(Errc::permission_denied,
+                   "certificate " + session_serial + " is no longer valid");
+    r.agent["cert_serials"] = nlohmann::json::array({session_serial, cert->serial_hex});
+    r.agent["certificate_expires_at"] = format_rfc3339(cert->not_after);
+    return Status{};
+  });
+  if (!updated) {
+    if (updated.error().code == Errc::permission_denied)
+      return Refusal{"unauthenticated", updated.error().message, "revoked"};
     return Refusal{"internal", "renewal not recorded; retry later", ""};
+  }
   ++counters_.certificates_renewed;
   spdlog::info("agents: renewed the certificate of {} (serial {}, until {})", tenant,
                cert->serial_hex, format_rfc3339(cert->not_after));
@@ -117,11 +142,13 @@ Answer<nlohmann::json> Enrollment::renew(const std::string& tenant, const nlohma
 }
 
 Status Enrollment::revoke(const std::string& tenant) {
-  auto rec = store_.get_tenant(tenant);
-  if (rec) {
-    rec->agent["cert_serials"] = nlohmann::json::array();
-    rec->agent["revoked_at"] = format_rfc3339(Clock::now());
-    if (auto st = store_.put_tenant(*rec); !st.ok()) return st;
+  if (store_.get_tenant(tenant)) {
+    auto r = store_.update_tenant(tenant, [](store::TenantRecord& rec) {
+      rec.agent["cert_serials"] = nlohmann::json::array();
+      rec.agent["revoked_at"] = format_rfc3339(Clock::now());
+      return Status{};
+    });
+    if (!r && r.error().code != Errc::not_found) return r.error();
   }
   if (auto r = tokens_.revoke_tenant(tenant); !r) return r.error();
   return {};

@@ -3,28 +3,59 @@
 #include <spdlog/spdlog.h>
 
 #include "common/durations.hpp"
+#include "coordinator/agents/projection.hpp"
 
 namespace factory::coordinator {
 
 void SessionRegistry::attach(const std::string& tenant, const std::shared_ptr<AgentSession>& s) {
-  if (auto it = by_tenant_.find(tenant); it != by_tenant_.end() && it->second != s) {
-    spdlog::info("agents: tenant {} reconnected; closing its previous connection", tenant);
-    it->second->close("replaced by a newer connection");
+  std::shared_ptr<AgentSession> replaced;
+  {
+    std::lock_guard lk(mu_);
+    auto& slot = by_tenant_[tenant];
+    if (slot && slot != s) replaced = slot;
+    slot = s;
   }
-  by_tenant_[tenant] = s;
+  if (replaced) {
+    spdlog::info("agents: tenant {} reconnected; closing its previous connection", tenant);
+    replaced->end("replaced", "replaced by a newer connection");
+  }
 }
 
 bool SessionRegistry::detach(const std::string& tenant, const AgentSession* s) {
+  std::lock_guard lk(mu_);
   auto it = by_tenant_.find(tenant);
   if (it == by_tenant_.end() || it->second.get() != s) return false;
   by_tenant_.erase(it);
   return true;
 }
 
-AgentSession* SessionRegistry::find(const std::string& tenant) const {
+std::shared_ptr<AgentSession> SessionRegistry::find(const std::string& tenant) const {
+  std::lock_guard lk(mu_);
   auto it = by_tenant_.find(tenant);
-  return it == by_tenant_.end() ? nullptr : it->second.get();
+  return it == by_tenant_.end() ? nullptr : it->second;
 }
+
+std::size_t SessionRegistry::size() const {
+  std::lock_guard lk(mu_);
+  return by_tenant_.size();
+}
+
+namespace {
+
+// What the feed calls the end of a connection. An agent that stops on
+// purpose says so in its close frame (factory-agent: "stopping",
+// "rebooting"); anything else the agent did not announce is "lost".
+std::string disconnect_kind(const net::CloseInfo& info, const std::string& ended_as) {
+  if (!ended_as.empty()) return ended_as;
+  if (info.by_peer) {
+    if (info.reason == "stopping") return "stopped";
+    if (info.reason == "rebooting") return "rebooting";
+    return "closed";
+  }
+  return "lost";
+}
+
+}  // namespace
 
 void AgentSession::on_open(std::shared_ptr<net::WsConnection> conn) {
   conn_ = conn;
@@ -37,7 +68,7 @@ void AgentSession::on_open(std::shared_ptr<net::WsConnection> conn) {
 }
 
 void AgentSession::on_message(std::string_view text) {
-  if (!refusal_.empty()) return;
+  if (!refusal_.empty() || closed_) return;
   auto env = proto::parse(text);
   if (!env) {
     ++ctx_.feed.counters().frames_rejected;
@@ -69,12 +100,31 @@ void AgentSession::on_message(std::string_view text) {
   spdlog::warn("agents: ignoring frame of unknown type '{}' from {}", type, who());
 }
 
-void AgentSession::on_close(std::string_view reason) {
+void AgentSession::on_close(const net::CloseInfo& info) {
+  closed_ = true;
   if (tenant_.empty() || !hello_done_) return;
   if (ctx_.sessions.detach(tenant_, this)) {
-    ctx_.feed.agent_disconnected(tenant_, format_rfc3339(Clock::now()));
-    spdlog::info("agents: {} disconnected ({})", who(), reason);
+    std::string how = disconnect_kind(info, ended_as_);
+    ctx_.feed.agent_disconnected(tenant_, format_rfc3339(Clock::now()), how, info.reason);
+    spdlog::info("agents: {} disconnected: {} ({})", who(), how, info.reason);
   }
+}
+
+void AgentSession::deliver(std::string type, nlohmann::json body) {
+  if (!conn_) return;
+  conn_->post(
+      [self = shared_from_this(), type = std::move(type), body = std::move(body)]() mutable {
+        if (!self->closed_) self->send(type, std::move(body));
+      });
+}
+
+void AgentSession::end(const std::string& why, const std::string& reason) {
+  if (!conn_) return;
+  conn_->post([self = shared_from_this(), why, reason] {
+    if (self->closed_) return;
+    self->ended_as_ = why;
+    self->conn_->close(reason);
+  });
 }
 
 void AgentSession::send(std::string_view type, nlohmann::json body, std::optional<uint64_t> ack) {
@@ -91,10 +141,6 @@ void AgentSession::send(std::string_view type, nlohmann::json body, std::optiona
   }
 }
 
-void AgentSession::close(std::string_view reason) {
-  if (conn_) conn_->close(reason);
-}
-
 std::string AgentSession::who() const {
   return tenant_.empty() ? "unenrolled agent" : "tenant " + tenant_;
 }
@@ -109,10 +155,23 @@ void AgentSession::refuse(const Refusal& r) {
 }
 
 void AgentSession::handle_enroll(const proto::Envelope& env) {
-  auto answer = ctx_.enrollment.enroll(env.body, peer_.remote);
-  if (auto* no = std::get_if<Refusal>(&answer)) return refuse(*no);
-  send(proto::type::kEnrolled, std::get<nlohmann::json>(std::move(answer)));
-  conn_->close("enrolled; reconnect with the certificate");
+  if (enrolling_) {
+    send_error("bad_sequence", "an enrollment is already in progress on this connection");
+    return;
+  }
+  enrolling_ = true;
+  // A token check, a signature, the token book and the store: on a worker.
+  bool queued = ctx_.workers.post([self = shared_from_this(), body = env.body] {
+    auto answer = self->ctx_.enrollment.enroll(body, self->peer_.remote);
+    self->conn_->post([self, answer = std::move(answer)]() mutable {
+      self->enrolling_ = false;
+      if (self->closed_) return;
+      if (auto* no = std::get_if<Refusal>(&answer)) return self->refuse(*no);
+      self->send(proto::type::kEnrolled, std::get<nlohmann::json>(std::move(answer)));
+      self->conn_->close("enrolled; reconnect with the certificate", 1000);
+    });
+  });
+  if (!queued) send_error("unavailable", "the coordinator is stopping; enroll again shortly");
 }
 
 void AgentSession::handle_hello(const proto::Envelope& env) {
@@ -128,6 +187,7 @@ void AgentSession::handle_hello(const proto::Envelope& env) {
     conn_->close("permission denied");
     return;
   }
+  if (hello_done_) return;
   auto rec = ctx_.store.get_tenant(tenant_);
   agent_id_ = rec ? rec->agent.value("agent_id", "") : "";
   ctx_.sessions.attach(tenant_, shared_from_this());
@@ -140,9 +200,14 @@ void AgentSession::handle_hello(const proto::Envelope& env) {
   live.connected_since = format_rfc3339(Clock::now());
   live.last_seen = live.connected_since;
   if (rec && (rec->agent.value("version", "") != live.version)) {
-    auto r = *rec;
-    r.agent["version"] = live.version;
-    (void)ctx_.store.put_tenant(r);
+    // Recorded by the store's writer; nothing here waits for it.
+    ctx_.store.update_tenant_async(
+        tenant_,
+        [v = live.version](store::TenantRecord& r) {
+          r.agent["version"] = v;
+          return Status{};
+        },
+        nullptr);
   }
   spdlog::info("agents: tenant {} connected from {} (agent {} {})", tenant_, peer_.remote,
                agent_id_, live.version);
@@ -155,20 +220,75 @@ void AgentSession::handle_hello(const proto::Envelope& env) {
 }
 
 void AgentSession::handle_event(const proto::Envelope& env) {
-  auto answer = ctx_.ingestion.ingest(tenant_, agent_id_, env.body);
-  if (auto* no = std::get_if<Refusal>(&answer)) return refuse(*no);
-  send(proto::type::kAck, std::get<nlohmann::json>(std::move(answer)), env.seq);
+  auto checked = ctx_.ingestion.check(tenant_, env.body);
+  if (auto* no = std::get_if<Refusal>(&checked)) return refuse(*no);
+  store::StoredEvent e = std::get<store::StoredEvent>(std::move(checked));
+  e.agent_id = agent_id_;
+  const uint64_t id = e.id;
+  const uint64_t seq = env.seq;
+  nlohmann::json body = e.event;
+  auto failed = store_failed_;
+  ctx_.store.append_event(
+      tenant_, std::move(e),
+      [body = std::move(body)](store::TenantRecord& t) { return project_event(t, body); },
+      // On the store's writer thread: count, then come back to this session.
+      [self = shared_from_this(), id, seq, failed](Result<store::AppendOutcome> r) {
+        if (!r) {
+          failed->store(true);
+        } else if (r->stored) {
+          ++self->ctx_.feed.counters().events_stored;
+        } else {
+          ++self->ctx_.feed.counters().events_duplicate;
+        }
+        self->conn_->post([self, id, seq, r = std::move(r)] {
+          if (self->closed_) return;
+          if (!r) {
+            // Never acknowledge past an event that is not stored: the agent
+            // keeps everything from this one on and sends it again.
+            ++self->ctx_.feed.counters().store_failures;
+            spdlog::error("agents: could not store event {} of {}: {}; closing the session", id,
+                          self->tenant_, r.error().message);
+            self->send_error("store_failed", "event " + std::to_string(id) +
+                                                 " not stored; reconnect and send it again");
+            self->conn_->close("store failed", 1011);
+            return;
+          }
+          self->send(proto::type::kAck, {{"event_id", id}}, seq);
+        });
+      },
+      [failed] { return !failed->load(); });
 }
 
 void AgentSession::handle_heartbeat(const proto::Envelope& env) {
   ctx_.feed.agent_seen(tenant_, format_rfc3339(Clock::now()));
+  const auto& b = env.body;
+  auto count = [&](const char* key) -> uint64_t {
+    return b.contains(key) && b[key].is_number_unsigned() ? b[key].get<uint64_t>() : 0;
+  };
+  ctx_.feed.agent_spool(tenant_, count("pending_events"), count("dropped_events"));
   send(proto::type::kAck, nlohmann::json::object(), env.seq);
 }
 
 void AgentSession::handle_renew(const proto::Envelope& env) {
-  auto answer = ctx_.enrollment.renew(tenant_, env.body);
-  if (auto* no = std::get_if<Refusal>(&answer)) return refuse(*no);
-  send(proto::type::kCertificate, std::get<nlohmann::json>(std::move(answer)), env.seq);
+  if (renewing_) {
+    send_error("bad_sequence", "a renewal is already in progress");
+    return;
+  }
+  renewing_ = true;
+  const uint64_t seq = env.seq;
+  bool queued = ctx_.workers.post([self = shared_from_this(), body = env.body, seq] {
+    auto answer = self->ctx_.enrollment.renew(self->tenant_, self->peer_.serial_hex, body);
+    self->conn_->post([self, seq, answer = std::move(answer)]() mutable {
+      self->renewing_ = false;
+      if (self->closed_) return;
+      if (auto* no = std::get_if<Refusal>(&answer)) return self->refuse(*no);
+      self->send(proto::type::kCertificate, std::get<nlohmann::json>(std::move(answer)), seq);
+    });
+  });
+  if (!queued) {
+    renewing_ = false;
+    send_error("unavailable", "the coordinator is stopping; renew again shortly");
+  }
 }
 
 }  // namespace factory::coordinator

@@ -3,17 +3,27 @@
 // frames to enrollment, ingestion and the rest. Before enrollment (no client
 // certificate) a connection may only enroll; after, it speaks for exactly
 // one tenant, the one its certificate names, and only once it said hello.
+//
+// Threads: a session's callbacks run on its connection's io thread and
+// never wait there. What may wait goes elsewhere and comes back through the
+// connection's post(): enrollment and renewal (a signature, a token book and
+// store write) run on the worker pool; an event is queued to the store's
+// writer and acknowledged once it is durable. Other threads reach a session
+// only through deliver() and end(), which are thread-safe.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 
-#include "common/net/https_server.hpp"
+#include "common/net/server.hpp"
 #include "common/protocol.hpp"
+#include "common/worker_pool.hpp"
 #include "coordinator/agents/enrollment.hpp"
 #include "coordinator/agents/ingestion.hpp"
 #include "coordinator/feed/feed_state.hpp"
@@ -24,15 +34,18 @@ namespace factory::coordinator {
 class AgentSession;
 
 // The tenants' live sessions, one per tenant: the newest hello wins.
+// Thread-safe: sessions of different io threads attach and detach here.
 class SessionRegistry {
  public:
-  // Registers s for the tenant, closing the session it replaces.
+  // Registers s for the tenant, ending the session it replaces.
   void attach(const std::string& tenant, const std::shared_ptr<AgentSession>& s);
   // Forgets s if it is still the tenant's session; false if it was not.
   bool detach(const std::string& tenant, const AgentSession* s);
-  AgentSession* find(const std::string& tenant) const;
+  std::shared_ptr<AgentSession> find(const std::string& tenant) const;
+  std::size_t size() const;
 
  private:
+  mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<AgentSession>> by_tenant_;
 };
 
@@ -43,6 +56,7 @@ struct SessionContext {
   Enrollment& enrollment;
   Ingestion& ingestion;
   SessionRegistry& sessions;
+  WorkerPool& workers;
   std::function<void(const std::string& tenant)> push_plan;  // after the tenant's hello
   std::string server_version;
 };
@@ -59,13 +73,18 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
 
   void on_open(std::shared_ptr<net::WsConnection> conn) override;
   void on_message(std::string_view text) override;
-  void on_close(std::string_view reason) override;
+  void on_close(const net::CloseInfo& info) override;
 
-  void send(std::string_view type, nlohmann::json body, std::optional<uint64_t> ack = {});
-  void close(std::string_view reason);
+  // Thread-safe: a frame to the agent (a plan, a command), sent from the
+  // session's own io thread.
+  void deliver(std::string type, nlohmann::json body);
+  // Thread-safe: ends the connection; `why` is what the feed shows
+  // ("replaced", "revoked") and the close frame's reason.
+  void end(const std::string& why, const std::string& reason);
 
  private:
   std::string who() const;
+  void send(std::string_view type, nlohmann::json body, std::optional<uint64_t> ack = {});
   void send_error(const std::string& code, const std::string& message);
   void refuse(const Refusal& r);
 
@@ -83,6 +102,13 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   std::shared_ptr<net::WsConnection> conn_;
   uint64_t out_seq_ = 0;
   bool hello_done_ = false;
+  bool closed_ = false;
+  bool enrolling_ = false;  // one enrollment (or renewal) in flight at a time
+  bool renewing_ = false;
+  std::string ended_as_;  // set by end(): how the feed shows this disconnect
+  // Set by the store's writer when one of this session's events could not be
+  // stored: no later one may be (store::Store::append_event).
+  std::shared_ptr<std::atomic<bool>> store_failed_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace factory::coordinator

@@ -23,45 +23,101 @@ net::HttpResponseOut json_response(const nlohmann::json& j, int status) {
 }
 
 void ApiRouter::add(const std::string& method, const std::string& pattern, RouteHandler h,
-                    bool public_route) {
-  routes_.push_back({method, split_path(pattern), std::move(h), public_route});
+                    RouteOptions o) {
+  routes_.push_back({method, split_path(pattern), std::move(h), nullptr, o});
 }
 
-net::HttpResponseOut ApiRouter::handle(const net::HttpRequestIn& req,
-                                       const net::PeerInfo& peer) const {
+void ApiRouter::add_stream(const std::string& method, const std::string& pattern, StreamHandler h,
+                           RouteOptions o) {
+  routes_.push_back({method, split_path(pattern), nullptr, std::move(h), o});
+}
+
+const ApiRouter::Route* ApiRouter::match(const net::HttpRequestIn& req, const net::PeerInfo& peer,
+                                         PathParams& params, net::HttpResponseOut& refusal) const {
   auto segs = split_path(req.path);
   bool path_matched = false;
   for (auto& r : routes_) {
     if (r.segments.size() != segs.size()) continue;
-    PathParams params;
-    bool match = true;
-    for (size_t i = 0; i < segs.size() && match; ++i) {
-      const auto& p = r.segments[i];
-      if (p.size() > 2 && p.front() == '{' && p.back() == '}')
-        params[p.substr(1, p.size() - 2)] = segs[i];
+    PathParams p;
+    bool same = true;
+    for (size_t i = 0; i < segs.size() && same; ++i) {
+      const auto& s = r.segments[i];
+      if (s.size() > 2 && s.front() == '{' && s.back() == '}')
+        p[s.substr(1, s.size() - 2)] = segs[i];
       else
-        match = p == segs[i];
+        same = s == segs[i];
     }
-    if (!match) continue;
+    if (!same) continue;
     path_matched = true;
     if (r.method != req.method) continue;
-    if (!r.public_route) {
+    if (!r.options.public_route) {
       std::string auth = req.header("authorization");
       const std::string prefix = "Bearer ";
       if (auth.rfind(prefix, 0) != 0 ||
           !pki::secure_equals(auth.substr(prefix.size()), admin_token_)) {
         spdlog::warn("api: unauthenticated {} {} from {}", req.method, req.path, peer.remote);
-        return net::HttpResponseOut::error(
+        refusal = net::HttpResponseOut::error(
             401, "unauthenticated",
             "missing or wrong admin token (the coordinator's <state_dir>/admin.token)");
+        return nullptr;
       }
     }
-    return r.handler(req, params);
+    params = std::move(p);
+    return &r;
   }
-  if (path_matched)
-    return net::HttpResponseOut::error(405, "method_not_allowed",
-                                       req.method + " is not allowed on " + req.path);
-  return net::HttpResponseOut::error(404, "not_found", "no such path: " + req.path);
+  refusal = path_matched
+                ? net::HttpResponseOut::error(405, "method_not_allowed",
+                                              req.method + " is not allowed on " + req.path)
+                : net::HttpResponseOut::error(404, "not_found", "no such path: " + req.path);
+  return nullptr;
+}
+
+namespace {
+
+net::HttpResponseOut run_guarded(const RouteHandler& h, const net::HttpRequestIn& req,
+                                 const PathParams& params) {
+  try {
+    return h(req, params);
+  } catch (const std::exception& e) {
+    // A bug, not the client's fault; the coordinator stays up.
+    spdlog::error("api: {} {} failed with an exception: {}", req.method, req.path, e.what());
+    return net::HttpResponseOut::error(500, "internal", "internal error; see the coordinator log");
+  }
+}
+
+}  // namespace
+
+void ApiRouter::handle(std::shared_ptr<net::HttpExchange> x) const {
+  PathParams params;
+  net::HttpResponseOut refusal;
+  const Route* r = match(x->request(), x->peer(), params, refusal);
+  if (!r) return x->respond(std::move(refusal));
+  if (r->stream) {
+    try {
+      r->stream(x, params);
+    } catch (const std::exception& e) {
+      spdlog::error("api: stream {} failed with an exception: {}", x->request().path, e.what());
+      x->respond(
+          net::HttpResponseOut::error(500, "internal", "internal error; see the coordinator log"));
+    }
+    return;
+  }
+  if (!r->options.blocking) return x->respond(run_guarded(r->handler, x->request(), params));
+  const RouteHandler* h = &r->handler;
+  bool queued = workers_.post(
+      [h, x, params = std::move(params)] { x->respond(run_guarded(*h, x->request(), params)); });
+  if (!queued)
+    x->respond(net::HttpResponseOut::error(503, "unavailable", "the coordinator is stopping"));
+}
+
+net::HttpResponseOut ApiRouter::handle_now(const net::HttpRequestIn& req,
+                                           const net::PeerInfo& peer) const {
+  PathParams params;
+  net::HttpResponseOut refusal;
+  const Route* r = match(req, peer, params, refusal);
+  if (!r) return refusal;
+  if (!r->handler) return net::HttpResponseOut::error(400, "bad_request", "a stream route");
+  return run_guarded(r->handler, req, params);
 }
 
 }  // namespace factory::coordinator

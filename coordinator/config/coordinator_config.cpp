@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include "common/durations.hpp"
-#include "common/net/https_server.hpp"
+#include "common/net/server.hpp"
 #include "common/yaml_json.hpp"
 
 namespace factory::coordinator {
@@ -37,8 +39,9 @@ Status read_duration(const nlohmann::json& j, const char* key, std::chrono::seco
   return {};
 }
 
-const std::set<std::string> kTopKeys = {"state_dir", "external_url", "agents", "api",
-                                        "tokens",    "kube",         "catalog", "log_level"};
+const std::set<std::string> kTopKeys = {"state_dir", "external_url", "agents",
+                                        "api",       "tokens",       "kube",
+                                        "threads",   "catalog",      "log_level"};
 const std::set<std::string> kKubeKeys = {"kubeconfig", "context", "namespace", "request_timeout"};
 
 }  // namespace
@@ -73,8 +76,8 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
     if (!kTopKeys.count(k))
       return Error(Errc::invalid_argument,
                    path + ": unknown key '" + k +
-                       "' (known: state_dir, external_url, agents, api, tokens, kube, catalog, "
-                       "log_level)");
+                       "' (known: state_dir, external_url, agents, api, tokens, kube, threads, "
+                       "catalog, log_level)");
   }
   try {
     if (j.contains("state_dir")) c.state_dir = j["state_dir"].get<std::string>();
@@ -98,6 +101,22 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
       if (auto st = read_duration(j["tokens"], "tenant_ttl", c.token_tenant_ttl, "tokens");
           !st.ok())
         return st.error().with_context(path);
+    }
+    if (j.contains("threads") && !j["threads"].is_null()) {
+      const auto& t = j["threads"];
+      if (!t.is_object()) return Error(Errc::invalid_argument, path + ": threads: want a mapping");
+      for (auto& [key, v] : t.items()) {
+        if (key != "io" && key != "workers")
+          return Error(Errc::invalid_argument,
+                       path + ": unknown key 'threads." + key + "' (known: io, workers)");
+        if (!v.is_number_unsigned() || v.get<std::uint64_t>() > 64)
+          return Error(Errc::invalid_argument,
+                       path + ": threads." + key + ": want a whole number from 0 to 64");
+      }
+      if (t.contains("io")) c.io_threads = t["io"].get<std::size_t>();
+      if (t.contains("workers")) c.worker_threads = t["workers"].get<std::size_t>();
+      if (c.worker_threads == 0)
+        return Error(Errc::invalid_argument, path + ": threads.workers must be at least 1");
     }
     if (j.contains("catalog") && !j["catalog"].is_null())
       c.catalog = j["catalog"].get<std::string>();
@@ -124,8 +143,10 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
   if (c.external_url.empty()) {
     auto hp = net::split_host_port(c.agents_listen);
     std::string host = hp->first;
-    if (host.empty() || host == "0.0.0.0" || host == "::") host = hostname();
-    else if (host.find(':') != std::string::npos) host = "[" + host + "]";
+    if (host.empty() || host == "0.0.0.0" || host == "::")
+      host = hostname();
+    else if (host.find(':') != std::string::npos)
+      host = "[" + host + "]";
     c.external_url = "wss://" + host + ":" + std::to_string(hp->second);
   }
   if (c.external_url.rfind("wss://", 0) != 0)
@@ -138,8 +159,11 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
     return Error(Errc::invalid_argument, path + ": kube.namespace must not be empty");
   if (c.kube_request_timeout < std::chrono::seconds(1))
     return Error(Errc::invalid_argument, path + ": kube.request_timeout must be at least 1s");
-  if (c.token_tenant_ttl < std::chrono::minutes(5) || c.token_tenant_ttl > std::chrono::hours(24 * 7))
+  if (c.token_tenant_ttl < std::chrono::minutes(5) ||
+      c.token_tenant_ttl > std::chrono::hours(24 * 7))
     return Error(Errc::invalid_argument, path + ": tokens.tenant_ttl must be between 5m and 7d");
+  if (c.io_threads == 0)
+    c.io_threads = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 4);
   if (c.agent_cert_ttl < std::chrono::seconds(10))
     return Error(Errc::invalid_argument, path + ": agents.cert_ttl must be at least 10s");
   return c;

@@ -22,7 +22,12 @@
 //                                      # account; relative to this file's folder
 //     context: ""                      # "" = the kubeconfig's current-context
 //     namespace: tenants               # where tenant objects go (--namespace overrides)
-//     request_timeout: 10s             # per API request; they block the io thread
+//     request_timeout: 10s             # per API request (on a worker, never an io thread)
+//   threads:
+//     io: 0                            # io threads serving connections (0: one per
+//                                      # core, at most 4)
+//     workers: 4                       # threads for what may wait: Kubernetes
+//                                      # calls, signatures, disk syncs
 //   catalog: ""                        # catalog file ("" = the built-in one);
 //                                      # relative to this file's folder
 //   log_level: info
@@ -47,6 +52,8 @@ struct CoordinatorConfig {
   std::string kube_context;
   std::string kube_namespace = "tenants";
   std::chrono::seconds kube_request_timeout{10};
+  std::size_t io_threads = 0;  // resolved: never 0 after load
+  std::size_t worker_threads = 4;
   std::string catalog;  // as written; catalog::load_configured resolves it
   std::string log_level = "info";
   std::string source;  // the file it came from, for messages

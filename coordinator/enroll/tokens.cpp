@@ -158,6 +158,7 @@ Status TokenBook::save(Clock::time_point now) {
 
 Result<IssuedToken> TokenBook::issue(const std::string& tenant, std::chrono::seconds ttl,
                                      Clock::time_point now) {
+  std::lock_guard lk(*mu_);
   if (auto st = validate_tenant_name(tenant); !st.ok())
     return st.error().with_context("create token");
   if (ttl <= std::chrono::seconds(0))
@@ -183,9 +184,9 @@ Result<IssuedToken> TokenBook::issue(const std::string& tenant, std::chrono::sec
   return IssuedToken{rec.id + "." + secret, rec.id, rec.tenant, rec.expires_at};
 }
 
-Result<std::string> TokenBook::redeem(std::string_view token, Clock::time_point now) {
+Result<std::vector<TokenRecord>::iterator> TokenBook::find_valid(std::string_view token,
+                                                                 Clock::time_point now) {
   token = trim(token);
-  now = floor_seconds(now);
   size_t dot = token.find('.');
   if (dot == std::string_view::npos || !token_chars(token.substr(0, dot), kTokenIdLength) ||
       !token_chars(token.substr(dot + 1), kTokenSecretLength))
@@ -203,19 +204,40 @@ Result<std::string> TokenBook::redeem(std::string_view token, Clock::time_point 
   if (it->used_at) return unauthenticated("token already used at " + format_rfc3339(*it->used_at));
   if (now >= it->expires_at)
     return unauthenticated("token expired at " + format_rfc3339(it->expires_at));
+  return it;
+}
 
+Result<std::string> TokenBook::check(std::string_view token, Clock::time_point now) const {
+  std::lock_guard lk(*mu_);
+  auto it = const_cast<TokenBook*>(this)->find_valid(token, floor_seconds(now));
+  if (!it) return it.error();
+  return (*it)->tenant;
+}
+
+Result<std::string> TokenBook::redeem(std::string_view token, Clock::time_point now) {
+  std::lock_guard lk(*mu_);
+  now = floor_seconds(now);
+  auto found = find_valid(token, now);
+  if (!found) return found.error();
+  auto it = *found;
   // Fail closed: once we try to record the use, the token stays used in this
   // process even if the write failed (the admin makes a new token).
   it->used_at = now;
   std::string tenant = it->tenant;
   if (auto st = save(now); !st.ok())
-    return Error(Errc::unavailable, "could not record token '" + std::string(id) + "' as used (" +
+    return Error(Errc::unavailable, "could not record token '" + it->id + "' as used (" +
                                         st.error().message +
                                         "); it is refused, create a new token");
   return tenant;
 }
 
+std::vector<TokenRecord> TokenBook::list() const {
+  std::lock_guard lk(*mu_);
+  return tokens_;
+}
+
 Result<size_t> TokenBook::revoke_tenant(const std::string& tenant, Clock::time_point now) {
+  std::lock_guard lk(*mu_);
   size_t n = 0;
   for (TokenRecord& t : tokens_) {
     if (t.tenant == tenant && !t.used_at && !t.revoked) {

@@ -4,9 +4,11 @@
 // the token in listings and logs; the secret is shown once, when issued, and
 // only its SHA-256 is kept (the secret's ~165 random bits make a slow hash
 // unnecessary). The book lives in one JSON file, mode 0600, rewritten
-// atomically on every change.
+// atomically on every change. Thread-safe.
 #include <chrono>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -60,18 +62,29 @@ class TokenBook {
   // "token revoked", "token already used at <time>" or "token expired at <time>".
   Result<std::string> redeem(std::string_view token, Clock::time_point now = Clock::now());
 
+  // The checks of redeem() without spending the token: its tenant, or the
+  // same refusal. Enrollment asks this before it signs anything, so an
+  // unknown token costs the coordinator a hash, not a signature.
+  Result<std::string> check(std::string_view token, Clock::time_point now = Clock::now()) const;
+
   // Revokes every unused token of the tenant not revoked yet; returns how many.
   Result<size_t> revoke_tenant(const std::string& tenant, Clock::time_point now = Clock::now());
 
-  const std::vector<TokenRecord>& list() const { return tokens_; }
+  std::vector<TokenRecord> list() const;
   const std::filesystem::path& path() const { return path_; }
 
  private:
-  explicit TokenBook(std::filesystem::path path) : path_(std::move(path)) {}
+  explicit TokenBook(std::filesystem::path path)
+      : path_(std::move(path)), mu_(std::make_unique<std::mutex>()) {}
   Status save(Clock::time_point now);
+  // The token's entry if it may be redeemed now, else why not.
+  Result<std::vector<TokenRecord>::iterator> find_valid(std::string_view token,
+                                                        Clock::time_point now);
 
   std::filesystem::path path_;
   std::vector<TokenRecord> tokens_;
+  // Enrollments (on workers) and the API (token create) use the book at once.
+  std::unique_ptr<std::mutex> mu_;
 };
 
 }  // namespace factory::enroll

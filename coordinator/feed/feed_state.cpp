@@ -6,27 +6,61 @@ namespace factory::feed {
 
 void FeedState::agent_connected(const std::string& tenant, AgentPresence presence) {
   presence.connected = true;
-  presence_[tenant] = std::move(presence);
+  presence.disconnect.clear();
+  presence.disconnect_detail.clear();
+  std::lock_guard lk(mu_);
+  auto& p = presence_[tenant];
+  // The spool counters carry over: the agent reports them again soon.
+  presence.dropped_events = p.dropped_events;
+  presence.pending_events = p.pending_events;
+  p = std::move(presence);
 }
 
 void FeedState::agent_seen(const std::string& tenant, const std::string& at) {
+  std::lock_guard lk(mu_);
   if (auto it = presence_.find(tenant); it != presence_.end()) it->second.last_seen = at;
 }
 
-void FeedState::agent_disconnected(const std::string& tenant, const std::string& at) {
+void FeedState::agent_spool(const std::string& tenant, std::uint64_t pending,
+                            std::uint64_t dropped) {
+  std::lock_guard lk(mu_);
+  if (auto it = presence_.find(tenant); it != presence_.end()) {
+    it->second.pending_events = pending;
+    it->second.dropped_events = dropped;
+  }
+}
+
+void FeedState::agent_disconnected(const std::string& tenant, const std::string& at,
+                                   const std::string& how, const std::string& detail) {
+  std::lock_guard lk(mu_);
   auto& p = presence_[tenant];
   p.connected = false;
   p.last_seen = at;
+  p.disconnect = how;
+  p.disconnect_detail = detail;
 }
 
-const AgentPresence* FeedState::presence(const std::string& tenant) const {
+void FeedState::forget(const std::string& tenant) {
+  std::lock_guard lk(mu_);
+  presence_.erase(tenant);
+}
+
+std::optional<AgentPresence> FeedState::presence(const std::string& tenant) const {
+  std::lock_guard lk(mu_);
   auto it = presence_.find(tenant);
-  return it == presence_.end() ? nullptr : &it->second;
+  if (it == presence_.end()) return std::nullopt;
+  return it->second;
 }
 
-size_t FeedState::connected_count() const {
-  return static_cast<size_t>(std::count_if(presence_.begin(), presence_.end(),
-                                           [](const auto& p) { return p.second.connected; }));
+std::map<std::string, AgentPresence> FeedState::all() const {
+  std::lock_guard lk(mu_);
+  return presence_;
+}
+
+std::size_t FeedState::connected_count() const {
+  std::lock_guard lk(mu_);
+  return static_cast<std::size_t>(std::count_if(presence_.begin(), presence_.end(),
+                                                [](const auto& p) { return p.second.connected; }));
 }
 
 }  // namespace factory::feed

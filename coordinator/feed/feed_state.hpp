@@ -1,11 +1,14 @@
 #pragma once
 // What the status feed knows beyond the store: the agents' live presence and
 // the agents endpoint's counters. The agents module writes them as things
-// happen; the feed only reads them (tenant_view.hpp, metrics.hpp). In memory
-// only: after a restart every agent counts as disconnected until its hello.
-// Runs on the server's io_context thread; no locks.
+// happen, from any io thread; the feed only reads them (tenant_view.hpp,
+// metrics.hpp). In memory only: after a restart every agent counts as
+// disconnected until its hello. Thread-safe.
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 
 namespace factory::feed {
@@ -15,18 +18,29 @@ struct AgentPresence {
   std::string agent_id, version, hostname, remote;
   std::string connected_since, last_seen;  // RFC 3339
   bool connected = false;
+  // How the last connection ended: "" while connected; "stopped" or
+  // "rebooting" when the agent said so in its close frame (a planned stop);
+  // "lost" when the connection just went (a crash, the network, a timeout);
+  // "revoked", "replaced" when the coordinator ended it.
+  std::string disconnect;
+  std::string disconnect_detail;  // the close reason as given
+  // Events the agent's spool had to drop (it was full during an outage), as
+  // its last heartbeat said.
+  std::uint64_t dropped_events = 0;
+  std::uint64_t pending_events = 0;
 };
 
 // Counters of the agents endpoint, exported as Prometheus metrics.
 struct AgentCounters {
-  uint64_t enrollments_accepted = 0;
-  uint64_t enrollments_refused = 0;
-  uint64_t connections_refused = 0;
-  uint64_t events_stored = 0;
-  uint64_t events_duplicate = 0;
-  uint64_t frames_rejected = 0;
-  uint64_t frames_unknown_type = 0;
-  uint64_t certificates_renewed = 0;
+  std::atomic<std::uint64_t> enrollments_accepted{0};
+  std::atomic<std::uint64_t> enrollments_refused{0};
+  std::atomic<std::uint64_t> connections_refused{0};
+  std::atomic<std::uint64_t> events_stored{0};
+  std::atomic<std::uint64_t> events_duplicate{0};
+  std::atomic<std::uint64_t> frames_rejected{0};
+  std::atomic<std::uint64_t> frames_unknown_type{0};
+  std::atomic<std::uint64_t> certificates_renewed{0};
+  std::atomic<std::uint64_t> store_failures{0};
 };
 
 class FeedState {
@@ -35,17 +49,24 @@ class FeedState {
   void agent_connected(const std::string& tenant, AgentPresence presence);
   // It sent something (an event, a heartbeat) at `at`.
   void agent_seen(const std::string& tenant, const std::string& at);
-  // Its connection ended at `at`.
-  void agent_disconnected(const std::string& tenant, const std::string& at);
+  // What its heartbeat says about its spool.
+  void agent_spool(const std::string& tenant, std::uint64_t pending, std::uint64_t dropped);
+  // Its connection ended at `at`, for `how` (see AgentPresence::disconnect).
+  void agent_disconnected(const std::string& tenant, const std::string& at, const std::string& how,
+                          const std::string& detail);
+  // The tenant is gone: nothing about its agent is shown any more.
+  void forget(const std::string& tenant);
 
-  // nullptr when no agent of the tenant connected since the coordinator started.
-  const AgentPresence* presence(const std::string& tenant) const;
-  size_t connected_count() const;
+  // nullopt when no agent of the tenant connected since the coordinator started.
+  std::optional<AgentPresence> presence(const std::string& tenant) const;
+  std::map<std::string, AgentPresence> all() const;
+  std::size_t connected_count() const;
 
   AgentCounters& counters() { return counters_; }
   const AgentCounters& counters() const { return counters_; }
 
  private:
+  mutable std::mutex mu_;
   std::map<std::string, AgentPresence> presence_;
   AgentCounters counters_;
 };

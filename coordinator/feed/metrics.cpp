@@ -22,11 +22,19 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
   for (auto& t : tenants) phases[t.phase]++;
   gauge("factory_tenants", "Tenants by lifecycle phase.");
   for (auto& [p, n] : phases) o << "factory_tenants{phase=\"" << p << "\"} " << n << "\n";
+  auto presence = state.all();
   gauge("factory_tenant_agent_connected", "1 when the tenant's agent is connected.");
   for (auto& t : tenants) {
-    const AgentPresence* l = state.presence(t.name);
+    auto it = presence.find(t.name);
     o << "factory_tenant_agent_connected{tenant=\"" << t.name << "\"} "
-      << (l && l->connected ? 1 : 0) << "\n";
+      << (it != presence.end() && it->second.connected ? 1 : 0) << "\n";
+  }
+  gauge("factory_agent_spool_dropped_events",
+        "Events the tenant's agent dropped because its spool was full (its last heartbeat).");
+  for (auto& t : tenants) {
+    auto it = presence.find(t.name);
+    o << "factory_agent_spool_dropped_events{tenant=\"" << t.name << "\"} "
+      << (it != presence.end() ? it->second.dropped_events : 0) << "\n";
   }
   const AgentCounters& m = state.counters();
   counter("factory_enrollments_accepted_total", "Agent enrollments accepted.",
@@ -43,6 +51,9 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
           m.frames_unknown_type);
   counter("factory_certificates_renewed_total", "Agent certificates renewed.",
           m.certificates_renewed);
+  counter("factory_store_failures_total",
+          "Agent events the store could not write (the session was closed; the agent resends).",
+          m.store_failures);
   return o.str();
 }
 

@@ -9,15 +9,14 @@ std::string StatusFeed::metrics() const {
 }
 
 void StatusFeed::install_routes(coordinator::ApiRouter& r) const {
-  r.add(
-      "GET", "/metrics",
-      [this](auto&, auto&) {
-        net::HttpResponseOut out;
-        out.content_type = kMetricsContentType;
-        out.body = metrics();
-        return out;
-      },
-      /*public_route=*/true);
+  r.add("GET", "/metrics",
+        [this](auto&, auto&) {
+          net::HttpResponseOut out;
+          out.content_type = kMetricsContentType;
+          out.body = metrics();
+          return out;
+        },
+        {.public_route = true});
   r.add("GET", "/v1/tenants",
         [this](auto&, auto&) { return coordinator::json_response(view_.tenants()); });
 }

@@ -4,14 +4,21 @@ namespace factory::feed {
 
 nlohmann::json TenantView::tenant(const store::TenantRecord& t) const {
   nlohmann::json agent = {{"connected", false}};
-  if (const AgentPresence* l = state_.presence(t.name)) {
+  if (auto l = state_.presence(t.name)) {
     agent["connected"] = l->connected;
     agent["version"] = l->version;
     agent["hostname"] = l->hostname;
     agent["connected_since"] = l->connected ? l->connected_since : "";
     agent["last_seen"] = l->last_seen;
     agent["remote_address"] = l->remote;
+    // connected | stopped | rebooting | lost | revoked | replaced
+    agent["state"] = l->connected ? "connected" : l->disconnect;
+    if (!l->connected && !l->disconnect_detail.empty())
+      agent["disconnect_reason"] = l->disconnect_detail;
+    agent["dropped_events"] = l->dropped_events;
+    agent["pending_events"] = l->pending_events;
   } else {
+    agent["state"] = t.agent.contains("agent_id") ? "unknown" : "never_connected";
     agent["version"] = t.agent.value("version", "");
     agent["hostname"] = t.agent.value("hostname", "");
     agent["last_seen"] = "";

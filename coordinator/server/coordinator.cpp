@@ -5,15 +5,18 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <filesystem>
 
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
-#include "common/net/https_server.hpp"
-#include "common/net/ws_client.hpp"
+#include "common/net/server.hpp"
+#include "common/net/url.hpp"
 #include "common/pki.hpp"
 #include "common/protocol.hpp"
+#include "common/worker_pool.hpp"
 #include "coordinator/agents/agent_service.hpp"
 #include "coordinator/api/router.hpp"
 #include "coordinator/catalog/source.hpp"
@@ -47,6 +50,9 @@ class AgentsForTenants : public tenants::AgentControl {
 }  // namespace
 
 struct Coordinator::Parts {
+  // Work that may wait (Kubernetes, signatures, store syncs) runs here, never
+  // on an io thread.
+  std::unique_ptr<WorkerPool> workers;
   std::unique_ptr<enroll::CertificateAuthority> ca;
   std::unique_ptr<enroll::TokenBook> tokens;
   std::unique_ptr<store::Store> store;
@@ -56,13 +62,19 @@ struct Coordinator::Parts {
   std::unique_ptr<ApiRouter> router;
   std::unique_ptr<tenants::TenantService> tenants;
   std::string agent_binary, agent_sha256;  // served at /v1/agent/binary ("" sha: absent)
+  // The binary itself, read once at start: served from memory, so a
+  // download never reads the disk on an io thread.
+  std::shared_ptr<const std::string> agent_binary_bytes;
 };
 
 struct Coordinator::Net {
-  boost::asio::io_context ioc{1};
-  std::unique_ptr<net::HttpsServer> agents;
-  std::unique_ptr<net::HttpsServer> api;
+  std::unique_ptr<net::IoPool> pool;
+  std::unique_ptr<net::Server> agents;
+  std::unique_ptr<net::Server> api;
   std::unique_ptr<boost::asio::signal_set> signals;
+  std::unique_ptr<boost::asio::steady_timer> renewal;
+  // When the serving certificate was issued and when it expires (wall clock).
+  Clock::time_point cert_issued{}, cert_expires{};
 };
 
 Result<std::string> load_or_create_admin_token(const std::string& state_dir) {
@@ -122,19 +134,22 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   auto tokens = enroll::TokenBook::load(fs::path(dir) / kTokenBookFile);
   if (!tokens) return tokens.error();
   p.tokens = std::make_unique<enroll::TokenBook>(std::move(*tokens));
-  auto store = store::open_file_store((fs::path(dir) / "store").string());
+  auto store = store::open_sqlite_store((fs::path(dir) / "store").string());
   if (!store) return store.error();
   p.store = std::move(*store);
+  p.workers = std::make_unique<WorkerPool>(c->cfg_.worker_threads);
   p.feed = std::make_unique<feed::StatusFeed>(*p.store);
   AgentServiceOptions ao;
   ao.cert_ttl = c->cfg_.agent_cert_ttl;
-  p.agents = std::make_unique<AgentService>(*p.store, *p.ca, *p.tokens, p.feed->state(), ao);
+  p.agents =
+      std::make_unique<AgentService>(*p.store, *p.ca, *p.tokens, p.feed->state(), *p.workers, ao);
   p.agent_control = std::make_unique<AgentsForTenants>(*p.agents);
-  p.router = std::make_unique<ApiRouter>(*admin);
+  p.router = std::make_unique<ApiRouter>(*admin, *p.workers);
   p.agent_binary =
       c->cfg_.agent_binary.empty() ? self_dir() + "/factory-agent" : c->cfg_.agent_binary;
   if (auto bin = read_file(p.agent_binary)) {
     p.agent_sha256 = pki::sha256_hex(*bin);
+    p.agent_binary_bytes = std::make_shared<const std::string>(std::move(*bin));
   } else {
     spdlog::warn(
         "agent binary {} not readable: guests cannot download the agent (set agents.binary)",
@@ -168,54 +183,61 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   return c;
 }
 
-Coordinator::~Coordinator() = default;
+Coordinator::~Coordinator() {
+  if (net_ && net_->agents) net_->agents->stop();
+  if (net_ && net_->api) net_->api->stop();
+  if (parts_ && parts_->workers) parts_->workers->stop();
+  if (parts_ && parts_->store) parts_->store->close();
+}
 
 void Coordinator::install_core_routes() {
   Parts& p = *parts_;
   auto& r = *p.router;
-  r.add(
-      "GET", "/healthz",
-      [](auto&, auto&) {
-        return json_response({{"status", "ok"}});
-      },
-      true);
+  r.add("GET", "/healthz",
+        [](auto&, auto&) {
+          return json_response({{"status", "ok"}});
+        },
+        {.public_route = true});
   // GET /v1/tenants and /metrics: the status feed; GET/DELETE
   // /v1/tenants/{name}, POST /v1/tenants and retry: TenantService.
-  r.add("POST", "/v1/tokens", [this, &p](const net::HttpRequestIn& req, auto&) {
-    auto body = nlohmann::json::parse(req.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object() || !body.contains("tenant") ||
-        !body["tenant"].is_string())
-      return net::HttpResponseOut::error(400, "bad_request",
-                                         "want {\"tenant\": NAME, \"ttl\": \"1h\"}");
-    std::string tenant = body["tenant"].get<std::string>();
-    if (auto st = enroll::validate_tenant_name(tenant); !st.ok())
-      return net::HttpResponseOut::error(400, "invalid_argument", st.error().message);
-    std::chrono::seconds ttl = cfg_.token_default_ttl;
-    if (body.contains("ttl")) {
-      auto d = parse_duration(body.value("ttl", ""));
-      if (!d) return net::HttpResponseOut::error(400, "invalid_argument", d.error().message);
-      ttl = *d;
-    }
-    if (ttl < std::chrono::seconds(1) || ttl > std::chrono::hours(24 * 7))
-      return net::HttpResponseOut::error(400, "invalid_argument", "ttl must be between 1s and 7d");
-    auto issued = p.tokens->issue(tenant, ttl);
-    if (!issued) return net::HttpResponseOut::error(500, "internal", issued.error().message);
-    if (!p.store->get_tenant(tenant)) {
-      store::TenantRecord rec;
-      rec.name = tenant;
-      rec.created_at = format_rfc3339(Clock::now());
-      if (auto st = p.store->put_tenant(rec); !st.ok())
-        return net::HttpResponseOut::error(500, "internal", st.error().message);
-    }
-    spdlog::info("api: issued bootstrap token {} for tenant {} (expires {})", issued->id, tenant,
-                 format_rfc3339(issued->expires_at));
-    return json_response({{"tenant", tenant},
-                          {"token", issued->token},
-                          {"expires_at", format_rfc3339(issued->expires_at)},
-                          {"coordinator_url", cfg_.external_url},
-                          {"ca_sha256", p.ca->sha256()}},
-                         201);
-  });
+  r.add("POST", "/v1/tokens",
+        [this, &p](const net::HttpRequestIn& req, auto&) {
+          auto body = nlohmann::json::parse(req.body, nullptr, false);
+          if (body.is_discarded() || !body.is_object() || !body.contains("tenant") ||
+              !body["tenant"].is_string())
+            return net::HttpResponseOut::error(400, "bad_request",
+                                               "want {\"tenant\": NAME, \"ttl\": \"1h\"}");
+          std::string tenant = body["tenant"].get<std::string>();
+          if (auto st = enroll::validate_tenant_name(tenant); !st.ok())
+            return net::HttpResponseOut::error(400, "invalid_argument", st.error().message);
+          std::chrono::seconds ttl = cfg_.token_default_ttl;
+          if (body.contains("ttl")) {
+            auto d = parse_duration(body.value("ttl", ""));
+            if (!d) return net::HttpResponseOut::error(400, "invalid_argument", d.error().message);
+            ttl = *d;
+          }
+          if (ttl < std::chrono::seconds(1) || ttl > std::chrono::hours(24 * 7))
+            return net::HttpResponseOut::error(400, "invalid_argument",
+                                               "ttl must be between 1s and 7d");
+          auto issued = p.tokens->issue(tenant, ttl);
+          if (!issued) return net::HttpResponseOut::error(500, "internal", issued.error().message);
+          if (!p.store->get_tenant(tenant)) {
+            store::TenantRecord rec;
+            rec.name = tenant;
+            rec.created_at = format_rfc3339(Clock::now());
+            if (auto st = p.store->put_tenant(rec); !st.ok())
+              return net::HttpResponseOut::error(500, "internal", st.error().message);
+          }
+          spdlog::info("api: issued bootstrap token {} for tenant {} (expires {})", issued->id,
+                       tenant, format_rfc3339(issued->expires_at));
+          return json_response({{"tenant", tenant},
+                                {"token", issued->token},
+                                {"expires_at", format_rfc3339(issued->expires_at)},
+                                {"coordinator_url", cfg_.external_url},
+                                {"ca_sha256", p.ca->sha256()}},
+                               201);
+        },
+        {.blocking = true});
   r.add("GET", "/v1/tokens", [&p](auto&, auto&) {
     nlohmann::json list = nlohmann::json::array();
     for (auto& t : p.tokens->list())
@@ -227,74 +249,126 @@ void Coordinator::install_core_routes() {
   });
 }
 
+Status Coordinator::issue_serving_certificate(net::TlsServerOptions& tls) {
+  Parts& p = *parts_;
+  auto cert = p.ca->issue_server_certificate(server_hosts(cfg_), kServingCertTtl);
+  if (!cert) return cert.error().with_context("server certificate");
+  tls.cert_chain_pem = cert->certificate_pem;
+  tls.key_pem = cert->private_key_pem;
+  net_->cert_issued = Clock::now();
+  net_->cert_expires = cert->not_after;
+  return {};
+}
+
 Status Coordinator::start() {
   Parts& p = *parts_;
-  auto server_cert =
-      p.ca->issue_server_certificate(server_hosts(cfg_), std::chrono::hours(24 * 30));
-  if (!server_cert) return server_cert.error().with_context("server certificate");
+  net_->pool = std::make_unique<net::IoPool>(cfg_.io_threads);
   net::TlsServerOptions tls;
-  tls.cert_chain_pem = server_cert->certificate_pem;
-  tls.key_pem = server_cert->private_key_pem;
+  if (auto st = issue_serving_certificate(tls); !st.ok()) return st;
 
-  net::HttpsServerOptions ao;
+  net::ServerOptions ao;
   ao.listen = cfg_.agents_listen;
   ao.tls = tls;
   ao.tls.client_ca_pem = p.ca->certificate_pem();
   ao.ws_idle_timeout = cfg_.agents_idle_timeout;
-  // Beast's own limit is the hard ceiling (a frame above it closes the
-  // connection with 1009); the protocol's 64 KiB cap per type is enforced by
-  // proto::parse, which rejects the frame with an error and keeps the session.
-  ao.ws_max_frame = proto::kMaxPlanFrameBytes;
+  // The hard ceiling (above it the connection closes with 1009); the
+  // protocol's 64 KiB cap per type is enforced by proto::parse, which
+  // rejects the frame with an error and keeps the session. Strangers get
+  // the small limit of ServerOptions::strangers from the first byte.
+  ao.ws_max_message = proto::kMaxPlanFrameBytes;
   ao.name = "agents";
-  net_->agents = std::make_unique<net::HttpsServer>(net_->ioc, ao);
+  net_->agents = std::make_unique<net::Server>(*net_->pool, ao);
   net_->agents->on_websocket([&p](const net::HttpRequestIn& req, const net::PeerInfo& peer) {
     return p.agents->accept(req, peer);
   });
-  net_->agents->on_http([&p](const net::HttpRequestIn& req, const net::PeerInfo&) {
+  net_->agents->on_http(net::immediate([&p](const net::HttpRequestIn& req, const net::PeerInfo&) {
     if (req.method == "GET" && req.path == "/healthz") return json_response({{"status", "ok"}});
     if (req.method == "GET" && req.path == "/v1/agent/binary") {
-      if (p.agent_sha256.empty())
+      if (!p.agent_binary_bytes)
         return net::HttpResponseOut::error(404, "not_found",
                                            "the coordinator has no agent binary (agents.binary)");
       net::HttpResponseOut out;
       out.content_type = "application/octet-stream";
-      out.file_path = p.agent_binary;
+      out.shared_body = p.agent_binary_bytes;
       out.headers["X-Factory-Agent-Sha256"] = p.agent_sha256;
       return out;
     }
     return net::HttpResponseOut::error(404, "not_found", "no such path: " + req.path);
-  });
+  }));
 
-  net::HttpsServerOptions po;
+  net::ServerOptions po;
   po.listen = cfg_.api_listen;
   po.tls = tls;
   po.name = "api";
-  net_->api = std::make_unique<net::HttpsServer>(net_->ioc, po);
-  net_->api->on_http([&p](const net::HttpRequestIn& req, const net::PeerInfo& peer) {
-    return p.router->handle(req, peer);
-  });
+  net_->api = std::make_unique<net::Server>(*net_->pool, po);
+  net_->api->on_http(
+      [&p](std::shared_ptr<net::HttpExchange> x) { p.router->handle(std::move(x)); });
 
+  // Nothing is left listening when either cannot bind.
   if (auto st = net_->agents->start(); !st.ok()) return st.error().with_context("agents endpoint");
-  if (auto st = net_->api->start(); !st.ok()) return st.error().with_context("api endpoint");
-  spdlog::info("agents endpoint on {} (agents dial {}), API on {}; CA sha256 {}",
-               cfg_.agents_listen, cfg_.external_url, cfg_.api_listen, p.ca->sha256());
+  if (auto st = net_->api->start(); !st.ok()) {
+    net_->agents->stop();
+    return st.error().with_context("api endpoint");
+  }
+  spdlog::info("agents endpoint on {} (agents dial {}), API on {}; CA sha256 {}; {} io threads",
+               cfg_.agents_listen, cfg_.external_url, cfg_.api_listen, p.ca->sha256(),
+               net_->pool->size());
+  schedule_renewal();
   return {};
 }
 
+// The serving certificate is renewed once two thirds of its life have gone,
+// decided against the wall clock at every check: a process that was
+// suspended, or whose clock jumped, renews at its next check instead of
+// serving an expired certificate until a timer counted from start fires.
+void Coordinator::schedule_renewal() {
+  net_->renewal = std::make_unique<boost::asio::steady_timer>(net_->pool->main());
+  net_->renewal->expires_after(kRenewalCheckEvery);
+  net_->renewal->async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    auto now = Clock::now();
+    auto due = net_->cert_issued + (net_->cert_expires - net_->cert_issued) * 2 / 3;
+    if (now >= due || now < net_->cert_issued) {
+      // Signing is quick but not free: on a worker, then swap the contexts.
+      parts_->workers->post([this] {
+        net::TlsServerOptions tls;
+        if (auto st = issue_serving_certificate(tls); !st.ok()) {
+          spdlog::error("could not renew the serving certificate: {}", st.error().message);
+          return;
+        }
+        net::TlsServerOptions agents_tls = tls;
+        agents_tls.client_ca_pem = parts_->ca->certificate_pem();
+        auto a = net_->agents->update_tls(agents_tls);
+        auto b = net_->api->update_tls(tls);
+        if (!a.ok() || !b.ok())
+          spdlog::error("could not use the renewed serving certificate: {}",
+                        (a.ok() ? b : a).error().message);
+        else
+          spdlog::info("renewed the serving certificate (valid until {})",
+                       format_rfc3339(net_->cert_expires));
+      });
+    }
+    schedule_renewal();
+  });
+}
+
 void Coordinator::run() {
-  net_->signals = std::make_unique<boost::asio::signal_set>(net_->ioc, SIGINT, SIGTERM);
+  net_->signals = std::make_unique<boost::asio::signal_set>(net_->pool->main(), SIGINT, SIGTERM);
   net_->signals->async_wait([this](const boost::system::error_code& ec, int sig) {
     if (ec) return;
     spdlog::info("signal {}: shutting down", sig);
     stop();
   });
-  net_->ioc.run();
+  net_->pool->run();
 }
 
 void Coordinator::stop() {
   if (net_->agents) net_->agents->stop();
   if (net_->api) net_->api->stop();
-  net_->ioc.stop();
+  // A moment for the close frames to go out, then the io threads end.
+  auto t = std::make_shared<boost::asio::steady_timer>(net_->pool->main(),
+                                                       std::chrono::milliseconds(200));
+  t->async_wait([this, t](const boost::system::error_code&) { net_->pool->stop(); });
 }
 
 int Coordinator::agents_port() const {

@@ -2,16 +2,24 @@
 // `factory serve`: everything the coordinator runs, wired together. The
 // state directory holds the CA, the admin token, the token book and the
 // store; the agents endpoint (wss, mTLS after enrollment) and the API
-// (admin + status feed) are two HTTPS listeners on one io_context thread.
+// (admin + status feed) are two HTTPS listeners served by the io threads,
+// with a worker pool for whatever may wait.
 #include <memory>
 #include <string>
 
 #include "coordinator/config/coordinator_config.hpp"
 
+namespace factory::net {
+struct TlsServerOptions;
+}
+
 namespace factory::coordinator {
 
 inline constexpr const char* kAdminTokenFile = "admin.token";
 inline constexpr const char* kTokenBookFile = "tokens.json";
+// The TLS certificate both listeners serve, and how often its age is checked.
+inline constexpr std::chrono::hours kServingCertTtl{24 * 30};
+inline constexpr std::chrono::seconds kRenewalCheckEvery{60};
 
 class Coordinator {
  public:
@@ -33,6 +41,8 @@ class Coordinator {
  private:
   Coordinator() = default;
   void install_core_routes();
+  Status issue_serving_certificate(net::TlsServerOptions& tls);
+  void schedule_renewal();
 
   CoordinatorConfig cfg_;
   struct Parts;  // every module's piece, in the order they are built

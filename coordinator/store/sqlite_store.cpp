@@ -232,13 +232,15 @@ class SqliteStore final : public Store {
   }
 
   void append_event(const std::string& tenant, StoredEvent e, Projection project,
-                    std::function<void(Result<AppendOutcome>)> done) override {
+                    std::function<void(Result<AppendOutcome>)> done,
+                    std::function<bool()> still_wanted) override {
     Op op;
     op.kind = Op::Kind::append;
     op.tenant = tenant;
     op.event = std::move(e);
     op.project = std::move(project);
     op.append_done = std::move(done);
+    op.still_wanted = std::move(still_wanted);
     enqueue(std::move(op));
   }
 
@@ -277,6 +279,7 @@ class SqliteStore final : public Store {
     StoredEvent event;
     Projection project;
     std::function<void(Result<AppendOutcome>)> append_done;
+    std::function<bool()> still_wanted;
     std::function<Status(TenantRecord&)> change;
     std::function<void(Result<TenantRecord>)> update_done;
     TenantRecord record;
@@ -649,6 +652,11 @@ void SqliteStore::run_batch(std::deque<Op>& batch, bool maintenance_due, bool he
     Outcome& out = outcomes[i];
     switch (op.kind) {
       case Op::Kind::append: {
+        if (op.still_wanted && !op.still_wanted()) {
+          out.status =
+              Error(Errc::conflict, "store: cancelled (an earlier event of the session failed)");
+          break;
+        }
         auto rec = current(ov, op.tenant);
         if (!rec) {
           out.status = Error(Errc::not_found, "store: no tenant " + op.tenant);

@@ -107,9 +107,14 @@ class Store {
   // For io threads. Queued to the writer; `done` runs on the writer thread
   // once the event (and the projection's change) is durable, or with the
   // error that kept it from being. A tenant's events are stored, and their
-  // `done` called, in the order they were queued.
+  // `done` called, in the order they were queued. `still_wanted`, when set,
+  // is asked on the writer thread just before the event is stored: false
+  // answers it `cancelled` unstored (a session whose earlier event failed
+  // must not have a later one stored, or the replay of the failed one would
+  // read as a duplicate).
   virtual void append_event(const std::string& tenant, StoredEvent e, Projection project,
-                            std::function<void(Result<AppendOutcome>)> done) = 0;
+                            std::function<void(Result<AppendOutcome>)> done,
+                            std::function<bool()> still_wanted = nullptr) = 0;
   // The same for a record change without an event (an agent's hello).
   virtual void update_tenant_async(const std::string& name,
                                    std::function<Status(TenantRecord&)> change,

@@ -112,6 +112,7 @@ std::optional<json> TenantService::plan_for(const store::TenantRecord& t) const 
 }
 
 Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
+  std::lock_guard changes(changes_mu_);
   auto& store = deps_.store;
   auto resolved = resolve_vm_spec(catalog_, req, opts_.default_namespace);
   if (!resolved) return resolved.error();
@@ -302,6 +303,7 @@ Status TenantService::rollback(store::TenantRecord& rec, bool record_is_new,
 }
 
 Result<json> TenantService::remove(const std::string& name, const std::string& ns_hint) {
+  std::lock_guard changes(changes_mu_);
   if (auto st = enroll::validate_tenant_name(name); !st.ok()) return st.error();
   auto& store = deps_.store;
   auto rec = store.get_tenant(name);
@@ -387,6 +389,7 @@ Result<json> TenantService::show(const std::string& name) {
 }
 
 Result<json> TenantService::retry(const std::string& name, const std::string& step) {
+  std::lock_guard changes(changes_mu_);
   auto rec = deps_.store.get_tenant(name);
   if (!rec) return Error(Errc::not_found, "no tenant named " + name);
   if (!step.empty()) {
@@ -412,6 +415,8 @@ Result<json> TenantService::retry(const std::string& name, const std::string& st
 }
 
 void TenantService::install_routes(coordinator::ApiRouter& r) {
+  // Every tenant route talks to the cluster: on the workers, never an io thread.
+  const coordinator::RouteOptions kBlocking{.blocking = true};
   r.add("POST", "/v1/tenants", [this](const net::HttpRequestIn& req, auto&) {
     return guarded("POST /v1/tenants", [&] {
       auto body = json::parse(req.body, nullptr, false);
@@ -427,13 +432,13 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
       if (auto shown = show(tr->name)) j["tenant"] = *shown;
       return coordinator::json_response(j, out->created ? 201 : 200);
     });
-  });
+  }, kBlocking);
   r.add("GET", "/v1/tenants/{name}", [this](auto&, const coordinator::PathParams& p) {
     return guarded("GET /v1/tenants/{name}", [&] {
       auto j = show(p.at("name"));
       return j ? coordinator::json_response(*j) : error_reply(j.error());
     });
-  });
+  }, kBlocking);
   r.add("DELETE", "/v1/tenants/{name}",
         [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
           return guarded("DELETE /v1/tenants/{name}", [&] {
@@ -441,7 +446,7 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
             auto j = remove(p.at("name"), it == req.query.end() ? "" : it->second);
             return j ? coordinator::json_response(*j) : error_reply(j.error());
           });
-        });
+        }, kBlocking);
   r.add("POST", "/v1/tenants/{name}/retry",
         [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
           return guarded("POST /v1/tenants/{name}/retry", [&] {
@@ -455,7 +460,7 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
             auto j = retry(p.at("name"), step);
             return j ? coordinator::json_response(*j, 202) : error_reply(j.error());
           });
-        });
+        }, kBlocking);
 }
 
 }  // namespace factory::tenants

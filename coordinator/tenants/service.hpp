@@ -20,13 +20,12 @@
 // running `create` again finishes the tenant, `delete` removes it. A
 // coordinator that dies mid-create leaves phase "creating", handled alike.
 //
-// Threading: everything runs on the coordinator's single io thread,
-// including the Kubernetes calls, which block it for their duration. That is
-// acceptable while creates are a handful of short requests (and the client's
-// request timeout is kept short, see TenantServiceOptions); moving provider
-// work to a worker strand is the next step if it ever is not.
+// Threading: every call here may wait on the cluster, so the routes run on
+// the coordinator's worker pool, never an io thread; create, delete and
+// retry are serialized among themselves, show runs beside them.
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -106,6 +105,9 @@ class TenantService {
   catalog::Catalog catalog_;
   std::unique_ptr<VmProvider> provider_;
   TenantServiceOptions opts_;
+  // Changes to tenants run on the worker pool, one at a time: two creates
+  // of one name, or a create racing its delete, must not interleave.
+  std::mutex changes_mu_;
 };
 
 // HTTP status for an error of the service (400 bad input, 404, 409 state,

@@ -51,28 +51,30 @@ TEST(CoordinatorConfig, ReadsKeysAndRefusesUnknownOnes) {
 }
 
 TEST(Router, MatchesParamsAndRequiresTheToken) {
-  coordinator::ApiRouter r("secret-token-secret-token-secret-token");
+  WorkerPool workers(1);
+  coordinator::ApiRouter r("secret-token-secret-token-secret-token", workers);
   r.add("GET", "/v1/tenants/{name}", [](const net::HttpRequestIn&, const coordinator::PathParams& p) {
     return net::HttpResponseOut::json(200, p.at("name"));
   });
-  r.add("GET", "/healthz", [](auto&, auto&) { return net::HttpResponseOut::json(200, "ok"); }, true);
+  r.add("GET", "/healthz", [](auto&, auto&) { return net::HttpResponseOut::json(200, "ok"); },
+        {.public_route = true});
   net::HttpRequestIn req;
   req.method = "GET";
   req.path = "/v1/tenants/t1";
-  EXPECT_EQ(r.handle(req, {}).status, 401);
+  EXPECT_EQ(r.handle_now(req, {}).status, 401);
   req.headers["authorization"] = "Bearer secret-token-secret-token-secret-token";
-  auto out = r.handle(req, {});
+  auto out = r.handle_now(req, {});
   EXPECT_EQ(out.status, 200);
   EXPECT_EQ(out.body, "t1");
   req.method = "DELETE";
-  EXPECT_EQ(r.handle(req, {}).status, 405);
+  EXPECT_EQ(r.handle_now(req, {}).status, 405);
   req.method = "GET";
   req.path = "/v1/nothing";
-  EXPECT_EQ(r.handle(req, {}).status, 404);
+  EXPECT_EQ(r.handle_now(req, {}).status, 404);
   net::HttpRequestIn h;
   h.method = "GET";
   h.path = "/healthz";
-  EXPECT_EQ(r.handle(h, {}).status, 200);
+  EXPECT_EQ(r.handle_now(h, {}).status, 200);
 }
 
 TEST(StatusProjection, EventsDriveThePhase) {

@@ -413,12 +413,13 @@ TEST_F(Tenants, CreateCutShortByACoordinatorCrashIsFinishedByRunningItAgain) {
   factory::kube::KubeClient client(*access);
   ASSERT_TRUE(client.remove(factory::kube::kService, "tenants", "tenant-1-ssh").ok());
   ASSERT_TRUE(client.remove(factory::kube::kVirtualMachine, "tenants", "tenant-1").ok());
-  fs::path rec_file = coordinator().state_dir() / "store" / "tenants" / "tenant-1.json";
-  json rec = json::parse(slurp(rec_file));
+  auto stored = coordinator().stored_record("tenant-1");
+  ASSERT_TRUE(stored.has_value());
+  json rec = *stored;
   ASSERT_EQ(rec.value("phase", ""), "pending") << rec.dump(2);
   rec["phase"] = "creating";
   rec["status"]["kube"]["state"] = "creating";
-  write_text(rec_file, rec.dump());
+  coordinator().write_stored_record(rec);
   coordinator().start();
 
   auto tl = tenants();

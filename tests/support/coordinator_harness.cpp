@@ -1,14 +1,14 @@
 #include "tests/support/coordinator_harness.hpp"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sqlite3.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "common/atomic_file.hpp"
 #include "common/pki.hpp"
@@ -37,7 +37,8 @@ CoordinatorHarness::CoordinatorHarness(fs::path dir, std::string extra_yaml)
   std::ofstream f(config_path());
   f << "state_dir: " << state_.string() << "\n"
     << "external_url: wss://127.0.0.1:" << agents_port_ << "\n"
-    << "agents:\n  listen: 127.0.0.1:" << agents_port_ << "\n  idle_timeout: 10s\n"
+    << "agents:\n  listen: 127.0.0.1:" << agents_port_
+    << "\n  idle_timeout: 10s\n"
     // The agent binary the coordinator serves (and hashes into tenants' user-data).
     << "  binary: " << agent_bin() << "\n"
     << "api:\n  listen: 127.0.0.1:" << api_port_ << "\n"
@@ -45,7 +46,9 @@ CoordinatorHarness::CoordinatorHarness(fs::path dir, std::string extra_yaml)
     << extra_yaml;
 }
 
-CoordinatorHarness::~CoordinatorHarness() { stop(); }
+CoordinatorHarness::~CoordinatorHarness() {
+  stop();
+}
 
 void CoordinatorHarness::start() {
   proc_ = Process({factory_bin(), "serve", "--config", config_path().string()},
@@ -55,7 +58,9 @@ void CoordinatorHarness::start() {
   ASSERT_TRUE(up) << "factory serve did not start listening; its log:\n" << proc_.log();
 }
 
-void CoordinatorHarness::stop() { proc_.stop(); }
+void CoordinatorHarness::stop() {
+  proc_.stop();
+}
 void CoordinatorHarness::kill9() {
   proc_.kill(SIGKILL);
   proc_.wait();
@@ -107,15 +112,76 @@ std::string CoordinatorHarness::ca_sha256() {
   return sha ? *sha : "";
 }
 
+namespace {
+
+// The coordinator's database, opened for this one query; SQLITE_OPEN_READONLY
+// leaves the running coordinator's writes alone.
+struct Db {
+  sqlite3* db = nullptr;
+  Db(const std::filesystem::path& path, bool writable) {
+    int flags = writable ? SQLITE_OPEN_READWRITE : SQLITE_OPEN_READONLY;
+    if (sqlite3_open_v2(path.c_str(), &db, flags, nullptr) != SQLITE_OK) {
+      ADD_FAILURE() << "cannot open " << path << ": " << sqlite3_errmsg(db);
+      sqlite3_close(db);
+      db = nullptr;
+    } else {
+      sqlite3_busy_timeout(db, 5000);
+    }
+  }
+  ~Db() { sqlite3_close(db); }
+};
+
+std::string column_text(sqlite3_stmt* s, int col) {
+  const auto* p = sqlite3_column_text(s, col);
+  return p ? reinterpret_cast<const char*>(p) : "";
+}
+
+}  // namespace
+
 std::vector<nlohmann::json> CoordinatorHarness::stored_events(const std::string& tenant) const {
   std::vector<nlohmann::json> out;
-  std::ifstream f(state_ / "store" / "events" / (tenant + ".jsonl"));
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded()) out.push_back(j);
+  Db d(state_ / "store" / "factory.db", false);
+  if (!d.db) return out;
+  sqlite3_stmt* s = nullptr;
+  sqlite3_prepare_v2(d.db,
+                     "SELECT agent_id, event_id, received_at, body FROM events WHERE tenant = ?1 "
+                     "ORDER BY seq",
+                     -1, &s, nullptr);
+  sqlite3_bind_text(s, 1, tenant.c_str(), -1, SQLITE_TRANSIENT);
+  while (sqlite3_step(s) == SQLITE_ROW) {
+    out.push_back({{"agent_id", column_text(s, 0)},
+                   {"id", static_cast<uint64_t>(sqlite3_column_int64(s, 1))},
+                   {"received_at", column_text(s, 2)},
+                   {"event", nlohmann::json::parse(column_text(s, 3), nullptr, false)}});
   }
+  sqlite3_finalize(s);
   return out;
+}
+
+std::optional<nlohmann::json> CoordinatorHarness::stored_record(const std::string& tenant) const {
+  Db d(state_ / "store" / "factory.db", false);
+  if (!d.db) return std::nullopt;
+  sqlite3_stmt* s = nullptr;
+  sqlite3_prepare_v2(d.db, "SELECT record FROM tenants WHERE name = ?1", -1, &s, nullptr);
+  sqlite3_bind_text(s, 1, tenant.c_str(), -1, SQLITE_TRANSIENT);
+  std::optional<nlohmann::json> out;
+  if (sqlite3_step(s) == SQLITE_ROW) out = nlohmann::json::parse(column_text(s, 0), nullptr, false);
+  sqlite3_finalize(s);
+  return out;
+}
+
+void CoordinatorHarness::write_stored_record(const nlohmann::json& record) {
+  Db d(state_ / "store" / "factory.db", true);
+  if (!d.db) return;
+  sqlite3_stmt* s = nullptr;
+  sqlite3_prepare_v2(d.db, "UPDATE tenants SET record = ?2 WHERE name = ?1", -1, &s, nullptr);
+  const std::string name = record.value("name", "");
+  const std::string text = record.dump();
+  sqlite3_bind_text(s, 1, name.c_str(), -1, SQLITE_TRANSIENT);
+  sqlite3_bind_text(s, 2, text.c_str(), -1, SQLITE_TRANSIENT);
+  EXPECT_EQ(sqlite3_step(s), SQLITE_DONE) << sqlite3_errmsg(d.db);
+  EXPECT_EQ(sqlite3_changes(d.db), 1) << "no stored record of tenant " << name;
+  sqlite3_finalize(s);
 }
 
 AgentProcess::AgentProcess(CoordinatorHarness& h, const nlohmann::json& token, AgentOptions o) {
@@ -125,9 +191,19 @@ AgentProcess::AgentProcess(CoordinatorHarness& h, const nlohmann::json& token, A
   EXPECT_TRUE(write_file_atomic(token_file_, token.value("token", "") + "\n", 0600).ok());
   std::string pin = token.value("ca_sha256", "");
   if (o.pin_wrong_ca) pin = std::string(64, 'a');
-  argv_ = {agent_bin(), "--coordinator-url", token.value("coordinator_url", ""),
-           "--ca-sha256", pin, "--token-file", token_file_.string(),
-           "--state-dir", state_.string(), "--log-level", "debug", "--heartbeat", "1"};
+  argv_ = {agent_bin(),
+           "--coordinator-url",
+           token.value("coordinator_url", ""),
+           "--ca-sha256",
+           pin,
+           "--token-file",
+           token_file_.string(),
+           "--state-dir",
+           state_.string(),
+           "--log-level",
+           "debug",
+           "--heartbeat",
+           "1"};
   argv_.insert(argv_.end(), o.extra_args.begin(), o.extra_args.end());
   restart();
 }
@@ -140,14 +216,16 @@ void AgentProcess::restart() {
   proc_ = Process(argv_, log_);
 }
 
-std::string AgentProcess::log() const { return slurp(log_); }
+std::string AgentProcess::log() const {
+  return slurp(log_);
+}
 
 CommandResult wscat(const std::string& url, const fs::path& ca_file,
                     const std::vector<std::string>& frames, double wait_seconds,
                     const std::string& cert_file, const std::string& key_file) {
   // wscat sends one --execute command; further frames go through stdin.
-  std::vector<std::string> argv = {"wscat", "--connect", url, "--ca", ca_file.string(),
-                                   "--no-color"};
+  std::vector<std::string> argv = {"wscat", "--connect",      url,
+                                   "--ca",  ca_file.string(), "--no-color"};
   if (!cert_file.empty()) {
     argv.insert(argv.end(), {"--cert", cert_file, "--key", key_file});
   }

@@ -3,11 +3,10 @@
 // `factory-agent` processes dialing it: what integration tests (and the demo)
 // run against. Nothing here is mocked; only the ports and paths are private.
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tests/support/test_support.hpp"
 
@@ -19,9 +18,9 @@ class CoordinatorHarness {
   explicit CoordinatorHarness(std::filesystem::path dir, std::string extra_yaml = "");
   ~CoordinatorHarness();
 
-  void start();    // spawns `factory serve` and waits until the API answers
-  void stop();     // SIGTERM
-  void kill9();    // SIGKILL, as a crash would
+  void start();  // spawns `factory serve` and waits until the API answers
+  void stop();   // SIGTERM
+  void kill9();  // SIGKILL, as a crash would
   bool running() { return proc_.running(); }
 
   CommandResult factory(const std::vector<std::string>& args,
@@ -39,8 +38,15 @@ class CoordinatorHarness {
   int api_port() const { return api_port_; }
   std::string ca_sha256();
   std::string log() const { return proc_.log(); }
-  // Every event line stored for a tenant, parsed.
+  // Every event stored for a tenant, oldest first, as
+  // {"agent_id", "id", "received_at", "event"}: read from the coordinator's
+  // database (SQLite allows a reader beside the running writer).
   std::vector<nlohmann::json> stored_events(const std::string& tenant) const;
+  // The tenant's stored record, and a replacement for it, written straight
+  // into the database: for tests that rewind a coordinator's state while it
+  // is down (as a crash at some point would have left it).
+  std::optional<nlohmann::json> stored_record(const std::string& tenant) const;
+  void write_stored_record(const nlohmann::json& record);
 
  private:
   std::filesystem::path dir_, state_;
