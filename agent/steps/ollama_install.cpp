@@ -66,7 +66,7 @@ class OllamaInstall final : public Step {
       return StepOutcome::failure(d.summary, {}, d);
     }
     auto d = diagnoses::ollama_not_answering(api.url(), last_error);
-    return StepOutcome::failure(d.summary, service_status(ctx), d);
+    return StepOutcome::failure(d.summary, service_status(), d);
   }
 
  private:
@@ -77,8 +77,14 @@ class OllamaInstall final : public Step {
   }
 
   // What systemd says about the service, for the failure's output tail.
-  std::string service_status(StepContext& ctx) {
-    auto r = run_in_step(ctx, {"systemctl", "status", "--no-pager", p_.service}, 10s);
+  // verify waits out the step's deadline first: a short, fixed allowance for
+  // the look, not what is left of the deadline (100 ms, too little for
+  // systemctl on a busy guest, and the tail came back empty).
+  std::string service_status() const {
+    CommandSpec spec;
+    spec.argv = {"systemctl", "status", "--no-pager", p_.service};
+    spec.timeout = 10s;
+    auto r = run_command(spec);
     return r ? r->tail(15) : r.error().message;
   }
 
