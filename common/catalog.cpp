@@ -8,8 +8,9 @@
 #include <set>
 
 #include "common/atomic_file.hpp"
-#include "common/cidr.hpp"
 #include "common/durations.hpp"
+#include "common/step_params.hpp"
+#include "common/validation.hpp"
 #include "common/yaml_json.hpp"
 
 namespace factory::catalog {
@@ -18,54 +19,21 @@ namespace factory::catalog {
 extern const char kBuiltinCatalogYaml[];
 
 using nlohmann::json;
+using validation::bad;
+using validation::is_http_url;
+using validation::join;
+using validation::only_keys;
+using validation::type_name;
 
 namespace {
 
 constexpr int kCatalogVersion = 1;
 constexpr int kMaxRetries = 10;
 
-std::string join(const std::vector<std::string>& v, const std::string& sep = ", ") {
-  std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
-  return out;
-}
-
-std::string type_name(const json& j) {
-  switch (j.type()) {
-    case json::value_t::object:
-      return "a map";
-    case json::value_t::array:
-      return "a list";
-    case json::value_t::string:
-      return "a string";
-    case json::value_t::boolean:
-      return "a boolean";
-    case json::value_t::null:
-      return "empty";
-    case json::value_t::number_float:
-      return "a number";
-    default:
-      return "a number";
-  }
-}
-
-Error bad(const std::string& where, const std::string& what) {
-  return Error(Errc::invalid_argument, where + ": " + what);
-}
-
 std::vector<std::string> keys_of(const json& o) {
   std::vector<std::string> k;
   for (auto& [key, _] : o.items()) k.push_back(key);
   return k;
-}
-
-// Rejects keys outside `allowed`, so a typo ("pakages") is an error, not a default.
-Status only_keys(const json& obj, const std::vector<std::string>& allowed,
-                 const std::string& where) {
-  for (auto& [key, _] : obj.items())
-    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
-      return bad(where, "unknown key '" + key + "' (known: " + join(allowed) + ")");
-  return ok_status();
 }
 
 // ---------------------------------------------------------------------------
@@ -168,279 +136,6 @@ Result<json> resolve(const json& v, const json& scope, const std::string& where)
     return out;
   }
   return v;
-}
-
-// ---------------------------------------------------------------------------
-// Step kinds and the shape of their params. The agent's implementations read
-// the same keys (catalog/README.md documents each one).
-
-enum class T { string, integer, boolean, object, string_list, string_map, any };
-
-struct ParamSpec {
-  std::string name;
-  T type;
-  bool required;
-};
-
-using KindCheck = Status (*)(const json& params, const std::string& where);
-
-struct KindSpec {
-  std::string kind;
-  std::vector<ParamSpec> params;
-  KindCheck check;
-};
-
-bool is_https_url(const std::string& s) {
-  return s.rfind("https://", 0) == 0 && s.size() > 8;
-}
-bool is_http_url(const std::string& s) {
-  return is_https_url(s) || (s.rfind("http://", 0) == 0 && s.size() > 7);
-}
-
-Status check_type(const json& v, T t, const std::string& where) {
-  auto want = [&](const char* what) {
-    return bad(where, std::string("must be ") + what + ", got " + type_name(v));
-  };
-  switch (t) {
-    case T::string:
-      if (!v.is_string()) return want("a string");
-      if (v.get<std::string>().empty()) return bad(where, "must not be empty");
-      break;
-    case T::integer:
-      if (!v.is_number_integer()) return want("a whole number");
-      break;
-    case T::boolean:
-      if (!v.is_boolean()) return want("true or false");
-      break;
-    case T::object:
-      if (!v.is_object()) return want("a map");
-      break;
-    case T::string_list:
-      if (!v.is_array()) return want("a list of strings");
-      for (size_t i = 0; i < v.size(); ++i)
-        if (!v[i].is_string() || v[i].get<std::string>().empty())
-          return bad(where + "[" + std::to_string(i) + "]", "must be a non-empty string");
-      break;
-    case T::string_map:
-      if (!v.is_object()) return want("a map of strings");
-      for (auto& [k, x] : v.items())
-        if (!x.is_string())
-          return bad(where + "." + k, "must be a string (quote it), got " + type_name(x));
-      break;
-    case T::any:
-      break;
-  }
-  return ok_status();
-}
-
-Status url_param(const json& p, const std::string& key, const std::string& where, bool https_only) {
-  if (!p.contains(key)) return ok_status();
-  const std::string& u = p[key].get_ref<const std::string&>();
-  if (https_only ? !is_https_url(u) : !is_http_url(u))
-    return bad(where + "." + key, std::string("must be an ") +
-                                      (https_only ? "https://" : "http(s)://") + " URL, got '" + u +
-                                      "'");
-  return ok_status();
-}
-
-Status duration_param(const json& p, const std::string& key, const std::string& where) {
-  if (!p.contains(key)) return ok_status();
-  auto d = parse_duration(p[key].get<std::string>());
-  if (!d) return bad(where + "." + key, d.error().message);
-  return ok_status();
-}
-
-Status check_gpu_present(const json& p, const std::string& where) {
-  if (p.contains("vendor")) {
-    static const std::regex hex4("^[0-9a-fA-F]{4}$");
-    if (!std::regex_match(p["vendor"].get<std::string>(), hex4))
-      return bad(where + ".vendor", "must be a 4-digit PCI vendor ID like \"10de\" (quote it)");
-  }
-  if (p.contains("min_count") && p["min_count"].get<int64_t>() < 1)
-    return bad(where + ".min_count", "must be at least 1");
-  return ok_status();
-}
-
-Status check_nvidia_driver(const json& p, const std::string& where) {
-  if (p["packages"].empty()) return bad(where + ".packages", "must list at least one package");
-  const json& repo = p["repo"];
-  std::string rw = where + ".repo";
-  if (auto s = only_keys(repo, {"kind", "url", "cache_dir"}, rw); !s) return s;
-  if (!repo.contains("kind") || !repo["kind"].is_string())
-    return bad(rw + ".kind",
-               "required: local (NVIDIA's local repository package) or network (the cuda-keyring "
-               "package)");
-  std::string kind = repo["kind"].get<std::string>();
-  if (kind != "local" && kind != "network")
-    return bad(rw + ".kind", "must be local or network, got '" + kind + "'");
-  if (!repo.contains("url") || !repo["url"].is_string())
-    return bad(rw + ".url", "required: the URL of the repository package (.deb)");
-  if (auto s = url_param(repo, "url", rw, false); !s) return s;
-  if (repo.contains("cache_dir") &&
-      (!repo["cache_dir"].is_string() || repo["cache_dir"].get<std::string>().rfind('/', 0) != 0))
-    return bad(rw + ".cache_dir", "must be an absolute path");
-  return ok_status();
-}
-
-Status check_ollama_install(const json& p, const std::string& where) {
-  return url_param(p, "install_url", where, true);
-}
-
-// The guest cluster's ranges must not clash with each other or with the
-// ranges RKE2 and k3s use by default, which is what the host cluster most
-// likely runs: the runbook's guest lost its DNS to exactly that clash.
-Status check_rke2(const json& p, const std::string& where) {
-  if (auto s = url_param(p, "install_url", where, true); !s) return s;
-  const json& c = p["config"];
-  std::string cw = where + ".config";
-  for (const char* k : {"cluster-cidr", "service-cidr", "cluster-dns"})
-    if (!c.contains(k) || !c[k].is_string())
-      return bad(
-          cw,
-          std::string("'") + k +
-              "' is required: the guest cluster needs ranges that cannot clash with the host's");
-  auto pods = Ipv4Cidr::parse(c["cluster-cidr"].get<std::string>());
-  if (!pods) return bad(cw + ".cluster-cidr", pods.error().message);
-  auto svcs = Ipv4Cidr::parse(c["service-cidr"].get<std::string>());
-  if (!svcs) return bad(cw + ".service-cidr", svcs.error().message);
-  auto dns = Ipv4Cidr::parse_address(c["cluster-dns"].get<std::string>());
-  if (!dns) return bad(cw + ".cluster-dns", dns.error().message);
-  if (pods->overlaps(*svcs))
-    return bad(cw, "cluster-cidr " + pods->str() + " overlaps service-cidr " + svcs->str());
-  const Ipv4Cidr host_pods = *Ipv4Cidr::parse("10.42.0.0/16");
-  const Ipv4Cidr host_svcs = *Ipv4Cidr::parse("10.43.0.0/16");
-  for (auto& [key, r] : {std::pair{"cluster-cidr", *pods}, std::pair{"service-cidr", *svcs}})
-    for (auto& host : {host_pods, host_svcs})
-      if (r.overlaps(host))
-        return bad(cw + "." + key,
-                   r.str() + " overlaps " + host.str() +
-                       ", a range of the host cluster (RKE2/k3s default): the guest's "
-                       "DNS would clash with the host's; pick e.g. 10.52.0.0/16 and 10.53.0.0/16");
-  if (!svcs->contains(*dns))
-    return bad(cw + ".cluster-dns",
-               Ipv4Cidr::format_address(*dns) + " is outside service-cidr " + svcs->str());
-  return ok_status();
-}
-
-Status check_helm_release(const json& p, const std::string& where) {
-  if (auto s = url_param(p, "repo_url", where, false); !s) return s;
-  if (auto s = url_param(p, "helm_installer", where, true); !s) return s;
-  return duration_param(p, "wait_timeout", where);
-}
-
-Status check_node_label(const json& p, const std::string& where) {
-  if (p["labels"].empty()) return bad(where + ".labels", "must set at least one label");
-  if (p.contains("nodes")) {
-    const json& n = p["nodes"];
-    bool all = n.is_string() && n.get<std::string>() == "all";
-    if (!all) {
-      if (auto s = check_type(n, T::string_list, where + ".nodes"); !s)
-        return bad(where + ".nodes", "must be all or a list of node names");
-    }
-  }
-  return ok_status();
-}
-
-Status check_wait_allocatable(const json& p, const std::string& where) {
-  if (p["count"].get<int64_t>() < 1) return bad(where + ".count", "must be at least 1");
-  return ok_status();
-}
-
-Status check_apt_packages(const json& p, const std::string& where) {
-  if (p["packages"].empty()) return bad(where + ".packages", "must list at least one package");
-  return ok_status();
-}
-
-Status check_none(const json&, const std::string&) {
-  return ok_status();
-}
-
-const std::vector<KindSpec>& kind_specs() {
-  static const std::vector<KindSpec> specs = {
-      {"gpu_present",
-       {{"vendor", T::string, false}, {"min_count", T::integer, false}},
-       check_gpu_present},
-      {"apt_packages",
-       {{"packages", T::string_list, true}, {"update", T::boolean, false}},
-       check_apt_packages},
-      {"nvidia_driver",
-       {{"version", T::string, true},
-        {"package_version", T::string, true},
-        {"packages", T::string_list, true},
-        {"prerequisites", T::string_list, false},
-        {"kernel_headers", T::boolean, false},
-        {"repo", T::object, true},
-        {"reboot", T::boolean, false}},
-       check_nvidia_driver},
-      {"ollama_install",
-       {{"version", T::string, true},
-        {"install_url", T::string, false},
-        {"service", T::string, false}},
-       check_ollama_install},
-      {"ollama_model",
-       {{"model", T::string, true}, {"require_full_gpu", T::boolean, false}},
-       check_none},
-      {"rke2",
-       {{"version", T::string, true},
-        {"install_url", T::string, false},
-        {"service", T::string, false},
-        {"kubeconfig", T::string, false},
-        {"bin_dir", T::string, false},
-        {"config", T::object, true}},
-       check_rke2},
-      {"helm_release",
-       {{"release", T::string, true},
-        {"chart", T::string, true},
-        {"repo_name", T::string, true},
-        {"repo_url", T::string, true},
-        {"version", T::string, true},
-        {"namespace", T::string, true},
-        {"create_namespace", T::boolean, false},
-        {"wait_timeout", T::string, false},
-        {"kubeconfig", T::string, false},
-        {"helm_installer", T::string, false},
-        {"values", T::object, false}},
-       check_helm_release},
-      {"node_label",
-       {{"labels", T::string_map, true},
-        {"nodes", T::any, false},
-        {"kubeconfig", T::string, false}},
-       check_node_label},
-      {"wait_allocatable",
-       {{"resource", T::string, true},
-        {"count", T::integer, true},
-        {"kubeconfig", T::string, false}},
-       check_wait_allocatable},
-      {"script",
-       {{"check", T::string, false},
-        {"run", T::string, true},
-        {"verify", T::string, false},
-        {"reboot", T::boolean, false},
-        {"env", T::string_map, false}},
-       check_none},
-  };
-  return specs;
-}
-
-Status validate_params(const std::string& kind, const json& params, const std::string& where) {
-  const auto& specs = kind_specs();
-  auto it =
-      std::find_if(specs.begin(), specs.end(), [&](const KindSpec& k) { return k.kind == kind; });
-  if (it == specs.end())
-    return bad(where, "unknown step kind '" + kind + "' (known: " + join(step_kinds()) + ")");
-  std::string pw = where + ": params";
-  if (!params.is_object()) return bad(pw, "must be a map, got " + type_name(params));
-  std::vector<std::string> names;
-  for (auto& p : it->params) names.push_back(p.name);
-  if (auto s = only_keys(params, names, pw); !s) return s;
-  for (auto& p : it->params) {
-    if (!params.contains(p.name)) {
-      if (p.required) return bad(pw + "." + p.name, "required for a " + kind + " step");
-      continue;
-    }
-    if (auto s = check_type(params[p.name], p.type, pw + "." + p.name); !s) return s;
-  }
-  return it->check(params, pw);
 }
 
 // ---------------------------------------------------------------------------
@@ -600,7 +295,9 @@ Result<std::vector<StepDef>> parse_steps(const json& steps, const json& scope,
       def.params = std::move(*rp);
       def.timeout = timeout;
       def.retries = retries;
-      if (auto st = validate_params(def.kind, def.params, dw); !st) return st.error();
+      // Checked, not normalized: the plan keeps the params as written, so its
+      // hash does not change when a default does.
+      if (auto st = validate_catalog_step_params(def.kind, def.params, dw); !st) return st.error();
       out.push_back(std::move(def));
     }
   }
@@ -705,15 +402,6 @@ std::vector<std::string> Catalog::names() const {
   std::vector<std::string> n;
   for (auto& t : tiers) n.push_back(t.name);
   return n;
-}
-
-const std::vector<std::string>& step_kinds() {
-  static const std::vector<std::string> kinds = [] {
-    std::vector<std::string> k;
-    for (auto& s : kind_specs()) k.push_back(s.kind);
-    return k;
-  }();
-  return kinds;
 }
 
 Result<Catalog> from_json(const json& doc, const std::string& source) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/step_params.hpp"
 
 namespace factory::catalog {
 
@@ -64,8 +65,7 @@ struct Catalog {
   std::vector<std::string> names() const;
 };
 
-// The step kinds a catalog may use (the agent implements each one).
-const std::vector<std::string>& step_kinds();
+// The step kinds a catalog may use, and their params: step_params.hpp.
 
 // Parses and validates a catalog document. `source` names it in errors.
 Result<Catalog> parse(const std::string& yaml_text, const std::string& source);

@@ -30,10 +30,11 @@ inline constexpr std::string_view kAgentPath = "/v1/agent";
 namespace type {
 // agent -> coordinator
 inline constexpr std::string_view kEnroll = "enroll";        // {token, csr, agent_version}
-inline constexpr std::string_view kHello = "hello";          // {agent_id, agent_version, hostname, plan_hash?}
+inline constexpr std::string_view kHello = "hello";          // {agent_id, agent_version, hostname}
 inline constexpr std::string_view kEvent = "event";          // {id, time, kind, ...}
 inline constexpr std::string_view kRenew = "renew";          // {csr}
-inline constexpr std::string_view kHeartbeat = "heartbeat";  // {}
+// {pending_events, dropped_events, plan_hash?, plan_state?, steps_done?, steps_total?}
+inline constexpr std::string_view kHeartbeat = "heartbeat";
 // coordinator -> agent
 inline constexpr std::string_view kEnrolled = "enrolled";        // {tenant, certificate, ca, expires_at}
 inline constexpr std::string_view kWelcome = "welcome";          // {tenant, server_version, last_event_id}

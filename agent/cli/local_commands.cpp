@@ -2,8 +2,8 @@
 
 #include <iostream>
 
-#include "agent/health/gpu_health.hpp"
-#include "agent/health/k8s_health.hpp"
+#include "agent/guest/cluster.hpp"
+#include "agent/health/report.hpp"
 #include "agent/plan/engine.hpp"
 #include "agent/plan/plan_spec.hpp"
 #include "agent/steps/builtin.hpp"
@@ -129,11 +129,12 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
   health->callback([&chosen, o] {
     chosen.run = [o] {
       GuestEnv env = env_of(*o);
-      nlohmann::json h = {{"gpu", collect_gpu_health(env)}, {"ollama", collect_ollama_health(env)}};
+      HealthCollectors c;
+      c.ollama = true;
       // A gpu-k8s guest: its own cluster's view of the GPU (HAMi's split).
       std::error_code ec;
-      if (std::filesystem::exists(env.path("/etc/rancher/rke2/rke2.yaml"), ec))
-        h["k8s"] = collect_k8s_health(env);
+      c.k8s = std::filesystem::exists(env.path(kRke2Kubeconfig), ec);
+      nlohmann::json h = collect_health(env, c);
       print(h, o->output == "text" ? "json" : o->output);
       return h["gpu"].value("gpus", nlohmann::json::array()).empty() ? 1 : 0;
     };

@@ -10,9 +10,9 @@
 
 #include "agent/cli/config.hpp"
 #include "agent/cli/local_commands.hpp"
+#include "agent/cli/runtime.hpp"
 #include "agent/link/link.hpp"
 #include "agent/link/spool.hpp"
-#include "agent/plan/runner.hpp"
 #include "common/atomic_file.hpp"
 #include "common/log.hpp"
 
@@ -121,18 +121,18 @@ int main(int argc, char** argv) {
   env.root = cfg.root;
   env.state_dir = cfg.state_dir;
   env.ollama_url = cfg.ollama_url;
-  std::unique_ptr<PlanRunner> runner;
+  std::unique_ptr<AgentRuntime> runtime;
   LinkCallbacks cb;
   if (cfg.run_plan) {
-    PlanEngineOptions eo;
-    eo.retry_delay = cfg.retry_delay;
-    runner = std::make_unique<PlanRunner>(env, **spool, cfg.health_interval, eo);
-    cb.on_plan = [&runner](const nlohmann::json& p) { runner->submit_plan(p); };
-    cb.on_command = [&runner](const nlohmann::json& c) { runner->submit_command(c); };
-    cb.heartbeat_fields = [&runner] { return runner->summary(); };
-    // The journal's plan goes on at once, before the coordinator is even
-    // reachable: after the driver's reboot nobody needs to send it again.
-    runner->start();
+    AgentRuntimeOptions ro;
+    ro.health_interval = cfg.health_interval;
+    ro.engine.retry_delay = cfg.retry_delay;
+    runtime = std::make_unique<AgentRuntime>(env, **spool, std::move(ro));
+    PlanRunner& plan = runtime->plan();
+    cb.on_plan = [&plan](const nlohmann::json& p) { plan.submit_plan(p); };
+    cb.on_command = [&plan](const nlohmann::json& c) { plan.submit_command(c); };
+    cb.heartbeat_fields = [&plan] { return plan.summary(); };
+    runtime->start();
   }
   AgentLink link(cfg, **spool, cb);
   std::thread sig([&] {
@@ -163,7 +163,7 @@ int main(int argc, char** argv) {
   spdlog::info("factory-agent {} starting; coordinator {}", FACTORY_VERSION, cfg.coordinator_url);
   int rc = link.run();
   done = true;
-  if (runner) runner->stop();
+  if (runtime) runtime->stop();
   if (load.joinable()) load.join();
   return rc;
 }

@@ -1,88 +1,20 @@
 #pragma once
-// The guest cluster (gpu-k8s tier) as the agent observes it, and the named
-// failures it knows there: RKE2's ranges clashing with the host cluster's DNS
-// (the runbook's "node stays NotReady and DNS times out"), HAMi's device
-// plugin not running because no node is labelled gpu=on, a Helm release that
-// did not deploy. Parsers and rules are pure (tested on constructed and
-// captured input); guest_dns_servers() and rke2_running_service_cidr() read
-// the guest through GuestEnv.
-#include <map>
+// The named failures the agent knows in the guest cluster (gpu-k8s tier):
+// RKE2's ranges clashing with the host cluster's DNS (the runbook's "node
+// stays NotReady and DNS times out"), HAMi's device plugin not running
+// because no node is labelled gpu=on, a Helm release that did not deploy.
+// Pure functions of what was observed (agent/guest/cluster.hpp and dns.hpp
+// read it), tested on constructed and captured input.
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "agent/diagnose/diagnosis.hpp"
-#include "agent/plan/step.hpp"
+#include "agent/guest/cluster.hpp"
+#include "common/error.hpp"
 
 namespace factory::agent {
-
-// A node as `kubectl get nodes -o json` shows it.
-struct KubeNode {
-  std::string name;
-  bool ready = false;
-  std::string ready_reason;   // the Ready condition's reason, e.g. KubeletNotReady
-  std::string ready_message;  // and its message
-  std::map<std::string, std::string> labels;
-  std::map<std::string, std::string> allocatable;  // quantities as the API writes them
-  std::map<std::string, std::string> capacity;
-  std::string kubelet_version;
-
-  bool has_label(const std::string& key, const std::string& value) const;
-  nlohmann::json to_json() const;
-};
-
-// A pod as `kubectl get pods -o json` shows it.
-struct KubePod {
-  std::string ns;
-  std::string name;
-  std::string phase;   // Pending, Running, Succeeded, Failed
-  std::string status;  // kubectl's STATUS column: Running, Pending, Init:0/1, CrashLoopBackOff, ...
-  std::string message;  // why it waits / is unschedulable, when the API says
-  std::string node;
-  bool ready = false;
-  int restarts = 0;
-  std::map<std::string, std::string> labels;
-  // Resource limits summed over the containers, e.g. nvidia.com/gpu: 1,
-  // nvidia.com/gpumem: 1024 (HAMi's per-pod memory limit, in MiB).
-  std::map<std::string, long long> limits;
-
-  bool running() const { return phase == "Running" && status == "Running"; }
-  nlohmann::json to_json() const;
-};
-
-// Accept a List (kubectl get ... -o json) or a single object. Items that are
-// not objects are skipped; a document that is neither is an empty list.
-std::vector<KubeNode> parse_node_list(const nlohmann::json& doc);
-std::vector<KubePod> parse_pod_list(const nlohmann::json& doc);
-
-// An extended resource's quantity ("10", "1k") as a count; nullopt when it is
-// not a whole number (e.g. "1500m").
-std::optional<long long> parse_quantity_count(const std::string& quantity);
-
-// HAMi's pods (app.kubernetes.io/name=hami, or named hami-*), its device
-// plugin's pods (component hami-device-plugin), and the GPU Operator's own
-// device plugin (nvidia-device-plugin-daemonset).
-bool is_hami_pod(const KubePod& p);
-bool is_hami_device_plugin(const KubePod& p);
-bool is_nvidia_device_plugin(const KubePod& p);
-
-// --- the guest's DNS ---------------------------------------------------------
-
-// `nameserver` addresses in resolv.conf text, loopback ones (systemd-resolved's
-// 127.0.0.53 stub) left out.
-std::vector<std::string> parse_resolv_conf(const std::string& text);
-// "Current DNS Server:" and "DNS Servers:" addresses in `resolvectl status`.
-std::vector<std::string> parse_resolvectl_status(const std::string& text);
-// The DNS servers the guest got from DHCP: systemd-resolved's upstream list
-// (<root>/run/systemd/resolve/resolv.conf), else <root>/etc/resolv.conf, else
-// `resolvectl status`. Duplicates removed, order kept.
-std::vector<std::string> guest_dns_servers(const GuestEnv& env);
-
-// The service range the running guest cluster was created with: the
-// --service-cluster-ip-range argument in RKE2's kube-apiserver static pod
-// manifest (<root>/var/lib/rancher/rke2/agent/pod-manifests/kube-apiserver.yaml).
-std::optional<std::string> rke2_running_service_cidr(const GuestEnv& env);
 
 // --- rules -------------------------------------------------------------------
 
@@ -93,7 +25,7 @@ struct ClusterRanges {
 };
 
 // The ranges must parse, not overlap each other, and hold cluster_dns in
-// service_cidr. Errors say which.
+// service_cidr: the rke2 step's rule (common/step_params.hpp). Errors say which.
 Status validate_ranges(const ClusterRanges& r);
 
 // What the guest can see of the host cluster's service range: only its DNS

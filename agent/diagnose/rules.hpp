@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "agent/diagnose/diagnosis.hpp"
-#include "agent/diagnose/guest_facts.hpp"
+#include "agent/guest/facts.hpp"
 
 namespace factory::agent {
 

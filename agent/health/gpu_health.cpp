@@ -2,42 +2,16 @@
 
 #include "agent/diagnose/known.hpp"
 #include "agent/diagnose/rules.hpp"
+#include "agent/guest/ollama_api.hpp"
 #include "agent/health/nvml.hpp"
-#include "agent/steps/ollama_api.hpp"
 #include "common/subprocess.hpp"
 
 namespace factory::agent {
 
 using nlohmann::json;
 
-namespace {
-
-std::string one_line(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  for (auto& c : s)
-    if (c == '\n') c = ' ';
-  return s;
-}
-
-}  // namespace
-
 std::string gpu_operator_driver_root(const GuestEnv& env) {
   return env.path("/run/nvidia/driver").string();
-}
-
-Result<GpuReport> query_nvidia_smi(const std::vector<std::string>& prefix,
-                                   std::chrono::milliseconds timeout) {
-  CommandSpec spec;
-  spec.argv = prefix;
-  spec.argv.push_back("nvidia-smi");
-  for (auto& a : nvidia_smi_query_args()) spec.argv.push_back(a);
-  spec.timeout = timeout;
-  auto r = run_command(spec);
-  if (!r) return r.error();
-  if (!r->ok())
-    return Error(r->timed_out ? Errc::timeout : Errc::failed_precondition,
-                 "nvidia-smi " + r->describe() + ": " + one_line(r->tail(3)));
-  return parse_nvidia_smi_csv(r->output, nvidia_smi_query_fields());
 }
 
 json collect_gpu_health(const GuestEnv& env) {

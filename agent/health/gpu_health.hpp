@@ -23,21 +23,13 @@
 #include <string>
 #include <vector>
 
-#include "agent/health/gpu_report.hpp"
-#include "agent/plan/step.hpp"
+#include "agent/guest/env.hpp"
+#include "agent/guest/nvidia_smi.hpp"
 
 namespace factory::agent {
 
 nlohmann::json collect_gpu_health(const GuestEnv& env);
 nlohmann::json collect_ollama_health(const GuestEnv& env);
-
-// Runs `<prefix...> nvidia-smi --query-gpu=... --format=csv,noheader,nounits`
-// and parses it (prefix empty: nvidia-smi from PATH). Errors: not_found when
-// the command is not there, failed_precondition when it fails (driver not
-// loaded: "NVIDIA-SMI has failed because it couldn't communicate with the
-// NVIDIA driver"), protocol when its output does not parse.
-Result<GpuReport> query_nvidia_smi(const std::vector<std::string>& prefix = {},
-                                   std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 // The GPU Operator's driver root under the guest root.
 std::string gpu_operator_driver_root(const GuestEnv& env);

@@ -1,7 +1,7 @@
 #include "agent/health/k8s_health.hpp"
 
 #include "agent/diagnose/k8s.hpp"
-#include "agent/steps/kube_cli.hpp"
+#include "agent/guest/cluster.hpp"
 
 namespace factory::agent {
 
@@ -26,7 +26,7 @@ json collect_k8s_health(const GuestEnv& env, const std::string& kubeconfig,
               {"capacity", nullptr},
               {"nodes", json::array()},
               {"pods", json::array()}};
-  auto k = steps::Kubectl::find(env, kubeconfig);
+  auto k = Kubectl::find(env, kubeconfig);
   if (!k) {
     out["error"] = k.error().message;
     return out;

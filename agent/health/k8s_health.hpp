@@ -17,12 +17,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "agent/plan/step.hpp"
+#include "agent/guest/cluster.hpp"
+#include "agent/guest/env.hpp"
 
 namespace factory::agent {
 
 nlohmann::json collect_k8s_health(const GuestEnv& env,
-                                  const std::string& kubeconfig = "/etc/rancher/rke2/rke2.yaml",
+                                  const std::string& kubeconfig = kRke2Kubeconfig,
                                   const std::string& resource = "nvidia.com/gpu");
 
 }  // namespace factory::agent

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "agent/health/gpu_report.hpp"
-#include "agent/plan/step.hpp"
+#include "agent/guest/env.hpp"
+#include "agent/guest/nvidia_smi.hpp"
 #include "common/error.hpp"
 
 namespace factory::agent {

@@ -43,7 +43,7 @@ struct Fatal {
 }  // namespace
 
 struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
-  AgentConfig cfg;
+  LinkOptions cfg;
   EventSpool& spool;
   LinkCallbacks cb;
   asio::io_context ioc{1};
@@ -54,7 +54,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
   std::optional<AgentIdentity> identity;
   std::string pending_key;  // key of a renewal in flight
 
-  Impl(AgentConfig c, EventSpool& s, LinkCallbacks callbacks)
+  Impl(LinkOptions c, EventSpool& s, LinkCallbacks callbacks)
       : cfg(std::move(c)), spool(s), cb(std::move(callbacks)) {}
 
   std::string agent_url() const {
@@ -409,8 +409,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
   }
 };
 
-AgentLink::AgentLink(AgentConfig cfg, EventSpool& spool, LinkCallbacks cb)
-    : impl_(std::make_shared<Impl>(std::move(cfg), spool, std::move(cb))) {}
+AgentLink::AgentLink(LinkOptions options, EventSpool& spool, LinkCallbacks cb)
+    : impl_(std::make_shared<Impl>(std::move(options), spool, std::move(cb))) {}
 
 AgentLink::~AgentLink() = default;
 

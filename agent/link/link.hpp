@@ -5,13 +5,13 @@
 // expires, and hand plans and commands to the plan runner. Reconnects with
 // capped exponential backoff and full jitter, after a random first delay.
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
-#include "agent/cli/config.hpp"
 #include "agent/link/spool.hpp"
 
 namespace factory::agent {
@@ -20,6 +20,23 @@ namespace factory::agent {
 // (token refused, certificate revoked). systemd's RestartPreventExitStatus=3
 // keeps it from restarting in a loop.
 inline constexpr int kExitNeedsAdmin = 3;
+
+// What the link needs to know, with the defaults the agent documents (its
+// settings, agent/cli/config.hpp, are these and more).
+struct LinkOptions {
+  std::string coordinator_url;  // wss://host:port (required)
+  std::string ca_sha256;        // pin: SHA-256 of the coordinator CA's DER
+  std::string ca_file;          // or: the CA certificate itself
+  std::string token_file = "/etc/factory/bootstrap-token";  // deleted after enrollment
+  std::string state_dir = "/var/lib/factory-agent";         // identity (and spool, journal)
+  std::chrono::milliseconds heartbeat{std::chrono::seconds(15)};
+  std::chrono::milliseconds backoff_base{std::chrono::milliseconds(500)};
+  std::chrono::milliseconds backoff_cap{std::chrono::minutes(2)};
+  // Small: enough to spread a fleet rebooted at once over a few heartbeats,
+  // short enough that a fresh guest shows up within a second.
+  std::chrono::milliseconds first_connect_jitter{std::chrono::milliseconds(500)};
+  size_t replay_rate_per_second = 200;  // backlog replay after an outage
+};
 
 struct LinkCallbacks {
   std::function<void(const nlohmann::json& plan_frame_body)> on_plan;
@@ -30,7 +47,7 @@ struct LinkCallbacks {
 
 class AgentLink {
  public:
-  AgentLink(AgentConfig cfg, EventSpool& spool, LinkCallbacks cb);
+  AgentLink(LinkOptions options, EventSpool& spool, LinkCallbacks cb);
   ~AgentLink();
   // Blocks until stop() or a failure that needs an admin. Returns the exit status.
   int run();

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "common/atomic_file.hpp"
+#include "agent/guest/facts.hpp"
 #include "common/catalog.hpp"
 #include "common/durations.hpp"
 #include "common/subprocess.hpp"
@@ -19,13 +19,6 @@ namespace {
 
 std::string now_text() {
   return format_rfc3339(Clock::now());
-}
-
-std::string trim(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  return s.substr(i);
 }
 
 std::string plural(int n, const std::string& word) {
@@ -62,11 +55,6 @@ const char* PlanEngine::to_string(Outcome o) {
       return "idle";
   }
   return "unknown";
-}
-
-std::string read_boot_id(const GuestEnv& env) {
-  auto text = read_file(env.path("/proc/sys/kernel/random/boot_id"));
-  return text ? trim(*text) : std::string();
 }
 
 RebootHook system_reboot_hook() {
@@ -432,7 +420,7 @@ PlanEngine::StepRun PlanEngine::request_reboot(const PlanSpec& spec, size_t i,
         StepOutcome::failure("the step asked for a reboot " + plural(r.reboot_requests, "time") +
                              " and is still not done after it: see its last message; fix the "
                              "cause, then retry the plan"));
-  std::string boot = read_boot_id(env_);
+  std::string boot = boot_id(env_);
   std::string msg = message.empty() ? "rebooting the guest" : message;
   // Journaled before the reboot, with the boot we are in: on the next start a
   // different boot id proves the reboot happened.
@@ -470,7 +458,7 @@ PlanEngine::StepRun PlanEngine::run_step(const PlanSpec& spec, size_t i) {
   StepRecord rec = record(i);
   bool verify_first = false;
   if (rec.state == StepState::reboot_requested) {
-    std::string boot = read_boot_id(env_);
+    std::string boot = boot_id(env_);
     if (!boot.empty() && boot == rec.boot_id) {
       // Same boot: the agent was stopped before the reboot happened, or the
       // reboot command did nothing. Ask again, a bounded number of times.

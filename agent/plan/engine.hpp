@@ -116,10 +116,6 @@ class PlanEngine {
   bool have_state_ = false;
 };
 
-// The guest's boot id (<root>/proc/sys/kernel/random/boot_id), "" if unreadable.
-// It changes on every boot, which is how a requested reboot is recognised.
-std::string read_boot_id(const GuestEnv& env);
-
 // The real reboot: `systemctl reboot`, or `reboot` where there is no systemctl
 // (both looked up on PATH, so a simulated guest supplies its own).
 RebootHook system_reboot_hook();

@@ -2,13 +2,14 @@
 // Runs plans on their own thread, so a 20-minute driver install never stalls
 // the network link. At start it resumes whatever the journal holds (the plan
 // survives the guest's reboot without the coordinator); plans and commands
-// that arrive over the link are queued and run one at a time. Everything it
-// has to say goes into the durable spool as events. Health is reported after
-// each plan and then every health_interval.
+// that arrive over the link are queued and run one at a time. It is handed
+// everything from outside: the step kinds it may run, where its events go
+// (the cli wires them to the durable spool), and whom to tell when a plan
+// has finished (the cli: health reports then).
 #include <atomic>
-#include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,12 +21,15 @@
 
 namespace factory::agent {
 
-class EventSpool;
-
 class PlanRunner {
  public:
-  PlanRunner(GuestEnv env, EventSpool& spool, std::chrono::milliseconds health_interval,
-             PlanEngineOptions engine_options = {}, RebootHook reboot = system_reboot_hook());
+  // Called on the runner's thread when a plan (run, resumed or retried) has
+  // succeeded or failed.
+  using FinishedHook = std::function<void(PlanEngine::Outcome)>;
+
+  PlanRunner(GuestEnv env, StepRegistry steps, PlanEventSink sink,
+             PlanEngineOptions engine_options = {}, RebootHook reboot = system_reboot_hook(),
+             FinishedHook on_finished = {});
   ~PlanRunner();
   void start();
   // body: {"hash": ..., "plan": {...}} as the coordinator sends it.
@@ -36,19 +40,18 @@ class PlanRunner {
   void stop();
   // Plan hash and state, for heartbeats.
   nlohmann::json summary() const;
+  // PlanEngine::status_json(): every step with its kind and state.
+  nlohmann::json status() const;
 
  private:
   struct Work {
-    enum class Kind { resume, plan, retry, health } kind;
+    enum class Kind { resume, plan, retry } kind;
     nlohmann::json body;
   };
   void loop();
-  void report_health();
-  void emit(nlohmann::json event);
 
-  GuestEnv env_;
-  EventSpool& spool_;
-  std::chrono::milliseconds health_interval_;
+  PlanEventSink sink_;
+  FinishedHook on_finished_;
   std::unique_ptr<PlanEngine> engine_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

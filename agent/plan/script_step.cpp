@@ -77,24 +77,15 @@ class ScriptStep : public Step {
   std::map<std::string, std::string> env_;
 };
 
-std::string str_param(const nlohmann::json& p, const char* key) {
-  return p.contains(key) && p[key].is_string() ? p[key].get<std::string>() : std::string();
-}
-
 }  // namespace
 
 Result<std::unique_ptr<Step>> make_script_step(const StepSpec& spec) {
-  const auto& p = spec.params;
-  std::string run = str_param(p, "run");
-  if (run.empty())
-    return Error(Errc::invalid_argument, "step '" + spec.id + "': a script step needs params.run");
-  std::map<std::string, std::string> env;
-  if (p.contains("env") && p["env"].is_object())
-    for (auto& [k, v] : p["env"].items())
-      if (v.is_string()) env[k] = v.get<std::string>();
-  bool reboot = p.contains("reboot") && p["reboot"].is_boolean() && p["reboot"].get<bool>();
+  auto p = normalized_params("script", spec);
+  if (!p) return p.error();
+  auto text = [&](const char* key) { return p->value(key, std::string()); };
   return std::unique_ptr<Step>(
-      new ScriptStep(str_param(p, "check"), run, str_param(p, "verify"), reboot, std::move(env)));
+      new ScriptStep(text("check"), text("run"), text("verify"), (*p)["reboot"].get<bool>(),
+                     (*p)["env"].get<std::map<std::string, std::string>>()));
 }
 
 void register_script_step(StepRegistry& registry) {

@@ -7,34 +7,22 @@
 //   apply()  -> make it so. May ask for a guest reboot.
 //   verify() -> is it really done? Run after apply, and after the reboot.
 #include <chrono>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "agent/diagnose/diagnosis.hpp"
+#include "agent/guest/env.hpp"
 #include "common/error.hpp"
+#include "common/step_params.hpp"
 
 namespace factory::agent {
-
-// Where the guest is. Every path the agent touches is root / <absolute path>,
-// and every command goes through PATH, so tests run the agent on a simulated guest.
-struct GuestEnv {
-  std::filesystem::path root = "/";
-  std::string ollama_url = "http://127.0.0.1:11434";
-  std::filesystem::path state_dir = "/var/lib/factory-agent";  // NOT under root: given as-is
-
-  // path("/sys/bus/pci/devices") -> <root>/sys/bus/pci/devices
-  std::filesystem::path path(const std::string& absolute) const {
-    std::string rel = absolute;
-    while (!rel.empty() && rel.front() == '/') rel.erase(0, 1);
-    return root / rel;
-  }
-};
 
 // One step of a plan, as the coordinator sends it (see common/catalog.hpp).
 struct StepSpec {
@@ -88,12 +76,25 @@ class Step {
 
 using StepFactory = std::function<Result<std::unique_ptr<Step>>(const StepSpec&)>;
 
-// Maps a step kind to its implementation. The built-in kinds register
-// themselves through register_builtin_steps() (agent/steps).
+// What a built-in kind's factory builds its step from: the spec's params
+// checked against `kind`'s schema, with every default filled in
+// (common/step_params.hpp; the catalog checks the same). Errors read
+// "step '<id>': params.<key>: <what>".
+inline Result<nlohmann::json> normalized_params(std::string_view kind, const StepSpec& spec) {
+  return catalog::normalize_step_params(kind, spec.params, "step '" + spec.id + "'");
+}
+
+// Maps a step kind to its implementation. The agent's cli hands the plan
+// engine one holding the built-in kinds (register_builtin_steps(), agent/steps).
 class StepRegistry {
  public:
   void add(const std::string& kind, StepFactory f) { factories_[kind] = std::move(f); }
   bool has(const std::string& kind) const { return factories_.count(kind) != 0; }
+  std::vector<std::string> kinds() const {
+    std::vector<std::string> out;
+    for (const auto& [kind, _] : factories_) out.push_back(kind);
+    return out;
+  }
   Result<std::unique_ptr<Step>> create(const StepSpec& spec) const {
     auto it = factories_.find(spec.kind);
     if (it == factories_.end())

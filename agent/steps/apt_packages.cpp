@@ -1,7 +1,7 @@
 #include "agent/steps/apt_packages.hpp"
 
-#include "agent/diagnose/guest_facts.hpp"
 #include "agent/diagnose/rules.hpp"
+#include "agent/guest/facts.hpp"
 #include "agent/steps/step_util.hpp"
 
 namespace factory::agent::steps {
@@ -76,19 +76,15 @@ class AptPackages final : public Step {
 }  // namespace
 
 Result<std::unique_ptr<Step>> make_apt_packages(const StepSpec& spec) {
-  auto list = string_list_param(spec.params, "packages", spec.id, {}, true);
-  if (!list) return list.error();
-  if (list->empty())
-    return Error(Errc::invalid_argument,
-                 "step '" + spec.id + "': params.packages must list a package");
+  auto p = normalized_params("apt_packages", spec);
+  if (!p) return p.error();
   std::vector<Wanted> pkgs;
-  for (const auto& p : *list) {
-    auto eq = p.find('=');
-    pkgs.push_back(eq == std::string::npos ? Wanted{p, ""}
-                                           : Wanted{p.substr(0, eq), p.substr(eq + 1)});
+  for (const auto& name : (*p)["packages"].get<std::vector<std::string>>()) {
+    auto eq = name.find('=');
+    pkgs.push_back(eq == std::string::npos ? Wanted{name, ""}
+                                           : Wanted{name.substr(0, eq), name.substr(eq + 1)});
   }
-  return std::unique_ptr<Step>(
-      new AptPackages(std::move(pkgs), bool_param(spec.params, "update", true)));
+  return std::unique_ptr<Step>(new AptPackages(std::move(pkgs), (*p)["update"].get<bool>()));
 }
 
 }  // namespace factory::agent::steps

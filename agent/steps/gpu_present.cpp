@@ -1,9 +1,7 @@
 #include "agent/steps/gpu_present.hpp"
 
-#include <regex>
-
-#include "agent/diagnose/guest_facts.hpp"
 #include "agent/diagnose/known.hpp"
+#include "agent/guest/facts.hpp"
 #include "agent/steps/step_util.hpp"
 
 namespace factory::agent::steps {
@@ -51,18 +49,11 @@ class GpuPresent final : public Step {
 }  // namespace
 
 Result<std::unique_ptr<Step>> make_gpu_present(const StepSpec& spec) {
-  auto vendor = string_param(spec.params, "vendor", spec.id, "10de");
-  if (!vendor) return vendor.error();
-  static const std::regex hex4("^[0-9a-fA-F]{4}$");
-  if (!std::regex_match(*vendor, hex4))
-    return Error(Errc::invalid_argument,
-                 "step '" + spec.id + "': params.vendor must be 4 hex digits like \"10de\"");
-  long long min_count = int_param(spec.params, "min_count", 1);
-  if (min_count < 1)
-    return Error(Errc::invalid_argument,
-                 "step '" + spec.id + "': params.min_count must be at least 1");
-  return std::unique_ptr<Step>(
-      new GpuPresent(static_cast<std::uint32_t>(std::stoul(*vendor, nullptr, 16)), min_count));
+  auto p = normalized_params("gpu_present", spec);
+  if (!p) return p.error();
+  auto vendor =
+      static_cast<std::uint32_t>(std::stoul((*p)["vendor"].get<std::string>(), nullptr, 16));
+  return std::unique_ptr<Step>(new GpuPresent(vendor, (*p)["min_count"].get<long long>()));
 }
 
 }  // namespace factory::agent::steps

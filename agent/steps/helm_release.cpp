@@ -3,7 +3,7 @@
 #include <thread>
 
 #include "agent/diagnose/k8s.hpp"
-#include "agent/steps/kube_cli.hpp"
+#include "agent/guest/cluster.hpp"
 #include "agent/steps/step_util.hpp"
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
@@ -23,11 +23,11 @@ struct HelmParams {
   std::string repo_url;
   std::string version;
   std::string ns;
-  bool create_namespace = true;
-  std::chrono::seconds wait_timeout{std::chrono::minutes(5)};
+  bool create_namespace{};
+  std::chrono::seconds wait_timeout{};
   std::string kubeconfig;
   std::string helm_installer;
-  json values = json::object();
+  json values;
 };
 
 struct ReleaseState {
@@ -65,6 +65,12 @@ std::string helm_error_line(const CommandResult& r) {
     pos = nl + 1;
   }
   return last;
+}
+
+// True when `helm version --short` runs: helm is installed.
+bool helm_installed(const StepContext& ctx) {
+  auto r = run_in_step(ctx, {"helm", "version", "--short"}, std::chrono::seconds(30));
+  return r && r->ok();
 }
 
 // Whether a helm process runs in the guest (<root>/proc/<pid>/comm). An
@@ -197,7 +203,7 @@ class HelmRelease final : public Step {
     spec.argv = {"helm"};
     for (auto& a : args) spec.argv.push_back(std::move(a));
     spec.argv.insert(spec.argv.end(), {"--kubeconfig", ctx.env.path(p_.kubeconfig).string()});
-    spec.env = helm_env(ctx.env, p_.kubeconfig);
+    spec.env = {{"KUBECONFIG", ctx.env.path(p_.kubeconfig).string()}};
     spec.timeout = time_left(ctx, cap);
     return run_command(spec);
   }
@@ -300,37 +306,22 @@ bool same_chart_version(const std::string& a, const std::string& b) {
 }
 
 Result<std::unique_ptr<Step>> make_helm_release(const StepSpec& spec) {
+  auto j = normalized_params("helm_release", spec);
+  if (!j) return j.error();
   HelmParams p;
   for (auto [key, field] : {std::pair<const char*, std::string*>{"release", &p.release},
                             {"chart", &p.chart},
                             {"repo_name", &p.repo_name},
                             {"repo_url", &p.repo_url},
                             {"version", &p.version},
-                            {"namespace", &p.ns}}) {
-    auto v = string_param(spec.params, key, spec.id);
-    if (!v) return v.error();
-    *field = *v;
-  }
-  p.create_namespace = bool_param(spec.params, "create_namespace", true);
-  auto wt = string_param(spec.params, "wait_timeout", spec.id, "5m");
-  if (!wt) return wt.error();
-  auto d = parse_duration(*wt);
-  if (!d)
-    return Error(Errc::invalid_argument,
-                 "step '" + spec.id + "': params.wait_timeout: " + d.error().message);
-  p.wait_timeout = *d;
-  auto kc = string_param(spec.params, "kubeconfig", spec.id, kRke2Kubeconfig);
-  if (!kc) return kc.error();
-  p.kubeconfig = *kc;
-  auto inst = string_param(spec.params, "helm_installer", spec.id,
-                           "https://raw.githubusercontent.com/helm/helm/main/scripts/get-helm-4");
-  if (!inst) return inst.error();
-  p.helm_installer = *inst;
-  if (spec.params.contains("values")) {
-    if (!spec.params["values"].is_object())
-      return Error(Errc::invalid_argument, "step '" + spec.id + "': params.values must be a map");
-    p.values = spec.params["values"];
-  }
+                            {"namespace", &p.ns},
+                            {"kubeconfig", &p.kubeconfig},
+                            {"helm_installer", &p.helm_installer}})
+    *field = (*j)[key].get<std::string>();
+  p.create_namespace = (*j)["create_namespace"].get<bool>();
+  // The schema checked that it parses.
+  p.wait_timeout = *parse_duration((*j)["wait_timeout"].get<std::string>());
+  p.values = (*j)["values"];
   return std::unique_ptr<Step>(new HelmRelease(std::move(p)));
 }
 

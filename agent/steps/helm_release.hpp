@@ -3,7 +3,8 @@
 // pinned version with the catalog's values (runbook step 6: the NVIDIA GPU
 // Operator, guest/02-gpu-operator.sh, and HAMi, guest/03-hami.sh).
 //
-// Params (catalog/catalog.yaml):
+// Params (as catalog/catalog.yaml writes them; their types, defaults and
+// ranges are common/step_params.cpp's, which the catalog checks too):
 //   release, chart, repo_name, repo_url, version, namespace   (required)
 //   create_namespace: true         (default) --create-namespace
 //   wait_timeout:     20m          (default 5m, Helm's) --wait --timeout, at most what is

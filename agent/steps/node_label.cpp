@@ -4,8 +4,7 @@
 #include <map>
 #include <vector>
 
-#include "agent/diagnose/k8s.hpp"
-#include "agent/steps/kube_cli.hpp"
+#include "agent/guest/cluster.hpp"
 #include "agent/steps/step_util.hpp"
 
 namespace factory::agent::steps {
@@ -99,32 +98,13 @@ class NodeLabel final : public Step {
 }  // namespace
 
 Result<std::unique_ptr<Step>> make_node_label(const StepSpec& spec) {
+  auto j = normalized_params("node_label", spec);
+  if (!j) return j.error();
   LabelParams p;
-  const auto& params = spec.params;
-  if (!params.contains("labels") || !params["labels"].is_object() || params["labels"].empty())
-    return Error(Errc::invalid_argument,
-                 "step '" + spec.id + "': params.labels is required (a map of strings)");
-  for (auto& [k, v] : params["labels"].items()) {
-    if (!v.is_string())
-      return Error(Errc::invalid_argument,
-                   "step '" + spec.id + "': params.labels." + k + " must be a string");
-    p.labels[k] = v.get<std::string>();
-  }
-  if (params.contains("nodes")) {
-    const auto& n = params["nodes"];
-    if (n.is_string() && n.get<std::string>() == "all") {
-      // every node
-    } else {
-      auto list = string_list_param(params, "nodes", spec.id);
-      if (!list || list->empty())
-        return Error(Errc::invalid_argument,
-                     "step '" + spec.id + "': params.nodes must be all or a list of node names");
-      p.nodes = *list;
-    }
-  }
-  auto kc = string_param(params, "kubeconfig", spec.id, kRke2Kubeconfig);
-  if (!kc) return kc.error();
-  p.kubeconfig = *kc;
+  p.labels = (*j)["labels"].get<std::map<std::string, std::string>>();
+  // "all", or the names of the nodes to label.
+  if ((*j)["nodes"].is_array()) p.nodes = (*j)["nodes"].get<std::vector<std::string>>();
+  p.kubeconfig = (*j)["kubeconfig"].get<std::string>();
   return std::unique_ptr<Step>(new NodeLabel(std::move(p)));
 }
 

@@ -3,7 +3,8 @@
 // which HAMi needs before it schedules onto a node (runbook step 6,
 // `kubectl label node --all gpu=on --overwrite`).
 //
-// Params (catalog/catalog.yaml):
+// Params (as catalog/catalog.yaml writes them; their types, defaults and
+// ranges are common/step_params.cpp's, which the catalog checks too):
 //   labels:     {gpu: "on"}                   (required) label -> value
 //   nodes:      all | [name, ...]             (default all)
 //   kubeconfig: /etc/rancher/rke2/rke2.yaml   (default)

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
-#include "agent/diagnose/guest_facts.hpp"
 #include "agent/diagnose/known.hpp"
 #include "agent/diagnose/rules.hpp"
-#include "agent/health/gpu_health.hpp"
+#include "agent/guest/facts.hpp"
+#include "agent/guest/nvidia_smi.hpp"
 #include "agent/steps/step_util.hpp"
 #include "common/atomic_file.hpp"
 
@@ -22,11 +22,11 @@ struct DriverParams {
   std::string package_version;
   std::vector<std::string> packages;
   std::vector<std::string> prerequisites;
-  bool kernel_headers = true;
+  bool kernel_headers{};
   std::string repo_kind;
   std::string repo_url;
   std::string cache_dir;
-  bool reboot = true;
+  bool reboot{};
 };
 
 // apt waits for the dpkg lock instead of failing: on a cloud image's first
@@ -306,44 +306,19 @@ class NvidiaDriver final : public Step {
 }  // namespace
 
 Result<std::unique_ptr<Step>> make_nvidia_driver(const StepSpec& spec) {
+  auto j = normalized_params("nvidia_driver", spec);
+  if (!j) return j.error();
+  const json& repo = (*j)["repo"];
   DriverParams p;
-  const json& j = spec.params;
-  auto version = string_param(j, "version", spec.id);
-  if (!version) return version.error();
-  p.version = *version;
-  auto pv = string_param(j, "package_version", spec.id);
-  if (!pv) return pv.error();
-  p.package_version = *pv;
-  auto pkgs = string_list_param(j, "packages", spec.id, {}, true);
-  if (!pkgs) return pkgs.error();
-  if (pkgs->empty())
-    return Error(Errc::invalid_argument,
-                 "step '" + spec.id + "': params.packages must list a package");
-  p.packages = *pkgs;
-  auto pre = string_list_param(j, "prerequisites", spec.id, {"ca-certificates", "curl"});
-  if (!pre) return pre.error();
-  p.prerequisites = *pre;
-  p.kernel_headers = bool_param(j, "kernel_headers", true);
-  p.reboot = bool_param(j, "reboot", true);
-  if (!j.contains("repo") || !j["repo"].is_object())
-    return Error(Errc::invalid_argument, "step '" + spec.id + "': params.repo is required");
-  const json& repo = j["repo"];
-  auto kind = string_param(repo, "kind", spec.id, "local");
-  if (!kind) return kind.error();
-  if (*kind != "local" && *kind != "network")
-    return Error(Errc::invalid_argument,
-                 "step '" + spec.id + "': params.repo.kind must be local or network");
-  p.repo_kind = *kind;
-  auto url = string_param(repo, "url", spec.id);
-  if (!url) return url.error().context("repo");
-  if (url_basename(*url).size() < 5 ||
-      url_basename(*url).substr(url_basename(*url).size() - 4) != ".deb")
-    return Error(Errc::invalid_argument,
-                 "step '" + spec.id + "': params.repo.url must name a .deb package");
-  p.repo_url = *url;
-  auto cache = string_param(repo, "cache_dir", spec.id, "/var/cache");
-  if (!cache) return cache.error();
-  p.cache_dir = *cache;
+  p.version = (*j)["version"].get<std::string>();
+  p.package_version = (*j)["package_version"].get<std::string>();
+  p.packages = (*j)["packages"].get<std::vector<std::string>>();
+  p.prerequisites = (*j)["prerequisites"].get<std::vector<std::string>>();
+  p.kernel_headers = (*j)["kernel_headers"].get<bool>();
+  p.reboot = (*j)["reboot"].get<bool>();
+  p.repo_kind = repo["kind"].get<std::string>();
+  p.repo_url = repo["url"].get<std::string>();
+  p.cache_dir = repo["cache_dir"].get<std::string>();
   return std::unique_ptr<Step>(new NvidiaDriver(std::move(p)));
 }
 

@@ -2,17 +2,19 @@
 // Step kind `nvidia_driver`: the NVIDIA open kernel driver, pinned, built by
 // DKMS, loaded after the guest's reboot (runbook step 5, 01-nvidia-driver.sh).
 //
-// Params (catalog/catalog.yaml):
+// Params (as catalog/catalog.yaml writes them; their types, defaults and
+// ranges are common/step_params.cpp's, which the catalog checks too):
 //   version:         "615.71.09"            what nvidia-smi must report
 //   package_version: "615.71.09-1ubuntu1"   the apt pin for every package below
 //   packages:        [nvidia-headless-open, nvidia-persistenced]
 //   prerequisites:   [ca-certificates, curl]  (default)
-//   kernel_headers:  true                   also linux-headers-$(uname -r): DKMS builds against
-//   them repo:
+//   kernel_headers:  true                   also linux-headers-$(uname -r): DKMS builds
+//                                           against them
+//   repo:
 //     kind:      local | network  local: NVIDIA's local repository package (~535 MiB);
 //                                 network: the cuda-keyring package
 //     url:       https://.../nvidia-driver-local-repo-ubuntu2404-615.71.09_1.0-1_amd64.deb
-//     cache_dir: /var/cache/factory        where the .deb is downloaded (default /var/cache)
+//     cache_dir: /var/cache/factory        where the .deb is downloaded (the default)
 //   reboot:          true                   false: `modprobe nvidia` instead of a reboot
 //
 // check:  the nvidia module is loaded, every NVIDIA GPU function's driver is

@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "agent/diagnose/known.hpp"
-#include "agent/steps/ollama_api.hpp"
+#include "agent/guest/ollama_api.hpp"
 #include "agent/steps/step_util.hpp"
 
 namespace factory::agent::steps {
@@ -18,18 +18,6 @@ struct InstallParams {
   std::string install_url;
   std::string service;
 };
-
-// Single-quotes a value for sh.
-std::string sh_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'')
-      out += "'\\''";
-    else
-      out += c;
-  }
-  return out + "'";
-}
 
 class OllamaInstall final : public Step {
  public:
@@ -45,29 +33,9 @@ class OllamaInstall final : public Step {
   StepOutcome apply(StepContext& ctx) override {
     if (cli_version(ctx) != p_.version) {
       emit_progress(ctx, {{"state", "progress"}, {"message", "installing Ollama " + p_.version}});
-      // Download, then run: the runbook pipes curl into sh, which runs an
-      // empty script (and "succeeds") when the download fails.
-      std::string script =
-          "set -e\n"
-          "f=$(mktemp)\n"
-          "trap 'rm -f \"$f\"' EXIT\n"
-          "curl -fsSL " +
-          sh_quote(p_.install_url) +
-          " -o \"$f\"\n"
-          "sh \"$f\"\n";
-      CommandSpec spec = shell_command(script);
-      spec.env["OLLAMA_VERSION"] = p_.version;
-      spec.timeout = time_left(ctx, 15min);
-      auto r = run_command(spec);
-      if (!r)
-        return StepOutcome::failure("cannot run the Ollama install script: " + r.error().message);
-      if (!r->ok()) {
-        std::string tail = r->tail(20);
-        std::optional<Diagnosis> d;
-        if (tail.find("curl: (") != std::string::npos)
-          d = diagnoses::download_failed(p_.install_url, tail);
-        return StepOutcome::failure("the Ollama install script " + r->describe(), tail, d);
-      }
+      auto out = run_install_script(ctx, "Ollama install script", p_.install_url, "sh",
+                                    {{"OLLAMA_VERSION", p_.version}}, 15min);
+      if (!out.ok()) return out;
     }
     auto r = run_in_step(ctx, {"systemctl", "enable", "--now", p_.service}, 2min);
     if (!r) return StepOutcome::failure("systemctl: " + r.error().message);
@@ -98,7 +66,7 @@ class OllamaInstall final : public Step {
       return StepOutcome::failure(d.summary, {}, d);
     }
     auto d = diagnoses::ollama_not_answering(api.url(), last_error);
-    return StepOutcome::failure(d.summary, service_status(ctx), d);
+    return StepOutcome::failure(d.summary, service_status(), d);
   }
 
  private:
@@ -109,8 +77,14 @@ class OllamaInstall final : public Step {
   }
 
   // What systemd says about the service, for the failure's output tail.
-  std::string service_status(StepContext& ctx) {
-    auto r = run_in_step(ctx, {"systemctl", "status", "--no-pager", p_.service}, 10s);
+  // verify waits out the step's deadline first: a short, fixed allowance for
+  // the look, not what is left of the deadline (100 ms, too little for
+  // systemctl on a busy guest, and the tail came back empty).
+  std::string service_status() const {
+    CommandSpec spec;
+    spec.argv = {"systemctl", "status", "--no-pager", p_.service};
+    spec.timeout = 10s;
+    auto r = run_command(spec);
     return r ? r->tail(15) : r.error().message;
   }
 
@@ -128,16 +102,12 @@ std::string parse_ollama_cli_version(const std::string& output) {
 }
 
 Result<std::unique_ptr<Step>> make_ollama_install(const StepSpec& spec) {
+  auto j = normalized_params("ollama_install", spec);
+  if (!j) return j.error();
   InstallParams p;
-  auto v = string_param(spec.params, "version", spec.id);
-  if (!v) return v.error();
-  p.version = *v;
-  auto url = string_param(spec.params, "install_url", spec.id, "https://ollama.com/install.sh");
-  if (!url) return url.error();
-  p.install_url = *url;
-  auto svc = string_param(spec.params, "service", spec.id, "ollama");
-  if (!svc) return svc.error();
-  p.service = *svc;
+  p.version = (*j)["version"].get<std::string>();
+  p.install_url = (*j)["install_url"].get<std::string>();
+  p.service = (*j)["service"].get<std::string>();
   return std::unique_ptr<Step>(new OllamaInstall(std::move(p)));
 }
 

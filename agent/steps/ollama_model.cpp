@@ -4,7 +4,7 @@
 
 #include "agent/diagnose/known.hpp"
 #include "agent/diagnose/rules.hpp"
-#include "agent/steps/ollama_api.hpp"
+#include "agent/guest/ollama_api.hpp"
 #include "agent/steps/step_util.hpp"
 
 namespace factory::agent::steps {
@@ -127,12 +127,10 @@ class OllamaModelStep final : public Step {
 }  // namespace
 
 Result<std::unique_ptr<Step>> make_ollama_model(const StepSpec& spec) {
-  // "model" per the catalog; "name" accepted for plans written by hand.
-  const char* key = spec.params.contains("model") ? "model" : "name";
-  auto model = string_param(spec.params, key, spec.id);
-  if (!model) return model.error();
+  auto p = normalized_params("ollama_model", spec);
+  if (!p) return p.error();
   return std::unique_ptr<Step>(
-      new OllamaModelStep(*model, bool_param(spec.params, "require_full_gpu", true)));
+      new OllamaModelStep((*p)["model"].get<std::string>(), (*p)["require_full_gpu"].get<bool>()));
 }
 
 }  // namespace factory::agent::steps

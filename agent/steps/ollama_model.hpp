@@ -3,7 +3,8 @@
 // on the GPU (runbook step 5: `ollama pull`, `ollama run`, `ollama ps` shows
 // "100% GPU").
 //
-// Params (catalog/catalog.yaml):
+// Params (as catalog/catalog.yaml writes them; their types, defaults and
+// ranges are common/step_params.cpp's, which the catalog checks too):
 //   model:            "llama3.2:1b"
 //   require_full_gpu: true   (default) fail unless /api/ps shows size_vram == size
 //

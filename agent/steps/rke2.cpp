@@ -5,7 +5,8 @@
 #include <thread>
 
 #include "agent/diagnose/k8s.hpp"
-#include "agent/steps/kube_cli.hpp"
+#include "agent/guest/cluster.hpp"
+#include "agent/guest/dns.hpp"
 #include "agent/steps/step_util.hpp"
 #include "common/atomic_file.hpp"
 #include "common/yaml_json.hpp"
@@ -278,29 +279,15 @@ std::string parse_rke2_version(const std::string& output) {
 }
 
 Result<std::unique_ptr<Step>> make_rke2(const StepSpec& spec) {
+  auto j = normalized_params("rke2", spec);
+  if (!j) return j.error();
   Rke2Params p;
-  auto v = string_param(spec.params, "version", spec.id);
-  if (!v) return v.error();
-  p.version = *v;
-  auto url = string_param(spec.params, "install_url", spec.id, "https://get.rke2.io");
-  if (!url) return url.error();
-  p.install_url = *url;
-  auto svc = string_param(spec.params, "service", spec.id, "rke2-server");
-  if (!svc) return svc.error();
-  p.service = *svc;
-  auto kc = string_param(spec.params, "kubeconfig", spec.id, kRke2Kubeconfig);
-  if (!kc) return kc.error();
-  p.kubeconfig = *kc;
-  auto bin = string_param(spec.params, "bin_dir", spec.id, kRke2BinDir);
-  if (!bin) return bin.error();
-  p.bin_dir = *bin;
-  if (!spec.params.contains("config") || !spec.params["config"].is_object())
-    return Error(Errc::invalid_argument, "step '" + spec.id + "': params.config is required");
-  p.config = spec.params["config"];
-  for (const char* k : kRangeKeys)
-    if (!p.config.contains(k) || !p.config[k].is_string())
-      return Error(Errc::invalid_argument,
-                   "step '" + spec.id + "': params.config." + k + " is required (a string)");
+  p.version = (*j)["version"].get<std::string>();
+  p.install_url = (*j)["install_url"].get<std::string>();
+  p.service = (*j)["service"].get<std::string>();
+  p.kubeconfig = (*j)["kubeconfig"].get<std::string>();
+  p.bin_dir = (*j)["bin_dir"].get<std::string>();
+  p.config = (*j)["config"];
   p.ranges = {p.config["cluster-cidr"].get<std::string>(),
               p.config["service-cidr"].get<std::string>(),
               p.config["cluster-dns"].get<std::string>()};

@@ -3,7 +3,8 @@
 // whose pod and service ranges cannot clash with the host cluster's
 // (runbook step 6, guest/01-rke2.sh).
 //
-// Params (catalog/catalog.yaml):
+// Params (as catalog/catalog.yaml writes them; their types, defaults and
+// ranges are common/step_params.cpp's, which the catalog checks too):
 //   version:     "v1.36.4+rke2r1"            INSTALL_RKE2_VERSION; `rke2 --version` must report it
 //   install_url: https://get.rke2.io         (default) RKE2's install script
 //   service:     rke2-server                 (default) the systemd unit

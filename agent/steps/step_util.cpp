@@ -1,52 +1,11 @@
 #include "agent/steps/step_util.hpp"
 
+#include "agent/diagnose/known.hpp"
 #include "common/atomic_file.hpp"
 
 namespace factory::agent::steps {
 
 using nlohmann::json;
-
-Result<std::string> string_param(const json& p, const std::string& key, const std::string& step_id,
-                                 const char* fallback) {
-  if (p.contains(key) && p[key].is_string() && !p[key].get<std::string>().empty())
-    return p[key].get<std::string>();
-  if (p.contains(key) && !p[key].is_string())
-    return Error(Errc::invalid_argument,
-                 "step '" + step_id + "': params." + key + " must be a string");
-  if (fallback) return std::string(fallback);
-  return Error(Errc::invalid_argument, "step '" + step_id + "': params." + key + " is required");
-}
-
-Result<std::vector<std::string>> string_list_param(const json& p, const std::string& key,
-                                                   const std::string& step_id,
-                                                   std::vector<std::string> fallback,
-                                                   bool required) {
-  if (!p.contains(key)) {
-    if (required)
-      return Error(Errc::invalid_argument,
-                   "step '" + step_id + "': params." + key + " is required");
-    return fallback;
-  }
-  if (!p[key].is_array())
-    return Error(Errc::invalid_argument,
-                 "step '" + step_id + "': params." + key + " must be a list");
-  std::vector<std::string> out;
-  for (const auto& v : p[key]) {
-    if (!v.is_string() || v.get<std::string>().empty())
-      return Error(Errc::invalid_argument,
-                   "step '" + step_id + "': params." + key + " must list non-empty strings");
-    out.push_back(v.get<std::string>());
-  }
-  return out;
-}
-
-bool bool_param(const json& p, const std::string& key, bool fallback) {
-  return p.contains(key) && p[key].is_boolean() ? p[key].get<bool>() : fallback;
-}
-
-long long int_param(const json& p, const std::string& key, long long fallback) {
-  return p.contains(key) && p[key].is_number_integer() ? p[key].get<long long>() : fallback;
-}
 
 std::chrono::milliseconds time_left(const StepContext& ctx, std::chrono::milliseconds cap) {
   auto left = ctx.remaining();
@@ -71,6 +30,41 @@ std::string command_line(const std::vector<std::string>& argv) {
   std::string s;
   for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
   return s;
+}
+
+std::string sh_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
+  }
+  return out + "'";
+}
+
+StepOutcome run_install_script(const StepContext& ctx, const std::string& what,
+                               const std::string& url, const std::string& interpreter,
+                               std::map<std::string, std::string> env,
+                               std::chrono::milliseconds cap) {
+  std::string script =
+      "set -e\n"
+      "f=$(mktemp)\n"
+      "trap 'rm -f \"$f\"' EXIT\n"
+      "curl -fsSL " +
+      sh_quote(url) + " -o \"$f\"\n" + interpreter + " \"$f\"\n";
+  CommandSpec spec = shell_command(script);
+  spec.env = std::move(env);
+  spec.timeout = time_left(ctx, cap);
+  auto r = run_command(spec);
+  if (!r) return StepOutcome::failure("cannot run the " + what + ": " + r.error().message);
+  if (!r->ok()) {
+    std::string tail = r->tail(20);
+    std::optional<Diagnosis> d;
+    if (tail.find("curl: (") != std::string::npos) d = diagnoses::download_failed(url, tail);
+    return StepOutcome::failure("the " + what + " " + r->describe(), tail, d);
+  }
+  return StepOutcome::success(r->tail(5));
 }
 
 bool ProgressLimiter::due(bool final) {

@@ -1,8 +1,9 @@
 #pragma once
-// Small things every step kind needs: reading its params with defaults,
-// running a command within the step's deadline, rate-limited progress, and
-// a little per-step state kept in the agent's state directory (not under the
-// guest root: it is the agent's own memory, e.g. the boot id at install time).
+// Small things every step kind needs: running a command within the step's
+// deadline, an install script, rate-limited progress, and a little per-step
+// state kept in the agent's state directory (not under the guest root: it is
+// the agent's own memory, e.g. the boot id at install time). The params come
+// checked and with their defaults from normalized_params() (agent/plan/step.hpp).
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -15,17 +16,6 @@
 
 namespace factory::agent::steps {
 
-// Param readers: the catalog validated types already; these give defaults and
-// a clear error when a plan built by hand is wrong.
-Result<std::string> string_param(const nlohmann::json& p, const std::string& key,
-                                 const std::string& step_id, const char* fallback = nullptr);
-Result<std::vector<std::string>> string_list_param(const nlohmann::json& p, const std::string& key,
-                                                   const std::string& step_id,
-                                                   std::vector<std::string> fallback = {},
-                                                   bool required = false);
-bool bool_param(const nlohmann::json& p, const std::string& key, bool fallback);
-long long int_param(const nlohmann::json& p, const std::string& key, long long fallback);
-
 // The time a command may take: what is left of the step's deadline, at most cap.
 std::chrono::milliseconds time_left(const StepContext& ctx, std::chrono::milliseconds cap);
 
@@ -37,6 +27,19 @@ Result<CommandResult> run_in_step(const StepContext& ctx, std::vector<std::strin
 
 // "apt-get install -y a b" for messages.
 std::string command_line(const std::vector<std::string>& argv);
+
+// Single-quotes a value for sh.
+std::string sh_quote(const std::string& s);
+
+// Downloads an install script with curl and runs it with `interpreter`
+// (the runbooks pipe `curl ... | sh`, which runs an empty script, and
+// "succeeds", when the download fails; downloading first fails the step
+// instead), within the step's deadline (at most cap). A download failure
+// carries the download_failed diagnosis.
+StepOutcome run_install_script(const StepContext& ctx, const std::string& what,
+                               const std::string& url, const std::string& interpreter,
+                               std::map<std::string, std::string> env,
+                               std::chrono::milliseconds cap);
 
 // At most one progress event per interval (the coordinator and the spool
 // need no more than a couple a second), but always the final one.

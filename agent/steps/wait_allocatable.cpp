@@ -3,7 +3,7 @@
 #include <thread>
 
 #include "agent/diagnose/k8s.hpp"
-#include "agent/steps/kube_cli.hpp"
+#include "agent/guest/cluster.hpp"
 #include "agent/steps/step_util.hpp"
 
 namespace factory::agent::steps {
@@ -14,7 +14,7 @@ namespace {
 
 struct AllocParams {
   std::string resource;
-  long long count = 0;
+  long long count{};
   std::string kubeconfig;
 };
 
@@ -128,17 +128,12 @@ class WaitAllocatable final : public Step {
 }  // namespace
 
 Result<std::unique_ptr<Step>> make_wait_allocatable(const StepSpec& spec) {
+  auto j = normalized_params("wait_allocatable", spec);
+  if (!j) return j.error();
   AllocParams p;
-  auto r = string_param(spec.params, "resource", spec.id);
-  if (!r) return r.error();
-  p.resource = *r;
-  p.count = int_param(spec.params, "count", 0);
-  if (p.count < 1)
-    return Error(Errc::invalid_argument,
-                 "step '" + spec.id + "': params.count is required (at least 1)");
-  auto kc = string_param(spec.params, "kubeconfig", spec.id, kRke2Kubeconfig);
-  if (!kc) return kc.error();
-  p.kubeconfig = *kc;
+  p.resource = (*j)["resource"].get<std::string>();
+  p.count = (*j)["count"].get<long long>();
+  p.kubeconfig = (*j)["kubeconfig"].get<std::string>();
   return std::unique_ptr<Step>(new WaitAllocatable(std::move(p)));
 }
 

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "agent/health/gpu_report.hpp"
+#include "agent/guest/nvidia_smi.hpp"
 #include "agent/health/nvml.hpp"
 #include "tests/support/test_support.hpp"
 

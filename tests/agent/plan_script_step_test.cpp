@@ -111,7 +111,7 @@ TEST(ScriptStep, DeadlineStopsAHangingScript) {
 TEST(ScriptStep, MissingRunIsRefused) {
   auto r = make_script_step(StepSpec{"x", "script", json::object()});
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().message, "step 'x': a script step needs params.run");
+  EXPECT_EQ(r.error().message, "step 'x': params.run: required for a script step");
 }
 
 TEST(ScriptStep, AnAdminsCatalogItemRunsEndToEnd) {

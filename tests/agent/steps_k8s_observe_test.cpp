@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "agent/diagnose/k8s.hpp"
+#include "agent/guest/dns.hpp"
 #include "tests/agent/k8s_harness.hpp"
 
 namespace factory::testing {

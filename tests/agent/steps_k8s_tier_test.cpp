@@ -4,18 +4,19 @@
 // the charts are stand-ins, see tests/guestsim/README.md). It ends where the
 // runbook's step 7 does: one L4, ten allocatable nvidia.com/gpu, the GPU
 // Operator's driver 580.126.20; running the finished plan again changes
-// nothing. Then the agent's PlanRunner reports the guest cluster's health,
+// nothing. Then the agent's runtime (plan runner and health scheduler, wired
+// as the service runs them) reports the guest cluster's health,
 // and the runbook's two test pods show HAMi's 1 GiB limits.
 #include <gtest/gtest.h>
 
 #include <sstream>
 #include <thread>
 
+#include "agent/cli/runtime.hpp"
 #include "agent/health/gpu_health.hpp"
 #include "agent/health/k8s_health.hpp"
 #include "agent/link/spool.hpp"
 #include "agent/plan/engine.hpp"
-#include "agent/plan/runner.hpp"
 #include "common/atomic_file.hpp"
 #include "tests/agent/k8s_harness.hpp"
 
@@ -200,10 +201,10 @@ TEST_F(GpuK8sTier, ThePlanRunnersHealthReportCarriesTheGuestCluster) {
   auto spool = agent::EventSpool::open(spool_dir.path(), 1000);
   ASSERT_TRUE(spool) << spool.error().message;
   {
-    agent::PlanRunner runner(sim_->env(), **spool, std::chrono::hours(1), no_sleep(),
-                             [] { return ok_status(); });
-    runner.start();
-    runner.submit_plan({{"plan", k8s_plan()}});
+    agent::AgentRuntime runtime(sim_->env(), **spool,
+                                {std::chrono::hours(1), no_sleep(), [] { return ok_status(); }});
+    runtime.start();
+    runtime.plan().submit_plan({{"plan", k8s_plan()}});
     bool reported = eventually(
         [&] {
           for (const auto& e : (*spool)->pending_after(0, 10000))
@@ -211,11 +212,11 @@ TEST_F(GpuK8sTier, ThePlanRunnersHealthReportCarriesTheGuestCluster) {
           return false;
         },
         120s, 100ms);
-    runner.stop();
-    // stop() does not join: give the idle runner thread a moment to leave
-    // its wait before the runner goes away.
+    runtime.stop();
+    // stop() does not join the plan runner: give its idle thread a moment to
+    // leave its wait before the runner goes away.
     std::this_thread::sleep_for(200ms);
-    ASSERT_TRUE(reported) << runner.summary().dump(2);
+    ASSERT_TRUE(reported) << runtime.plan().summary().dump(2);
   }
   json health;
   for (const auto& e : (*spool)->pending_after(0, 10000))

@@ -5,7 +5,7 @@
 // would, and reads the stand-ins' counters to prove nothing ran twice.
 #include <gtest/gtest.h>
 
-#include "agent/diagnose/guest_facts.hpp"
+#include "agent/guest/facts.hpp"
 #include "tests/agent/step_harness.hpp"
 #include "tests/guestsim/guest_sim.hpp"
 
@@ -160,8 +160,8 @@ TEST_F(NvidiaDriverStep, NetworkRepository) {
   auto a = h.apply();
   ASSERT_EQ(a.kind, StepOutcome::Kind::reboot_required) << describe(a);
   EXPECT_EQ(sim_->counter("dpkg.install.cuda-keyring"), 1);
-  EXPECT_TRUE(
-      fs::exists(sim_->root() / "var/cache/cuda-keyring_1.1-1_all.deb"));  // default cache_dir
+  EXPECT_TRUE(fs::exists(sim_->root() /
+                         "var/cache/factory/cuda-keyring_1.1-1_all.deb"));  // default cache_dir
   sim_->reboot();
   auto v = h.verify();
   EXPECT_TRUE(v.ok()) << describe(v);

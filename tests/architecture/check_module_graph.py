@@ -14,7 +14,10 @@ docs/architecture.md describes, and the sources against both.
       Compiles a file that includes <header> with exactly the flags the build
       uses for <module>'s own sources (compile_commands.json). Exits 0 when
       the compiler refuses it because the header cannot be found: the proof
-      that a forbidden include fails the build, not just this script.
+      that a forbidden include fails the build, not just this script. A
+      positive control first compiles an include of one of <module>'s own
+      headers with the same flags, so a probe whose flags cannot compile
+      anything proves nothing and fails.
 """
 import json
 import os
@@ -181,11 +184,27 @@ def probe(build_dir, module, header):
         if a.startswith("-Winvalid-pch") or a in ("-MD", "-MMD"):
             continue
         out.append(a)
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "probe.cpp")
-        open(src, "w").write(f'#include "{header}"\n')
-        r = subprocess.run(out + ["-fsyntax-only", src], cwd=entry["directory"],
-                           capture_output=True, text=True)
+
+    def compile_include(inc):
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "probe.cpp")
+            open(src, "w").write(f'#include "{inc}"\n')
+            return subprocess.run(out + ["-fsyntax-only", src], cwd=entry["directory"],
+                                  capture_output=True, text=True)
+
+    own_dir = built[module]["dir"]
+    # The module's include root (cmake/modules.cmake) holds its own headers.
+    root = os.path.join(build_dir, "modinc", module, own_dir)
+    own = sorted(n for n in os.listdir(root) if n.endswith(".hpp")) if os.path.isdir(root) else []
+    if not own:
+        fail(f"{module} has no header of its own for the positive control")
+    control = f"{own_dir}/{own[0]}"
+    c = compile_include(control)
+    if c.returncode != 0:
+        print(f"probe: {module}'s own flags cannot compile an include of {control}, so the "
+              f"probe would prove nothing:\n{c.stderr}", file=sys.stderr)
+        sys.exit(1)
+    r = compile_include(header)
     if r.returncode == 0:
         print(f"probe: {module} compiled a file including {header}: the boundary is not built",
               file=sys.stderr)
@@ -193,7 +212,8 @@ def probe(build_dir, module, header):
     if "No such file or directory" not in r.stderr:
         print(f"probe: {module} failed on {header} for another reason:\n{r.stderr}", file=sys.stderr)
         sys.exit(1)
-    print(f"probe: {module} cannot include {header}: {r.stderr.strip().splitlines()[0]}")
+    print(f"probe: {module} compiles {control} but cannot include {header}: "
+          f"{r.stderr.strip().splitlines()[0]}")
 
 
 if __name__ == "__main__":

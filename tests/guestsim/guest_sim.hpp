@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/plan/step.hpp"
+#include "agent/guest/env.hpp"
 #include "common/subprocess.hpp"
 #include "tests/support/test_support.hpp"
 

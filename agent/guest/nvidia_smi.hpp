@@ -1,8 +1,9 @@
 #pragma once
-// What the agent reports about the guest's GPUs, whichever way it was read
-// (NVML, nvidia-smi's CSV query, its XML, or its table), and the parsers for
-// nvidia-smi's outputs. The parsers are tested on real captures
-// (../shared/fixtures/real/).
+// What the guest's GPUs are, whichever way it was read (NVML, nvidia-smi's
+// CSV query, its XML, or its table), the parsers for nvidia-smi's outputs,
+// and the query itself: health reports it, the driver step verifies with it.
+// The parsers are tested on real captures (../shared/fixtures/real/).
+#include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -61,5 +62,13 @@ Result<GpuReport> parse_nvidia_smi_table(const std::string& output);
 
 // `nvidia-smi -L`: "GPU 0: NVIDIA H200 (UUID: GPU-...)" -> index, name, uuid.
 std::vector<GpuReading> parse_nvidia_smi_list(const std::string& output);
+
+// Runs `<prefix...> nvidia-smi --query-gpu=... --format=csv,noheader,nounits`
+// and parses it (prefix empty: nvidia-smi from PATH). Errors: not_found when
+// the command is not there, failed_precondition when it fails (driver not
+// loaded: "NVIDIA-SMI has failed because it couldn't communicate with the
+// NVIDIA driver"), protocol when its output does not parse.
+Result<GpuReport> query_nvidia_smi(const std::vector<std::string>& prefix = {},
+                                   std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 }  // namespace factory::agent

@@ -1,4 +1,4 @@
-#include "agent/steps/ollama_api.hpp"
+#include "agent/guest/ollama_api.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/plan/step.hpp"
+#include "agent/guest/env.hpp"
 
 namespace factory::agent {
 

@@ -1,4 +1,4 @@
-#include "agent/health/gpu_report.hpp"
+#include "agent/guest/nvidia_smi.hpp"
 
 #include <algorithm>
 #include <boost/property_tree/ptree.hpp>
@@ -7,9 +7,18 @@
 #include <regex>
 #include <sstream>
 
+#include "common/subprocess.hpp"
+
 namespace factory::agent {
 
 namespace {
+
+std::string one_line(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  for (auto& c : s)
+    if (c == '\n') c = ' ';
+  return s;
+}
 
 std::string trim(const std::string& s) {
   size_t b = 0, e = s.size();
@@ -253,6 +262,21 @@ std::vector<GpuReading> parse_nvidia_smi_list(const std::string& output) {
     out.push_back(std::move(g));
   }
   return out;
+}
+
+Result<GpuReport> query_nvidia_smi(const std::vector<std::string>& prefix,
+                                   std::chrono::milliseconds timeout) {
+  CommandSpec spec;
+  spec.argv = prefix;
+  spec.argv.push_back("nvidia-smi");
+  for (auto& a : nvidia_smi_query_args()) spec.argv.push_back(a);
+  spec.timeout = timeout;
+  auto r = run_command(spec);
+  if (!r) return r.error();
+  if (!r->ok())
+    return Error(r->timed_out ? Errc::timeout : Errc::failed_precondition,
+                 "nvidia-smi " + r->describe() + ": " + one_line(r->tail(3)));
+  return parse_nvidia_smi_csv(r->output, nvidia_smi_query_fields());
 }
 
 }  // namespace factory::agent

@@ -1,4 +1,4 @@
-#include "agent/diagnose/guest_facts.hpp"
+#include "agent/guest/facts.hpp"
 
 #include <algorithm>
 #include <cstdio>
