@@ -2,7 +2,7 @@
 // What the agent reports about the guest's GPUs, whichever way it was read
 // (NVML, nvidia-smi's CSV query, its XML, or its table), and the parsers for
 // nvidia-smi's outputs. The parsers are tested on real captures
-// (../shared/fixtures/real/).
+// (tests/fixtures/real/).
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>

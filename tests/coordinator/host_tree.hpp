@@ -1,7 +1,7 @@
 #pragma once
 // Test doubles for `factory host`: a host filesystem tree laid out the way the
 // kernel lays out sysfs, built from a short description (the format of the
-// real capture shared/fixtures/real/h200-passthrough-vm/host-facts.txt), plus
+// real capture tests/fixtures/real/h200-passthrough-vm/host-facts.txt), plus
 // a stand-in for the kernel's side of the driver-binding control files.
 //
 // Why a kernel stand-in: in sysfs, writing an address to

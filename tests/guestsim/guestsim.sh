@@ -48,8 +48,8 @@ esac
 
 profile=l4
 port=11434
-fixtures="$(cd "$HERE/../../.." && pwd)/shared/fixtures/real"
-[ -n "${FACTORY_SHARED_DIR:-}" ] && fixtures="$FACTORY_SHARED_DIR/fixtures/real"
+fixtures="$(cd "$HERE/.." && pwd)/fixtures/real"
+[ -n "${FACTORY_FIXTURES_DIR:-}" ] && fixtures="$FACTORY_FIXTURES_DIR"
 python=/usr/bin/python3
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -62,7 +62,7 @@ while [ $# -gt 0 ]; do
 done
 pf="$HERE/profiles/$profile.env"
 [ -f "$pf" ] || { echo "guestsim: unknown profile '$profile' (profiles: $(ls "$HERE/profiles" | sed 's/\.env$//' | tr '\n' ' '))" >&2; exit 2; }
-[ -d "$fixtures" ] || { echo "guestsim: no fixtures at $fixtures (set FACTORY_SHARED_DIR or --fixtures)" >&2; exit 2; }
+[ -d "$fixtures" ] || { echo "guestsim: no fixtures at $fixtures (the real captures, tests/fixtures/real; or give --fixtures DIR)" >&2; exit 2; }
 if [ -e "$root/.guestsim" ]; then
   echo "guestsim: $root already holds a simulated guest" >&2; exit 1
 fi
@@ -87,7 +87,7 @@ rke2_latest=v1.36.4+rke2r1
 EOF
 cp "$pf" "$G/profile.env"
 
-# The captures the stand-ins answer with, copied from the shared fixtures.
+# The captures the stand-ins answer with, copied from the real ones.
 cp "$fixtures/l4-runbook/tenant1-nvidia-smi-idle.txt" "$G/data/l4-nvidia-smi-idle.txt"
 cp "$fixtures/l4-runbook/tenant1-nvidia-smi-ollama-loaded.txt" "$G/data/l4-nvidia-smi-ollama-loaded.txt"
 cp "$fixtures/h200-passthrough-vm/nvidia-smi.txt" "$G/data/h200-nvidia-smi.txt"

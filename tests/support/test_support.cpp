@@ -21,11 +21,10 @@ namespace factory::testing {
 namespace fs = std::filesystem;
 
 fs::path source_dir() { return FACTORY_SOURCE_DIR; }
-fs::path shared_dir() {
-  if (const char* s = ::getenv("FACTORY_SHARED_DIR")) return s;
-  return fs::weakly_canonical(fs::path(FACTORY_SHARED_DIR));
+fs::path fixtures_dir() {
+  if (const char* s = ::getenv("FACTORY_FIXTURES_DIR")) return s;
+  return FACTORY_FIXTURES_DIR;
 }
-fs::path fixtures_dir() { return shared_dir() / "fixtures" / "real"; }
 std::string factory_bin() { return FACTORY_BIN; }
 std::string agent_bin() { return FACTORY_AGENT_BIN; }
 

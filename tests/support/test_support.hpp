@@ -1,6 +1,6 @@
 #pragma once
 // Helpers every test uses: temp dirs, paths to the built binaries and the
-// shared fixtures, running a binary and capturing its output, free loopback
+// real captures, running a binary and capturing its output, free loopback
 // ports, and starting a real `factory serve` on loopback.
 #include <chrono>
 #include <filesystem>
@@ -13,8 +13,9 @@
 namespace factory::testing {
 
 std::filesystem::path source_dir();
-std::filesystem::path shared_dir();   // ../shared: seeds, fixtures, schemas
-std::filesystem::path fixtures_dir(); // ../shared/fixtures/real
+// The real captures (tests/fixtures/real); $FACTORY_FIXTURES_DIR overrides it,
+// which is how a test shows what a guest test does when they are missing.
+std::filesystem::path fixtures_dir();
 std::string factory_bin();
 std::string agent_bin();
 
