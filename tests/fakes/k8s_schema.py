@@ -136,6 +136,16 @@ def _openapi(filename):
     return _openapi_cache[filename]
 
 
+def load_openapi_documents():
+    """Reads every OpenAPI document now, so a server that validates with them
+    fails at start, naming the missing file, rather than on its first write."""
+    for filename in OPENAPI_GROUPS.values():
+        path = os.path.join(SCHEMAS_DIR, filename)
+        if not os.path.isfile(path):
+            raise SystemExit("k8s_schema: no OpenAPI document at %s (third_party/schemas, or $FACTORY_SCHEMAS_DIR)" % path)
+        _openapi(filename)
+
+
 def _openapi_definition(group, version, kind):
     defs = _openapi(OPENAPI_GROUPS[group])
     # KubeVirt's document names kinds "v1.VirtualMachine" (and other groups'

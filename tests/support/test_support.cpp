@@ -28,6 +28,10 @@ fs::path fixtures_dir() {
 std::string factory_bin() { return FACTORY_BIN; }
 std::string agent_bin() { return FACTORY_AGENT_BIN; }
 
+void setup_failed(const std::string& what) {
+  throw SetupFailed(what);
+}
+
 TempDir::TempDir(const std::string& prefix) {
   fs::path base = fs::path(FACTORY_BINARY_DIR) / "test-tmp";
   fs::create_directories(base);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,16 @@ std::filesystem::path source_dir();
 std::filesystem::path fixtures_dir();
 std::string factory_bin();
 std::string agent_bin();
+
+// A simulator or test double that could not set up. Going on would test
+// nothing, and could reach this machine where the double should have
+// answered, so it is thrown: the test ends there, wherever the double was
+// made (test body, fixture SetUp, helper), and GoogleTest reports it as a
+// fatal failure with this message.
+struct SetupFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+[[noreturn]] void setup_failed(const std::string& what);
 
 // A directory under the build tree, removed when the object goes away
 // (kept when FACTORY_KEEP_TEST_DIRS is set, for post-mortems).
