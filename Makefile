@@ -9,12 +9,20 @@ ifeq ($(CI),true)
 CMAKE_FLAGS += -DFACTORY_WERROR=ON
 endif
 
-.PHONY: all deps test-deps build demo test clean format fuzz sanitize
+# What scripts/demo.sh runs: the two binaries (the coordinator serves the
+# agent binary to the simulated guests). The ~40 test executables are
+# `make test`'s business.
+DEMO_TARGETS = factory factory-agent
+
+.PHONY: all deps demo-deps test-deps build demo test clean format fuzz sanitize
 
 all: build
 
 deps:
 	@scripts/install-deps.sh
+
+demo-deps:
+	@scripts/install-deps.sh --demo
 
 test-deps:
 	@scripts/install-deps.sh --test
@@ -25,7 +33,8 @@ $(BUILD_DIR)/build.ninja:
 build: deps $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-demo: build
+demo: demo-deps $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(DEMO_TARGETS)
 	@scripts/demo.sh $(BUILD_DIR)
 
 test: test-deps $(BUILD_DIR)/build.ninja

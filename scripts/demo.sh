@@ -96,7 +96,27 @@ wait_for 20 "$factory" "${cfg[@]}" status || { echo "factory serve did not start
 say "Simulated VMs: when KubeVirt reports a VMI Running, boot a simulated L4 guest and run its user-data [simulated]"
 "$py" tests/guestsim/vm_runner.py --kubeconfig "$kubeconfig" --work "$work/guests" \
   --agent-arg=--heartbeat --agent-arg=1 > "$out/vm-runner.log" 2>&1 &
-pids+=($!)
+runner=$!
+pids+=($runner)
+
+# The VM simulator exits 1 at once when it breaks (a guest it cannot create, a
+# command that reached one of its guards): say why and stop, rather than
+# wait out a --wait that can no longer end well.
+runner_failed() {
+  echo "the VM simulator stopped (tests/guestsim/vm_runner.py); its log, $out/vm-runner.log, ends:" >&2
+  tail -n 20 "$out/vm-runner.log" >&2
+  exit 1
+}
+while_simulating() {  # while_simulating CMD...: runs CMD, unless the VM simulator dies first
+  "$@" &
+  local cmd=$!
+  pids+=($cmd)
+  while kill -0 "$cmd" 2>/dev/null; do
+    if ! kill -0 "$runner" 2>/dev/null; then kill -TERM "$cmd" 2>/dev/null; wait "$cmd" || true; runner_failed; fi
+    sleep 0.2
+  done
+  wait "$cmd"
+}
 
 say "factory catalog list"
 "$factory" "${cfg[@]}" catalog list
@@ -105,11 +125,11 @@ say "factory catalog list"
 ssh-keygen -q -t ed25519 -N '' -C demo-admin -f "$work/id_ed25519"
 
 say "factory tenant create tenant-1 --tier gpu-vm --ssh-key id_ed25519.pub --wait"
-"$factory" "${cfg[@]}" tenant create tenant-1 --tier gpu-vm --ssh-key "$work/id_ed25519.pub" \
+while_simulating "$factory" "${cfg[@]}" tenant create tenant-1 --tier gpu-vm --ssh-key "$work/id_ed25519.pub" \
   --ssh-node-port 30022 --wait --timeout 3m
 
 say "factory tenant create tenant-2 --tier gpu-k8s --wait   (its own RKE2, the GPU Operator, HAMi: one card as ten GPUs)"
-"$factory" "${cfg[@]}" tenant create tenant-2 --tier gpu-k8s --ssh-key "$work/id_ed25519.pub" \
+while_simulating "$factory" "${cfg[@]}" tenant create tenant-2 --tier gpu-k8s --ssh-key "$work/id_ed25519.pub" \
   --ssh-node-port 30023 --wait --timeout 3m
 
 say "factory status"
@@ -123,6 +143,11 @@ for g in "$work"/guests/*/; do
   cp "$g/agent.log" "$out/$n-agent.log" 2>/dev/null || true
   cp "$g/cloud-init-output.log" "$out/$n-cloud-init-output.log" 2>/dev/null || true
 done
+
+# Stopped now, the simulator says whether anything went wrong in it (exit 1:
+# a command reached a guard; the log says which).
+kill -TERM "$runner"
+wait "$runner" || runner_failed
 
 say "What the tenants report"
 "$py" - "$out/status.json" <<'PYEOF'

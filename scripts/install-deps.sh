@@ -1,23 +1,40 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages Factory needs to build, test and demo.
+# Installs the Debian 12 packages Factory needs: to build (no argument), to
+# build and run the demo (--demo), or to build, demo and test (--test).
 # Idempotent: installs only what is missing. As root it runs apt-get itself;
-# otherwise it prints the one command to run and exits non-zero.
+# otherwise with sudo when there is one, else it prints the one command to run
+# and exits non-zero.
 set -euo pipefail
 
+# python3: the configure step finds it for the module graph test (tests/).
 build_pkgs=(
-  build-essential cmake ninja-build ccache pkg-config
+  build-essential cmake ninja-build ccache pkg-config python3
   libboost1.81-dev libssl-dev nlohmann-json3-dev libyaml-cpp-dev
   libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libsqlite3-dev
 )
-# Real validators and peers the test suite runs against the product.
+# What scripts/demo.sh runs besides the two binaries: the Kubernetes API test
+# double (python3 with yaml, jsonschema and kubernetes; its PKI is made with
+# the openssl command), the VM simulator (python3-yaml; the real curl fetches
+# the agent; the guests' stand-ins use pgrep), and ssh-keygen for the admin's
+# throwaway key.
+demo_pkgs=(
+  python3-yaml python3-jsonschema python3-kubernetes openssl curl openssh-client procps
+)
+# Real validators and peers the test suite runs against the product; faketime
+# moves the real binaries' clocks; clang builds the fuzz targets (libFuzzer).
 test_pkgs=(
-  cloud-init prometheus node-ws testssl.sh openssl curl
-  python3 python3-jsonschema python3-kubernetes python3-yaml
-  iproute2 procps openssh-client binutils systemd
+  cloud-init prometheus node-ws testssl.sh
+  iproute2 binutils systemd faketime
+  clang libclang-rt-14-dev
 )
 
 want=("${build_pkgs[@]}")
-if [[ "${1:-}" == "--test" ]]; then want+=("${test_pkgs[@]}"); fi
+case "${1:-}" in
+  "") ;;
+  --demo) want+=("${demo_pkgs[@]}") ;;
+  --test) want+=("${demo_pkgs[@]}" "${test_pkgs[@]}") ;;
+  *) echo "usage: $0 [--demo|--test]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${want[@]}"; do
@@ -27,18 +44,26 @@ for p in "${want[@]}"; do
 done
 ((${#missing[@]} == 0)) && exit 0
 
+as_root=()
 if [[ $(id -u) -ne 0 ]]; then
-  echo "factory: missing packages: ${missing[*]}" >&2
-  echo "run: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
-  exit 1
+  if ! command -v sudo >/dev/null; then
+    echo "factory: missing packages: ${missing[*]}" >&2
+    echo "run as root: apt-get update && apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  as_root=(sudo)
 fi
 echo "installing: ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
 # The prometheus package would start a server on :9090 where systemd runs;
 # we only need promtool, so keep services from starting during the install.
 policy=/usr/sbin/policy-rc.d
 created_policy=0
-if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod 755 "$policy"; created_policy=1; fi
-trap '[[ $created_policy == 1 ]] && rm -f "$policy"' EXIT
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [[ ! -e $policy ]]; then
+  printf '#!/bin/sh\nexit 101\n' | "${as_root[@]}" tee "$policy" >/dev/null
+  "${as_root[@]}" chmod 755 "$policy"
+  created_policy=1
+fi
+trap '[[ $created_policy == 1 ]] && "${as_root[@]}" rm -f "$policy"' EXIT
+"${as_root[@]}" apt-get update -qq
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"

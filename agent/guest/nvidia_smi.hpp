@@ -2,7 +2,7 @@
 // What the guest's GPUs are, whichever way it was read (NVML, nvidia-smi's
 // CSV query, its XML, or its table), the parsers for nvidia-smi's outputs,
 // and the query itself: health reports it, the driver step verifies with it.
-// The parsers are tested on real captures (../shared/fixtures/real/).
+// The parsers are tested on real captures (tests/fixtures/real/).
 #include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>

@@ -147,6 +147,98 @@ TEST(GuestSim, AptWaitsForTheDpkgLockOrFailsLikeApt) {
   EXPECT_EQ(waits.exit_code, 0) << waits.output;
 }
 
+// What a guest test can reach of this machine: its PATH lies wholly in the
+// guest (stand-ins, installed programs, links to the listed host tools,
+// guards); a host program not on the list does not exist there, and one that
+// would act on the machine hits a guard, which runs nothing and leaves a
+// record that fails the test at teardown.
+TEST(GuestSim, PathHoldsOnlyStandInsListedToolsAndGuards) {
+  TempDir dir("gsim");
+  GuestSim sim(dir.path());
+  EXPECT_EQ(run({GuestSim::script(), "path", sim.root().string()}).output, sim.path() + "\n");
+  std::string entries = sim.path() + ":";
+  for (size_t at = 0, colon; (colon = entries.find(':', at)) != std::string::npos; at = colon + 1) {
+    fs::path dir_on_path = entries.substr(at, colon - at);
+    EXPECT_EQ(dir_on_path.string().rfind(sim.root().string() + "/", 0), 0u) << dir_on_path;
+    EXPECT_TRUE(fs::is_directory(dir_on_path)) << dir_on_path;
+  }
+  // Each listed tool is a link to one of this machine's programs.
+  for (const auto& e : fs::directory_iterator(sim.root() / ".guestsim/host-bin")) {
+    std::error_code ec;
+    EXPECT_TRUE(fs::is_regular_file(e.path(), ec))
+        << e.path() << " -> " << fs::read_symlink(e.path());
+  }
+  // cc is on this machine (it built the test) but not on the list.
+  EXPECT_EQ(sim.sh({"sh", "-c", "command -v cc || echo absent"}).output, "absent\n");
+  EXPECT_EQ(sim.sh({"sh", "-c", "command -v sed"}).output,
+            (sim.root() / ".guestsim/host-bin/sed").string() + "\n");
+
+  for (const std::vector<std::string>& argv :
+       {std::vector<std::string>{"shutdown", "-r", "now"},
+        {"driverctl", "set-override", "0000:01:00.0", "vfio-pci"},
+        {"poweroff"},
+        {"wget", "https://example.com/"}}) {
+    auto r = sim.sh(argv);
+    EXPECT_EQ(r.exit_code, 126) << argv[0] << ": " << r.output;
+    EXPECT_NE(r.output.find("guestsim GUARD: '" + argv[0]), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(sim.take_guarded(),
+            "shutdown -r now\n"
+            "driverctl set-override 0000:01:00.0 vfio-pci\n"
+            "poweroff\n"
+            "wget https://example.com/\n");
+}
+
+// cloud-init's runcmd in vm_runner.py uses the real curl, to loopback only.
+TEST(GuestSim, CloudInitsCurlReachesLoopbackOnly) {
+  TempDir dir("gsim");
+  GuestSim sim(dir.path());
+  fs::path ci_bin = sim.root() / ".guestsim/cloudinit-bin";
+  fs::create_directories(ci_bin);
+  fs::create_symlink(source_dir() / "tests/guestsim/curl-loopback", ci_bin / "curl");
+  auto away = sim.sh({(ci_bin / "curl").string(), "-fsS", "https://example.com/agent"});
+  EXPECT_EQ(away.exit_code, 126) << away.output;
+  EXPECT_NE(away.output.find("curl to example.com, which is not loopback"), std::string::npos)
+      << away.output;
+  auto tricked = sim.sh({(ci_bin / "curl").string(), "-fsS", "http://example.com/@127.0.0.1/"});
+  EXPECT_EQ(tricked.exit_code, 126) << tricked.output;
+  EXPECT_EQ(sim.take_guarded(),
+            "curl -fsS https://example.com/agent\ncurl -fsS http://example.com/@127.0.0.1/\n");
+  // Loopback: the real curl runs (7: nothing listens on that port).
+  auto here = sim.sh({(ci_bin / "curl").string(), "-sS", "--max-time", "5",
+                      "http://127.0.0.1:" + std::to_string(free_loopback_port()) + "/"});
+  EXPECT_EQ(here.exit_code, 7) << here.output;
+}
+
+// A guest test whose captures are missing ends at the simulator's set-up,
+// with its message, and runs nothing: first in this process, then as a whole
+// test (tests/guestsim/guestsim_probe.cpp: it would reboot the guest and
+// apt-get install) run as a child with FACTORY_FIXTURES_DIR pointing nowhere.
+TEST(GuestSim, MissingFixturesFailTheTestBeforeAnythingRuns) {
+  TempDir dir("gsim");
+  try {
+    GuestSim sim(dir.path(), {"h200", 0, dir.path() / "no-fixtures"});
+    ADD_FAILURE() << "a guest was made without its fixtures";
+  } catch (const SetupFailed& e) {
+    EXPECT_NE(std::string(e.what()).find("no fixtures at " + (dir.path() / "no-fixtures").string()),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir.path() / "guest/.guestsim")) << "nothing of the guest is made";
+
+  const fs::path mark = dir.path() / "probe-ran";
+  auto r = run({GUESTSIM_PROBE_BIN}, std::chrono::seconds(60),
+               {{"FACTORY_FIXTURES_DIR", (dir.path() / "no-fixtures").string()},
+                {"FACTORY_PROBE_MARK", mark.string()}});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("[  FAILED  ] Probe.RebootsTheGuest"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no fixtures at " + (dir.path() / "no-fixtures").string()),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(mark)) << "the probe went on past its simulator's set-up:\n"
+                                 << slurp(mark);
+}
+
 TEST(GuestSim, StandInsRefuseToRunOutsideASimulatedGuest) {
   auto r = run({(source_dir() / "tests/guestsim/bin/apt-get").string(), "update"});
   EXPECT_EQ(r.exit_code, 127);

@@ -1,4 +1,4 @@
-// nvidia-smi parsers on REAL captures (../shared/fixtures/real/), and the NVML
+// nvidia-smi parsers on REAL captures (tests/fixtures/real/), and the NVML
 // loader: failing cleanly where libnvidia-ml is absent (as on this machine),
 // and reading through a stand-in libnvidia-ml built here from the struct
 // layouts of nvml.h (it checks the loader's dlopen/dlsym/ABI path, not NVIDIA's

@@ -76,9 +76,11 @@ class HttpClientTest : public ::testing::Test {
     argv.insert(argv.end(), extra.begin(), extra.end());
     Server s;
     s.proc = Process(argv, dir_->path() / ("server-" + std::to_string(n) + ".log"));
-    bool up = factory::testing::eventually([&] { return fs::exists(port_file); }, 15s);
-    EXPECT_TRUE(up) << s.proc.log();
-    if (up) s.port = std::stoi(read(port_file));
+    bool up = factory::testing::eventually(
+                  [&] { return fs::exists(port_file) || !s.proc.running(); }, 15s) &&
+              fs::exists(port_file);
+    if (!up) factory::testing::setup_failed("the test HTTP server did not start:\n" + s.proc.log());
+    s.port = std::stoi(read(port_file));
     return s;
   }
 

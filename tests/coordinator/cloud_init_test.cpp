@@ -426,6 +426,9 @@ TEST(CloudInit, AgentUnitPassesSystemdAnalyzeVerify) {
 
 // Runs the install script from the rendered user-data on a directory tree,
 // the way cloud-init's runcmd would, with stand-ins for curl and systemctl.
+// Its PATH has nothing else of this machine's but the guest simulator's
+// listed host tools, then its guards (`guestsim.sh host-tools`): a command
+// the script gained that no stand-in answers fails the test at teardown.
 class InstallScript : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -434,6 +437,14 @@ class InstallScript : public ::testing::Test {
     fs::create_directories(bin_);
     fs::create_directories(root_ / "etc" / "factory");
     binary_ = "#!/bin/sh\necho factory-agent stand-in\n";
+    auto tools = run({(source_dir() / "tests/guestsim/guestsim.sh").string(), "host-tools",
+                      (dir_ / "tools").string()});
+    if (!tools.ok()) setup_failed("guestsim.sh host-tools: " + tools.output);
+    host_path_ = tools.output.substr(0, tools.output.find('\n'));
+  }
+  void TearDown() override {
+    EXPECT_EQ(slurp(dir_ / "tools/log/guarded.log"), "")
+        << "the install script ran commands that reached a guard";
   }
 
   // Renders user-data with `sha` as the agent's hash and lays its files out
@@ -482,7 +493,7 @@ class InstallScript : public ::testing::Test {
     argv[1] = (root_ / argv[1].substr(1)).string();
     return run(
         argv, std::chrono::seconds(30),
-        {{"PATH", bin_.string() + ":/usr/bin:/bin"}, {"FACTORY_GUEST_ROOT", root_.string()}});
+        {{"PATH", bin_.string() + ":" + host_path_}, {"FACTORY_GUEST_ROOT", root_.string()}});
   }
 
   fs::path installed() const { return root_ / "usr/local/bin/factory-agent"; }
@@ -496,6 +507,7 @@ class InstallScript : public ::testing::Test {
 
   TempDir dir_{"install"};
   fs::path bin_, root_;
+  std::string host_path_;
   std::string binary_;
   json doc_;
 };

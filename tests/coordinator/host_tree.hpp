@@ -1,7 +1,7 @@
 #pragma once
 // Test doubles for `factory host`: a host filesystem tree laid out the way the
 // kernel lays out sysfs, built from a short description (the format of the
-// real capture shared/fixtures/real/h200-passthrough-vm/host-facts.txt), plus
+// real capture tests/fixtures/real/h200-passthrough-vm/host-facts.txt), plus
 // a stand-in for the kernel's side of the driver-binding control files.
 //
 // Why a kernel stand-in: in sysfs, writing an address to
@@ -120,7 +120,15 @@ inline std::string root_bus_dir(const std::string& addr) {
 
 class HostTree {
  public:
-  explicit HostTree(const TempDir& dir) : root_(dir / "root"), log_(dir / "standin.log") {
+  explicit HostTree(const TempDir& dir)
+      : root_(dir / "root"), log_(dir / "standin.log"), tools_(dir / "host-tools") {
+    // Links to the guest simulator's listed harmless host tools, and guards
+    // for the commands that would act on this machine (guestsim.sh): the
+    // stand-ins' PATH needs nothing else of it.
+    auto tools = run(
+        {(source_dir() / "tests/guestsim/guestsim.sh").string(), "host-tools", tools_.string()});
+    if (!tools.ok()) setup_failed("guestsim.sh host-tools: " + tools.output);
+    tools_path_ = tools.output.substr(0, tools.output.find('\n'));
     fs::create_directories(root_);
     for (const char* f :
          {"sys/bus/pci/drivers_probe", "sys/bus/pci/drivers_autoprobe", "sys/bus/pci/rescan"})
@@ -225,11 +233,20 @@ class HostTree {
     for (const auto& f : open_files) fs::create_symlink(f, p / "fd" / std::to_string(fd++));
   }
 
-  // Environment for `factory`: the command stand-ins first on PATH, and where
-  // they keep their state and log.
+  ~HostTree() {
+    const std::string calls = read_text(tools_ / "log/guarded.log");
+    if (!calls.empty())
+      ADD_FAILURE() << "`factory host` ran commands no stand-in answers (they hit the guard):\n"
+                    << calls;
+  }
+  HostTree(const HostTree&) = delete;
+  HostTree& operator=(const HostTree&) = delete;
+
+  // Environment for `factory`: the command stand-ins on PATH, then only the
+  // listed host tools and the guards; and where the stand-ins keep their state
+  // and log.
   std::map<std::string, std::string> env() const {
-    const char* path = ::getenv("PATH");
-    return {{"PATH", (host_fixtures() / "bin").string() + ":" + (path ? path : "/usr/bin:/bin")},
+    return {{"PATH", (host_fixtures() / "bin").string() + ":" + tools_path_},
             {"STANDIN_ROOT", root_.string()},
             {"STANDIN_LOG", log_.string()}};
   }
@@ -245,6 +262,8 @@ class HostTree {
  private:
   fs::path root_;
   fs::path log_;
+  fs::path tools_;
+  std::string tools_path_;
   std::map<std::string, std::string> native_;
 };
 

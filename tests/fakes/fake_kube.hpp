@@ -30,11 +30,16 @@ class FakeKube {
         "--pki-dir", (dir_ / "pki").string(), "--port-file", port_file.string()};
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
     proc_ = Process(argv, dir_ / "apiserver.log");
-    ok_ = eventually([&] { return std::filesystem::exists(port_file); },
-                     std::chrono::seconds(20), std::chrono::milliseconds(20));
-    if (ok_) port_ = std::stoi(slurp(port_file));
+    // Up when it wrote its port; given up on as soon as it exited. A fake
+    // that is not there fails the test here, with its log (SetupFailed).
+    ok_ = eventually([&] { return std::filesystem::exists(port_file) || !proc_.running(); },
+                     std::chrono::seconds(20), std::chrono::milliseconds(20)) &&
+          std::filesystem::exists(port_file);
+    if (!ok_) setup_failed("the Kubernetes API test double did not start:\n" + proc_.log());
+    port_ = std::stoi(slurp(port_file));
   }
 
+  // Always true once constructed (a fake that did not start ends the test).
   bool ok() const { return ok_; }
   std::string log() const { return proc_.log(); }
   int port() const { return port_; }

@@ -6,9 +6,9 @@ What it checks against:
 
 - KubeVirt kinds (kubevirt.io/v1 KubeVirt, VirtualMachine,
   VirtualMachineInstance, ...): the real KubeVirt OpenAPI document,
-  shared/schemas/kubevirt-openapi.json (see shared/schemas/SOURCES.md).
+  third_party/schemas/kubevirt-openapi.json (see third_party/schemas/SOURCES.md).
 - CDI kinds (cdi.kubevirt.io/v1beta1 DataVolume, ...): the real CDI OpenAPI
-  document, shared/schemas/cdi-openapi.json.
+  document, third_party/schemas/cdi-openapi.json.
 - Built-in kinds (v1 Namespace, Secret, Service, Node, ConfigMap, apps/v1
   Deployment, rbac.authorization.k8s.io/v1 ClusterRole, ...): the field lists
   and types of Debian's python3-kubernetes generated models
@@ -57,9 +57,9 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMAS_DIR = os.environ.get(
     "FACTORY_SCHEMAS_DIR",
-    os.path.normpath(os.path.join(HERE, "..", "..", "..", "shared", "schemas")))
+    os.path.normpath(os.path.join(HERE, "..", "..", "third_party", "schemas")))
 
-# Groups whose kinds come from the OpenAPI documents in shared/schemas.
+# Groups whose kinds come from the OpenAPI documents in third_party/schemas.
 OPENAPI_GROUPS = {
     "kubevirt.io": "kubevirt-openapi.json",
     "cdi.kubevirt.io": "cdi-openapi.json",
@@ -134,6 +134,16 @@ def _openapi(filename):
         defs = _close_objects(copy.deepcopy(doc["definitions"]))
         _openapi_cache[filename] = defs
     return _openapi_cache[filename]
+
+
+def load_openapi_documents():
+    """Reads every OpenAPI document now, so a server that validates with them
+    fails at start, naming the missing file, rather than on its first write."""
+    for filename in OPENAPI_GROUPS.values():
+        path = os.path.join(SCHEMAS_DIR, filename)
+        if not os.path.isfile(path):
+            raise SystemExit("k8s_schema: no OpenAPI document at %s (third_party/schemas, or $FACTORY_SCHEMAS_DIR)" % path)
+        _openapi(filename)
 
 
 def _openapi_definition(group, version, kind):

@@ -1136,6 +1136,7 @@ def main():
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args()
     args.vfio_inventory = host_vfio_inventory(args.host_root) if args.host_root else parse_vfio(args.vfio_cards)
+    k8s_schema.load_openapi_documents()
 
     ca, server_cert, token = write_pki(args.pki_dir, args.port)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -5,6 +5,12 @@
 // and stops its services when it goes away. Header-only because tests/
 // builds only *_test.cpp files and its support library.
 //
+// A guest that cannot be created ends the test at once (SetupFailed, with
+// guestsim.sh's message): its PATH would hold no stand-ins. That PATH holds
+// nothing of this machine's but the listed harmless tools, and ends in guards
+// for the commands that would act on it (reboot, systemctl, apt-get, ...);
+// a guard that was hit fails the test when the GuestSim goes away.
+//
 // THIS IS A SIMULATION: see tests/guestsim/README.md for what it models.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -27,6 +33,7 @@ class GuestSim {
   struct Options {
     std::string profile = "l4";  // l4 | l4-k8s | h200 | l4-gpu-operator | none
     int ollama_port = 0;         // 0: a free loopback port
+    std::filesystem::path fixtures = {};  // the real captures; empty: fixtures_dir()
   };
 
   explicit GuestSim(std::filesystem::path dir) : GuestSim(std::move(dir), Options{}) {}
@@ -35,12 +42,22 @@ class GuestSim {
     if (opt_.ollama_port == 0) opt_.ollama_port = free_loopback_port();
     state_dir_ = root_.parent_path() / "agent-state";
     std::filesystem::create_directories(state_dir_);
+    const auto fixtures = opt_.fixtures.empty() ? fixtures_dir() : opt_.fixtures;
     auto r = factory::testing::run({script(), "create", root_.string(), "--profile", opt_.profile,
                                     "--ollama-port", std::to_string(opt_.ollama_port), "--fixtures",
-                                    fixtures_dir().string()});
-    EXPECT_EQ(r.exit_code, 0) << r.output;
+                                    fixtures.string()});
+    if (r.exit_code != 0)
+      setup_failed("the guest simulator could not create a '" + opt_.profile + "' guest at " +
+                   root_.string() + " (" + r.describe() + "): " + r.output);
   }
-  ~GuestSim() { stop(); }
+  ~GuestSim() {
+    stop();
+    const std::string calls = guarded();
+    if (!calls.empty())
+      ADD_FAILURE() << "commands reached the guard at the end of the simulated guest's PATH "
+                       "(no stand-in answers them, and this machine's own must never run):\n"
+                    << calls;
+  }
   GuestSim(const GuestSim&) = delete;
   GuestSim& operator=(const GuestSim&) = delete;
 
@@ -58,10 +75,13 @@ class GuestSim {
     return e;
   }
 
-  // The PATH the agent has in this guest: the stand-ins first.
+  // The PATH the agent has in this guest (as `guestsim.sh path` prints it):
+  // the stand-ins, what the guest installed, the listed host tools, the guards.
+  // Every directory on it lies under the guest's root.
   std::string path() const {
-    return (root_ / ".guestsim/bin").string() + ":" + (root_ / ".guestsim/installed-bin").string() +
-           ":/usr/bin:/bin";
+    const auto g = root_ / ".guestsim";
+    return (g / "bin").string() + ":" + (g / "installed-bin").string() + ":" +
+           (g / "host-bin").string() + ":" + (g / "guard").string();
   }
 
   // Puts the guest's PATH into this process's environment while it lives:
@@ -119,6 +139,15 @@ class GuestSim {
   }
 
   std::string calls_log() const { return slurp(root_ / ".guestsim/log/calls.log"); }
+  // The calls that hit a guard (one line each: the name, then its arguments).
+  std::string guarded() const { return slurp(root_ / ".guestsim/log/guarded.log"); }
+  // For a test that hits a guard on purpose: takes the record, so teardown
+  // checks only what came after.
+  std::string take_guarded() const {
+    std::string calls = guarded();
+    std::ofstream(root_ / ".guestsim/log/guarded.log", std::ios::trunc);
+    return calls;
+  }
   std::string ollama_log() const { return slurp(root_ / ".guestsim/log/ollama.log"); }
 
   void stop() const { factory::testing::run({script(), "stop", root_.string()}); }

@@ -10,11 +10,69 @@
 #   guestsim.sh path ROOT       the PATH the agent runs with in this guest
 #   guestsim.sh stop ROOT       stops the guest's services (the stand-in Ollama server)
 #   guestsim.sh counters ROOT   every invocation counter, NAME=N per line
+#   guestsim.sh host-tools DIR  makes DIR/host-bin and DIR/guard (below) for a
+#                               PATH that is not a whole guest's; prints that PATH
+#
+# The guest's PATH holds the stand-ins, what the guest installed, the host
+# tools listed in HOST_TOOLS (and no other program of this machine), then the
+# guards: a command a step runs that no stand-in answers either does not exist
+# there or, if it is one that would act on this machine (GUARDED), hits
+# tests/guestsim/guard, which records it for the harness to fail the test.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$(readlink -f "$0")")" && pwd)"
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+# This machine's programs a simulated guest may run: tools that only read and
+# write the files and pipes they are given, which the stand-ins, the install
+# script stand-ins and the steps' own shell snippets use. Anything that acts
+# on the machine itself (services, packages, modules, devices, the network,
+# users, processes it did not start) is not here. Looked up in the system
+# directories only, never through the caller's PATH.
+HOST_TOOLS=(
+  sh bash env cat sed grep awk head tail tr cut sort uniq wc tee printf echo test true false
+  cp mv rm ln mkdir rmdir touch chmod mktemp readlink realpath dirname basename ls stat find xargs
+  date seq sleep id sha256sum flock setsid pgrep
+)
+# Names that would act on the machine the tests run on if this machine's own
+# program ran: each gets a guard at the end of the guest's PATH. Stand-ins
+# for some of them come earlier on the PATH and answer for the guest. Names
+# a step probes to see whether the guest has them yet (nvidia-smi, ollama,
+# kubectl, helm, rke2) are left out: a guard would look installed to
+# `command -v`; they are simply absent until a stand-in install puts them in
+# installed-bin, and bin/ guards kubectl, helm and rke2 itself.
+GUARDED=(
+  reboot shutdown poweroff halt telinit init systemctl service systemd-run loginctl
+  hostnamectl timedatectl localectl journalctl resolvectl networkctl
+  apt-get apt apt-key apt-mark dpkg dpkg-reconfigure add-apt-repository snap unattended-upgrade
+  modprobe insmod rmmod depmod dkms update-initramfs update-grub grub-install mokutil
+  driverctl lspci setpci nvidia-persistenced
+  mount umount swapon swapoff sysctl ip iptables nft ifup ifdown dhclient
+  curl wget ssh scp rsync nc
+  useradd usermod userdel groupadd passwd chpasswd sudo su
+  chroot kill pkill killall
+)
+
+sysdirs=/usr/bin:/bin:/usr/sbin:/sbin
+
+# host_tools DIR: DIR/host-bin (links to HOST_TOOLS), DIR/guard (links to the
+# guard for every GUARDED name) and DIR/log. A missing host tool fails here,
+# naming it, rather than later as a puzzling "command not found" in a step.
+host_tools() {
+  local dir="$1" t real
+  mkdir -p "$dir/host-bin" "$dir/guard" "$dir/log"
+  for t in "${HOST_TOOLS[@]}"; do
+    real="$(PATH="$sysdirs" type -P "$t" || true)"
+    if [ -z "$real" ]; then
+      echo "guestsim: this machine has no '$t', which the simulated guest needs (scripts/install-deps.sh --demo or --test installs it)" >&2
+      return 1
+    fi
+    ln -sfn "$real" "$dir/host-bin/$t"
+  done
+  for t in "${GUARDED[@]}"; do ln -sfn "$HERE/guard" "$dir/guard/$t"; done
+  : >> "$dir/log/guarded.log"
+}
 
 cmd="${1:-}"; root="${2:-}"
 [ -n "$cmd" ] && [ -n "$root" ] || usage
@@ -22,7 +80,14 @@ shift 2
 
 case "$cmd" in
   path)
-    echo "$root/.guestsim/bin:$root/.guestsim/installed-bin:/usr/bin:/bin"
+    G="$root/.guestsim"
+    echo "$G/bin:$G/installed-bin:$G/host-bin:$G/guard"
+    exit 0 ;;
+  host-tools)
+    mkdir -p "$root"
+    dir="$(cd "$root" && pwd)"
+    host_tools "$dir"
+    echo "$dir/host-bin:$dir/guard"
     exit 0 ;;
   counters)
     for f in "$root"/.guestsim/state/counters/*; do
@@ -48,8 +113,8 @@ esac
 
 profile=l4
 port=11434
-fixtures="$(cd "$HERE/../../.." && pwd)/shared/fixtures/real"
-[ -n "${FACTORY_SHARED_DIR:-}" ] && fixtures="$FACTORY_SHARED_DIR/fixtures/real"
+fixtures="$(cd "$HERE/.." && pwd)/fixtures/real"
+[ -n "${FACTORY_FIXTURES_DIR:-}" ] && fixtures="$FACTORY_FIXTURES_DIR"
 python=/usr/bin/python3
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -62,7 +127,7 @@ while [ $# -gt 0 ]; do
 done
 pf="$HERE/profiles/$profile.env"
 [ -f "$pf" ] || { echo "guestsim: unknown profile '$profile' (profiles: $(ls "$HERE/profiles" | sed 's/\.env$//' | tr '\n' ' '))" >&2; exit 2; }
-[ -d "$fixtures" ] || { echo "guestsim: no fixtures at $fixtures (set FACTORY_SHARED_DIR or --fixtures)" >&2; exit 2; }
+[ -d "$fixtures" ] || { echo "guestsim: no fixtures at $fixtures (the real captures, tests/fixtures/real; or give --fixtures DIR)" >&2; exit 2; }
 if [ -e "$root/.guestsim" ]; then
   echo "guestsim: $root already holds a simulated guest" >&2; exit 1
 fi
@@ -73,6 +138,7 @@ G="$root/.guestsim"
 mkdir -p "$G"/{bin,installed-bin,knobs,data,log} "$G"/state/{counters,dpkg,dkms,services,apt,ollama}
 root="$(cd "$root" && pwd)"
 G="$root/.guestsim"
+host_tools "$G"
 
 cat > "$G/config" <<EOF
 profile=$profile
@@ -87,7 +153,7 @@ rke2_latest=v1.36.4+rke2r1
 EOF
 cp "$pf" "$G/profile.env"
 
-# The captures the stand-ins answer with, copied from the shared fixtures.
+# The captures the stand-ins answer with, copied from the real ones.
 cp "$fixtures/l4-runbook/tenant1-nvidia-smi-idle.txt" "$G/data/l4-nvidia-smi-idle.txt"
 cp "$fixtures/l4-runbook/tenant1-nvidia-smi-ollama-loaded.txt" "$G/data/l4-nvidia-smi-ollama-loaded.txt"
 cp "$fixtures/h200-passthrough-vm/nvidia-smi.txt" "$G/data/h200-nvidia-smi.txt"

@@ -12,9 +12,11 @@ VirtualMachineInstance the (fake) Kubernetes API reports Running, it:
      runbook's L4 guest by default);
   3. applies the user-data as cloud-init would: write_files under the root
      (with their modes), then each runcmd entry. runcmd runs with the real
-     curl and sha256sum, so the agent binary is really downloaded from the
-     coordinator over TLS with the CA from the user-data, and its hash really
-     checked; systemctl is the simulator's stand-in;
+     curl (to loopback only: tests/guestsim/curl-loopback) and sha256sum, so
+     the agent binary is really downloaded from the coordinator over TLS with
+     the CA from the user-data, and its hash really checked; systemctl is the
+     simulator's stand-in, and the rest of the PATH is the guest's listed
+     host tools and guards (tests/guestsim/guestsim.sh);
   4. supervises the installed agent as systemd would (Restart=on-failure,
      RestartPreventExitStatus=3), with the guest simulator's PATH and
      --root; a SIGKILL after the `reboot` stand-in counts as the guest's
@@ -23,6 +25,12 @@ VirtualMachineInstance the (fake) Kubernetes API reports Running, it:
 What it does not do: boot a kernel, run cloud-init itself (only the
 write_files, users and runcmd modules Factory's user-data uses), networking,
 or anything for a VMI that is not Running. Deleting the VMI stops the guest.
+
+A simulator that fails is never papered over: a guest that cannot be created,
+or a command that reached a guard (a program of this machine that no stand-in
+answers for: the guest's <root>/.guestsim/log/guarded.log), stops every guest
+and exits 1 at once with the reason; the run that started it (scripts/demo.sh,
+tests/integration) fails on that. On SIGTERM it stops the guests and exits 0.
 """
 import argparse
 import base64
@@ -41,6 +49,10 @@ import yaml
 
 def log(msg):
     print(time.strftime("%H:%M:%S"), "vm-runner:", msg, flush=True)
+
+
+class SimulatorFailed(Exception):
+    """The simulation itself broke: nothing after it would mean anything."""
 
 
 class Kube:
@@ -114,8 +126,11 @@ class Guest:
         port = free_port()
         # The runbook's guest for the tier: tenant-1 (gpu-vm) or tenant-2 (gpu-k8s).
         self.profile = self.args.profile or TIER_PROFILES.get(tier, "l4")
-        self.sh(self.args.guestsim, "create", self.root, "--profile", self.profile,
-                "--ollama-port", str(port))
+        made = self.sh(self.args.guestsim, "create", self.root, "--profile", self.profile,
+                       "--ollama-port", str(port), check=False)
+        if made.returncode != 0:
+            raise SimulatorFailed("%s: the guest simulator could not create a '%s' guest (exit %d): %s" % (
+                self.name, self.profile, made.returncode, (made.stderr or made.stdout).strip()))
         self.ollama_url = "http://127.0.0.1:%d" % port
         self.path = self.sh(self.args.guestsim, "path", self.root).stdout.strip()
         # Failure knobs asked for on the command line (tests provoke diagnoses).
@@ -151,13 +166,16 @@ class Guest:
         users = [{"name": u.get("name"), "keys": len(u.get("ssh_authorized_keys", []))}
                  for u in doc.get("users", []) if isinstance(u, dict)]
         json.dump(users, open(os.path.join(self.dir, "users.json"), "w"))
-        # runcmd: the real curl and sha256sum, the simulator's systemctl.
-        ci_bin = os.path.join(self.root, ".guestsim/cloudinit-bin")
+        # runcmd: the real curl (to loopback only) and sha256sum, the
+        # simulator's systemctl; then the guest's host tools and its guards.
+        g = os.path.join(self.root, ".guestsim")
+        ci_bin = os.path.join(g, "cloudinit-bin")
         os.makedirs(ci_bin, exist_ok=True)
         os.symlink(os.path.join(self.args.guestsim_home, "bin/systemctl"), os.path.join(ci_bin, "systemctl"))
+        os.symlink(os.path.join(self.args.guestsim_home, "curl-loopback"), os.path.join(ci_bin, "curl"))
         env = dict(os.environ)
         env.update({"FACTORY_GUEST_ROOT": self.root, "FACTORY_GUESTSIM_ROOT": self.root,
-                    "PATH": ci_bin + ":/usr/bin:/bin"})
+                    "PATH": ":".join([ci_bin, os.path.join(g, "host-bin"), os.path.join(g, "guard")])})
         for cmd in doc.get("runcmd", []):
             argv = cmd if isinstance(cmd, list) else ["/bin/sh", "-c", cmd]
             # Absolute guest paths that exist in the simulated root point there.
@@ -171,6 +189,13 @@ class Guest:
                 log("%s: runcmd failed (exit %d): %s" % (self.name, r.returncode, (r.stderr or r.stdout).strip()[-300:]))
                 return
         log("%s: cloud-init finished (agent installed: %s)" % (self.name, os.path.exists(self.agent_bin())))
+
+    def guarded(self):
+        """What reached the guest's guards (one line a call), "" when nothing did."""
+        try:
+            return open(os.path.join(self.root, ".guestsim/log/guarded.log")).read()
+        except OSError:
+            return ""
 
     def agent_bin(self):
         return os.path.join(self.root, "usr/local/bin/factory-agent")
@@ -296,9 +321,15 @@ def main():
             tier = vmi["metadata"].get("labels", {}).get("factory.dev/tier", "")
             try:
                 g.boot(tier)
+            except SimulatorFailed as e:
+                return fail(guests, str(e))
             except Exception as e:
                 log("%s: boot failed: %s" % (name, e))
         for key, g in list(guests.items()):
+            calls = g.guarded()
+            if calls:
+                return fail(guests, "%s: commands reached the guard (no stand-in answers them; this "
+                                    "machine's own must never run in a test):\n%s" % (g.name, calls.rstrip()))
             if key not in seen and not g.stopped:
                 g.shutdown()
             else:
@@ -307,6 +338,15 @@ def main():
     for g in guests.values():
         if not g.stopped:
             g.shutdown()
+    return 0
+
+
+def fail(guests, why):
+    log("FATAL: " + why)
+    for g in guests.values():
+        if not g.stopped:
+            g.shutdown()
+    return 1
 
 
 if __name__ == "__main__":

@@ -3,13 +3,22 @@
 // create tenant-1 --tier gpu-vm --wait` (and tenant-2 --tier gpu-k8s), and a
 // simulated guest running the
 // rendered user-data (agent downloaded from the coordinator, hash checked),
-// enrolling and provisioning itself through the driver's reboot.
+// enrolling and provisioning itself through the driver's reboot (counted).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/support/test_support.hpp"
 
 using namespace factory::testing;
+namespace fs = std::filesystem;
+
+namespace {
+int count(const std::string& hay, const std::string& needle) {
+  int n = 0;
+  for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  return n;
+}
+}  // namespace
 
 TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
   TempDir dir("demo");
@@ -34,10 +43,15 @@ TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
   EXPECT_EQ(models[0]["name"], "llama3.2:1b");
   EXPECT_EQ(models[0]["gpu_percent"], 100);
   EXPECT_EQ(models[0]["size"], models[0]["size_vram"]);
-  // Through the reboot exactly once, and every step done.
+  // Every step done, through the driver's reboot exactly once: the simulated
+  // guest counts its reboots, and the agent ran once before it and once after.
   for (auto& [id, step] : t["plan"]["steps"].items())
     EXPECT_TRUE(step["state"] == "succeeded" || step["state"] == "skipped") << id << ": " << step;
-  // tenant-2: the catalog's second item on the runbook's tenant-2 guest.
+  const auto guests = dir.path() / "work/guests";
+  EXPECT_EQ(slurp(guests / "tenant-1/root/.guestsim/state/counters/reboot"), "1\n");
+  EXPECT_EQ(count(slurp(dir.path() / "tenant-1-agent.log"), "---- agent start "), 2);
+  // tenant-2: the catalog's second item on the runbook's tenant-2 guest. The
+  // GPU Operator brings its own driver: no reboot.
   auto& k = status["tenants"][1];
   EXPECT_EQ(k["name"], "tenant-2");
   EXPECT_EQ(k["tier"], "gpu-k8s");
@@ -45,6 +59,11 @@ TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
   EXPECT_EQ(k["health"]["k8s"]["resource"], "nvidia.com/gpu");
   EXPECT_EQ(k["health"]["k8s"]["allocatable"], 10) << "HAMi splits the one card ten ways";
   EXPECT_EQ(k["health"]["gpu"]["driver_version"], "580.126.20") << "the GPU Operator's driver";
+  EXPECT_FALSE(fs::exists(guests / "tenant-2/root/.guestsim/state/counters/reboot"));
+  // Nothing reached a guard in either guest (vm_runner.py would have failed
+  // the demo, but say so here too).
+  for (const char* g : {"tenant-1", "tenant-2"})
+    EXPECT_EQ(slurp(guests / g / "root/.guestsim/log/guarded.log"), "") << g;
   auto agent_log = slurp(dir.path() / "tenant-1-agent.log");
   EXPECT_NE(agent_log.find("enrolled as tenant tenant-1"), std::string::npos);
   auto cloud = slurp(dir.path() / "tenant-1-cloud-init-output.log");
@@ -59,5 +78,27 @@ TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
   EXPECT_NE(check.stdin_data->find("factory_tenants{phase=\"ready\"} 2"), std::string::npos);
   // No process of the run is left behind.
   auto ps = run({"/bin/sh", "-c", "ps -eo args | grep -F '" + dir.path().string() + "' | grep -v grep || true"});
+  EXPECT_EQ(ps.output, "") << "left running:\n" << ps.output;
+}
+
+// A simulator that breaks stops the demo at once with its reason (here the
+// guest simulator has no captures to answer with): vm_runner.py exits 1 and
+// the demo says why, instead of waiting out `tenant create --wait`'s 3 minutes.
+TEST(Demo, ABrokenSimulatorStopsItAtOnceSayingWhy) {
+  TempDir dir("demo-broken");
+  const auto start = std::chrono::steady_clock::now();
+  auto r = run({"/bin/bash", (source_dir() / "scripts/demo.sh").string(), FACTORY_BINARY_DIR},
+               std::chrono::minutes(2),
+               {{"FACTORY_DEMO_OUT", dir.path().string()},
+                {"FACTORY_FIXTURES_DIR", (dir.path() / "no-fixtures").string()}});
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the VM simulator stopped"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no fixtures at " + (dir.path() / "no-fixtures").string()),
+            std::string::npos)
+      << r.output;
+  EXPECT_LT(took, std::chrono::seconds(60)) << "it waited for the tenant instead";
+  auto ps = run({"/bin/sh", "-c",
+                 "ps -eo args | grep -F '" + dir.path().string() + "' | grep -v grep || true"});
   EXPECT_EQ(ps.output, "") << "left running:\n" << ps.output;
 }

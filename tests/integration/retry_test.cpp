@@ -59,6 +59,8 @@ TEST_P(TenantRetry, FailedStepIsDiagnosedAndRetryFinishesThePlan) {
   bool ready = eventually([&] { return show("tenant-1")["phase"] == "ready"; }, 90s, 200ms);
   EXPECT_TRUE(ready) << show("tenant-1").dump(2) << "\n" << slurp(guests / "tenant-1" / "agent.log");
   runner.stop();
+  EXPECT_EQ(slurp(guests / "tenant-1" / "root" / ".guestsim" / "log" / "guarded.log"), "")
+      << "commands reached the simulated guest's guards";
 }
 
 INSTANTIATE_TEST_SUITE_P(

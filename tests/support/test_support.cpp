@@ -21,13 +21,16 @@ namespace factory::testing {
 namespace fs = std::filesystem;
 
 fs::path source_dir() { return FACTORY_SOURCE_DIR; }
-fs::path shared_dir() {
-  if (const char* s = ::getenv("FACTORY_SHARED_DIR")) return s;
-  return fs::weakly_canonical(fs::path(FACTORY_SHARED_DIR));
+fs::path fixtures_dir() {
+  if (const char* s = ::getenv("FACTORY_FIXTURES_DIR")) return s;
+  return FACTORY_FIXTURES_DIR;
 }
-fs::path fixtures_dir() { return shared_dir() / "fixtures" / "real"; }
 std::string factory_bin() { return FACTORY_BIN; }
 std::string agent_bin() { return FACTORY_AGENT_BIN; }
+
+void setup_failed(const std::string& what) {
+  throw SetupFailed(what);
+}
 
 TempDir::TempDir(const std::string& prefix) {
   fs::path base = fs::path(FACTORY_BINARY_DIR) / "test-tmp";

@@ -1,10 +1,11 @@
 #pragma once
 // Helpers every test uses: temp dirs, paths to the built binaries and the
-// shared fixtures, running a binary and capturing its output, free loopback
+// real captures, running a binary and capturing its output, free loopback
 // ports, and starting a real `factory serve` on loopback.
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -13,10 +14,21 @@
 namespace factory::testing {
 
 std::filesystem::path source_dir();
-std::filesystem::path shared_dir();   // ../shared: seeds, fixtures, schemas
-std::filesystem::path fixtures_dir(); // ../shared/fixtures/real
+// The real captures (tests/fixtures/real); $FACTORY_FIXTURES_DIR overrides it,
+// which is how a test shows what a guest test does when they are missing.
+std::filesystem::path fixtures_dir();
 std::string factory_bin();
 std::string agent_bin();
+
+// A simulator or test double that could not set up. Going on would test
+// nothing, and could reach this machine where the double should have
+// answered, so it is thrown: the test ends there, wherever the double was
+// made (test body, fixture SetUp, helper), and GoogleTest reports it as a
+// fatal failure with this message.
+struct SetupFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+[[noreturn]] void setup_failed(const std::string& what);
 
 // A directory under the build tree, removed when the object goes away
 // (kept when FACTORY_KEEP_TEST_DIRS is set, for post-mortems).
