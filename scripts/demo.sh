@@ -132,6 +132,18 @@ say "factory tenant create tenant-2 --tier gpu-k8s --wait   (its own RKE2, the G
 while_simulating "$factory" "${cfg[@]}" tenant create tenant-2 --tier gpu-k8s --ssh-key "$work/id_ed25519.pub" \
   --ssh-node-port 30023 --wait --timeout 3m
 
+# A tenant is ready when its plan is done; its first health report follows
+# a moment later (the agent samples at once when the plan finishes).
+reported() {
+  "$factory" "${cfg[@]}" status -o json | "$py" -c '
+import json, sys
+for t in json.load(sys.stdin)["tenants"]:
+    h = t.get("health", {})
+    if not h.get("gpu", {}).get("gpus"): sys.exit(1)
+    if t.get("tier") == "gpu-k8s" and "allocatable" not in h.get("k8s", {}): sys.exit(1)'
+}
+wait_for 30 reported || echo "warning: not every tenant has reported its health within 30 s"
+
 say "factory status"
 "$factory" "${cfg[@]}" status
 "$factory" "${cfg[@]}" status -o json > "$out/status.json"
