@@ -231,8 +231,16 @@ CommandResult wscat(const std::string& url, const fs::path& ca_file,
   }
   CommandSpec spec;
   spec.argv = {"/bin/sh", "-c", ""};
-  // wscat starts reading stdin lines only once connected: give it a moment.
-  std::string script = "(sleep 0.8; ";
+  // wscat reads stdin only once connected and drops what came before, so the
+  // frames wait for its "Connected" line (on a loaded machine node takes
+  // seconds to start): its stdin is a fifo held open by fd 3.
+  std::string script =
+      "trap '' PIPE; d=$(mktemp -d) && mkfifo \"$d/in\" && { ";
+  for (auto& a : argv) script += "'" + a + "' ";
+  script +=
+      "< \"$d/in\" > \"$d/out\" 2>&1 & } && exec 3> \"$d/in\" && "
+      "for i in $(seq 1 200); do grep -q Connected \"$d/out\" && break; "
+      "kill -0 $! 2>/dev/null || break; sleep 0.1; done; ";
   for (auto& f : frames) {
     std::string q = f;
     size_t pos = 0;
@@ -240,10 +248,10 @@ CommandResult wscat(const std::string& url, const fs::path& ca_file,
       q.replace(pos, 1, "'\\''");
       pos += 4;
     }
-    script += "printf '%s\\n' '" + q + "'; sleep 0.2; ";
+    script += "printf '%s\\n' '" + q + "' >&3; sleep 0.2; ";
   }
-  script += "sleep " + std::to_string(wait_seconds) + ") | ";
-  for (auto& a : argv) script += "'" + a + "' ";
+  script += "sleep " + std::to_string(wait_seconds) +
+            "; exec 3>&-; wait; cat \"$d/out\"; rm -rf \"$d\"";
   spec.argv[2] = script;
   spec.timeout = std::chrono::seconds(30);
   // The machine's node may not search Debian's module directory by itself.
