@@ -60,14 +60,14 @@ sanitize: test-deps
 # What CI runs besides `make test`, on subsets that fit its time budget on
 # 2 cores (docs/testing.md says why these): every fuzz target for
 # CI_FUZZ_SECONDS; under ASan+UBSan (the fuzz build: clang, line tables only)
-# the tests of the decoders, the durable files, the server and the store;
-# under TSan the tests of common/'s threads (the server's io threads and
-# deadline sweeps, the worker pool), which build without the product.
+# the tests of the decoders, the durable files (store, token book, spool,
+# journal) and the server; under TSan those of the server's io threads and the
+# store's writer. All of them build without the product (tests/CMakeLists.txt:
+# tests of common/ and the unit tests of one module).
 CI_FUZZ_SECONDS ?= 30
-ASAN_TESTS = protocol_test ws_codec_test server_test store_test spool_test plan_journal_test \
-  plan_engine_test health_parsers_test catalog_test step_params_test kube_kubeconfig_test \
-  enroll_tokens_test url_test cidr_test
-TSAN_TESTS = server_test ws_codec_test
+ASAN_TESTS = protocol_test ws_codec_test server_test url_test cidr_test catalog_test pki_test \
+  http_client_test store_test enroll_tokens_test spool_test plan_journal_test health_parsers_test
+TSAN_TESTS = server_test ws_codec_test store_test spool_test
 empty :=
 space := $(empty) $(empty)
 labels = '^($(subst $(space),|,$(strip $(1))))$$'
