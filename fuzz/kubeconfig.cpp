@@ -4,30 +4,16 @@
 // scratch folder that holds nothing but the file itself.
 #include "coordinator/kube/kubeconfig.hpp"
 
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
-#include <string>
+#include <string_view>
+
+#include "fuzz/scratch.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  // A scratch folder per process, removed when it exits.
-  static const struct Scratch {
-    std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                ("factory-fuzz-kubeconfig-" + std::to_string(::getpid()));
-    Scratch() { std::filesystem::create_directories(dir); }
-    ~Scratch() {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  } scratch;
-  const auto file = scratch.dir / "config";
-  {
-    std::ofstream f(file, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
+  static const factory::fuzz::ScratchDir scratch("kubeconfig");
+  const auto file = scratch.path() / "config";
+  factory::fuzz::write_bytes(file, std::string_view(reinterpret_cast<const char*>(data), size));
   auto access = factory::kube::load_kubeconfig(file);
   if (access) (void)factory::kube::current_token(*access);
   return 0;
