@@ -9,7 +9,7 @@ AgentService::AgentService(store::Store& store, const enroll::CertificateAuthori
                            AgentServiceOptions opts)
     : store_(store),
       feed_(feed),
-      enrollment_(store, ca, tokens, feed.counters(), opts.cert_ttl),
+      enrollment_(store, ca, tokens, feed.counters(), opts.cert_ttl, opts.renewal_grace),
       ingestion_(feed),
       ctx_{store,
            feed,

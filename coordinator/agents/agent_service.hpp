@@ -29,6 +29,8 @@ namespace factory::coordinator {
 
 struct AgentServiceOptions {
   std::chrono::seconds cert_ttl{std::chrono::hours(24)};
+  // How long after its expiry an agent's certificate may still renew itself.
+  std::chrono::seconds renewal_grace{std::chrono::hours(24 * 90)};
   std::string server_version = FACTORY_VERSION;
 };
 

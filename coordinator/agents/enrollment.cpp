@@ -25,6 +25,11 @@ bool serial_listed(const nlohmann::json& list, const std::string& serial) {
 
 }  // namespace
 
+std::string reenroll_hint(const std::string& tenant) {
+  // The agent adds where the token goes on its side (its token file).
+  return "re-enroll the agent with a new token (`factory token create --tenant " + tenant + "`)";
+}
+
 std::string Enrollment::certificate_refusal(const net::PeerInfo& peer) const {
   if (peer.subject_o != "factory-agent")
     return "the client certificate is not an agent certificate";
@@ -33,7 +38,15 @@ std::string Enrollment::certificate_refusal(const net::PeerInfo& peer) const {
     return "tenant " + peer.subject_cn + " no longer exists; this agent's certificate is void";
   if (!serial_listed(rec->agent.value("cert_serials", nlohmann::json::array()), peer.serial_hex))
     return "certificate " + peer.serial_hex + " of tenant " + peer.subject_cn +
-           " was revoked or replaced; enroll again with a new token";
+           " was revoked or replaced; " + reenroll_hint(peer.subject_cn);
+  if (peer.client_cert_expired) {
+    const auto expired_at = Clock::time_point(std::chrono::seconds(peer.not_after_unix));
+    if (Clock::now() - expired_at > renewal_grace_)
+      return "certificate " + peer.serial_hex + " of tenant " + peer.subject_cn + " expired at " +
+             format_rfc3339(expired_at) + ", more than " + format_duration(renewal_grace_) +
+             " ago (agents.renewal_grace), and can no longer be renewed; " +
+             reenroll_hint(peer.subject_cn);
+  }
   return "";
 }
 
@@ -116,7 +129,7 @@ Answer<nlohmann::json> Enrollment::renew(const std::string& tenant,
   if (!b.contains("csr") || !b["csr"].is_string())
     return Refusal{"bad_request", "renew needs 'csr'", ""};
   if (!store_.get_tenant(tenant))
-    return Refusal{"renewal_refused", "tenant " + tenant + " no longer exists", ""};
+    return Refusal{"unauthenticated", "tenant " + tenant + " no longer exists", "revoked"};
   auto cert = ca_.sign_agent_csr(b["csr"].get<std::string>(), tenant, cert_ttl_);
   if (!cert) return Refusal{"renewal_refused", cert.error().message, ""};
   auto updated = store_.update_tenant(tenant, [&](store::TenantRecord& r) -> Status {

@@ -83,6 +83,17 @@ void AgentSession::on_message(std::string_view text) {
     conn_->close("unauthenticated");
     return;
   }
+  if (peer_.client_cert_expired) {
+    // The one thing an expired certificate is good for (Enrollment::
+    // certificate_refusal decided it is still within the grace).
+    if (type == proto::type::kRenew) return handle_renew(*env);
+    send_error("certificate_expired",
+               "this certificate expired at " +
+                   format_rfc3339(Clock::time_point(std::chrono::seconds(peer_.not_after_unix))) +
+                   ": a connection with it may only renew it (send renew first)");
+    conn_->close("certificate expired");
+    return;
+  }
   if (type == proto::type::kHello) return handle_hello(*env);
   if (!hello_done_) {
     send_error("bad_sequence", "send hello first");
@@ -283,6 +294,10 @@ void AgentSession::handle_renew(const proto::Envelope& env) {
       if (self->closed_) return;
       if (auto* no = std::get_if<Refusal>(&answer)) return self->refuse(*no);
       self->send(proto::type::kCertificate, std::get<nlohmann::json>(std::move(answer)), seq);
+      // An expired certificate has done the one thing it may: the agent
+      // comes back with the new one.
+      if (self->peer_.client_cert_expired)
+        self->conn_->close("renewed; reconnect with the new certificate", 1000);
     });
   });
   if (!queued) {

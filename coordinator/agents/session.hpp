@@ -2,7 +2,9 @@
 // Sessions: one websocket connection from an agent, and the dispatch of its
 // frames to enrollment, ingestion and the rest. Before enrollment (no client
 // certificate) a connection may only enroll; after, it speaks for exactly
-// one tenant, the one its certificate names, and only once it said hello.
+// one tenant, the one its certificate names, and only once it said hello. A
+// connection with an expired certificate (still on the tenant's record,
+// within the renewal grace) may only renew: no hello, no events.
 //
 // Threads: a session's callbacks run on its connection's io thread and
 // never wait there. What may wait goes elsewhere and comes back through the

@@ -1,10 +1,15 @@
 // `factory status`: the status feed's tenants (GET /v1/tenants) as a table.
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
+#include "common/atomic_file.hpp"
+#include "common/durations.hpp"
+#include "common/pki.hpp"
 #include "coordinator/cli/admin_client.hpp"
 #include "coordinator/cli/commands.hpp"
 #include "coordinator/cli/output.hpp"
+#include "coordinator/server/coordinator.hpp"
 
 namespace factory::cli {
 
@@ -40,8 +45,14 @@ void print_status(const nlohmann::json& res) {
   for (auto& t : res["tenants"]) {
     const auto& a = t["agent"];
     bool up = a.value("connected", false);
+    // How the last connection ended tells a planned stop from a crash.
+    std::string state = a.value("state", "");
+    std::string link = up ? "yes"
+                       : (state.empty() || state == "never_connected" || state == "unknown")
+                           ? "no"
+                           : "no: " + state;
     rows.push_back({t.value("name", ""), t.value("tier", "").empty() ? "-" : t.value("tier", ""),
-                    t.value("phase", ""), up ? "yes" : "no",
+                    t.value("phase", ""), link,
                     a.value("version", "").empty() ? "-" : a.value("version", ""),
                     up ? age(a.value("connected_since", ""), " ago") : "-",
                     age(a.value("last_seen", ""), " ago"), gpu_summary(t)});
@@ -53,6 +64,36 @@ void print_status(const nlohmann::json& res) {
   }
   print_table(std::cout,
               {"tenant", "tier", "phase", "connected", "agent", "since", "last seen", "gpu"}, rows);
+  for (auto& t : res["tenants"]) {
+    auto dropped = t["agent"].value("dropped_events", uint64_t{0});
+    if (dropped > 0)
+      std::cout << "\n"
+                << t.value("name", "") << ": its agent dropped " << dropped
+                << " event(s) that the coordinator never received (its spool was full, or a "
+                   "record in it was damaged)\n";
+  }
+}
+
+// The CA every agent pins and every admin client verifies against: nothing
+// renews it, so its end is announced well before it comes (on stderr, so
+// `-o json` stays a document).
+void warn_if_ca_expires_soon(const GlobalOptions& g) {
+  auto cfg = load_config(g);
+  if (!cfg) return;
+  auto path = std::filesystem::path(cfg->state_dir) / "ca.crt";
+  auto pem = read_file(path);
+  if (!pem) return;
+  auto info = pki::inspect_certificate(*pem);
+  if (!info) return;
+  auto left = info->not_after - Clock::now();
+  if (left >= coordinator::kCaExpiryWarning) return;
+  auto days = std::chrono::duration_cast<std::chrono::hours>(left).count() / 24;
+  std::cerr << "warning: the coordinator's CA " << path.string()
+            << (left.count() <= 0 ? " expired at " : " expires at ")
+            << format_rfc3339(info->not_after)
+            << (left.count() <= 0 ? "" : " (in " + std::to_string(days) + " days)")
+            << ": from then on no agent or admin client can verify this coordinator; plan a new "
+               "CA before then (every agent then re-enrolls with a new token)\n";
 }
 
 }  // namespace
@@ -63,6 +104,7 @@ void add_status_command(CLI::App& app, Context& ctx) {
   add_output_option(*cmd, *out);
   cmd->callback([&ctx, out] {
     ctx.run = [&ctx, out] {
+      warn_if_ca_expires_soon(ctx.global);
       return list_from_coordinator(ctx.global, "/v1/tenants", *out, print_status);
     };
   });

@@ -91,6 +91,8 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
         return st.error().with_context(path);
       if (auto st = read_duration(a, "cert_ttl", c.agent_cert_ttl, "agents"); !st.ok())
         return st.error().with_context(path);
+      if (auto st = read_duration(a, "renewal_grace", c.agent_renewal_grace, "agents"); !st.ok())
+        return st.error().with_context(path);
     }
     if (j.contains("api") && j["api"].contains("listen"))
       c.api_listen = j["api"]["listen"].get<std::string>();

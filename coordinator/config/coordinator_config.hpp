@@ -8,6 +8,8 @@
 //     listen: 0.0.0.0:8443             # the wss endpoint guests reach
 //     idle_timeout: 60s                # websocket ping/pong deadline
 //     cert_ttl: 24h                    # agent client certificates; renewed at 2/3
+//     renewal_grace: 90d               # how long after expiry an agent that was off
+//                                      # may still renew with its old certificate
 //     binary: ""                       # agent binary served at /v1/agent/binary
 //                                      # (default: factory-agent beside factory)
 //   api:
@@ -44,6 +46,7 @@ struct CoordinatorConfig {
   std::string agents_listen = "0.0.0.0:8443";
   std::chrono::seconds agents_idle_timeout{60};
   std::chrono::seconds agent_cert_ttl{std::chrono::hours(24)};
+  std::chrono::seconds agent_renewal_grace{std::chrono::hours(24 * 90)};
   std::string agent_binary;
   std::string api_listen = "127.0.0.1:8444";
   std::chrono::seconds token_default_ttl{std::chrono::hours(1)};

@@ -9,6 +9,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <filesystem>
+#include <mutex>
 
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
@@ -73,8 +74,11 @@ struct Coordinator::Net {
   std::unique_ptr<net::Server> api;
   std::unique_ptr<boost::asio::signal_set> signals;
   std::unique_ptr<boost::asio::steady_timer> renewal;
-  // When the serving certificate was issued and when it expires (wall clock).
+  // When the serving certificate was issued and when it expires (wall clock):
+  // written by the worker that renews it, read by the io thread's check.
+  std::mutex cert_mu;
   Clock::time_point cert_issued{}, cert_expires{};
+  bool renewing = false;  // one renewal on a worker at a time
 };
 
 Result<std::string> load_or_create_admin_token(const std::string& state_dir) {
@@ -141,6 +145,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   p.feed = std::make_unique<feed::StatusFeed>(*p.store);
   AgentServiceOptions ao;
   ao.cert_ttl = c->cfg_.agent_cert_ttl;
+  ao.renewal_grace = c->cfg_.agent_renewal_grace;
   p.agents =
       std::make_unique<AgentService>(*p.store, *p.ca, *p.tokens, p.feed->state(), *p.workers, ao);
   p.agent_control = std::make_unique<AgentsForTenants>(*p.agents);
@@ -255,9 +260,21 @@ Status Coordinator::issue_serving_certificate(net::TlsServerOptions& tls) {
   if (!cert) return cert.error().with_context("server certificate");
   tls.cert_chain_pem = cert->certificate_pem;
   tls.key_pem = cert->private_key_pem;
+  std::lock_guard lk(net_->cert_mu);
   net_->cert_issued = Clock::now();
   net_->cert_expires = cert->not_after;
   return {};
+}
+
+// The agents endpoint asks for client certificates from our CA, and lets an
+// expired one through for the agents module to judge: an agent that was off
+// longer than its certificate's life may still renew it (and do nothing else)
+// within agents.renewal_grace.
+net::TlsServerOptions Coordinator::agents_tls(const net::TlsServerOptions& serving) const {
+  net::TlsServerOptions t = serving;
+  t.client_ca_pem = parts_->ca->certificate_pem();
+  t.accept_expired_client_certs = true;
+  return t;
 }
 
 Status Coordinator::start() {
@@ -268,8 +285,7 @@ Status Coordinator::start() {
 
   net::ServerOptions ao;
   ao.listen = cfg_.agents_listen;
-  ao.tls = tls;
-  ao.tls.client_ca_pem = p.ca->certificate_pem();
+  ao.tls = agents_tls(tls);
   ao.ws_idle_timeout = cfg_.agents_idle_timeout;
   // The hard ceiling (above it the connection closes with 1009); the
   // protocol's 64 KiB cap per type is enforced by proto::parse, which
@@ -313,6 +329,11 @@ Status Coordinator::start() {
   spdlog::info("agents endpoint on {} (agents dial {}), API on {}; CA sha256 {}; {} io threads",
                cfg_.agents_listen, cfg_.external_url, cfg_.api_listen, p.ca->sha256(),
                net_->pool->size());
+  if (auto left = p.ca->not_after() - Clock::now(); left < kCaExpiryWarning)
+    spdlog::warn(
+        "the coordinator's CA ({}/ca.crt) expires at {}: after that no agent or admin "
+        "client can verify this coordinator",
+        cfg_.state_dir, format_rfc3339(p.ca->not_after()));
   schedule_renewal();
   return {};
 }
@@ -327,26 +348,38 @@ void Coordinator::schedule_renewal() {
   net_->renewal->async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
     auto now = Clock::now();
-    auto due = net_->cert_issued + (net_->cert_expires - net_->cert_issued) * 2 / 3;
-    if (now >= due || now < net_->cert_issued) {
+    bool renew = false;
+    {
+      std::lock_guard lk(net_->cert_mu);
+      auto due = net_->cert_issued + (net_->cert_expires - net_->cert_issued) * 2 / 3;
+      renew = !net_->renewing && (now >= due || now < net_->cert_issued);
+      if (renew) net_->renewing = true;
+    }
+    if (renew) {
       // Signing is quick but not free: on a worker, then swap the contexts.
-      parts_->workers->post([this] {
+      bool queued = parts_->workers->post([this] {
         net::TlsServerOptions tls;
+        bool used = false;
         if (auto st = issue_serving_certificate(tls); !st.ok()) {
           spdlog::error("could not renew the serving certificate: {}", st.error().message);
-          return;
+        } else {
+          auto a = net_->agents->update_tls(agents_tls(tls));
+          auto b = net_->api->update_tls(tls);
+          used = a.ok() && b.ok();
+          if (!used)
+            spdlog::error("could not use the renewed serving certificate: {}",
+                          (a.ok() ? b : a).error().message);
         }
-        net::TlsServerOptions agents_tls = tls;
-        agents_tls.client_ca_pem = parts_->ca->certificate_pem();
-        auto a = net_->agents->update_tls(agents_tls);
-        auto b = net_->api->update_tls(tls);
-        if (!a.ok() || !b.ok())
-          spdlog::error("could not use the renewed serving certificate: {}",
-                        (a.ok() ? b : a).error().message);
-        else
+        std::lock_guard lk(net_->cert_mu);
+        net_->renewing = false;
+        if (used)
           spdlog::info("renewed the serving certificate (valid until {})",
                        format_rfc3339(net_->cert_expires));
       });
+      if (!queued) {
+        std::lock_guard lk(net_->cert_mu);
+        net_->renewing = false;
+      }
     }
     schedule_renewal();
   });

@@ -3,6 +3,7 @@
 // `factory-agent` processes dialing it: what integration tests (and the demo)
 // run against. Nothing here is mocked; only the ports and paths are private.
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -17,6 +18,11 @@ class CoordinatorHarness {
   // extra_yaml is appended to the generated config (e.g. "tokens:\n  default_ttl: 5m\n").
   explicit CoordinatorHarness(std::filesystem::path dir, std::string extra_yaml = "");
   ~CoordinatorHarness();
+
+  // Environment for `factory serve` and every CLI call from now on (a shared
+  // fake clock: LD_PRELOAD of libfaketime).
+  void set_env(std::map<std::string, std::string> env) { env_ = std::move(env); }
+  const std::map<std::string, std::string>& env() const { return env_; }
 
   void start();  // spawns `factory serve` and waits until the API answers
   void stop();   // SIGTERM
@@ -47,10 +53,14 @@ class CoordinatorHarness {
   // is down (as a crash at some point would have left it).
   std::optional<nlohmann::json> stored_record(const std::string& tenant) const;
   void write_stored_record(const nlohmann::json& record);
+  // Runs SQL on the coordinator's database while it is down: for tests that
+  // make the store fail (a trigger that refuses a write, as a failing disk would).
+  void exec_sql(const std::string& sql);
 
  private:
   std::filesystem::path dir_, state_;
   int agents_port_, api_port_;
+  std::map<std::string, std::string> env_;
   Process proc_;
   int starts_ = 0;
 };
@@ -59,6 +69,7 @@ struct AgentOptions {
   std::string state_dir_name = "agent";
   std::vector<std::string> extra_args;
   bool pin_wrong_ca = false;
+  std::map<std::string, std::string> env;  // added to the agent's environment
 };
 
 // Starts `factory-agent` enrolling with the token of a create_token() answer.
@@ -73,6 +84,7 @@ class AgentProcess {
 
  private:
   std::vector<std::string> argv_;
+  std::map<std::string, std::string> env_;
   std::filesystem::path state_, token_file_, log_;
   Process proc_;
   int starts_ = 0;
