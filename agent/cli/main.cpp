@@ -139,8 +139,11 @@ int main(int argc, char** argv) {
     int s = 0;
     sigwait(&set, &s);
     if (s == SIGINT || s == SIGTERM) {
-      spdlog::info("signal {}: stopping", s);
-      link.stop();
+      // systemd stops the agent this way for a reboot too: after the plan
+      // asked for one, the stop is the guest going down.
+      const bool rebooting = runtime && runtime->rebooting();
+      spdlog::info("signal {}: {}", s, rebooting ? "the guest is rebooting" : "stopping");
+      link.stop(rebooting ? "rebooting" : "stopping");
     }
   });
   sig.detach();
@@ -163,6 +166,9 @@ int main(int argc, char** argv) {
   spdlog::info("factory-agent {} starting; coordinator {}", FACTORY_VERSION, cfg.coordinator_url);
   int rc = link.run();
   done = true;
+  // The coordinator already has the close frame; now the step under way is
+  // stopped (its command gets SIGTERM, then SIGKILL after the grace) and
+  // the plan's thread joined, the journal saying where to resume.
   if (runtime) runtime->stop();
   if (load.joinable()) load.join();
   return rc;
