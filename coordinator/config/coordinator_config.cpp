@@ -83,7 +83,8 @@ Result<std::uint64_t> parse_bytes(const nlohmann::json& v, const std::string& wh
     return Error(Errc::invalid_argument,
                  where + ": want a byte count like 33554432, 512Ki, 32Mi or 1Gi");
   };
-  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0)
+    return static_cast<std::uint64_t>(v.get<std::int64_t>());
   if (!v.is_string()) return bad();
   const std::string s = v.get<std::string>();
   std::size_t digits = 0;
@@ -170,13 +171,14 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
         }
         if (q.contains("max_events_stored")) {
           const auto& m = q["max_events_stored"];
-          if (!m.is_number_unsigned() || m.get<std::uint64_t>() < 1 ||
-              m.get<std::uint64_t>() > 100'000'000)
+          // YAML integers come as signed numbers.
+          if (!m.is_number_integer() || m.get<std::int64_t>() < 1 ||
+              m.get<std::int64_t>() > 100'000'000)
             return Error(Errc::invalid_argument,
                          path +
                              ": agents.quota.max_events_stored: want a whole number from 1 to "
                              "100000000");
-          c.quota_max_events_stored = m.get<std::size_t>();
+          c.quota_max_events_stored = static_cast<std::size_t>(m.get<std::int64_t>());
         }
         if (auto st = read_duration(q, "max_event_age", c.quota_max_event_age, w); !st.ok())
           return st.error().with_context(path);

@@ -291,6 +291,10 @@ Status Coordinator::start() {
   // rejects the frame with an error and keeps the session. Strangers get
   // the small limit of ServerOptions::strangers from the first byte.
   ao.ws_max_message = proto::kMaxPlanFrameBytes;
+  // A stranger may only enroll: its messages need be no larger than an
+  // enroll frame. 4096 strangers each holding an unfinished frame of that
+  // size is the most memory they can pin (Strangers.* tests measure it).
+  ao.strangers.max_message = proto::kMaxEnrollFrameBytes;
   ao.name = "agents";
   net_->agents = std::make_unique<net::Server>(*net_->pool, ao);
   net_->agents->on_websocket([&p](const net::HttpRequestIn& req, const net::PeerInfo& peer) {
