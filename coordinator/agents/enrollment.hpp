@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/net/server.hpp"
+#include "coordinator/agents/messages.hpp"
 #include "coordinator/agents/refusal.hpp"
 #include "coordinator/enroll/ca.hpp"
 #include "coordinator/enroll/tokens.hpp"
@@ -39,19 +40,19 @@ class Enrollment {
   // left to the session, which lets it renew and nothing else.
   std::string certificate_refusal(const net::PeerInfo& peer) const;
 
-  // An enroll frame's body ({token, csr, hostname, agent_version}) from an
-  // agent at `remote`: the "enrolled" reply's body, with the certificate.
-  // The token is checked before anything is signed, and spent only once the
-  // CSR proved good. May wait (signing, the token book, the store): workers only.
-  Answer<nlohmann::json> enroll(const nlohmann::json& body, const std::string& remote);
+  // A decoded enroll frame (messages.hpp) from an agent at `remote`: the
+  // "enrolled" reply's body, with the certificate. The token is checked
+  // before anything is signed, and spent only once the CSR proved good. May
+  // wait (signing, the token book, the store): workers only.
+  Answer<nlohmann::json> enroll(const EnrollRequest& req, const std::string& remote);
 
-  // A renew frame's body ({csr}) from the tenant's agent, on a connection
+  // A decoded renew frame from the tenant's agent, on a connection
   // that authenticated with certificate `session_serial`: the "certificate"
   // reply's body. Valid afterwards: exactly that serial and the new one, so
   // a reply lost on its way never locks the agent out (it still holds the
   // certificate it connected with). Workers only.
   Answer<nlohmann::json> renew(const std::string& tenant, const std::string& session_serial,
-                               const nlohmann::json& body);
+                               const RenewRequest& req);
 
   // Voids the tenant's certificates and unused tokens (the caller closes its
   // connection).

@@ -2,6 +2,8 @@
 
 #include <iostream>
 
+#include "common/display.hpp"
+
 namespace factory::cli {
 
 void add_global_options(CLI::App& app, GlobalOptions& g) {
@@ -13,7 +15,8 @@ void add_global_options(CLI::App& app, GlobalOptions& g) {
 }
 
 int fail(const Error& e) {
-  std::cerr << "factory: " << e.message << "\n";
+  // A message may quote what a guest reported (a failed step's message).
+  std::cerr << "factory: " << display::sanitize(e.message) << "\n";
   return e.code == Errc::invalid_argument ? 2 : 1;
 }
 

@@ -1,5 +1,6 @@
 // `factory serve`: the coordinator itself (server/coordinator.hpp).
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,20 @@
 
 namespace factory::cli {
 
+namespace {
+// Every agent is a connection and every connection a descriptor: the soft
+// limit (1024 by default) would cap the fleet long before the server's own
+// limits do, so the coordinator takes what the hard limit allows.
+void raise_open_files_limit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur >= r.rlim_max) return;
+  rlim_t was = r.rlim_cur;
+  r.rlim_cur = r.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &r) == 0)
+    spdlog::debug("open files limit raised from {} to {}", was, r.rlim_cur);
+}
+}  // namespace
+
 void add_serve_command(CLI::App& app, Context& ctx) {
   auto* cmd =
       app.add_subcommand("serve", "Run the coordinator: agents endpoint, admin API, status feed");
@@ -19,6 +34,7 @@ void add_serve_command(CLI::App& app, Context& ctx) {
       if (!cfg) return fail(cfg.error());
       // The server logs at info unless told otherwise; the CLI default (warn) is for commands.
       if (ctx.global.log_level == "warn") setup_logging("factory", cfg->log_level);
+      raise_open_files_limit();
       auto c = coordinator::Coordinator::open(*cfg);
       if (!c) return fail(c.error());
       if (auto st = (*c)->start(); !st.ok()) return fail(st.error());

@@ -98,7 +98,14 @@ Result<TenantRequest> build_request(const CreateOptions& o) {
   TenantRequest r;
   r.name = o.name;
   r.tier = o.tier;
-  if (o.gpus_opt && o.gpus_opt->count() > 0) r.gpus = o.gpus;
+  if (o.gpus_opt && o.gpus_opt->count() > 0) {
+    // Checked here too, so a typo is refused before the coordinator is asked.
+    if (o.gpus < 1 || o.gpus > kMaxGpusPerVm)
+      return Error(Errc::invalid_argument,
+                   "--gpus " + std::to_string(o.gpus) + " is out of range: want 1-" +
+                       std::to_string(kMaxGpusPerVm) + " (every tier runs on a GPU)");
+    r.gpus = o.gpus;
+  }
   r.cpu = o.cpu;
   r.memory = o.memory;
   r.disk = o.disk;
@@ -178,7 +185,8 @@ int wait_for(const AdminClient& client, const std::string& name, std::chrono::se
       last_error = r.error().message;
     } else {
       last_error.clear();
-      for (const auto& line : progress_lines(before, *r)) os << stamp() << line << "\n";
+      for (const auto& line : progress_lines(before, *r))
+        os << stamp() << display_text(line) << "\n";
       os.flush();
       before = *r;
       std::string phase = str(*r, "phase");
@@ -189,7 +197,7 @@ int wait_for(const AdminClient& client, const std::string& name, std::chrono::se
       if (phase == "failed") {
         // The step's own line was printed just above, as it changed.
         for (const auto& line : failure_report(*r, /*with_step_line=*/false))
-          os << stamp() << line << "\n";
+          os << stamp() << display_text(line) << "\n";
         return fail(Error(Errc::failed_precondition, failure_summary(*r)));
       }
     }
@@ -280,8 +288,10 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
   const json& t = *res;
   const json spec = t.value("spec", json::object());
   auto row = [](const std::string& k, const std::string& v) {
-    std::cout << k << std::string(k.size() < 11 ? 11 - k.size() : 1, ' ') << (v.empty() ? "-" : v)
-              << "\n";
+    // v holds what the agent reported (its version, step messages): shown
+    // escaped, like every table cell.
+    std::cout << k << std::string(k.size() < 11 ? 11 - k.size() : 1, ' ')
+              << (v.empty() ? "-" : display_text(v)) << "\n";
   };
   row("Tenant:", str(t, "name"));
   row("Tier:", str(t, "tier"));
@@ -337,13 +347,13 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
   if (t.contains("diagnoses") && t["diagnoses"].is_object() && !t["diagnoses"].empty()) {
     std::cout << "\nDiagnoses:\n";
     for (const auto& [code, d] : t["diagnoses"].items()) {
-      std::cout << "  " << code << ": " << str(d, "summary") << "\n";
-      if (!str(d, "fix").empty()) std::cout << "    fix: " << str(d, "fix") << "\n";
+      std::cout << "  " << display_text(code) << ": " << display_text(str(d, "summary")) << "\n";
+      if (!str(d, "fix").empty()) std::cout << "    fix: " << display_text(str(d, "fix")) << "\n";
     }
   }
   if (str(t, "phase") == "failed") {
     std::cout << "\n";
-    for (const auto& line : failure_report(t)) std::cout << line << "\n";
+    for (const auto& line : failure_report(t)) std::cout << display_text(line) << "\n";
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <set>
 #include <thread>
@@ -42,6 +43,63 @@ Status read_duration(const nlohmann::json& j, const char* key, std::chrono::seco
 const std::set<std::string> kTopKeys = {"state_dir", "external_url", "agents",
                                         "api",       "tokens",       "kube",
                                         "threads",   "catalog",      "log_level"};
+const std::set<std::string> kAgentsKeys = {"listen", "idle_timeout", "cert_ttl", "renewal_grace",
+                                           "binary", "quota"};
+const std::set<std::string> kQuotaKeys = {"events_per_second", "event_burst", "bytes_per_day",
+                                          "max_events_stored", "max_event_age"};
+const std::set<std::string> kApiKeys = {"listen", "metrics_public"};
+
+std::string known_list(const std::set<std::string>& keys) {
+  std::string out;
+  for (const auto& k : keys) out += (out.empty() ? "" : ", ") + k;
+  return out;
+}
+
+Status only_keys(const nlohmann::json& j, const std::set<std::string>& keys,
+                 const std::string& where) {
+  if (!j.is_object()) return Error(Errc::invalid_argument, where + ": want a mapping");
+  for (auto& [k, v] : j.items())
+    if (!keys.count(k))
+      return Error(Errc::invalid_argument,
+                   "unknown key '" + where + "." + k + "' (known: " + known_list(keys) + ")");
+  return {};
+}
+
+// A positive number within [lo, hi] (YAML gives integers or floats).
+Status read_number(const nlohmann::json& j, const char* key, double lo, double hi, double& out,
+                   const std::string& where) {
+  if (!j.contains(key)) return {};
+  const auto& v = j[key];
+  if (!v.is_number() || v.get<double>() < lo || v.get<double>() > hi)
+    return Error(Errc::invalid_argument, where + "." + key + ": want a number from " +
+                                             std::to_string(static_cast<long long>(lo)) + " to " +
+                                             std::to_string(static_cast<long long>(hi)));
+  out = v.get<double>();
+  return {};
+}
+
+// A byte count: a whole number, or one with a binary suffix (Ki, Mi, Gi).
+Result<std::uint64_t> parse_bytes(const nlohmann::json& v, const std::string& where) {
+  auto bad = [&] {
+    return Error(Errc::invalid_argument,
+                 where + ": want a byte count like 33554432, 512Ki, 32Mi or 1Gi");
+  };
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0)
+    return static_cast<std::uint64_t>(v.get<std::int64_t>());
+  if (!v.is_string()) return bad();
+  const std::string s = v.get<std::string>();
+  std::size_t digits = 0;
+  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
+  if (digits == 0 || digits > 12) return bad();
+  std::uint64_t n = std::stoull(s.substr(0, digits));
+  const std::string unit = s.substr(digits);
+  if (unit.empty()) return n;
+  if (unit == "Ki") return n << 10;
+  if (unit == "Mi") return n << 20;
+  if (unit == "Gi") return n << 30;
+  return bad();
+}
+
 const std::set<std::string> kKubeKeys = {"kubeconfig", "context", "namespace", "request_timeout"};
 
 }  // namespace
@@ -83,8 +141,10 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
     if (j.contains("state_dir")) c.state_dir = j["state_dir"].get<std::string>();
     if (j.contains("external_url")) c.external_url = j["external_url"].get<std::string>();
     if (j.contains("log_level")) c.log_level = j["log_level"].get<std::string>();
-    if (j.contains("agents")) {
+    if (j.contains("agents") && !j["agents"].is_null()) {
       const auto& a = j["agents"];
+      if (auto st = only_keys(a, kAgentsKeys, "agents"); !st.ok())
+        return st.error().with_context(path);
       if (a.contains("listen")) c.agents_listen = a["listen"].get<std::string>();
       if (a.contains("binary")) c.agent_binary = a["binary"].get<std::string>();
       if (auto st = read_duration(a, "idle_timeout", c.agents_idle_timeout, "agents"); !st.ok())
@@ -93,9 +153,53 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
         return st.error().with_context(path);
       if (auto st = read_duration(a, "renewal_grace", c.agent_renewal_grace, "agents"); !st.ok())
         return st.error().with_context(path);
+      if (a.contains("quota") && !a["quota"].is_null()) {
+        const auto& q = a["quota"];
+        const std::string w = "agents.quota";
+        if (auto st = only_keys(q, kQuotaKeys, w); !st.ok()) return st.error().with_context(path);
+        if (auto st = read_number(q, "events_per_second", 1, 1e6, c.quota_events_per_second, w);
+            !st.ok())
+          return st.error().with_context(path);
+        if (auto st = read_number(q, "event_burst", 1, 1e7, c.quota_event_burst, w); !st.ok())
+          return st.error().with_context(path);
+        if (q.contains("bytes_per_day")) {
+          auto b = parse_bytes(q["bytes_per_day"], w + ".bytes_per_day");
+          if (!b) return b.error().with_context(path);
+          // Below a few full-size frames a tenant could be left unable to
+          // send one event, ever.
+          if (*b < (1u << 20))
+            return Error(Errc::invalid_argument,
+                         path + ": agents.quota.bytes_per_day must be at least 1Mi");
+          c.quota_bytes_per_day = *b;
+        }
+        if (q.contains("max_events_stored")) {
+          const auto& m = q["max_events_stored"];
+          // YAML integers come as signed numbers.
+          if (!m.is_number_integer() || m.get<std::int64_t>() < 1 ||
+              m.get<std::int64_t>() > 100'000'000)
+            return Error(Errc::invalid_argument,
+                         path +
+                             ": agents.quota.max_events_stored: want a whole number from 1 to "
+                             "100000000");
+          c.quota_max_events_stored = static_cast<std::size_t>(m.get<std::int64_t>());
+        }
+        if (auto st = read_duration(q, "max_event_age", c.quota_max_event_age, w); !st.ok())
+          return st.error().with_context(path);
+        if (c.quota_max_event_age < std::chrono::hours(1))
+          return Error(Errc::invalid_argument,
+                       path + ": agents.quota.max_event_age must be at least 1h");
+      }
     }
-    if (j.contains("api") && j["api"].contains("listen"))
-      c.api_listen = j["api"]["listen"].get<std::string>();
+    if (j.contains("api") && !j["api"].is_null()) {
+      const auto& a = j["api"];
+      if (auto st = only_keys(a, kApiKeys, "api"); !st.ok()) return st.error().with_context(path);
+      if (a.contains("listen")) c.api_listen = a["listen"].get<std::string>();
+      if (a.contains("metrics_public")) {
+        if (!a["metrics_public"].is_boolean())
+          return Error(Errc::invalid_argument, path + ": api.metrics_public: want true or false");
+        c.metrics_public = a["metrics_public"].get<bool>();
+      }
+    }
     if (j.contains("tokens")) {
       if (auto st = read_duration(j["tokens"], "default_ttl", c.token_default_ttl, "tokens");
           !st.ok())

@@ -12,8 +12,19 @@
 //                                      # may still renew with its old certificate
 //     binary: ""                       # agent binary served at /v1/agent/binary
 //                                      # (default: factory-agent beside factory)
+//     quota:                           # each tenant's share (coordinator/agents/quota.hpp)
+//       events_per_second: 250         # messages an agent may send per second (events,
+//                                      # heartbeats, ...; above the agent's 200/s replay)
+//       event_burst: 500               # ... at once, on top of the rate
+//       bytes_per_day: 32Mi            # event bytes stored per tenant per day (a day's
+//                                      # allowance at once, then refilled over the day)
+//       max_events_stored: 10000       # a tenant's stored history; the oldest go first
+//       max_event_age: 90d             # ... and none older than this
 //   api:
 //     listen: 127.0.0.1:8444           # admin API and status feed (HTTPS, bearer token)
+//     metrics_public: false            # true: GET /metrics without the bearer token (it
+//                                      # names every tenant: open it only to a trusted
+//                                      # network's Prometheus)
 //   tokens:
 //     default_ttl: 1h                  # `factory token create` without --ttl
 //     tenant_ttl: 24h                  # the token in a tenant VM's user-data: the VM
@@ -34,6 +45,7 @@
 //                                      # relative to this file's folder
 //   log_level: info
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "common/error.hpp"
@@ -48,7 +60,15 @@ struct CoordinatorConfig {
   std::chrono::seconds agent_cert_ttl{std::chrono::hours(24)};
   std::chrono::seconds agent_renewal_grace{std::chrono::hours(24 * 90)};
   std::string agent_binary;
+  // agents.quota: per tenant (coordinator/agents/quota.hpp), and the history
+  // the store keeps of each (its retention).
+  double quota_events_per_second = 250;
+  double quota_event_burst = 500;
+  std::uint64_t quota_bytes_per_day = 32ull << 20;
+  std::size_t quota_max_events_stored = 10000;
+  std::chrono::seconds quota_max_event_age{std::chrono::hours(24 * 90)};
   std::string api_listen = "127.0.0.1:8444";
+  bool metrics_public = false;
   std::chrono::seconds token_default_ttl{std::chrono::hours(1)};
   std::chrono::seconds token_tenant_ttl{std::chrono::hours(24)};
   std::string kube_kubeconfig;  // resolved against the config file's folder

@@ -138,7 +138,10 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   auto tokens = enroll::TokenBook::load(fs::path(dir) / kTokenBookFile);
   if (!tokens) return tokens.error();
   p.tokens = std::make_unique<enroll::TokenBook>(std::move(*tokens));
-  auto store = store::open_sqlite_store((fs::path(dir) / "store").string());
+  store::StoreOptions so;
+  so.max_events_per_tenant = c->cfg_.quota_max_events_stored;
+  so.max_event_age = c->cfg_.quota_max_event_age;
+  auto store = store::open_sqlite_store((fs::path(dir) / "store").string(), so);
   if (!store) return store.error();
   p.store = std::move(*store);
   p.workers = std::make_unique<WorkerPool>(c->cfg_.worker_threads);
@@ -146,6 +149,9 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   AgentServiceOptions ao;
   ao.cert_ttl = c->cfg_.agent_cert_ttl;
   ao.renewal_grace = c->cfg_.agent_renewal_grace;
+  ao.quotas.events_per_second = c->cfg_.quota_events_per_second;
+  ao.quotas.event_burst = c->cfg_.quota_event_burst;
+  ao.quotas.bytes_per_day = c->cfg_.quota_bytes_per_day;
   p.agents =
       std::make_unique<AgentService>(*p.store, *p.ca, *p.tokens, p.feed->state(), *p.workers, ao);
   p.agent_control = std::make_unique<AgentsForTenants>(*p.agents);
@@ -183,7 +189,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
       [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->plan_for(t); });
   c->net_ = std::make_unique<Net>();
   c->install_core_routes();
-  p.feed->install_routes(*p.router);
+  p.feed->install_routes(*p.router, c->cfg_.metrics_public);
   p.tenants->install_routes(*p.router);
   return c;
 }
@@ -208,16 +214,25 @@ void Coordinator::install_core_routes() {
   r.add("POST", "/v1/tokens",
         [this, &p](const net::HttpRequestIn& req, auto&) {
           auto body = nlohmann::json::parse(req.body, nullptr, false);
-          if (body.is_discarded() || !body.is_object() || !body.contains("tenant") ||
-              !body["tenant"].is_string())
+          auto bad = [](const std::string& m) {
+            return net::HttpResponseOut::error(400, "invalid_argument", m);
+          };
+          if (body.is_discarded() || !body.is_object())
             return net::HttpResponseOut::error(400, "bad_request",
                                                "want {\"tenant\": NAME, \"ttl\": \"1h\"}");
+          for (auto& [k, v] : body.items())
+            if (k != "tenant" && k != "ttl")
+              return bad("unknown field '" + k + "' (known: tenant, ttl)");
+          if (!body.contains("tenant")) return bad("'tenant' is required (a tenant name)");
+          if (!body["tenant"].is_string()) return bad("'tenant' must be a string (a tenant name)");
           std::string tenant = body["tenant"].get<std::string>();
           if (auto st = enroll::validate_tenant_name(tenant); !st.ok())
             return net::HttpResponseOut::error(400, "invalid_argument", st.error().message);
           std::chrono::seconds ttl = cfg_.token_default_ttl;
-          if (body.contains("ttl")) {
-            auto d = parse_duration(body.value("ttl", ""));
+          if (body.contains("ttl") && !body["ttl"].is_null()) {
+            if (!body["ttl"].is_string())
+              return bad("'ttl' must be a duration string like \"1h\" or \"90s\"");
+            auto d = parse_duration(body["ttl"].get<std::string>());
             if (!d) return net::HttpResponseOut::error(400, "invalid_argument", d.error().message);
             ttl = *d;
           }
@@ -292,6 +307,10 @@ Status Coordinator::start() {
   // rejects the frame with an error and keeps the session. Strangers get
   // the small limit of ServerOptions::strangers from the first byte.
   ao.ws_max_message = proto::kMaxPlanFrameBytes;
+  // A stranger may only enroll: its messages need be no larger than an
+  // enroll frame. 4096 strangers each holding an unfinished frame of that
+  // size is the most memory they can pin (Strangers.* tests measure it).
+  ao.strangers.max_message = proto::kMaxEnrollFrameBytes;
   ao.name = "agents";
   net_->agents = std::make_unique<net::Server>(*net_->pool, ao);
   net_->agents->on_websocket([&p](const net::HttpRequestIn& req, const net::PeerInfo& peer) {

@@ -29,7 +29,8 @@ bool port_open(int port) {
 }
 }  // namespace
 
-CoordinatorHarness::CoordinatorHarness(fs::path dir, std::string extra_yaml)
+CoordinatorHarness::CoordinatorHarness(fs::path dir, std::string extra_yaml,
+                                       std::string agents_yaml, std::string api_yaml)
     : dir_(std::move(dir)), state_(dir_ / "state") {
   agents_port_ = free_loopback_port();
   api_port_ = free_loopback_port();
@@ -41,8 +42,8 @@ CoordinatorHarness::CoordinatorHarness(fs::path dir, std::string extra_yaml)
     << "\n  idle_timeout: 10s\n"
     // The agent binary the coordinator serves (and hashes into tenants' user-data).
     << "  binary: " << agent_bin() << "\n"
-    << "api:\n  listen: 127.0.0.1:" << api_port_ << "\n"
-    << "log_level: debug\n"
+    << agents_yaml << "api:\n  listen: 127.0.0.1:" << api_port_ << "\n"
+    << api_yaml << "log_level: debug\n"
     << extra_yaml;
 }
 
@@ -103,6 +104,12 @@ std::optional<nlohmann::json> CoordinatorHarness::tenant(const std::string& name
 bool CoordinatorHarness::agent_connected(const std::string& tenant_name) {
   auto t = tenant(tenant_name);
   return t && (*t)["agent"].value("connected", false);
+}
+
+std::string CoordinatorHarness::admin_token() const {
+  std::string t = slurp(state_ / "admin.token");
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
+  return t;
 }
 
 std::string CoordinatorHarness::ca_sha256() {

@@ -15,8 +15,11 @@ namespace factory::testing {
 
 class CoordinatorHarness {
  public:
-  // extra_yaml is appended to the generated config (e.g. "tokens:\n  default_ttl: 5m\n").
-  explicit CoordinatorHarness(std::filesystem::path dir, std::string extra_yaml = "");
+  // extra_yaml is appended to the generated config (e.g. "tokens:\n  default_ttl: 5m\n");
+  // agents_yaml and api_yaml go inside its agents: and api: mappings, indented
+  // by the caller (e.g. "  quota:\n    events_per_second: 5\n").
+  explicit CoordinatorHarness(std::filesystem::path dir, std::string extra_yaml = "",
+                              std::string agents_yaml = "", std::string api_yaml = "");
   ~CoordinatorHarness();
 
   // Environment for `factory serve` and every CLI call from now on (a shared
@@ -44,6 +47,8 @@ class CoordinatorHarness {
   int api_port() const { return api_port_; }
   std::string ca_sha256();
   std::string log() const { return proc_.log(); }
+  int pid() const { return proc_.pid(); }
+  std::string admin_token() const;
   // Every event stored for a tenant, oldest first, as
   // {"agent_id", "id", "received_at", "event"}: read from the coordinator's
   // database (SQLite allows a reader beside the running writer).
