@@ -61,6 +61,10 @@ void add_status_command(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("status", "Tenants, their agents and what they report");
   auto out = std::make_shared<OutputFormat>(OutputFormat::table);
   add_output_option(*cmd, *out);
+  set_examples(*cmd, {{"factory status", "one line per tenant"},
+                      {"factory status -o json", "what the API answers, for scripts"},
+                      {"FACTORY_SERVER=https://coord:8444 factory status",
+                       "another coordinator (with FACTORY_TOKEN_FILE)"}});
   cmd->callback([&ctx, out] {
     ctx.run = [&ctx, out] {
       return list_from_coordinator(ctx.global, "/v1/tenants", *out, print_status);

@@ -4,11 +4,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <set>
 #include <thread>
 
 #include "common/durations.hpp"
+#include "common/log.hpp"
 #include "common/net/server.hpp"
+#include "common/validation.hpp"
 #include "common/yaml_json.hpp"
 
 namespace factory::coordinator {
@@ -28,21 +29,62 @@ std::string hostname() {
   return buf;
 }
 
-Status read_duration(const nlohmann::json& j, const char* key, std::chrono::seconds& out,
-                     const std::string& where) {
-  if (!j.contains(key)) return {};
-  if (!j[key].is_string())
-    return Error(Errc::invalid_argument, where + "." + key + ": want a duration like 90s, 1h");
-  auto d = parse_duration(j[key].get<std::string>());
-  if (!d) return d.error().with_context(where + "." + key);
+// Durations are written as the CLI takes them ("90s", "1h"), so a bare
+// number (seconds? milliseconds?) is refused rather than guessed.
+Status read_duration(validation::ConfigMap& m, const char* key, std::chrono::seconds& out) {
+  const nlohmann::json* v = m.take(key);
+  if (!v) return {};
+  if (!v->is_string()) return m.wrong_type(key, "a duration like 90s, 1h");
+  auto d = parse_duration(v->get<std::string>());
+  if (!d) return m.bad_value(key, d.error().message);
   out = *d;
   return {};
 }
 
-const std::set<std::string> kTopKeys = {"state_dir", "external_url", "agents",
-                                        "api",       "tokens",       "kube",
-                                        "threads",   "catalog",      "log_level"};
-const std::set<std::string> kKubeKeys = {"kubeconfig", "context", "namespace", "request_timeout"};
+// Every key of the file, read strictly (validation::ConfigMap): the layout
+// below is the one coordinator_config.hpp documents.
+Status read_keys(const nlohmann::json& doc, const std::string& path, CoordinatorConfig& c) {
+  auto top = validation::ConfigMap::open(doc, path);
+  if (!top) return top.error();
+  // Each list is read left to right (a braced list is sequenced), so done()
+  // comes after the reads that make its keys known; the first error wins.
+  for (auto st : {top->read("state_dir", c.state_dir), top->read("external_url", c.external_url),
+                  top->read("catalog", c.catalog), top->read("log_level", c.log_level)})
+    if (!st.ok()) return st;
+
+  auto agents = top->section("agents");
+  if (!agents) return agents.error();
+  for (auto st : {agents->read("listen", c.agents_listen), agents->read("binary", c.agent_binary),
+                  read_duration(*agents, "idle_timeout", c.agents_idle_timeout),
+                  read_duration(*agents, "cert_ttl", c.agent_cert_ttl), agents->done()})
+    if (!st.ok()) return st;
+
+  auto api = top->section("api");
+  if (!api) return api.error();
+  for (auto st : {api->read("listen", c.api_listen), api->done()})
+    if (!st.ok()) return st;
+
+  auto tokens = top->section("tokens");
+  if (!tokens) return tokens.error();
+  for (auto st : {read_duration(*tokens, "default_ttl", c.token_default_ttl),
+                  read_duration(*tokens, "tenant_ttl", c.token_tenant_ttl), tokens->done()})
+    if (!st.ok()) return st;
+
+  auto kube = top->section("kube");
+  if (!kube) return kube.error();
+  for (auto st : {kube->read("kubeconfig", c.kube_kubeconfig), kube->read("context", c.kube_context),
+                  kube->read("namespace", c.kube_namespace),
+                  read_duration(*kube, "request_timeout", c.kube_request_timeout), kube->done()})
+    if (!st.ok()) return st;
+
+  auto threads = top->section("threads");
+  if (!threads) return threads.error();
+  for (auto st : {threads->read("io", c.io_threads, 64), threads->read("workers", c.worker_threads, 64),
+                  threads->done()})
+    if (!st.ok()) return st;
+
+  return top->done();
+}
 
 }  // namespace
 
@@ -71,72 +113,11 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
                                       " not found (pass --config FILE, or create it; every key "
                                       "has a default)");
   }
-  if (!j.is_object()) return Error(Errc::invalid_argument, path + ": want a YAML mapping");
-  for (auto& [k, v] : j.items()) {
-    if (!kTopKeys.count(k))
-      return Error(Errc::invalid_argument,
-                   path + ": unknown key '" + k +
-                       "' (known: state_dir, external_url, agents, api, tokens, kube, threads, "
-                       "catalog, log_level)");
-  }
-  try {
-    if (j.contains("state_dir")) c.state_dir = j["state_dir"].get<std::string>();
-    if (j.contains("external_url")) c.external_url = j["external_url"].get<std::string>();
-    if (j.contains("log_level")) c.log_level = j["log_level"].get<std::string>();
-    if (j.contains("agents")) {
-      const auto& a = j["agents"];
-      if (a.contains("listen")) c.agents_listen = a["listen"].get<std::string>();
-      if (a.contains("binary")) c.agent_binary = a["binary"].get<std::string>();
-      if (auto st = read_duration(a, "idle_timeout", c.agents_idle_timeout, "agents"); !st.ok())
-        return st.error().with_context(path);
-      if (auto st = read_duration(a, "cert_ttl", c.agent_cert_ttl, "agents"); !st.ok())
-        return st.error().with_context(path);
-    }
-    if (j.contains("api") && j["api"].contains("listen"))
-      c.api_listen = j["api"]["listen"].get<std::string>();
-    if (j.contains("tokens")) {
-      if (auto st = read_duration(j["tokens"], "default_ttl", c.token_default_ttl, "tokens");
-          !st.ok())
-        return st.error().with_context(path);
-      if (auto st = read_duration(j["tokens"], "tenant_ttl", c.token_tenant_ttl, "tokens");
-          !st.ok())
-        return st.error().with_context(path);
-    }
-    if (j.contains("threads") && !j["threads"].is_null()) {
-      const auto& t = j["threads"];
-      if (!t.is_object()) return Error(Errc::invalid_argument, path + ": threads: want a mapping");
-      for (auto& [key, v] : t.items()) {
-        if (key != "io" && key != "workers")
-          return Error(Errc::invalid_argument,
-                       path + ": unknown key 'threads." + key + "' (known: io, workers)");
-        if (!v.is_number_unsigned() || v.get<std::uint64_t>() > 64)
-          return Error(Errc::invalid_argument,
-                       path + ": threads." + key + ": want a whole number from 0 to 64");
-      }
-      if (t.contains("io")) c.io_threads = t["io"].get<std::size_t>();
-      if (t.contains("workers")) c.worker_threads = t["workers"].get<std::size_t>();
-      if (c.worker_threads == 0)
-        return Error(Errc::invalid_argument, path + ": threads.workers must be at least 1");
-    }
-    if (j.contains("catalog") && !j["catalog"].is_null())
-      c.catalog = j["catalog"].get<std::string>();
-    if (j.contains("kube") && !j["kube"].is_null()) {
-      const auto& k = j["kube"];
-      if (!k.is_object()) return Error(Errc::invalid_argument, path + ": kube: want a mapping");
-      for (auto& [key, v] : k.items())
-        if (!kKubeKeys.count(key))
-          return Error(Errc::invalid_argument,
-                       path + ": unknown key 'kube." + key +
-                           "' (known: kubeconfig, context, namespace, request_timeout)");
-      if (k.contains("kubeconfig")) c.kube_kubeconfig = k["kubeconfig"].get<std::string>();
-      if (k.contains("context")) c.kube_context = k["context"].get<std::string>();
-      if (k.contains("namespace")) c.kube_namespace = k["namespace"].get<std::string>();
-      if (auto st = read_duration(k, "request_timeout", c.kube_request_timeout, "kube"); !st.ok())
-        return st.error().with_context(path);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return Error(Errc::invalid_argument, path + ": wrong type for a key: " + e.what());
-  }
+  if (auto st = read_keys(j, path, c); !st.ok()) return st.error();
+  if (auto st = check_log_level(c.log_level); !st.ok())
+    return st.error().with_context(path + ": log_level");
+  if (c.worker_threads == 0)
+    return Error(Errc::invalid_argument, path + ": threads.workers must be at least 1");
   for (auto* l : {&c.agents_listen, &c.api_listen}) {
     if (auto hp = net::split_host_port(*l); !hp) return hp.error().with_context(path);
   }
