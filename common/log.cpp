@@ -39,6 +39,18 @@ class SanitizingFormatter final : public spdlog::formatter {
 };
 
 }  // namespace
+Status check_log_level(std::string_view level) {
+  std::string known;
+  for (std::string_view rest = kLogLevels; !rest.empty();) {
+    auto bar = rest.find('|');
+    std::string_view one = rest.substr(0, bar);
+    if (one == level) return {};
+    known += (known.empty() ? "" : ", ") + std::string(one);
+    rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
+  }
+  return Error(Errc::invalid_argument,
+               "'" + std::string(level) + "' is not a log level (one of " + known + ")");
+}
 
 void setup_logging(std::string_view program, std::string_view level) {
   spdlog::drop(std::string(program));

@@ -7,9 +7,19 @@
 #include <string>
 #include <string_view>
 
+#include "common/error.hpp"
+
 namespace factory {
 
-// level: trace|debug|info|warn|error. Unknown levels fall back to info.
+// The levels both binaries take (--log-level, the configs' log_level), from
+// the most verbose: "trace|debug|info|warn|error".
+inline constexpr const char* kLogLevels = "trace|debug|info|warn|error";
+
+// A level outside kLogLevels is a typo the user should hear about, not a
+// quiet "info": invalid_argument "'loud' is not a log level (trace, ...)".
+Status check_log_level(std::string_view level);
+
+// level: one of kLogLevels (check_log_level first: an unknown one is info here).
 void setup_logging(std::string_view program, std::string_view level);
 
 // "abcd…(32 chars)" style fingerprint safe to log in place of a secret.

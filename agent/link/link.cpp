@@ -462,9 +462,10 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
         if (!identity) {
           auto token = read_file(cfg.token_file);
           if (!token) {
-            spdlog::error("link: not enrolled and no bootstrap token at {} ({}); create one with "
+            // read_file's message names the file: said once.
+            spdlog::error("link: not enrolled, and no bootstrap token: {}; create one with "
                           "`factory token create --tenant NAME` and write it there",
-                          cfg.token_file, token.error().message);
+                          token.error().message);
             exit_code = kExitNeedsAdmin;
             co_return;
           }

@@ -137,6 +137,10 @@ void add_status_command(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand("status", "Tenants, their agents and what they report");
   auto out = std::make_shared<OutputFormat>(OutputFormat::table);
   add_output_option(*cmd, *out);
+  set_examples(*cmd, {{"factory status", "one line per tenant"},
+                      {"factory status -o json", "what the API answers, for scripts"},
+                      {"FACTORY_SERVER=https://coord:8444 factory status",
+                       "another coordinator (with FACTORY_TOKEN_FILE)"}});
   cmd->callback([&ctx, out] {
     ctx.run = [&ctx, out] {
       warn_if_ca_expires_soon(ctx.global);

@@ -429,6 +429,12 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
                 "With --dry-run: catalog file (default: the config's 'catalog' key, else the "
                 "built-in one); a real create uses the coordinator's catalog");
   o->out_opt = add_output_option(*c, o->out);
+  set_examples(*c, {{"factory tenant create alice --tier gpu-vm --wait",
+                     "a GPU VM with Ollama, followed until ready"},
+                    {"factory tenant create bob --tier gpu-k8s --ssh-key ~/.ssh/id_ed25519.pub",
+                     "a GPU VM running its own Kubernetes"},
+                    {"factory tenant create alice --tier gpu-vm --dry-run",
+                     "the objects it would create, contacting nothing"}});
   c->callback([&ctx, o] {
     ctx.run = [&ctx, o] {
       // A dry run prints manifests: YAML unless told otherwise.
@@ -440,6 +446,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   auto list_out = std::make_shared<OutputFormat>(OutputFormat::table);
   auto* l = group->add_subcommand("list", "List tenants: tier, phase, GPUs, agent");
   add_output_option(*l, *list_out);
+  set_examples(*l, {{"factory tenant list", "every tenant"},
+                    {"factory tenant list -o yaml", "with everything the API knows"}});
   l->callback([&ctx, list_out] {
     ctx.run = [&ctx, list_out] {
       return list_from_coordinator(ctx.global, "/v1/tenants", *list_out, print_tenants);
@@ -455,6 +463,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
       "show", "Show one tenant: its VM in the cluster, its agent, its plan step by step");
   s->add_option("NAME", so->name, "Tenant name")->required();
   add_output_option(*s, so->out);
+  set_examples(*s, {{"factory tenant show alice", "VM, agent, plan steps, diagnoses"},
+                    {"factory tenant show alice -o json", "the same as the API answers it"}});
   s->callback([&ctx, so] { ctx.run = [&ctx, so] { return show(ctx, so->name, so->out); }; });
 
   auto dopt = std::make_shared<NameOpts>();
@@ -465,6 +475,7 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   d->add_option("NAME", dopt->name, "Tenant name")->required();
   d->add_option("--namespace", dopt->ns,
                 "Where to look for its objects when the coordinator has no record of it");
+  set_examples(*d, {{"factory tenant delete alice", "everything made for alice"}});
   d->callback(
       [&ctx, dopt] { ctx.run = [&ctx, dopt] { return remove(ctx, dopt->name, dopt->ns); }; });
 
@@ -473,6 +484,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
       "retry", "Ask the tenant's agent to re-run its failed plan from the failed step");
   r->add_option("NAME", ro->name, "Tenant name")->required();
   r->add_option("--step", ro->step, "Re-run from this step instead (an id from `tenant show`)");
+  set_examples(*r, {{"factory tenant retry alice", "from the step that failed"},
+                    {"factory tenant retry alice --step ollama", "from the step named"}});
   r->callback([&ctx, ro] { ctx.run = [&ctx, ro] { return retry(ctx, ro->name, ro->step); }; });
 }
 

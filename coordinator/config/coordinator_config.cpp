@@ -5,11 +5,12 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
-#include <set>
 #include <thread>
 
 #include "common/durations.hpp"
+#include "common/log.hpp"
 #include "common/net/server.hpp"
+#include "common/validation.hpp"
 #include "common/yaml_json.hpp"
 
 namespace factory::coordinator {
@@ -29,60 +30,22 @@ std::string hostname() {
   return buf;
 }
 
-Status read_duration(const nlohmann::json& j, const char* key, std::chrono::seconds& out,
-                     const std::string& where) {
-  if (!j.contains(key)) return {};
-  if (!j[key].is_string())
-    return Error(Errc::invalid_argument, where + "." + key + ": want a duration like 90s, 1h");
-  auto d = parse_duration(j[key].get<std::string>());
-  if (!d) return d.error().with_context(where + "." + key);
+// Durations are written as the CLI takes them ("90s", "1h"), so a bare
+// number (seconds? milliseconds?) is refused rather than guessed.
+Status read_duration(validation::ConfigMap& m, const char* key, std::chrono::seconds& out) {
+  const nlohmann::json* v = m.take(key);
+  if (!v) return {};
+  if (!v->is_string()) return m.wrong_type(key, "a duration like 90s, 1h");
+  auto d = parse_duration(v->get<std::string>());
+  if (!d) return m.bad_value(key, d.error().message);
   out = *d;
   return {};
 }
 
-const std::set<std::string> kTopKeys = {"state_dir", "external_url", "agents",
-                                        "api",       "tokens",       "kube",
-                                        "threads",   "catalog",      "log_level"};
-const std::set<std::string> kAgentsKeys = {"listen", "idle_timeout", "cert_ttl", "renewal_grace",
-                                           "binary", "quota"};
-const std::set<std::string> kQuotaKeys = {"events_per_second", "event_burst", "bytes_per_day",
-                                          "max_events_stored", "max_event_age"};
-const std::set<std::string> kApiKeys = {"listen", "metrics_public"};
-
-std::string known_list(const std::set<std::string>& keys) {
-  std::string out;
-  for (const auto& k : keys) out += (out.empty() ? "" : ", ") + k;
-  return out;
-}
-
-Status only_keys(const nlohmann::json& j, const std::set<std::string>& keys,
-                 const std::string& where) {
-  if (!j.is_object()) return Error(Errc::invalid_argument, where + ": want a mapping");
-  for (auto& [k, v] : j.items())
-    if (!keys.count(k))
-      return Error(Errc::invalid_argument,
-                   "unknown key '" + where + "." + k + "' (known: " + known_list(keys) + ")");
-  return {};
-}
-
-// A positive number within [lo, hi] (YAML gives integers or floats).
-Status read_number(const nlohmann::json& j, const char* key, double lo, double hi, double& out,
-                   const std::string& where) {
-  if (!j.contains(key)) return {};
-  const auto& v = j[key];
-  if (!v.is_number() || v.get<double>() < lo || v.get<double>() > hi)
-    return Error(Errc::invalid_argument, where + "." + key + ": want a number from " +
-                                             std::to_string(static_cast<long long>(lo)) + " to " +
-                                             std::to_string(static_cast<long long>(hi)));
-  out = v.get<double>();
-  return {};
-}
-
 // A byte count: a whole number, or one with a binary suffix (Ki, Mi, Gi).
-Result<std::uint64_t> parse_bytes(const nlohmann::json& v, const std::string& where) {
-  auto bad = [&] {
-    return Error(Errc::invalid_argument,
-                 where + ": want a byte count like 33554432, 512Ki, 32Mi or 1Gi");
+Result<std::uint64_t> parse_bytes(const nlohmann::json& v) {
+  auto bad = [] {
+    return Error(Errc::invalid_argument, "want a byte count like 33554432, 512Ki, 32Mi or 1Gi");
   };
   if (v.is_number_integer() && v.get<std::int64_t>() >= 0)
     return static_cast<std::uint64_t>(v.get<std::int64_t>());
@@ -100,7 +63,91 @@ Result<std::uint64_t> parse_bytes(const nlohmann::json& v, const std::string& wh
   return bad();
 }
 
-const std::set<std::string> kKubeKeys = {"kubeconfig", "context", "namespace", "request_timeout"};
+// A number within [lo, hi] (YAML gives integers or floats).
+Status read_number(validation::ConfigMap& m, const char* key, double lo, double hi, double& out) {
+  const nlohmann::json* v = m.take(key);
+  if (!v) return {};
+  if (!v->is_number()) return m.wrong_type(key, "a number");
+  double d = v->get<double>();
+  if (d < lo || d > hi)
+    return m.bad_value(key, "want a number from " + std::to_string(static_cast<long long>(lo)) +
+                                " to " + std::to_string(static_cast<long long>(hi)));
+  out = d;
+  return {};
+}
+
+// agents.quota: each tenant's share of the coordinator (agents/quota.hpp).
+Status read_quota(validation::ConfigMap& q, CoordinatorConfig& c) {
+  for (auto st : {read_number(q, "events_per_second", 1, 1e6, c.quota_events_per_second),
+                  read_number(q, "event_burst", 1, 1e7, c.quota_event_burst)})
+    if (!st.ok()) return st;
+  if (const nlohmann::json* b = q.take("bytes_per_day")) {
+    auto n = parse_bytes(*b);
+    if (!n) return q.bad_value("bytes_per_day", n.error().message);
+    // Below a few full-size frames a tenant could be left unable to send
+    // one event, ever.
+    if (*n < (1u << 20)) return q.bad_value("bytes_per_day", "must be at least 1Mi");
+    c.quota_bytes_per_day = *n;
+  }
+  if (auto st = q.read("max_events_stored", c.quota_max_events_stored, 100'000'000); !st.ok())
+    return st;
+  if (c.quota_max_events_stored < 1) return q.bad_value("max_events_stored", "must be at least 1");
+  if (auto st = read_duration(q, "max_event_age", c.quota_max_event_age); !st.ok()) return st;
+  if (c.quota_max_event_age < std::chrono::hours(1))
+    return q.bad_value("max_event_age", "must be at least 1h");
+  return q.done();
+}
+
+// Every key of the file, read strictly (validation::ConfigMap): the layout
+// below is the one coordinator_config.hpp documents.
+Status read_keys(const nlohmann::json& doc, const std::string& path, CoordinatorConfig& c) {
+  auto top = validation::ConfigMap::open(doc, path);
+  if (!top) return top.error();
+  // Each list is read left to right (a braced list is sequenced), so done()
+  // comes after the reads that make its keys known; the first error wins.
+  for (auto st : {top->read("state_dir", c.state_dir), top->read("external_url", c.external_url),
+                  top->read("catalog", c.catalog), top->read("log_level", c.log_level)})
+    if (!st.ok()) return st;
+
+  auto agents = top->section("agents");
+  if (!agents) return agents.error();
+  for (auto st : {agents->read("listen", c.agents_listen), agents->read("binary", c.agent_binary),
+                  read_duration(*agents, "idle_timeout", c.agents_idle_timeout),
+                  read_duration(*agents, "cert_ttl", c.agent_cert_ttl),
+                  read_duration(*agents, "renewal_grace", c.agent_renewal_grace)})
+    if (!st.ok()) return st;
+  auto quota = agents->section("quota");
+  if (!quota) return quota.error();
+  if (auto st = read_quota(*quota, c); !st.ok()) return st;
+  if (auto st = agents->done(); !st.ok()) return st;
+
+  auto api = top->section("api");
+  if (!api) return api.error();
+  for (auto st : {api->read("listen", c.api_listen), api->read("metrics_public", c.metrics_public),
+                  api->done()})
+    if (!st.ok()) return st;
+
+  auto tokens = top->section("tokens");
+  if (!tokens) return tokens.error();
+  for (auto st : {read_duration(*tokens, "default_ttl", c.token_default_ttl),
+                  read_duration(*tokens, "tenant_ttl", c.token_tenant_ttl), tokens->done()})
+    if (!st.ok()) return st;
+
+  auto kube = top->section("kube");
+  if (!kube) return kube.error();
+  for (auto st : {kube->read("kubeconfig", c.kube_kubeconfig), kube->read("context", c.kube_context),
+                  kube->read("namespace", c.kube_namespace),
+                  read_duration(*kube, "request_timeout", c.kube_request_timeout), kube->done()})
+    if (!st.ok()) return st;
+
+  auto threads = top->section("threads");
+  if (!threads) return threads.error();
+  for (auto st : {threads->read("io", c.io_threads, 64), threads->read("workers", c.worker_threads, 64),
+                  threads->done()})
+    if (!st.ok()) return st;
+
+  return top->done();
+}
 
 }  // namespace
 
@@ -129,120 +176,11 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
                                       " not found (pass --config FILE, or create it; every key "
                                       "has a default)");
   }
-  if (!j.is_object()) return Error(Errc::invalid_argument, path + ": want a YAML mapping");
-  for (auto& [k, v] : j.items()) {
-    if (!kTopKeys.count(k))
-      return Error(Errc::invalid_argument,
-                   path + ": unknown key '" + k +
-                       "' (known: state_dir, external_url, agents, api, tokens, kube, threads, "
-                       "catalog, log_level)");
-  }
-  try {
-    if (j.contains("state_dir")) c.state_dir = j["state_dir"].get<std::string>();
-    if (j.contains("external_url")) c.external_url = j["external_url"].get<std::string>();
-    if (j.contains("log_level")) c.log_level = j["log_level"].get<std::string>();
-    if (j.contains("agents") && !j["agents"].is_null()) {
-      const auto& a = j["agents"];
-      if (auto st = only_keys(a, kAgentsKeys, "agents"); !st.ok())
-        return st.error().with_context(path);
-      if (a.contains("listen")) c.agents_listen = a["listen"].get<std::string>();
-      if (a.contains("binary")) c.agent_binary = a["binary"].get<std::string>();
-      if (auto st = read_duration(a, "idle_timeout", c.agents_idle_timeout, "agents"); !st.ok())
-        return st.error().with_context(path);
-      if (auto st = read_duration(a, "cert_ttl", c.agent_cert_ttl, "agents"); !st.ok())
-        return st.error().with_context(path);
-      if (auto st = read_duration(a, "renewal_grace", c.agent_renewal_grace, "agents"); !st.ok())
-        return st.error().with_context(path);
-      if (a.contains("quota") && !a["quota"].is_null()) {
-        const auto& q = a["quota"];
-        const std::string w = "agents.quota";
-        if (auto st = only_keys(q, kQuotaKeys, w); !st.ok()) return st.error().with_context(path);
-        if (auto st = read_number(q, "events_per_second", 1, 1e6, c.quota_events_per_second, w);
-            !st.ok())
-          return st.error().with_context(path);
-        if (auto st = read_number(q, "event_burst", 1, 1e7, c.quota_event_burst, w); !st.ok())
-          return st.error().with_context(path);
-        if (q.contains("bytes_per_day")) {
-          auto b = parse_bytes(q["bytes_per_day"], w + ".bytes_per_day");
-          if (!b) return b.error().with_context(path);
-          // Below a few full-size frames a tenant could be left unable to
-          // send one event, ever.
-          if (*b < (1u << 20))
-            return Error(Errc::invalid_argument,
-                         path + ": agents.quota.bytes_per_day must be at least 1Mi");
-          c.quota_bytes_per_day = *b;
-        }
-        if (q.contains("max_events_stored")) {
-          const auto& m = q["max_events_stored"];
-          // YAML integers come as signed numbers.
-          if (!m.is_number_integer() || m.get<std::int64_t>() < 1 ||
-              m.get<std::int64_t>() > 100'000'000)
-            return Error(Errc::invalid_argument,
-                         path +
-                             ": agents.quota.max_events_stored: want a whole number from 1 to "
-                             "100000000");
-          c.quota_max_events_stored = static_cast<std::size_t>(m.get<std::int64_t>());
-        }
-        if (auto st = read_duration(q, "max_event_age", c.quota_max_event_age, w); !st.ok())
-          return st.error().with_context(path);
-        if (c.quota_max_event_age < std::chrono::hours(1))
-          return Error(Errc::invalid_argument,
-                       path + ": agents.quota.max_event_age must be at least 1h");
-      }
-    }
-    if (j.contains("api") && !j["api"].is_null()) {
-      const auto& a = j["api"];
-      if (auto st = only_keys(a, kApiKeys, "api"); !st.ok()) return st.error().with_context(path);
-      if (a.contains("listen")) c.api_listen = a["listen"].get<std::string>();
-      if (a.contains("metrics_public")) {
-        if (!a["metrics_public"].is_boolean())
-          return Error(Errc::invalid_argument, path + ": api.metrics_public: want true or false");
-        c.metrics_public = a["metrics_public"].get<bool>();
-      }
-    }
-    if (j.contains("tokens")) {
-      if (auto st = read_duration(j["tokens"], "default_ttl", c.token_default_ttl, "tokens");
-          !st.ok())
-        return st.error().with_context(path);
-      if (auto st = read_duration(j["tokens"], "tenant_ttl", c.token_tenant_ttl, "tokens");
-          !st.ok())
-        return st.error().with_context(path);
-    }
-    if (j.contains("threads") && !j["threads"].is_null()) {
-      const auto& t = j["threads"];
-      if (!t.is_object()) return Error(Errc::invalid_argument, path + ": threads: want a mapping");
-      for (auto& [key, v] : t.items()) {
-        if (key != "io" && key != "workers")
-          return Error(Errc::invalid_argument,
-                       path + ": unknown key 'threads." + key + "' (known: io, workers)");
-        if (!v.is_number_unsigned() || v.get<std::uint64_t>() > 64)
-          return Error(Errc::invalid_argument,
-                       path + ": threads." + key + ": want a whole number from 0 to 64");
-      }
-      if (t.contains("io")) c.io_threads = t["io"].get<std::size_t>();
-      if (t.contains("workers")) c.worker_threads = t["workers"].get<std::size_t>();
-      if (c.worker_threads == 0)
-        return Error(Errc::invalid_argument, path + ": threads.workers must be at least 1");
-    }
-    if (j.contains("catalog") && !j["catalog"].is_null())
-      c.catalog = j["catalog"].get<std::string>();
-    if (j.contains("kube") && !j["kube"].is_null()) {
-      const auto& k = j["kube"];
-      if (!k.is_object()) return Error(Errc::invalid_argument, path + ": kube: want a mapping");
-      for (auto& [key, v] : k.items())
-        if (!kKubeKeys.count(key))
-          return Error(Errc::invalid_argument,
-                       path + ": unknown key 'kube." + key +
-                           "' (known: kubeconfig, context, namespace, request_timeout)");
-      if (k.contains("kubeconfig")) c.kube_kubeconfig = k["kubeconfig"].get<std::string>();
-      if (k.contains("context")) c.kube_context = k["context"].get<std::string>();
-      if (k.contains("namespace")) c.kube_namespace = k["namespace"].get<std::string>();
-      if (auto st = read_duration(k, "request_timeout", c.kube_request_timeout, "kube"); !st.ok())
-        return st.error().with_context(path);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return Error(Errc::invalid_argument, path + ": wrong type for a key: " + e.what());
-  }
+  if (auto st = read_keys(j, path, c); !st.ok()) return st.error();
+  if (auto st = check_log_level(c.log_level); !st.ok())
+    return st.error().with_context(path + ": log_level");
+  if (c.worker_threads == 0)
+    return Error(Errc::invalid_argument, path + ": threads.workers must be at least 1");
   for (auto* l : {&c.agents_listen, &c.api_listen}) {
     if (auto hp = net::split_host_port(*l); !hp) return hp.error().with_context(path);
   }

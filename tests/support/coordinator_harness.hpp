@@ -31,6 +31,7 @@ class CoordinatorHarness {
   void stop();   // SIGTERM
   void kill9();  // SIGKILL, as a crash would
   bool running() { return proc_.running(); }
+  int pid() const { return proc_.pid(); }
 
   CommandResult factory(const std::vector<std::string>& args,
                         std::chrono::milliseconds timeout = std::chrono::seconds(60));
