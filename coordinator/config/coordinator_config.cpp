@@ -1,5 +1,6 @@
 #include "coordinator/config/coordinator_config.hpp"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,10 +40,17 @@ Status read_duration(const nlohmann::json& j, const char* key, std::chrono::seco
   return {};
 }
 
-const std::set<std::string> kTopKeys = {"state_dir", "external_url", "agents",
-                                        "api",       "tokens",       "kube",
+const std::set<std::string> kTopKeys = {"state_dir", "external_url", "agents",   "api",
+                                        "tokens",    "kube",         "provider", "qemu",
                                         "threads",   "catalog",      "log_level"};
 const std::set<std::string> kKubeKeys = {"kubeconfig", "context", "namespace", "request_timeout"};
+const std::set<std::string> kQemuKeys = {"binary", "img",        "base_image", "vms_dir",
+                                         "accel",  "supervisor", "ssh_listen"};
+
+std::string resolve_against(const std::string& config_path, const std::string& p) {
+  if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
+  return (std::filesystem::path(config_path).parent_path() / p).lexically_normal().string();
+}
 
 }  // namespace
 
@@ -76,8 +84,8 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
     if (!kTopKeys.count(k))
       return Error(Errc::invalid_argument,
                    path + ": unknown key '" + k +
-                       "' (known: state_dir, external_url, agents, api, tokens, kube, threads, "
-                       "catalog, log_level)");
+                       "' (known: state_dir, external_url, agents, api, tokens, kube, provider, "
+                       "qemu, threads, catalog, log_level)");
   }
   try {
     if (j.contains("state_dir")) c.state_dir = j["state_dir"].get<std::string>();
@@ -118,6 +126,38 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
       if (c.worker_threads == 0)
         return Error(Errc::invalid_argument, path + ": threads.workers must be at least 1");
     }
+    if (j.contains("provider")) c.provider = j["provider"].get<std::string>();
+    if (c.provider != "kubevirt" && c.provider != "qemu")
+      return Error(Errc::invalid_argument,
+                   path + ": provider: want kubevirt or qemu (got " + c.provider + ")");
+    if (j.contains("qemu") && !j["qemu"].is_null()) {
+      const auto& q = j["qemu"];
+      if (!q.is_object()) return Error(Errc::invalid_argument, path + ": qemu: want a mapping");
+      for (auto& [key, v] : q.items())
+        if (!kQemuKeys.count(key))
+          return Error(Errc::invalid_argument,
+                       path + ": unknown key 'qemu." + key +
+                           "' (known: binary, img, base_image, vms_dir, accel, supervisor, "
+                           "ssh_listen)");
+      const std::pair<const char*, std::string*> strings[] = {
+          {"binary", &c.qemu.binary},         {"img", &c.qemu.img},
+          {"base_image", &c.qemu.base_image}, {"vms_dir", &c.qemu.vms_dir},
+          {"accel", &c.qemu.accel},           {"supervisor", &c.qemu.supervisor},
+          {"ssh_listen", &c.qemu.ssh_listen}};
+      for (auto [key, out] : strings)
+        if (q.contains(key)) *out = q[key].get<std::string>();
+      if (c.qemu.accel != "auto" && c.qemu.accel != "kvm" && c.qemu.accel != "tcg")
+        return Error(Errc::invalid_argument,
+                     path + ": qemu.accel: want auto, kvm or tcg (got " + c.qemu.accel + ")");
+      if (c.qemu.supervisor != "auto" && c.qemu.supervisor != "systemd" &&
+          c.qemu.supervisor != "child")
+        return Error(Errc::invalid_argument, path +
+                                                 ": qemu.supervisor: want auto, systemd or child "
+                                                 "(got " +
+                                                 c.qemu.supervisor + ")");
+      if (c.qemu.binary.empty() || c.qemu.img.empty())
+        return Error(Errc::invalid_argument, path + ": qemu.binary and qemu.img must not be empty");
+    }
     if (j.contains("catalog") && !j["catalog"].is_null())
       c.catalog = j["catalog"].get<std::string>();
     if (j.contains("kube") && !j["kube"].is_null()) {
@@ -143,7 +183,11 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
   if (c.external_url.empty()) {
     auto hp = net::split_host_port(c.agents_listen);
     std::string host = hp->first;
-    if (host.empty() || host == "0.0.0.0" || host == "::")
+    // QEMU's user-mode networking shows the host's addresses (its loopback
+    // included) to the guest as 10.0.2.2, whatever the host is called.
+    if (c.provider == "qemu")
+      host = "10.0.2.2";
+    else if (host.empty() || host == "0.0.0.0" || host == "::")
       host = hostname();
     else if (host.find(':') != std::string::npos)
       host = "[" + host + "]";
@@ -155,6 +199,14 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
   if (!c.kube_kubeconfig.empty() && std::filesystem::path(c.kube_kubeconfig).is_relative())
     c.kube_kubeconfig =
         (std::filesystem::path(path).parent_path() / c.kube_kubeconfig).lexically_normal().string();
+  c.qemu.base_image = resolve_against(path, c.qemu.base_image);
+  c.qemu.vms_dir = c.qemu.vms_dir.empty() ? (std::filesystem::path(c.state_dir) / "vms").string()
+                                          : resolve_against(path, c.qemu.vms_dir);
+  // QEMU's hostfwd takes an IPv4 address (its user-mode stack is IPv4).
+  if (in_addr a{}; ::inet_pton(AF_INET, c.qemu.ssh_listen.c_str(), &a) != 1)
+    return Error(Errc::invalid_argument,
+                 path + ": qemu.ssh_listen: want an IPv4 address such as 127.0.0.1 (got " +
+                     c.qemu.ssh_listen + ")");
   if (c.kube_namespace.empty())
     return Error(Errc::invalid_argument, path + ": kube.namespace must not be empty");
   if (c.kube_request_timeout < std::chrono::seconds(1))
