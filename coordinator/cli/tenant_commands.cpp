@@ -230,6 +230,7 @@ int create(const Context& ctx, const CreateOptions& o) {
   json doc = *res;
   const std::string password = str(doc, "password");
   doc.erase("password");
+  const std::string password_kept_in = str(doc, "password_kept_in");
   const json& t = doc.contains("tenant") ? doc["tenant"] : json::object();
   const json& spec = t.contains("spec") ? t["spec"] : json::object();
 
@@ -240,17 +241,24 @@ int create(const Context& ctx, const CreateOptions& o) {
                 << (str(spec, "gpu_resource").empty() ? "no GPU" : str(spec, "gpu_resource"))
                 << ", namespace " << str(spec, "namespace");
       int port = t.contains("vm") ? t["vm"].value("ssh_node_port", 0) : 0;
-      if (port) std::cout << ", SSH node port " << port;
+      const std::string ssh_host = t.contains("vm") ? str(t["vm"], "ssh_host") : "";
+      if (port && !ssh_host.empty())
+        std::cout << ", SSH " << ssh_host << ":" << port;
+      else if (port)
+        std::cout << ", SSH node port " << port;
       std::cout << "\n";
       for (const auto& obj : doc.value("objects", json::array()))
         std::cout << "  created " << obj.get<std::string>() << "\n";
     }
   }
   if (!str(doc, "note").empty()) std::cerr << "note: " << str(doc, "note") << "\n";
-  if (!password.empty())
-    std::cerr << "password of ubuntu on " << o.name << " (shown once; kept only in Secret "
-              << str(spec, "namespace") << "/" << cloud_init_secret_name(o.name)
+  if (!password.empty()) {
+    std::string kept = password_kept_in;
+    if (kept.empty())
+      kept = "Secret " + str(spec, "namespace") + "/" + cloud_init_secret_name(o.name);
+    std::cerr << "password of ubuntu on " << o.name << " (shown once; kept only in " << kept
               << "): " << password << "\n";
+  }
   if (!o.wait) return 0;
   // Progress goes to stdout for people, to stderr when stdout holds a document.
   std::ostream& os = o.out == OutputFormat::table ? std::cout : std::cerr;
@@ -309,7 +317,19 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
       v = "unknown (" + str(vm, "error") + ")";
     else if (!vm.value("exists", false))
       v = "not found in the cluster";
-    else {
+    else if (str(vm, "provider") == "qemu") {
+      // A QEMU process on this host: its state as QMP reports it, who keeps
+      // it running, and where its SSH port listens.
+      v = str(vm, "status");
+      if (vm.value("pid", 0)) v += ", QEMU pid " + str(vm, "pid");
+      v += str(vm, "supervisor") == "systemd" ? ", unit factory-vm-" + str(t, "name")
+                                              : ", supervised by the coordinator";
+      if (!str(vm, "node").empty()) v += " on " + str(vm, "node");
+      if (vm.value("ssh_node_port", 0))
+        v += ", SSH " + str(vm, "ssh_host") + ":" + str(vm, "ssh_node_port");
+      if (vm.value("restarts", 0)) v += ", restarted " + str(vm, "restarts") + "x";
+      if (!str(vm, "reason").empty()) v += " (" + str(vm, "reason") + ")";
+    } else {
       v = str(vm, "status");
       if (!str(vm, "phase").empty()) v += ", VMI " + str(vm, "phase");
       if (!str(vm, "node").empty()) v += " on " + str(vm, "node");
@@ -318,6 +338,16 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
       if (!str(vm, "reason").empty()) v += " (" + str(vm, "reason") + ")";
     }
     row("VM:", v);
+    if (!str(vm, "accelerator").empty()) {
+      std::string a = str(vm, "accelerator") == "kvm" ? "KVM" : "TCG (emulated CPU)";
+      if (!str(vm, "accelerator_reason").empty()) a += ": " + str(vm, "accelerator_reason");
+      row("Accel:", a);
+    }
+    if (vm.contains("gpus") && vm["gpus"].is_array() && !vm["gpus"].empty()) {
+      std::string g;
+      for (const auto& a : vm["gpus"]) g += (g.empty() ? "" : ", ") + a.get<std::string>();
+      row("Cards:", g + " (vfio-pci)");
+    }
   }
   if (t.contains("kube") && !str(t["kube"], "error").empty())
     row("Error:", str(t["kube"], "error"));

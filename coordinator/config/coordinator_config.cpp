@@ -1,5 +1,6 @@
 #include "coordinator/config/coordinator_config.hpp"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +41,11 @@ Status read_duration(validation::ConfigMap& m, const char* key, std::chrono::sec
   if (!d) return m.bad_value(key, d.error().message);
   out = *d;
   return {};
+}
+
+std::string resolve_against(const std::string& config_path, const std::string& p) {
+  if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
+  return (std::filesystem::path(config_path).parent_path() / p).lexically_normal().string();
 }
 
 // A byte count: a whole number, or one with a binary suffix (Ki, Mi, Gi).
@@ -140,6 +146,26 @@ Status read_keys(const nlohmann::json& doc, const std::string& path, Coordinator
                   read_duration(*kube, "request_timeout", c.kube_request_timeout), kube->done()})
     if (!st.ok()) return st;
 
+  if (auto st = top->read("provider", c.provider); !st.ok()) return st;
+  if (c.provider != "kubevirt" && c.provider != "qemu")
+    return top->bad_value("provider", "want kubevirt or qemu (got " + c.provider + ")");
+  auto qemu = top->section("qemu");
+  if (!qemu) return qemu.error();
+  for (auto st : {qemu->read("binary", c.qemu.binary), qemu->read("img", c.qemu.img),
+                  qemu->read("base_image", c.qemu.base_image),
+                  qemu->read("vms_dir", c.qemu.vms_dir), qemu->read("accel", c.qemu.accel),
+                  qemu->read("supervisor", c.qemu.supervisor),
+                  qemu->read("ssh_listen", c.qemu.ssh_listen), qemu->done()})
+    if (!st.ok()) return st;
+  if (c.qemu.accel != "auto" && c.qemu.accel != "kvm" && c.qemu.accel != "tcg")
+    return qemu->bad_value("accel", "want auto, kvm or tcg (got " + c.qemu.accel + ")");
+  if (c.qemu.supervisor != "auto" && c.qemu.supervisor != "systemd" &&
+      c.qemu.supervisor != "child")
+    return qemu->bad_value("supervisor",
+                           "want auto, systemd or child (got " + c.qemu.supervisor + ")");
+  if (c.qemu.binary.empty() || c.qemu.img.empty())
+    return qemu->bad_value("binary", "qemu.binary and qemu.img must not be empty");
+
   auto threads = top->section("threads");
   if (!threads) return threads.error();
   for (auto st : {threads->read("io", c.io_threads, 64), threads->read("workers", c.worker_threads, 64),
@@ -187,7 +213,11 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
   if (c.external_url.empty()) {
     auto hp = net::split_host_port(c.agents_listen);
     std::string host = hp->first;
-    if (host.empty() || host == "0.0.0.0" || host == "::")
+    // QEMU's user-mode networking shows the host's addresses (its loopback
+    // included) to the guest as 10.0.2.2, whatever the host is called.
+    if (c.provider == "qemu")
+      host = "10.0.2.2";
+    else if (host.empty() || host == "0.0.0.0" || host == "::")
       host = hostname();
     else if (host.find(':') != std::string::npos)
       host = "[" + host + "]";
@@ -199,6 +229,14 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
   if (!c.kube_kubeconfig.empty() && std::filesystem::path(c.kube_kubeconfig).is_relative())
     c.kube_kubeconfig =
         (std::filesystem::path(path).parent_path() / c.kube_kubeconfig).lexically_normal().string();
+  c.qemu.base_image = resolve_against(path, c.qemu.base_image);
+  c.qemu.vms_dir = c.qemu.vms_dir.empty() ? (std::filesystem::path(c.state_dir) / "vms").string()
+                                          : resolve_against(path, c.qemu.vms_dir);
+  // QEMU's hostfwd takes an IPv4 address (its user-mode stack is IPv4).
+  if (in_addr a{}; ::inet_pton(AF_INET, c.qemu.ssh_listen.c_str(), &a) != 1)
+    return Error(Errc::invalid_argument,
+                 path + ": qemu.ssh_listen: want an IPv4 address such as 127.0.0.1 (got " +
+                     c.qemu.ssh_listen + ")");
   if (c.kube_namespace.empty())
     return Error(Errc::invalid_argument, path + ": kube.namespace must not be empty");
   if (c.kube_request_timeout < std::chrono::seconds(1))

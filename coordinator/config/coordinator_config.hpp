@@ -4,6 +4,10 @@
 //
 //   state_dir: /var/lib/factory        # CA, admin token, tenants, events (0700)
 //   external_url: wss://<host>:8443    # what agents dial; default from agents.listen
+//                                      # (provider qemu: wss://10.0.2.2:<port>, the
+//                                      # host's loopback as QEMU user networking shows it)
+//   provider: kubevirt                 # where tenants' VMs run: kubevirt (the host
+//                                      # cluster) or qemu (processes on this host)
 //   agents:
 //     listen: 0.0.0.0:8443             # the wss endpoint guests reach
 //     idle_timeout: 60s                # websocket ping/pong deadline
@@ -36,6 +40,20 @@
 //     context: ""                      # "" = the kubeconfig's current-context
 //     namespace: tenants               # where tenant objects go (--namespace overrides)
 //     request_timeout: 10s             # per API request (on a worker, never an io thread)
+//   qemu:                              # provider qemu only
+//     binary: qemu-system-x86_64       # looked up on PATH unless a path
+//     img: qemu-img
+//     base_image: ""                   # what every tenant's copy-on-write disk sits on:
+//                                      # a folder with image.json (deploy/qemu/
+//                                      # build-image.sh) or a disk file booted by its
+//                                      # own boot loader (Ubuntu's cloud image);
+//                                      # relative to this file's folder
+//     vms_dir: ""                      # "" = <state_dir>/vms
+//     accel: auto                      # auto (KVM when a guest runs under it, else
+//                                      # TCG) | kvm | tcg
+//     supervisor: auto                 # auto (systemd when it is PID 1, else a child
+//                                      # the coordinator restarts) | systemd | child
+//     ssh_listen: 127.0.0.1            # where each tenant's forwarded SSH port listens
 //   threads:
 //     io: 0                            # io threads serving connections (0: one per
 //                                      # core, at most 4)
@@ -51,6 +69,17 @@
 #include "common/error.hpp"
 
 namespace factory::coordinator {
+
+// provider: qemu (coordinator/qemu reads these; this module only parses them).
+struct QemuSettings {
+  std::string binary = "qemu-system-x86_64";
+  std::string img = "qemu-img";
+  std::string base_image;  // resolved against the config file's folder
+  std::string vms_dir;     // resolved: never empty after load
+  std::string accel = "auto";
+  std::string supervisor = "auto";
+  std::string ssh_listen = "127.0.0.1";
+};
 
 struct CoordinatorConfig {
   std::string state_dir = "/var/lib/factory";
@@ -77,6 +106,8 @@ struct CoordinatorConfig {
   std::chrono::seconds kube_request_timeout{10};
   std::size_t io_threads = 0;  // resolved: never 0 after load
   std::size_t worker_threads = 4;
+  std::string provider = "kubevirt";  // or "qemu"
+  QemuSettings qemu;
   std::string catalog;  // as written; catalog::load_configured resolves it
   std::string log_level = "info";
   std::string source;  // the file it came from, for messages

@@ -25,6 +25,7 @@
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/enroll/tokens.hpp"
 #include "coordinator/feed/status_feed.hpp"
+#include "coordinator/qemu/qemu_provider.hpp"
 #include "coordinator/store/store.hpp"
 #include "coordinator/tenants/agent_control.hpp"
 #include "coordinator/tenants/kubevirt_provider.hpp"
@@ -178,13 +179,28 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   to.agent_binary_sha256 = p.agent_sha256;
   to.agent_binary_path = p.agent_binary;
   to.ca_pem = p.ca->certificate_pem();
+  std::unique_ptr<tenants::VmProvider> provider;
+  if (c->cfg_.provider == "qemu") {
+    const QemuSettings& q = c->cfg_.qemu;
+    qemu::QemuProviderOptions qo;
+    qo.qemu_binary = q.binary;
+    qo.qemu_img = q.img;
+    qo.base_image = q.base_image;
+    qo.vms_dir = q.vms_dir;
+    qo.accel = q.accel;
+    qo.supervisor = q.supervisor;
+    qo.ssh_listen = q.ssh_listen;
+    auto qp = qemu::QemuProvider::create(qo);
+    if (!qp) return qp.error().with_context("provider qemu");
+    provider = std::move(*qp);
+  } else {
+    provider = std::make_unique<tenants::KubeVirtProvider>(
+        kube::AccessOptions{c->cfg_.kube_kubeconfig, c->cfg_.kube_context},
+        std::chrono::duration_cast<std::chrono::milliseconds>(c->cfg_.kube_request_timeout));
+  }
   p.tenants = std::make_unique<tenants::TenantService>(
       tenants::TenantServiceDeps{*p.store, *p.tokens, p.feed->view(), *p.agent_control},
-      std::move(*cat),
-      std::make_unique<tenants::KubeVirtProvider>(
-          kube::AccessOptions{c->cfg_.kube_kubeconfig, c->cfg_.kube_context},
-          std::chrono::duration_cast<std::chrono::milliseconds>(c->cfg_.kube_request_timeout)),
-      to);
+      std::move(*cat), std::move(provider), to);
   p.agents->set_plan_provider(
       [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->plan_for(t); });
   c->net_ = std::make_unique<Net>();
