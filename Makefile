@@ -14,7 +14,7 @@ endif
 # `make test`'s business.
 DEMO_TARGETS = factory factory-agent
 
-.PHONY: all deps demo-deps test-deps build demo test clean format fuzz sanitize ci-sanitizers
+.PHONY: all deps demo-deps test-deps build demo test e2e-vm clean format fuzz sanitize ci-sanitizers
 
 all: build
 
@@ -40,6 +40,14 @@ demo: demo-deps $(BUILD_DIR)/build.ninja
 test: test-deps $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS)
+
+# The real-guest end-to-end test alone (it is part of `make test` too): the
+# base image built with debootstrap or reused from its cache
+# (${XDG_CACHE_HOME:-~/.cache}/factory/images), then real QEMU guests with
+# cloud-init, systemd and the agent; prints each phase's duration.
+e2e-vm: test-deps $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target factory factory-agent vm_e2e
+	cd $(BUILD_DIR) && ctest -L e2e-vm --output-on-failure -V --timeout 1200
 
 # Sanitizer and fuzz builds: clang, Release, no debug info (clang 14 fails on
 # the coroutine code of common/net/ws_client.cpp when it emits line tables:

@@ -3,7 +3,9 @@
 namespace factory::proto {
 
 size_t max_frame_bytes_for(std::string_view t) {
-  return t == type::kPlan ? kMaxPlanFrameBytes : kMaxFrameBytes;
+  if (t == type::kPlan) return kMaxPlanFrameBytes;
+  if (t == type::kEnroll) return kMaxEnrollFrameBytes;
+  return kMaxFrameBytes;
 }
 
 Result<Envelope> parse(std::string_view frame) {

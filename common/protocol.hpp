@@ -10,7 +10,10 @@
 //    storage exactly once, across reconnects, reboots and crashes on either side.
 //  - Unknown types are ignored with a warning (forward compatible). A bad
 //    frame is answered with an "error" frame; the connection survives.
-//  - Frames are capped at kMaxFrameBytes, except "plan" which may be larger.
+//  - Frames are capped at kMaxFrameBytes, except "plan" which may be larger
+//    and "enroll" which must be smaller: it is what a stranger (no client
+//    certificate yet) may send, a token and a CSR, and every stranger's
+//    unfinished frame is memory the coordinator holds until its deadline.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,6 +28,7 @@ namespace factory::proto {
 inline constexpr int kVersion = 1;
 inline constexpr size_t kMaxFrameBytes = 64 * 1024;
 inline constexpr size_t kMaxPlanFrameBytes = 1024 * 1024;
+inline constexpr size_t kMaxEnrollFrameBytes = 8 * 1024;
 inline constexpr std::string_view kAgentPath = "/v1/agent";
 
 namespace type {

@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <sstream>
@@ -42,7 +44,45 @@ std::string CommandResult::tail(size_t lines) const {
   return output.substr(pos);
 }
 
+namespace {
+
+// One eventfd for the whole process: while a CommandStop lives it is
+// readable, so every run_command polling it wakes at once (now or whenever
+// it next polls), without a timer of its own.
+struct StopSignal {
+  int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  std::atomic<bool> requested{false};
+  std::atomic<long long> grace_ms{0};
+};
+
+StopSignal& stop_signal() {
+  static StopSignal s;
+  return s;
+}
+
+}  // namespace
+
+CommandStop::CommandStop(std::chrono::milliseconds grace) {
+  auto& s = stop_signal();
+  s.grace_ms = grace.count();
+  s.requested = true;
+  uint64_t one = 1;
+  if (s.fd >= 0) (void)!::write(s.fd, &one, sizeof one);
+}
+
+CommandStop::~CommandStop() {
+  auto& s = stop_signal();
+  uint64_t n = 0;
+  if (s.fd >= 0) (void)!::read(s.fd, &n, sizeof n);  // readable no more
+  s.requested = false;
+}
+
+bool commands_stopping() {
+  return stop_signal().requested.load();
+}
+
 std::string CommandResult::describe() const {
+  if (stopped) return "stopped (the agent is stopping)";
   if (timed_out) return "timed out";
   if (signal) return "killed by signal " + std::to_string(signal);
   return "exited " + std::to_string(exit_code);
@@ -56,6 +96,8 @@ CommandSpec shell_command(const std::string& script) {
 
 Result<CommandResult> run_command(const CommandSpec& spec) {
   if (spec.argv.empty()) return Error(Errc::invalid_argument, "empty command");
+  if (commands_stopping())
+    return Error(Errc::unavailable, spec.argv[0] + ": not started: the process is stopping");
   std::string exe = which(spec.argv[0]);
   if (exe.empty())
     return Error(Errc::not_found, spec.argv[0] + ": command not found on PATH");
@@ -121,22 +163,34 @@ Result<CommandResult> run_command(const CommandSpec& spec) {
   }
 
   CommandResult res;
-  auto deadline = std::chrono::steady_clock::now() + spec.timeout;
+  using steady = std::chrono::steady_clock;
+  auto deadline = steady::now() + spec.timeout;
+  const int stop_fd = stop_signal().fd;
+  bool terminating = false;  // SIGTERM sent; SIGKILL at deadline
   std::string partial;
   char buf[8192];
   bool open = true;
   while (open) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now());
     if (left.count() <= 0) {
-      res.timed_out = true;
+      // The command's own deadline, or the end of the grace after SIGTERM.
+      (terminating ? res.stopped : res.timed_out) = true;
       ::kill(-pid, SIGKILL);
       break;
     }
-    pollfd pfd{out_pipe[0], POLLIN, 0};
-    int pr = ::poll(&pfd, 1, static_cast<int>(std::min<long>(left.count(), 1000)));
+    pollfd pfds[2] = {{out_pipe[0], POLLIN, 0}, {stop_fd, POLLIN, 0}};
+    // Once the stop is handled the eventfd (still readable) is not polled again.
+    nfds_t nfds = (!terminating && stop_fd >= 0) ? 2 : 1;
+    int pr = ::poll(pfds, nfds, static_cast<int>(std::min<long>(left.count(), 1000)));
     if (pr < 0 && errno != EINTR) break;
     if (pr <= 0) continue;
+    if (nfds == 2 && (pfds[1].revents & POLLIN)) {
+      terminating = true;
+      ::kill(-pid, SIGTERM);
+      auto grace = std::chrono::milliseconds(stop_signal().grace_ms.load());
+      deadline = std::min(deadline, steady::now() + grace);
+    }
+    if (!(pfds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
     ssize_t n = ::read(out_pipe[0], buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
@@ -162,7 +216,10 @@ Result<CommandResult> run_command(const CommandSpec& spec) {
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   // Reap anything the command left in its group once it is gone.
-  if (res.timed_out) ::kill(-pid, SIGKILL);
+  if (res.timed_out || res.stopped) ::kill(-pid, SIGKILL);
+  // Ended by the stop even if it exited on the SIGTERM in time: its result is
+  // not the command's own verdict.
+  if (terminating) res.stopped = true;
   if (WIFEXITED(status)) res.exit_code = WEXITSTATUS(status);
   else if (WIFSIGNALED(status)) res.signal = WTERMSIG(status);
   if (res.exit_code == 127 && res.output.empty())
@@ -176,7 +233,9 @@ Result<CommandResult> run_checked(const CommandSpec& spec) {
   if (!r->ok()) {
     std::string tail = r->tail(5);
     for (auto& c : tail) if (c == '\n') c = ' ';
-    return Error(r->timed_out ? Errc::timeout : Errc::failed_precondition,
+    return Error(r->timed_out ? Errc::timeout
+                 : r->stopped ? Errc::unavailable
+                              : Errc::failed_precondition,
                  spec.argv[0] + " " + r->describe() + (tail.empty() ? "" : ": " + tail));
   }
   return r;

@@ -26,16 +26,36 @@ struct CommandSpec {
 struct CommandResult {
   int exit_code = -1;        // -1 if killed by a signal or by the deadline
   bool timed_out = false;
+  bool stopped = false;  // ended by a CommandStop: the process is stopping
   int signal = 0;
   std::string output;        // stdout and stderr interleaved, tail-capped
-  bool ok() const { return exit_code == 0 && !timed_out; }
+  bool ok() const { return exit_code == 0 && !timed_out && !stopped; }
   std::string tail(size_t lines = 20) const;
   // "exited 2", "killed by signal 9", "timed out after 30s"
   std::string describe() const;
 };
 
-// Errors only when the command could not be started (not on PATH, not executable).
+// Errors only when the command could not be started (not on PATH, not
+// executable, or a CommandStop is in force: Errc::unavailable).
 Result<CommandResult> run_command(const CommandSpec& spec);
+
+// For a process that is stopping (factory-agent on SIGTERM, as systemd stops
+// it for a reboot or a `systemctl stop`): while a CommandStop lives, every
+// command run_command is running, on any thread, gets SIGTERM to its process
+// group, so an installer can end cleanly, and SIGKILL to whatever of the
+// group is left after `grace`; their run_command calls return with
+// `stopped`, and commands asked for meanwhile are not started. Made by the
+// one that then waits for the threads running commands to end; once it is
+// gone commands run again (the agent exits by then; an in-process test goes
+// on). One at a time.
+class CommandStop {
+ public:
+  explicit CommandStop(std::chrono::milliseconds grace);
+  ~CommandStop();
+  CommandStop(const CommandStop&) = delete;
+  CommandStop& operator=(const CommandStop&) = delete;
+};
+bool commands_stopping();
 
 // Convenience: run and turn a non-zero exit into an Error carrying the output tail.
 Result<CommandResult> run_checked(const CommandSpec& spec);

@@ -41,6 +41,75 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return out;
 }
 
+Result<ConfigMap> ConfigMap::open(const json& node, std::string file, std::string path) {
+  if (!node.is_null() && !node.is_object())
+    return bad(file, (path.empty() ? "" : path + ": ") + "want a map, got " + type_name(node));
+  return ConfigMap(node, std::move(file), std::move(path));
+}
+
+std::string ConfigMap::key_path(const std::string& key) const {
+  return path_.empty() ? key : path_ + "." + key;
+}
+
+const json* ConfigMap::take(const char* key) {
+  known_.push_back(key);
+  if (!node_.is_object()) return nullptr;
+  auto it = node_.find(key);
+  if (it == node_.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+Error ConfigMap::wrong_type(const char* key, const std::string& want) const {
+  auto it = node_.find(key);
+  return bad(file_, key_path(key) + ": want " + want + ", got " +
+                        (it == node_.end() ? std::string("nothing") : type_name(*it)));
+}
+
+Error ConfigMap::bad_value(const char* key, const std::string& what) const {
+  return bad(file_, key_path(key) + ": " + what);
+}
+
+Status ConfigMap::read(const char* key, std::string& out) {
+  const json* v = take(key);
+  if (!v) return {};
+  if (!v->is_string()) return wrong_type(key, "a string");
+  out = v->get<std::string>();
+  return {};
+}
+
+Status ConfigMap::read(const char* key, bool& out) {
+  const json* v = take(key);
+  if (!v) return {};
+  if (!v->is_boolean()) return wrong_type(key, "true or false");
+  out = v->get<bool>();
+  return {};
+}
+
+Status ConfigMap::read(const char* key, std::size_t& out, std::size_t max) {
+  const json* v = take(key);
+  if (!v) return {};
+  if (!v->is_number_unsigned() || v->get<std::uint64_t>() > max)
+    return wrong_type(key, "a whole number from 0 to " + std::to_string(max));
+  out = static_cast<std::size_t>(v->get<std::uint64_t>());
+  return {};
+}
+
+Result<ConfigMap> ConfigMap::section(const char* key) {
+  const json* v = take(key);
+  static const json empty;
+  if (!v) return ConfigMap(empty, file_, key_path(key));
+  if (!v->is_object()) return wrong_type(key, "a map");
+  return ConfigMap(*v, file_, key_path(key));
+}
+
+Status ConfigMap::done() const {
+  if (!node_.is_object()) return {};
+  for (auto& [key, _] : node_.items())
+    if (std::find(known_.begin(), known_.end(), key) == known_.end())
+      return bad(file_, "unknown key '" + key_path(key) + "' (known: " + join(known_) + ")");
+  return {};
+}
+
 bool is_https_url(const std::string& s) {
   return s.rfind("https://", 0) == 0 && s.size() > 8;
 }

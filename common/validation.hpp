@@ -23,6 +23,43 @@ Status only_keys(const nlohmann::json& obj, const std::vector<std::string>& allo
 
 std::string join(const std::vector<std::string>& v, const std::string& sep = ", ");
 
+// One mapping of a config file, read strictly. Each read names its key and
+// the type it wants; every message names the key by its path from the top
+// of the file ("<file>: agents.listen: want a string, got a number"); and
+// done() refuses any key that no read asked for, naming it the same way
+// ("<file>: unknown key 'agents.listn' (known: listen, ...)"), so a typo is
+// an error, not a silent default. An absent key, or one written with no
+// value (`key:`), leaves the default in place.
+class ConfigMap {
+ public:
+  // node must be a map or null (an empty section); path is its place in the
+  // file ("" at the top, "agents" below it).
+  static Result<ConfigMap> open(const nlohmann::json& node, std::string file,
+                                std::string path = "");
+
+  Status read(const char* key, std::string& out);
+  Status read(const char* key, bool& out);
+  Status read(const char* key, std::size_t& out, std::size_t max);
+  // The value for a caller that reads its own type (nullptr when absent or
+  // empty), and errors about it worded like the others.
+  const nlohmann::json* take(const char* key);
+  Error wrong_type(const char* key, const std::string& want) const;
+  Error bad_value(const char* key, const std::string& what) const;
+  // A mapping inside this one, read the same way (its done() is the caller's).
+  Result<ConfigMap> section(const char* key);
+
+  Status done() const;
+
+ private:
+  ConfigMap(const nlohmann::json& node, std::string file, std::string path)
+      : node_(node), file_(std::move(file)), path_(std::move(path)) {}
+  std::string key_path(const std::string& key) const;
+
+  const nlohmann::json& node_;
+  std::string file_, path_;
+  std::vector<std::string> known_;
+};
+
 bool is_https_url(const std::string& s);
 bool is_http_url(const std::string& s);  // http:// or https://
 

@@ -1,9 +1,12 @@
 #include "common/yaml_json.hpp"
 
+#include <cctype>
 #include <charconv>
 #include <sstream>
+#include <string_view>
 
 #include "common/atomic_file.hpp"
+#include "common/display.hpp"
 
 namespace factory {
 
@@ -26,12 +29,44 @@ nlohmann::json scalar_to_json(const YAML::Node& node) {
   return s;
 }
 
+// A literal block (|) keeps a string exactly only when it is lines of
+// printable text ending in exactly one newline (the block's clip chomping)
+// and its first line does not start with a blank (which would need an
+// indentation indicator). Anything else (a \r, a control character, no
+// final newline) is double-quoted, where YAML escapes what it must.
+bool literal_keeps(const std::string& s) {
+  if (s.size() < 2 || s.back() != '\n' || s[s.size() - 2] == '\n') return false;
+  if (s[0] == ' ' || s[0] == '\t' || s[0] == '\n') return false;
+  std::string_view rest(s);
+  while (!rest.empty()) {
+    auto nl = rest.find('\n');
+    if (!display::is_display_safe(rest.substr(0, nl))) return false;
+    rest.remove_prefix(nl + 1);
+  }
+  return true;
+}
+
+// Keys Factory writes are names; anything else is quoted too.
+bool plain_key(const std::string& k) {
+  if (k.empty()) return false;
+  for (char c : k)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.' &&
+        c != '/')
+      return false;
+  return true;
+}
+
 void emit(YAML::Emitter& out, const nlohmann::json& j) {
   switch (j.type()) {
     case nlohmann::json::value_t::object:
       out << YAML::BeginMap;
       for (auto& [k, v] : j.items()) {
-        out << YAML::Key << k << YAML::Value;
+        out << YAML::Key;
+        if (plain_key(k))
+          out << k;
+        else
+          out << YAML::DoubleQuoted << k;
+        out << YAML::Value;
         emit(out, v);
       }
       out << YAML::EndMap;
@@ -43,7 +78,7 @@ void emit(YAML::Emitter& out, const nlohmann::json& j) {
       break;
     case nlohmann::json::value_t::string: {
       const auto& s = j.get_ref<const std::string&>();
-      if (s.find('\n') != std::string::npos) out << YAML::Literal << s;
+      if (literal_keeps(s)) out << YAML::Literal << s;
       else out << YAML::DoubleQuoted << s;
       break;
     }
@@ -93,7 +128,13 @@ Result<nlohmann::json> load_yaml_file(const std::string& path) {
 std::string to_yaml(const nlohmann::json& j) {
   YAML::Emitter out;
   emit(out, j);
-  return std::string(out.c_str()) + "\n";
+  std::string text = std::string(out.c_str()) + "\n";
+  // yaml-cpp writes DEL as it is, which YAML does not allow unescaped; only
+  // a double-quoted scalar can hold one (literal_keeps, plain_key), where
+  // \x7f is its escape.
+  for (auto at = text.find('\x7f'); at != std::string::npos; at = text.find('\x7f', at))
+    text.replace(at, 1, "\\x7f");
+  return text;
 }
 
 }  // namespace factory

@@ -149,7 +149,9 @@ say "factory status"
 "$factory" "${cfg[@]}" status -o json > "$out/status.json"
 "$factory" "${cfg[@]}" tenant show tenant-1 -o json > "$out/tenant-1.json"
 "$factory" "${cfg[@]}" tenant show tenant-2 -o json > "$out/tenant-2.json"
-curl -s --cacert "$work/state/ca.crt" "https://127.0.0.1:$api_port/metrics" > "$out/metrics.txt"
+# /metrics takes the admin token like the rest of the API (api.metrics_public opens it).
+curl -s --cacert "$work/state/ca.crt" -H "Authorization: Bearer $(cat "$work/state/admin.token")" \
+  "https://127.0.0.1:$api_port/metrics" > "$out/metrics.txt"
 for g in "$work"/guests/*/; do
   n="$(basename "$g")"
   cp "$g/agent.log" "$out/$n-agent.log" 2>/dev/null || true

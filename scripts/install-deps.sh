@@ -21,11 +21,14 @@ demo_pkgs=(
   python3-yaml python3-jsonschema python3-kubernetes openssl curl openssh-client procps
 )
 # Real validators and peers the test suite runs against the product; faketime
-# moves the real binaries' clocks; clang builds the fuzz targets (libFuzzer).
+# moves the real binaries' clocks; clang builds the fuzz targets (libFuzzer);
+# QEMU, debootstrap and genisoimage boot the real guests of `make e2e-vm`
+# (the provider's seed ISO, the base image, the VMs).
 test_pkgs=(
   cloud-init prometheus node-ws testssl.sh
   iproute2 binutils systemd faketime
   clang libclang-rt-14-dev
+  qemu-system-x86 qemu-utils debootstrap genisoimage e2fsprogs
 )
 
 want=("${build_pkgs[@]}")

@@ -1,26 +1,33 @@
 #include "agent/cli/config.hpp"
 
 #include "common/durations.hpp"
+#include "common/log.hpp"
+#include "common/validation.hpp"
 #include "common/yaml_json.hpp"
 
 namespace factory::agent {
 
 namespace {
-Status read_duration(const nlohmann::json& j, const char* key, std::chrono::milliseconds& out) {
-  if (!j.contains(key)) return {};
-  const auto& v = j[key];
-  if (v.is_number()) {
-    out = std::chrono::milliseconds(static_cast<int64_t>(v.get<double>() * 1000));
+// A duration as a number of seconds (2.5), "250ms", or parse_duration's "90s".
+Status read_duration(validation::ConfigMap& m, const char* key, std::chrono::milliseconds& out) {
+  const nlohmann::json* v = m.take(key);
+  if (!v) return {};
+  if (v->is_number()) {
+    out = std::chrono::milliseconds(static_cast<int64_t>(v->get<double>() * 1000));
     return {};
   }
-  if (!v.is_string()) return Error(Errc::invalid_argument, std::string(key) + ": want a duration");
-  const auto& s = v.get_ref<const std::string&>();
+  if (!v->is_string()) return m.wrong_type(key, "a duration like 10s or 250ms");
+  const auto& s = v->get_ref<const std::string&>();
   if (s.size() > 2 && s.substr(s.size() - 2) == "ms") {
-    out = std::chrono::milliseconds(std::stoll(s.substr(0, s.size() - 2)));
-    return {};
+    try {
+      out = std::chrono::milliseconds(std::stoll(s.substr(0, s.size() - 2)));
+      return {};
+    } catch (const std::exception&) {
+      return m.bad_value(key, "'" + s + "' is not a duration like 10s or 250ms");
+    }
   }
   auto d = parse_duration(s);
-  if (!d) return d.error().with_context(key);
+  if (!d) return m.bad_value(key, d.error().message);
   out = *d;
   return {};
 }
@@ -29,40 +36,34 @@ Status read_duration(const nlohmann::json& j, const char* key, std::chrono::mill
 Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
   auto doc = load_yaml_file(path);
   if (!doc) return doc.error();
-  const auto& j = *doc;
-  if (j.is_null()) return {};
-  if (!j.is_object()) return Error(Errc::invalid_argument, path + ": want a YAML mapping");
-  try {
-    auto str = [&](const char* k, std::string& out) {
-      if (j.contains(k)) out = j[k].get<std::string>();
-    };
-    str("coordinator_url", cfg.coordinator_url);
-    str("ca_sha256", cfg.ca_sha256);
-    str("ca_file", cfg.ca_file);
-    str("token_file", cfg.token_file);
-    str("state_dir", cfg.state_dir);
-    str("root", cfg.root);
-    str("log_level", cfg.log_level);
-    str("ollama_url", cfg.ollama_url);
-    if (j.contains("spool_max_events")) cfg.spool_max_events = j["spool_max_events"].get<size_t>();
-    if (j.contains("replay_rate_per_second"))
-      cfg.replay_rate_per_second = j["replay_rate_per_second"].get<size_t>();
-    if (j.contains("run_plan")) cfg.run_plan = j["run_plan"].get<bool>();
-  } catch (const nlohmann::json::exception& e) {
-    return Error(Errc::invalid_argument, path + ": " + e.what());
-  }
-  for (auto [k, out] : {std::pair{"heartbeat", &cfg.heartbeat},
-                        std::pair{"health_interval", &cfg.health_interval},
-                        std::pair{"retry_delay", &cfg.retry_delay},
-                        std::pair{"backoff_base", &cfg.backoff_base},
-                        std::pair{"backoff_cap", &cfg.backoff_cap},
-                        std::pair{"first_connect_jitter", &cfg.first_connect_jitter}}) {
-    if (auto st = read_duration(j, k, *out); !st.ok()) return st.error().with_context(path);
-  }
+  auto m = validation::ConfigMap::open(*doc, path);
+  if (!m) return m.error();
+  // Left to right (a braced list is sequenced): done() sees every key read.
+  for (auto st : {m->read("coordinator_url", cfg.coordinator_url),
+                  m->read("ca_sha256", cfg.ca_sha256),
+                  m->read("ca_file", cfg.ca_file),
+                  m->read("token_file", cfg.token_file),
+                  m->read("state_dir", cfg.state_dir),
+                  m->read("root", cfg.root),
+                  m->read("log_level", cfg.log_level),
+                  m->read("ollama_url", cfg.ollama_url),
+                  m->read("spool_max_events", cfg.spool_max_events, 100'000'000),
+                  m->read("replay_rate_per_second", cfg.replay_rate_per_second, 1'000'000),
+                  m->read("run_plan", cfg.run_plan),
+                  read_duration(*m, "heartbeat", cfg.heartbeat),
+                  read_duration(*m, "health_interval", cfg.health_interval),
+                  read_duration(*m, "retry_delay", cfg.retry_delay),
+                  read_duration(*m, "backoff_base", cfg.backoff_base),
+                  read_duration(*m, "backoff_cap", cfg.backoff_cap),
+                  read_duration(*m, "first_connect_jitter", cfg.first_connect_jitter),
+                  m->done()})
+    if (!st.ok()) return st;
   return {};
 }
 
 Status validate(const AgentConfig& cfg) {
+  if (auto st = check_log_level(cfg.log_level); !st.ok())
+    return st.error().with_context("log_level");
   if (cfg.coordinator_url.rfind("wss://", 0) != 0)
     return Error(Errc::invalid_argument,
                  "--coordinator-url must be a wss:// URL (got '" + cfg.coordinator_url + "')");

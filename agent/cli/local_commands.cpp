@@ -1,5 +1,6 @@
 #include "agent/cli/local_commands.hpp"
 
+#include <cstdio>
 #include <iostream>
 
 #include "agent/guest/cluster.hpp"
@@ -9,7 +10,8 @@
 #include "agent/steps/builtin.hpp"
 #include "common/atomic_file.hpp"
 #include "common/catalog.hpp"
-#include "common/yaml_json.hpp"
+#include "common/cli/app.hpp"
+#include "common/cli/output.hpp"
 
 namespace factory::agent {
 
@@ -21,7 +23,7 @@ struct Opts {
   std::string ollama_url = "http://127.0.0.1:11434";
   std::string tier = "gpu-vm";
   std::string catalog;
-  std::string output = "text";
+  cli::OutputFormat output = cli::OutputFormat::table;
   bool check_only = false;
   bool reboot = false;
 };
@@ -34,9 +36,99 @@ GuestEnv env_of(const Opts& o) {
   return e;
 }
 
-void print(const nlohmann::json& j, const std::string& fmt) {
-  if (fmt == "yaml") std::cout << to_yaml(j);
-  else std::cout << j.dump(2) << "\n";
+using nlohmann::json;
+
+// A table cell: "-" for what is missing or null, strings as they are.
+std::string cell(const json& j, const char* key, const std::string& suffix = "") {
+  if (!j.is_object() || !j.contains(key) || j[key].is_null()) return "-";
+  return (j[key].is_string() ? j[key].get<std::string>() : j[key].dump()) + suffix;
+}
+
+std::string bytes_text(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number()) return "-";
+  double v = j[key].get<double>();
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+// `factory-agent health` for people: one short table per part (GPU, Ollama,
+// the guest cluster), then every diagnosis with its fix. -o json|yaml
+// prints the report itself, as the coordinator receives it.
+void print_health_table(const json& h) {
+  std::vector<json> diagnoses;
+  auto section = [&](const char* title, const json& part, const std::string& summary) {
+    std::cout << title << ": " << summary << "\n";
+    if (part.contains("error") && part["error"].is_string())
+      std::cout << "error: " << part["error"].get<std::string>() << "\n";
+    for (const auto& d : part.value("diagnoses", json::array())) diagnoses.push_back(d);
+  };
+  const json& gpu = h["gpu"];
+  std::string gsum = cell(gpu, "source");
+  if (gpu.contains("driver_version") && gpu["driver_version"].is_string())
+    gsum += ", driver " + gpu["driver_version"].get<std::string>();
+  if (gpu.contains("via") && gpu["via"].is_string()) gsum += ", via " + gpu["via"].get<std::string>();
+  section("GPU", gpu, gsum);
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& g : gpu.value("gpus", json::array()))
+    rows.push_back({cell(g, "index"), cell(g, "name"),
+                    cell(g, "memory_used_mib") + " / " + cell(g, "memory_total_mib") + " MiB",
+                    cell(g, "utilization_percent", "%"), cell(g, "temperature_c", "C"),
+                    cell(g, "pci_bus_id")});
+  if (rows.empty())
+    std::cout << "No GPU found.\n";
+  else
+    cli::print_table(std::cout, {"index", "name", "memory", "util", "temp", "pci bus id"}, rows);
+
+  if (h.contains("ollama")) {
+    const json& o = h["ollama"];
+    std::cout << "\n";
+    section("Ollama", o, o.contains("version") && o["version"].is_string()
+                             ? "version " + o["version"].get<std::string>()
+                             : "not answering");
+    rows.clear();
+    for (const auto& m : o.value("models", json::array()))
+      rows.push_back({cell(m, "name"), bytes_text(m, "size"), bytes_text(m, "size_vram"),
+                      cell(m, "gpu_percent", "%")});
+    if (rows.empty())
+      std::cout << "No model loaded.\n";
+    else
+      cli::print_table(std::cout, {"model", "size", "in vram", "on gpu"}, rows);
+  }
+
+  if (h.contains("k8s")) {
+    const json& k = h["k8s"];
+    std::cout << "\n";
+    section("Guest cluster", k,
+            cell(k, "resource") + " allocatable " + cell(k, "allocatable") + " of " +
+                cell(k, "capacity"));
+    rows.clear();
+    for (const auto& n : k.value("nodes", json::array()))
+      rows.push_back({cell(n, "name"), n.value("ready", false) ? "yes" : "no",
+                      cell(n, "allocatable"), cell(n, "capacity"), cell(n, "gpu_label")});
+    if (!rows.empty())
+      cli::print_table(std::cout, {"node", "ready", "allocatable", "capacity", "gpu label"}, rows);
+    rows.clear();
+    for (const auto& p : k.value("pods", json::array()))
+      rows.push_back({cell(p, "namespace") + "/" + cell(p, "name"), cell(p, "status"),
+                      cell(p, "node"), cell(p, "gpus"), cell(p, "gpumem_mib")});
+    if (!rows.empty()) {
+      std::cout << "\n";
+      cli::print_table(std::cout, {"pod", "status", "node", "gpus", "gpumem mib"}, rows);
+    }
+  }
+
+  if (!diagnoses.empty()) {
+    std::cout << "\nDiagnoses:\n";
+    for (const auto& d : diagnoses) {
+      std::cout << "  " << cell(d, "code") << ": " << cell(d, "summary") << "\n";
+      if (d.contains("fix") && d["fix"].is_string())
+        std::cout << "    fix: " << d["fix"].get<std::string>() << "\n";
+    }
+  }
 }
 
 // check() and verify() of every step, apply() never: safe on any guest.
@@ -81,19 +173,20 @@ int check_plan(const Opts& o, const nlohmann::json& plan) {
   }
   nlohmann::json out = {{"tier", spec->tier}, {"plan_hash", spec->hash}, {"steps", steps},
                         {"complete", all_done}};
-  if (o.output == "text") {
-    std::cout << "tier " << spec->tier << " (plan " << spec->hash.substr(0, 12) << ")\n";
-    for (auto& r : steps) {
-      std::cout << "  " << r["id"].get<std::string>() << ": " << r["state"].get<std::string>();
-      if (r.contains("message")) std::cout << " - " << r["message"].get<std::string>();
-      std::cout << "\n";
-      if (r.contains("diagnosis"))
-        std::cout << "    diagnosis " << r["diagnosis"]["code"].get<std::string>() << ": "
-                  << r["diagnosis"]["summary"].get<std::string>() << "\n    fix: "
-                  << r["diagnosis"]["fix"].get<std::string>() << "\n";
-    }
-  } else {
-    print(out, o.output);
+  if (cli::print_document(std::cout, o.output, out)) return all_done ? 0 : 1;
+  std::cout << "tier " << spec->tier << " (plan " << spec->hash.substr(0, 12) << ")\n";
+  std::vector<std::vector<std::string>> rows;
+  for (auto& r : steps)
+    rows.push_back({cell(r, "id"), cell(r, "kind"), cell(r, "state"), cell(r, "message")});
+  cli::print_table(std::cout, {"step", "kind", "state", "message"}, rows);
+  bool first = true;
+  for (auto& r : steps) {
+    if (!r.contains("diagnosis")) continue;
+    if (first) std::cout << "\nDiagnoses:\n";
+    first = false;
+    std::cout << "  " << cell(r, "id") << ": " << cell(r["diagnosis"], "code") << ": "
+              << cell(r["diagnosis"], "summary") << "\n    fix: " << cell(r["diagnosis"], "fix")
+              << "\n";
   }
   return all_done ? 0 : 1;
 }
@@ -125,7 +218,9 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
       "health", "Print what this guest's GPU (NVML or nvidia-smi), Ollama and (gpu-k8s) its cluster report");
   health->add_option("--root", o->root, "Filesystem root of the guest");
   health->add_option("--ollama-url", o->ollama_url, "Ollama's API");
-  health->add_option("-o,--output", o->output, "json|yaml")->check(CLI::IsMember({"json", "yaml", "text"}));
+  cli::add_output_option(*health, o->output);
+  cli::set_examples(*health, {{"factory-agent health", "GPU, Ollama and cluster as tables"},
+                              {"factory-agent health -o json", "the report the coordinator gets"}});
   health->callback([&chosen, o] {
     chosen.run = [o] {
       GuestEnv env = env_of(*o);
@@ -135,7 +230,7 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
       std::error_code ec;
       c.k8s = std::filesystem::exists(env.path(kRke2Kubeconfig), ec);
       nlohmann::json h = collect_health(env, c);
-      print(h, o->output == "text" ? "json" : o->output);
+      if (!cli::print_document(std::cout, o->output, h)) print_health_table(h);
       return h["gpu"].value("gpus", nlohmann::json::array()).empty() ? 1 : 0;
     };
   });
@@ -148,8 +243,11 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
   plan->add_option("--ollama-url", o->ollama_url, "Ollama's API");
   plan->add_flag("--check-only", o->check_only, "Run every step's check and verify, never apply");
   plan->add_flag("--reboot", o->reboot, "Reboot the guest when a step asks for it");
-  plan->add_option("-o,--output", o->output, "text|json|yaml (with --check-only)")
-      ->check(CLI::IsMember({"json", "yaml", "text"}));
+  cli::add_output_option(*plan, o->output)->description(
+      "Output format of --check-only (default: table)");
+  cli::set_examples(
+      *plan, {{"factory-agent plan --tier gpu-vm --check-only", "which steps are done, applying nothing"},
+              {"factory-agent plan --tier gpu-vm --reboot", "run the whole plan here, rebooting as asked"}});
   plan->callback([&chosen, o] {
     chosen.run = [o] {
       auto cat = o->catalog.empty() ? catalog::builtin() : catalog::load_file(o->catalog);

@@ -14,14 +14,20 @@
 #include "agent/link/link.hpp"
 #include "agent/link/spool.hpp"
 #include "common/atomic_file.hpp"
+#include "common/cli/app.hpp"
 #include "common/log.hpp"
 
 using namespace factory;
 using namespace factory::agent;
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_agent(int argc, char** argv) {
+  // Named here, so help says "Usage: factory-agent ..." however it was started.
   CLI::App app{"factory-agent: provisions this guest as its catalog item says and reports to the "
-               "coordinator"};
+               "coordinator",
+               "factory-agent"};
+  cli::apply_conventions(app);
   app.set_version_flag("--version", std::string("factory-agent ") + FACTORY_VERSION);
   AgentConfig cfg;
   std::string config_file;
@@ -33,7 +39,7 @@ int main(int argc, char** argv) {
   auto* tok = app.add_option("--token-file", cfg.token_file, "One-time bootstrap token; deleted after enrollment");
   auto* sd = app.add_option("--state-dir", cfg.state_dir, "Identity, spool and plan journal (0700)");
   auto* root = app.add_option("--root", cfg.root, "Filesystem root of the guest (tests: a simulated guest)");
-  auto* ll = app.add_option("--log-level", cfg.log_level, "trace|debug|info|warn|error");
+  auto* ll = cli::add_log_level_option(app, cfg.log_level, "Log level (default: info)");
   auto* hb = app.add_option("--heartbeat", heartbeat_s, "Seconds between heartbeats");
   bool no_plan = false;
   app.add_flag("--link-only", no_plan, "Connect and report, but do not run plans");
@@ -51,11 +57,11 @@ int main(int argc, char** argv) {
   app.add_option("--synthetic-rate", synthetic_rate, "Synthetic events per second");
   LocalCommand local;
   add_local_commands(app, local);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  cli::set_examples(
+      app, {{"factory-agent --config /etc/factory/agent.yaml", "what the systemd unit runs"},
+            {"factory-agent health", "this guest's GPU and Ollama, as a table"},
+            {"factory-agent plan --tier gpu-vm --check-only", "how far a tier's plan has got"}});
+  if (auto done = cli::parse(app, argc, argv)) return *done;
   if (local.run) {
     setup_logging("factory-agent", "warn");
     return local.run();
@@ -65,7 +71,7 @@ int main(int argc, char** argv) {
     AgentConfig from_file;
     if (auto st = load_agent_config_file(config_file, from_file); !st.ok()) {
       std::cerr << "factory-agent: " << st.error().message << "\n";
-      return 2;
+      return cli::kExitUsage;
     }
     auto keep = [](CLI::Option* o, std::string& flag_value, const std::string& file_value) {
       if (o->count() == 0) flag_value = file_value;
@@ -95,19 +101,19 @@ int main(int argc, char** argv) {
   if (replay_rate > 0) cfg.replay_rate_per_second = replay_rate;
   if (retry_delay_s >= 0)
     cfg.retry_delay = std::chrono::milliseconds(static_cast<int64_t>(retry_delay_s * 1000));
-  setup_logging("factory-agent", cfg.log_level);
   if (auto st = validate(cfg); !st.ok()) {
     std::cerr << "factory-agent: " << st.error().message << "\n";
-    return 2;
+    return cli::kExitUsage;
   }
+  setup_logging("factory-agent", cfg.log_level);
   if (auto st = ensure_dir(cfg.state_dir, 0700); !st.ok()) {
     std::cerr << "factory-agent: state dir: " << st.error().message << "\n";
-    return 1;
+    return cli::kExitError;
   }
   auto spool = EventSpool::open(std::filesystem::path(cfg.state_dir) / "spool", cfg.spool_max_events);
   if (!spool) {
     std::cerr << "factory-agent: " << spool.error().message << "\n";
-    return 1;
+    return cli::kExitError;
   }
 
   // Signals are taken by one thread, which asks the link to stop cleanly.
@@ -139,8 +145,11 @@ int main(int argc, char** argv) {
     int s = 0;
     sigwait(&set, &s);
     if (s == SIGINT || s == SIGTERM) {
-      spdlog::info("signal {}: stopping", s);
-      link.stop();
+      // systemd stops the agent this way for a reboot too: after the plan
+      // asked for one, the stop is the guest going down.
+      const bool rebooting = runtime && runtime->rebooting();
+      spdlog::info("signal {}: {}", s, rebooting ? "the guest is rebooting" : "stopping");
+      link.stop(rebooting ? "rebooting" : "stopping");
     }
   });
   sig.detach();
@@ -163,7 +172,23 @@ int main(int argc, char** argv) {
   spdlog::info("factory-agent {} starting; coordinator {}", FACTORY_VERSION, cfg.coordinator_url);
   int rc = link.run();
   done = true;
+  // The coordinator already has the close frame; now the step under way is
+  // stopped (its command gets SIGTERM, then SIGKILL after the grace) and
+  // the plan's thread joined, the journal saying where to resume.
   if (runtime) runtime->stop();
   if (load.joinable()) load.join();
+  // 0, 1, or the link's kExitNeedsAdmin (3): refused, do not restart me.
   return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_agent(argc, argv);
+  } catch (const std::exception& e) {
+    // A bug, not a user error: still one line, and the error status.
+    std::cerr << "factory-agent: internal error: " << e.what() << "\n";
+    return cli::kExitError;
+  }
 }

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/steps/builtin.hpp"
+#include "common/subprocess.hpp"
 
 namespace factory::agent {
 
@@ -33,7 +34,8 @@ HealthCollectors collectors_for_plan(const nlohmann::json& plan_status) {
 }
 
 AgentRuntime::AgentRuntime(GuestEnv env, EventSpool& spool, AgentRuntimeOptions options)
-    : plan_(env, builtin_steps(), spool_sink(spool), std::move(options.engine),
+    : stop_grace_(options.stop_grace),
+      plan_(env, builtin_steps(), spool_sink(spool), std::move(options.engine),
             std::move(options.reboot), [this](PlanEngine::Outcome) { health_.report_now(); }),
       health_(
           env, options.health_interval,
@@ -50,8 +52,12 @@ void AgentRuntime::start() {
 }
 
 void AgentRuntime::stop() {
-  plan_.stop();
+  // In this order: a command the stop ends must find the plan already told,
+  // so that its step is left to resume rather than failed.
+  plan_.interrupt();
+  CommandStop ending(stop_grace_);
   health_.stop();
+  plan_.stop();
 }
 
 }  // namespace factory::agent

@@ -19,6 +19,9 @@ struct AgentRuntimeOptions {
   std::chrono::milliseconds health_interval{};  // AgentConfig::health_interval
   PlanEngineOptions engine;
   RebootHook reboot = system_reboot_hook();
+  // On stop, how long a running command (apt-get, dpkg, an installer) has
+  // after SIGTERM before SIGKILL: well inside the unit's TimeoutStopSec (90s).
+  std::chrono::milliseconds stop_grace{std::chrono::seconds(20)};
 };
 
 // The collectors a plan's guest wants, from its status (PlanEngine::status_json()).
@@ -31,12 +34,19 @@ class AgentRuntime {
   // reachable (after the driver's reboot nobody needs to send it again), and
   // starts health.
   void start();
+  // Ends every command the agent runs (SIGTERM to its process group, SIGKILL
+  // after stop_grace), stops the plan at that point (the step resumes at the
+  // next start) and health; returns once the plan's thread has ended (health's
+  // is joined when the runtime goes away).
   void stop();
+  // The plan asked the guest to reboot: the stop that follows is the reboot's.
+  bool rebooting() const { return plan_.rebooting(); }
 
   PlanRunner& plan() { return plan_; }
   HealthScheduler& health() { return health_; }
 
  private:
+  std::chrono::milliseconds stop_grace_;
   PlanRunner plan_;
   HealthScheduler health_;
 };

@@ -113,8 +113,10 @@ Diagnosis gpu_operator_nvidia_smi_chroot(const std::string& driver_root) {
 }
 
 Diagnosis ollama_not_answering(const std::string& url, const std::string& last_error) {
+  // The HTTP client's errors start with the URL it dialled: said once.
+  const bool names_url = last_error.rfind(url, 0) == 0;
   return {"ollama_not_answering",
-          "Ollama does not answer at " + url + ": " + last_error,
+          "Ollama does not answer at " + (names_url ? last_error : url + ": " + last_error),
           "check the service in the guest (`systemctl status ollama`, `journalctl -u ollama`); "
           "OLLAMA_HOST must match the URL the agent uses",
           {{"url", url}, {"last_error", last_error}}};

@@ -35,10 +35,16 @@ std::string hostname() {
   return buf;
 }
 
-// Errors that retrying cannot fix: the admin must act.
-struct Fatal {
+// The coordinator refused this agent's identity (its certificate revoked,
+// its tenant deleted, or expired past the renewal grace): only a new token
+// brings it back.
+struct IdentityRefused {
   std::string message;
 };
+
+bool refuses_identity(const std::string& code) {
+  return code == "unauthenticated" || code == "permission_denied";
+}
 
 }  // namespace
 
@@ -49,7 +55,13 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
   asio::io_context ioc{1};
   asio::steady_timer wake_timer{ioc};
   asio::steady_timer sleep_timer{ioc};
+  asio::steady_timer stop_deadline{ioc};
   std::atomic<bool> stopping{false};
+  // What the close frame of a planned stop says: "stopping" or "rebooting".
+  std::string stop_reason = "stopping";
+  // The coordinator said this session's certificate has expired (the
+  // agent's clock is behind): renew before the next session.
+  bool renew_first = false;
   int exit_code = 0;
   std::optional<AgentIdentity> identity;
   std::string pending_key;  // key of a renewal in flight
@@ -64,6 +76,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
   }
 
   awaitable<void> sleep_for(std::chrono::milliseconds d) {
+    if (stopping) co_return;  // stop() cancels only a sleep already begun
     sleep_timer.expires_after(d);
     co_await sleep_timer.async_wait(use_tuple);
   }
@@ -113,8 +126,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       if (!env) continue;
       if (env->type == proto::type::kError) {
         co_await (*ws)->close();
-        co_return Error(Errc::unauthenticated, "the coordinator refused enrollment: " +
-                                                   env->body.value("message", "no reason given"));
+        co_return Error(Errc::permission_denied, "the coordinator refused enrollment: " +
+                                                     env->body.value("message", "no reason given"));
       }
       if (env->type != proto::type::kEnrolled) continue;
       AgentIdentity id;
@@ -146,9 +159,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     co_return co_await ws.write(proto::serialize(e));
   }
 
-  // One mTLS session: hello, welcome, then replay + live events, heartbeats
-  // and renewal until the connection drops.
-  awaitable<Status> session(Backoff& backoff) {
+  net::WsClientOptions session_options() const {
     net::WsClientOptions o;
     o.url = agent_url();
     o.tls.ca_pem = identity->ca_pem;
@@ -158,6 +169,69 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     if (o.idle_timeout < std::chrono::seconds(4)) o.idle_timeout = std::chrono::seconds(4);
     o.max_frame = proto::kMaxPlanFrameBytes;
     o.user_agent = std::string("factory-agent/") + FACTORY_VERSION;
+    return o;
+  }
+
+  // The certificate a renewal answer carries, with the key made for it:
+  // checked, saved (atomically, 0600), then used.
+  Status adopt_renewed(const std::string& cert_pem, const std::string& key_pem) {
+    AgentIdentity next = *identity;
+    next.cert_pem = cert_pem;
+    next.key_pem = key_pem;
+    if (!pki::key_matches_certificate(next.key_pem, next.cert_pem) || !refresh_validity(next).ok())
+      return Error(Errc::protocol, "the renewed certificate does not match the renewal key");
+    if (auto st = save_identity(cfg.state_dir, next); !st.ok())
+      return st.error().with_context("could not save the renewed certificate");
+    identity = next;
+    return {};
+  }
+
+  // The agent was off (or cut off) longer than its certificate's life: a
+  // connection with the expired certificate that renews it and does nothing
+  // else, which the coordinator allows within agents.renewal_grace while the
+  // certificate's serial is still on its tenant's record.
+  awaitable<Status> renew_expired() {
+    spdlog::info("link: the certificate expired at {}; renewing it before anything else",
+                 format_rfc3339(identity->not_after));
+    auto key = pki::generate_private_key();
+    if (!key) co_return key.error();
+    auto csr = pki::make_csr(*key, hostname());
+    if (!csr) co_return csr.error();
+    auto o = session_options();  // named: GCC 12 mishandles temporaries in co_await
+    auto conn = co_await net::WsClient::connect(o);
+    if (!conn) co_return conn.error();
+    std::shared_ptr<net::WsClient> ws = std::move(*conn);
+    uint64_t seq = 0;
+    nlohmann::json renew = {{"csr", *csr}};
+    if (auto st = co_await send_frame(*ws, seq, proto::type::kRenew, std::move(renew)); !st.ok())
+      co_return st;
+    for (;;) {
+      auto msg = co_await ws->read();
+      if (!msg) co_return msg.error();
+      auto env = proto::parse(*msg);
+      if (!env) continue;
+      if (env->type == proto::type::kError) {
+        std::string code = env->body.value("code", "");
+        std::string m = env->body.value("message", "");
+        co_await ws->close();
+        if (refuses_identity(code)) throw IdentityRefused{m};
+        co_return Error(Errc::unavailable, "renewal: coordinator error: " + m);
+      }
+      if (env->type != proto::type::kCertificate) continue;
+      auto st = adopt_renewed(env->body.value("certificate", ""), *key);
+      co_await ws->close();
+      if (!st.ok()) co_return st;
+      renew_first = false;
+      spdlog::info("link: certificate renewed, valid until {}",
+                   format_rfc3339(identity->not_after));
+      co_return Status{};
+    }
+  }
+
+  // One mTLS session: hello, welcome, then replay + live events, heartbeats
+  // and renewal until the connection drops.
+  awaitable<Status> session(Backoff& backoff) {
+    auto o = session_options();  // named: GCC 12 mishandles temporaries in co_await
     auto conn = co_await net::WsClient::connect(o);
     if (!conn) co_return conn.error();
     std::shared_ptr<net::WsClient> ws = std::move(*conn);
@@ -179,7 +253,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       if (env->type == proto::type::kError) {
         std::string code = env->body.value("code", "");
         std::string m = env->body.value("message", "");
-        if (code == "unauthenticated" || code == "permission_denied") throw Fatal{m};
+        if (refuses_identity(code)) throw IdentityRefused{m};
+        if (code == "certificate_expired") renew_first = true;
         co_return Error(Errc::unavailable, "coordinator error: " + m);
       }
       if (env->type == proto::type::kWelcome) {
@@ -256,15 +331,20 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       }
       if (!rs->open) break;
       if (sent_any) continue;
+      // stop() cancels only a wait under way; one about to begin sees the flag.
+      if (stopping) break;
       auto wait_until = next_heartbeat;
       if (spool.pending_after(last_sent, 1).size() > 0 && tokens < 1)
         wait_until = std::min(wait_until, now + std::chrono::milliseconds(20));
       wake_timer.expires_at(wait_until);
       co_await wake_timer.async_wait(use_tuple);
     }
-    co_await ws->close();
+    // A planned stop says so, so the coordinator shows "stopped" or
+    // "rebooting" rather than a lost connection.
+    const std::string why = stopping ? stop_reason : std::string();
+    co_await ws->close(why);
     if (!rs->finished) co_await rs->done.async_wait(use_tuple);
-    if (!rs->fatal.empty()) throw Fatal{rs->fatal};
+    if (!rs->fatal.empty()) throw IdentityRefused{rs->fatal};
     if (!result.ok()) co_return result;
     if (stopping) co_return Status{};
     co_return rs->error;
@@ -317,29 +397,52 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     } else if (t == proto::type::kCommand) {
       if (cb.on_command) cb.on_command(env.body);
     } else if (t == proto::type::kCertificate) {
-      AgentIdentity next = *identity;
-      next.cert_pem = env.body.value("certificate", "");
-      next.key_pem = pending_key;
-      if (!pki::key_matches_certificate(next.key_pem, next.cert_pem) || !refresh_validity(next).ok()) {
-        spdlog::warn("link: renewed certificate does not match the renewal key; keeping the old one");
+      if (auto st = adopt_renewed(env.body.value("certificate", ""), pending_key); !st.ok()) {
+        spdlog::warn("link: {}; keeping the old certificate", st.error().message);
         return;
       }
-      if (auto st = save_identity(cfg.state_dir, next); !st.ok()) {
-        spdlog::error("link: could not save the renewed certificate: {}", st.error().message);
-        return;
-      }
-      identity = next;
       pending_key.clear();
       spdlog::info("link: certificate renewed, valid until {}", format_rfc3339(identity->not_after));
     } else if (t == proto::type::kError) {
       std::string code = env.body.value("code", "");
       std::string msg = env.body.value("message", "");
       spdlog::warn("link: coordinator says {}: {}", code, msg);
-      if (code == "unauthenticated" || code == "permission_denied") fatal = msg;
+      if (refuses_identity(code)) fatal = msg;
     } else if (t == proto::type::kWelcome) {
     } else {
       spdlog::warn("link: ignoring frame of unknown type '{}'", t);
     }
+  }
+
+  // The identity was refused for good. With a bootstrap token at token_file
+  // (the admin put a new one there) the agent sets the identity aside and
+  // enrolls afresh; without one it stops, saying what brings it back.
+  bool drop_refused_identity(const std::string& why) {
+    std::error_code ec;
+    if (!fs::exists(cfg.token_file, ec)) {
+      spdlog::error(
+          "link: the coordinator refused this agent: {}. To bring it back, write a new "
+          "bootstrap token (`factory token create --tenant {}` on the coordinator) to {} "
+          "and restart factory-agent: it then enrolls afresh",
+          why, identity ? identity->tenant : std::string("NAME"), cfg.token_file);
+      exit_code = kExitNeedsAdmin;
+      return false;
+    }
+    fs::path id_file = fs::path(cfg.state_dir) / kIdentityFile;
+    fs::path kept = fs::path(cfg.state_dir) / "identity.refused.json";
+    fs::rename(id_file, kept, ec);
+    if (ec) {
+      spdlog::error("link: cannot set the refused identity aside ({}): {}", id_file.string(),
+                    ec.message());
+      exit_code = 1;
+      return false;
+    }
+    spdlog::warn(
+        "link: the coordinator refused this agent ({}); a bootstrap token is at {}: "
+        "enrolling afresh (the old identity is kept as {})",
+        why, cfg.token_file, kept.string());
+    identity.reset();
+    return true;
   }
 
   awaitable<void> main_loop() {
@@ -359,9 +462,10 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
         if (!identity) {
           auto token = read_file(cfg.token_file);
           if (!token) {
-            spdlog::error("link: not enrolled and no bootstrap token at {} ({}); create one with "
+            // read_file's message names the file: said once.
+            spdlog::error("link: not enrolled, and no bootstrap token: {}; create one with "
                           "`factory token create --tenant NAME` and write it there",
-                          cfg.token_file, token.error().message);
+                          token.error().message);
             exit_code = kExitNeedsAdmin;
             co_return;
           }
@@ -370,8 +474,13 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
             tok.pop_back();
           auto enrolled = co_await enroll(tok);
           if (!enrolled) {
-            if (enrolled.error().code == Errc::unauthenticated ||
-                enrolled.error().code == Errc::invalid_argument) {
+            // Exit 3 only where waiting cannot help: the token refused, no
+            // pin, or a server that is not the pinned coordinator. An
+            // expired coordinator certificate (Errc::unavailable) is
+            // retried: the coordinator renews it while it runs.
+            auto code = enrolled.error().code;
+            if (code == Errc::permission_denied || code == Errc::unauthenticated ||
+                code == Errc::invalid_argument) {
               spdlog::error("link: {}", enrolled.error().message);
               exit_code = kExitNeedsAdmin;
               co_return;
@@ -394,16 +503,27 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
           backoff.reset();
           continue;
         }
-        auto st = co_await session(backoff);
+        // Enrolled: everything that fails from here on (the coordinator
+        // down, its certificate expired or replaced) is retried with
+        // backoff; only a refusal of this agent's identity ends the link.
+        Status st;
+        if (renew_first || Clock::now() >= identity->not_after) {
+          st = co_await renew_expired();
+          if (st.ok()) {
+            backoff.reset();
+            continue;
+          }
+        } else {
+          st = co_await session(backoff);
+        }
         if (stopping) break;
         auto d = backoff.next();
         spdlog::warn("link: {}; reconnecting in {} ms", st.ok() ? "disconnected" : st.error().message,
                      d.count());
         co_await sleep_for(d);
-      } catch (const Fatal& f) {
-        spdlog::error("link: {}; this agent needs a new token (factory token create)", f.message);
-        exit_code = kExitNeedsAdmin;
-        co_return;
+      } catch (const IdentityRefused& r) {
+        if (!drop_refused_identity(r.message)) co_return;
+        backoff.reset();
       }
     }
   }
@@ -433,13 +553,20 @@ int AgentLink::run() {
   return impl->exit_code;
 }
 
-void AgentLink::stop() {
+void AgentLink::stop(std::string reason) {
   auto impl = impl_;
-  impl->stopping = true;
-  asio::post(impl->ioc, [impl] {
+  asio::post(impl->ioc, [impl, reason = std::move(reason)] {
+    if (impl->stopping.exchange(true)) return;
+    impl->stop_reason = reason;
+    // The session ends its loop, sends the close frame and returns; the
+    // main loop then ends and so does run(). Whatever is slower than that
+    // (a connect or a close handshake that hangs) is cut off.
     impl->wake_timer.cancel();
     impl->sleep_timer.cancel();
-    impl->ioc.stop();
+    impl->stop_deadline.expires_after(kStopDeadline);
+    impl->stop_deadline.async_wait([impl](const boost::system::error_code& ec) {
+      if (!ec) impl->ioc.stop();
+    });
   });
 }
 

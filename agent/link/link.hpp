@@ -21,6 +21,9 @@ namespace factory::agent {
 // keeps it from restarting in a loop.
 inline constexpr int kExitNeedsAdmin = 3;
 
+// How long a planned stop may take the link at most.
+inline constexpr std::chrono::seconds kStopDeadline{3};
+
 // What the link needs to know, with the defaults the agent documents (its
 // settings, agent/cli/config.hpp, are these and more).
 struct LinkOptions {
@@ -51,8 +54,11 @@ class AgentLink {
   ~AgentLink();
   // Blocks until stop() or a failure that needs an admin. Returns the exit status.
   int run();
-  // Thread-safe.
-  void stop();
+  // Thread-safe. A planned stop: the session's close frame carries `reason`
+  // ("stopping", "rebooting"), which the coordinator shows as "stopped" or
+  // "rebooting" rather than a lost connection; run() returns once it is
+  // sent, or after kStopDeadline whatever the link was doing.
+  void stop(std::string reason = "stopping");
   void wake();
 
  private:

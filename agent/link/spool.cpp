@@ -27,28 +27,65 @@ Result<std::unique_ptr<EventSpool>> EventSpool::open(const fs::path& dir, size_t
     }
   }
   fs::path logp = dir / "spool.log";
+  bool repaired = false;
   if (auto text = read_file(logp)) {
+    // One JSON object per line. A line that does not end in '\n' is the one
+    // a crash tore while appending: nothing after it was ever written, and
+    // it was never acknowledged to its emitter, so it is cut off. A whole
+    // line that does not read is damage in the middle: it is skipped, with
+    // its offset, and every good record after it is kept.
     size_t pos = 0, good_end = 0;
+    // A damaged record says nothing of its id, but ids are consecutive in
+    // the log: the one just before a good record with id n had n - 1, and
+    // so on; after the last good one, its id + 1. It was lost (never to be
+    // delivered) when that id is past the acknowledged floor.
+    uint64_t lost = 0, unknown = 0, prev_id = 0;
+    size_t damaged = 0;
     while (pos < text->size()) {
       size_t nl = text->find('\n', pos);
       if (nl == std::string::npos) break;
-      auto j = nlohmann::json::parse(std::string_view(*text).substr(pos, nl - pos), nullptr, false);
-      if (!j.is_object() || !j.contains("id") || !j["id"].is_number_unsigned()) break;
-      uint64_t id = j["id"].get<uint64_t>();
-      s->last_id_ = std::max(s->last_id_, id);
-      if (id > s->acked_) s->pending_.push_back({id, j});
-      ++s->lines_in_log_;
+      auto line = std::string_view(*text).substr(pos, nl - pos);
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("id") && j["id"].is_number_unsigned()) {
+        uint64_t id = j["id"].get<uint64_t>();
+        for (uint64_t k = 1; k <= unknown; ++k)
+          if (id > k && id - k > s->acked_) ++lost;
+        unknown = 0;
+        prev_id = id;
+        s->last_id_ = std::max(s->last_id_, id);
+        if (id > s->acked_ && (s->pending_.empty() || id > s->pending_.back().id))
+          s->pending_.push_back({id, j});
+        ++s->lines_in_log_;
+      } else {
+        ++damaged;
+        ++unknown;
+        spdlog::warn(
+            "spool: {} offset {}: skipping a damaged record ({} bytes); the records after "
+            "it are kept",
+            logp.string(), pos, line.size());
+      }
       pos = nl + 1;
       good_end = pos;
     }
+    for (uint64_t k = 1; k <= unknown; ++k)
+      if (prev_id + k > s->acked_) ++lost;
     if (good_end < text->size()) {
-      // The agent died while appending: that event was never acknowledged
-      // as emitted, so cutting it off loses nothing that was promised.
-      spdlog::warn("spool: cutting a torn record ({} bytes) at the end of {}",
-                   text->size() - good_end, logp.string());
+      spdlog::warn("spool: cutting a torn record ({} bytes) at the end of {} (offset {})",
+                   text->size() - good_end, logp.string(), good_end);
       if (::truncate(logp.c_str(), static_cast<off_t>(good_end)) != 0)
         return errno_error("truncate " + logp.string(), errno);
     }
+    if (damaged > 0) {
+      // What was lost is counted where losses show (heartbeats, `factory
+      // status`), and the log is rewritten without the damage, so the
+      // warning is given once.
+      s->dropped_ += lost;
+      repaired = true;
+    }
+  }
+  if (repaired) {
+    if (auto st = s->compact_locked(); !st.ok()) return st.error().with_context("spool");
+    return s;
   }
   auto app = DurableAppender::open(logp, 0600);
   if (!app) return app.error();

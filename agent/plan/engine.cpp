@@ -53,6 +53,8 @@ const char* PlanEngine::to_string(Outcome o) {
       return "rebooting";
     case Outcome::idle:
       return "idle";
+    case Outcome::stopped:
+      return "stopped";
   }
   return "unknown";
 }
@@ -77,8 +79,7 @@ PlanEngine::PlanEngine(GuestEnv env, StepRegistry steps, PlanEventSink sink, Reb
       reboot_(std::move(reboot)),
       opts_(std::move(options)),
       journal_(env_.state_dir / "plan") {
-  if (!opts_.sleep)
-    opts_.sleep = [](std::chrono::milliseconds d) { std::this_thread::sleep_for(d); };
+  if (!opts_.sleep) opts_.sleep = [this](std::chrono::milliseconds d) { pause(d); };
   // Know the last plan's state from the start, so the agent can report it
   // before it runs anything.
   auto loaded = journal_.load();
@@ -86,6 +87,19 @@ PlanEngine::PlanEngine(GuestEnv env, StepRegistry steps, PlanEventSink sink, Reb
     state_ = std::move(loaded.state);
     have_state_ = true;
   }
+}
+
+void PlanEngine::interrupt() {
+  {
+    std::lock_guard lk(pause_mu_);
+    interrupted_ = true;
+  }
+  pause_cv_.notify_all();
+}
+
+void PlanEngine::pause(std::chrono::milliseconds d) {
+  std::unique_lock lk(pause_mu_);
+  pause_cv_.wait_for(lk, d, [this] { return interrupted_.load(); });
 }
 
 // ---------------------------------------------------------------------------
@@ -138,6 +152,17 @@ Status PlanEngine::commit(const std::function<void(JournalState&)>& change) {
   std::lock_guard lock(mu_);
   change(state_);
   return journal_.save(state_);
+}
+
+PlanJournal::Loaded PlanEngine::load_journal() {
+  auto loaded = journal_.load();
+  // Damaged step records were skipped: said once here (and to the
+  // coordinator); the next save writes the journal whole again.
+  for (const auto& r : loaded.repairs) {
+    spdlog::warn("plan: journal {}", r);
+    emit({{"kind", "log"}, {"level", "warning"}, {"message", "plan journal " + r}});
+  }
+  return loaded;
 }
 
 void PlanEngine::report_corrupt(const std::string& plan_hash, const std::string& problem) {
@@ -218,7 +243,7 @@ PlanEngine::Outcome PlanEngine::run(const json& plan) {
           {"message", spec.error().message}});
     return Outcome::failed;
   }
-  auto loaded = journal_.load();
+  auto loaded = load_journal();
   using Kind = PlanJournal::Loaded::Kind;
   if (loaded.kind == Kind::corrupt) {
     report_corrupt(spec->hash, loaded.problem);
@@ -251,7 +276,7 @@ Result<PlanSpec> PlanEngine::adopt_loaded(const PlanJournal::Loaded& loaded) {
 
 PlanEngine::Outcome PlanEngine::resume() {
   std::lock_guard run_lock(run_mu_);
-  auto loaded = journal_.load();
+  auto loaded = load_journal();
   using Kind = PlanJournal::Loaded::Kind;
   if (loaded.kind == Kind::missing) return Outcome::idle;
   if (loaded.kind == Kind::corrupt) {
@@ -273,7 +298,7 @@ PlanEngine::Outcome PlanEngine::resume() {
 
 Result<PlanEngine::Outcome> PlanEngine::retry(const std::optional<std::string>& step_id) {
   std::unique_lock run_lock(run_mu_);
-  auto loaded = journal_.load();
+  auto loaded = load_journal();
   if (loaded.kind != PlanJournal::Loaded::Kind::ok)
     return Error(Errc::failed_precondition,
                  "no plan to retry: the agent has no readable plan journal (the coordinator sends "
@@ -335,6 +360,7 @@ PlanEngine::Outcome PlanEngine::execute(const PlanSpec& spec) {
   for (size_t i = 0; i < spec.steps.size(); ++i) {
     StepState st = record(i).state;
     if (st == StepState::succeeded) continue;
+    if (interrupted_) return Outcome::stopped;
     if (st == StepState::failed)  // the agent stopped between failing the step and the plan
       return finish_plan(spec, PlanState::failed,
                          "step '" + spec.steps[i].id + "' failed: " + record(i).message);
@@ -343,6 +369,8 @@ PlanEngine::Outcome PlanEngine::execute(const PlanSpec& spec) {
         break;
       case StepRun::rebooting:
         return Outcome::rebooting;
+      case StepRun::interrupted:
+        return Outcome::stopped;
       case StepRun::failed: {
         StepRecord r = record(i);
         return finish_plan(spec, PlanState::failed, "step '" + r.id + "' failed: " + r.message);
@@ -441,12 +469,34 @@ PlanEngine::StepRun PlanEngine::request_reboot(const PlanSpec& spec, size_t i,
   emit_step(spec, i, "reboot_requested", msg);
   Status rebooted =
       reboot_ ? reboot_() : Status(Error(Errc::failed_precondition, "no reboot hook"));
+  // The agent is being stopped under the reboot command (the reboot under
+  // way stops it): the journal says reboot_requested with this boot, and the
+  // next start finds out whether it happened.
+  if (!rebooted && interrupted_) return StepRun::rebooting;
   if (!rebooted)
     return fail_step(
         spec, i,
         StepOutcome::failure("could not reboot the guest: " + rebooted.error().message +
                              "; reboot the VM, the plan continues after boot"));
   return StepRun::rebooting;
+}
+
+PlanEngine::StepRun PlanEngine::leave_interrupted(const PlanSpec& spec, size_t i) {
+  // Still "running", in the phase it was in: the next start enters it again
+  // and its check() decides. A planned stop is not one of the crashes that
+  // max_entries counts.
+  Status saved = commit([&](JournalState& st) {
+    auto& r = st.steps[i];
+    r.entries = std::max(0, r.entries - 1);
+  });
+  if (!saved) spdlog::warn("plan: {}", saved.error().message);
+  spdlog::info(
+      "plan: the agent is stopping: step {} stopped in phase {}; it resumes at the next "
+      "start",
+      spec.steps[i].id, record(i).phase);
+  emit_step(spec, i, "progress",
+            "the agent is stopping: the step was stopped and resumes when the agent starts again");
+  return StepRun::interrupted;
 }
 
 PlanEngine::StepRun PlanEngine::run_step(const PlanSpec& spec, size_t i) {
@@ -538,6 +588,8 @@ PlanEngine::StepRun PlanEngine::run_step(const PlanSpec& spec, size_t i) {
         done = Error(Errc::internal, std::string("threw: ") + e.what() + " (a bug in the agent)");
       }
       if (done && *done) return succeed_step(spec, i, true, "already done");
+      // A check the stop cut short proves nothing either way.
+      if (interrupted_) return leave_interrupted(spec, i);
       if (!done) {
         out = StepOutcome::failure("check failed: " + done.error().message);
       } else {
@@ -555,6 +607,9 @@ PlanEngine::StepRun PlanEngine::run_step(const PlanSpec& spec, size_t i) {
       }
     }
     first = false;
+    // What the stop cut short says nothing about the step; a step that got
+    // done all the same is recorded as done.
+    if (interrupted_ && !out.ok()) return leave_interrupted(spec, i);
     if (out.kind == StepOutcome::Kind::reboot_required) return request_reboot(spec, i, out.message);
     if (out.ok()) return succeed_step(spec, i, false, out.message);
 
@@ -578,6 +633,7 @@ PlanEngine::StepRun PlanEngine::run_step(const PlanSpec& spec, size_t i) {
                   format_duration(std::chrono::duration_cast<std::chrono::seconds>(delay)),
               out.output_tail, out.diagnosis ? out.diagnosis->to_json() : json(nullptr), failures);
     opts_.sleep(delay);
+    if (interrupted_) return leave_interrupted(spec, i);
   }
 }
 

@@ -17,7 +17,9 @@
 // as journal.prev.json). A corrupt journal is set aside and the plan starts
 // over. The engine is synchronous: the agent runs it on a thread of its own;
 // status_json() may be called from any thread.
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -35,7 +37,8 @@ struct PlanEngineOptions {
   int max_entries = 3;          // entries without finishing before a step is failed
   int max_reboot_requests = 3;  // reboots one step may ask for
   std::chrono::milliseconds retry_delay{std::chrono::seconds(10)};  // times the failure count
-  std::function<void(std::chrono::milliseconds)> sleep;  // default: std::this_thread::sleep_for
+  // Between a failed attempt and the next. Default: a wait that interrupt() ends.
+  std::function<void(std::chrono::milliseconds)> sleep;
 };
 
 // Events, as the coordinator ingests them:
@@ -56,6 +59,7 @@ class PlanEngine {
     failed,     // a step failed; retry() runs it again
     rebooting,  // a reboot was requested; resume() after the guest is back
     idle,       // no plan to run (resume() without a journal)
+    stopped,    // interrupt(): the step under way resumes at the next start
   };
   static const char* to_string(Outcome o);
 
@@ -76,20 +80,31 @@ class PlanEngine {
   //  "reboot_requests","message","output_tail","diagnosis","started_at","finished_at"}]}
   nlohmann::json status_json() const;
 
+  // The agent is stopping (thread-safe, no way back): the plan stops at the
+  // next step boundary, and a step whose command was stopped under it
+  // (CommandStop) is neither failed nor counted as a crash: the
+  // journal keeps it running, and at the next start its check() decides
+  // whether it resumes or runs again. A retry delay under way ends at once.
+  void interrupt();
+  bool interrupted() const { return interrupted_; }
+
   const PlanJournal& journal() const { return journal_; }
 
  private:
-  enum class StepRun { done, failed, rebooting };
+  enum class StepRun { done, failed, rebooting, interrupted };
 
   Outcome execute(const PlanSpec& spec);
   StepRun run_step(const PlanSpec& spec, size_t i);
   StepRun succeed_step(const PlanSpec& spec, size_t i, bool skipped, const std::string& message);
   StepRun fail_step(const PlanSpec& spec, size_t i, const StepOutcome& outcome);
   StepRun request_reboot(const PlanSpec& spec, size_t i, const std::string& message);
+  StepRun leave_interrupted(const PlanSpec& spec, size_t i);
+  void pause(std::chrono::milliseconds d);
   Outcome finish_plan(const PlanSpec& spec, PlanState state, const std::string& message = {});
   Outcome report_finished(const PlanSpec& spec);
   bool start_new(const PlanSpec& spec);
   void report_corrupt(const std::string& plan_hash, const std::string& problem);
+  PlanJournal::Loaded load_journal();
   Result<PlanSpec> adopt_loaded(const PlanJournal::Loaded& loaded);
 
   // Journal writes happen under mu_ so status_json() sees a whole state.
@@ -109,6 +124,10 @@ class PlanEngine {
   RebootHook reboot_;
   PlanEngineOptions opts_;
   PlanJournal journal_;
+
+  std::atomic<bool> interrupted_{false};
+  std::mutex pause_mu_;
+  std::condition_variable pause_cv_;
 
   std::mutex run_mu_;      // one plan operation at a time
   mutable std::mutex mu_;  // guards state_

@@ -120,9 +120,55 @@ json JournalState::to_json() const {
 
 PlanJournal::PlanJournal(std::filesystem::path dir) : dir_(std::move(dir)) {}
 
-Result<JournalState> PlanJournal::parse(const std::string& text) {
+namespace {
+
+// One step record from its line, checked against the step the plan has at
+// its place; why not, when it is damaged.
+Result<StepRecord> parse_step_record(std::string_view line, const StepSpec& want) {
+  json r = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (r.is_discarded() || !r.is_object()) return corrupt("not valid JSON");
+  std::string sum;
+  if (!get_to(r, "checksum", sum)) return corrupt("no checksum");
+  if (sum != checksum_of(r)) return corrupt("checksum mismatch");
+  StepRecord rec;
+  std::string s;
+  if (!get_to(r, "id", rec.id) || !get_to(r, "state", s)) return corrupt("no id or state");
+  if (rec.id != want.id)
+    return corrupt("it is step '" + rec.id + "', the plan has '" + want.id + "' here");
+  auto ss = step_state_from(s);
+  if (!ss) return corrupt("unknown state '" + s + "'");
+  rec.state = *ss;
+  rec.kind = want.kind;
+  get_to(r, "skipped", rec.skipped);
+  get_to(r, "phase", rec.phase);
+  get_to(r, "attempts", rec.attempts);
+  get_to(r, "failures", rec.failures);
+  get_to(r, "entries", rec.entries);
+  get_to(r, "reboot_requests", rec.reboot_requests);
+  get_to(r, "boot_id", rec.boot_id);
+  get_to(r, "message", rec.message);
+  get_to(r, "output_tail", rec.output_tail);
+  get_to(r, "started_at", rec.started_at);
+  get_to(r, "finished_at", rec.finished_at);
+  if (r.contains("diagnosis")) rec.diagnosis = r["diagnosis"];
+  return rec;
+}
+
+}  // namespace
+
+Result<JournalState> PlanJournal::parse(const std::string& text,
+                                        std::vector<std::string>* repairs) {
   if (text.empty()) return corrupt("the file is empty");
-  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // Lines with their offsets; a last line without its '\n' is kept too (it
+  // is then damaged, or whole but for the newline).
+  std::vector<std::pair<size_t, std::string_view>> lines;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t nl = text.find('\n', pos);
+    size_t end = nl == std::string::npos ? text.size() : nl;
+    lines.push_back({pos, std::string_view(text).substr(pos, end - pos)});
+    pos = end + 1;
+  }
+  json doc = json::parse(lines[0].second, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return corrupt("not valid JSON (truncated?)");
   if (!doc.is_object()) return corrupt("not a JSON object");
   if (!doc.contains("schema") || doc["schema"] != kSchema)
@@ -134,9 +180,9 @@ Result<JournalState> PlanJournal::parse(const std::string& text) {
 
   JournalState st;
   std::string state;
+  size_t step_count = 0;
   if (!get_to(doc, "plan_hash", st.plan_hash) || !get_to(doc, "tier", st.tier) ||
-      !get_to(doc, "state", state) || !doc.contains("plan") || !doc.contains("steps") ||
-      !doc["steps"].is_array())
+      !get_to(doc, "state", state) || !doc.contains("plan") || !get_to(doc, "steps", step_count))
     return corrupt("missing plan_hash, tier, state, plan or steps");
   get_to(doc, "created_at", st.created_at);
   get_to(doc, "updated_at", st.updated_at);
@@ -147,34 +193,59 @@ Result<JournalState> PlanJournal::parse(const std::string& text) {
   auto spec = parse_plan(st.plan);
   if (!spec) return corrupt("stored plan: " + spec.error().message);
   if (spec->hash != st.plan_hash) return corrupt("stored plan does not match its hash");
-  if (spec->steps.size() != doc["steps"].size())
-    return corrupt("step records do not match the plan");
-  for (size_t i = 0; i < doc["steps"].size(); ++i) {
-    const json& r = doc["steps"][i];
-    StepRecord rec;
-    std::string s;
-    if (!r.is_object() || !get_to(r, "id", rec.id) || !get_to(r, "state", s))
-      return corrupt("step record " + std::to_string(i) + " has no id or state");
-    if (rec.id != spec->steps[i].id) return corrupt("step records do not match the plan");
-    auto ss = step_state_from(s);
-    if (!ss) return corrupt("step '" + rec.id + "' has unknown state '" + s + "'");
-    rec.state = *ss;
-    rec.kind = spec->steps[i].kind;
-    get_to(r, "skipped", rec.skipped);
-    get_to(r, "phase", rec.phase);
-    get_to(r, "attempts", rec.attempts);
-    get_to(r, "failures", rec.failures);
-    get_to(r, "entries", rec.entries);
-    get_to(r, "reboot_requests", rec.reboot_requests);
-    get_to(r, "boot_id", rec.boot_id);
-    get_to(r, "message", rec.message);
-    get_to(r, "output_tail", rec.output_tail);
-    get_to(r, "started_at", rec.started_at);
-    get_to(r, "finished_at", rec.finished_at);
-    if (r.contains("diagnosis")) rec.diagnosis = r["diagnosis"];
-    st.steps.push_back(std::move(rec));
+  if (spec->steps.size() != step_count) return corrupt("step records do not match the plan");
+
+  // Line i+1 is step i's record, whatever is in it: a damaged line is known
+  // by its place, and costs only its own step.
+  bool repaired = false;
+  for (size_t i = 0; i < step_count; ++i) {
+    const StepSpec& want = spec->steps[i];
+    std::string why;
+    size_t offset = text.size();
+    if (i + 1 < lines.size()) {
+      offset = lines[i + 1].first;
+      auto rec = parse_step_record(lines[i + 1].second, want);
+      if (rec) {
+        st.steps.push_back(std::move(*rec));
+        continue;
+      }
+      why = rec.error().message;
+    } else {
+      why = "missing (the file ends before it)";
+    }
+    StepRecord fresh;
+    fresh.id = want.id;
+    fresh.kind = want.kind;
+    st.steps.push_back(std::move(fresh));
+    repaired = true;
+    if (repairs)
+      repairs->push_back("offset " + std::to_string(offset) + ": the record of step '" + want.id +
+                         "' (" + std::to_string(i + 1) + " of " + std::to_string(step_count) +
+                         ") is damaged (" + why +
+                         "): skipped, and the step starts over from its check; the records "
+                         "after it are kept");
   }
+  // A finished plan with a step it no longer knows the end of runs again:
+  // the steps' checks find what is done.
+  if (repaired) st.state = PlanState::running;
   return st;
+}
+
+std::string PlanJournal::serialize(const JournalState& state) {
+  json header = state.to_json();
+  header.erase("steps");
+  header["steps"] = state.steps.size();
+  header["checksum"] = checksum_of(header);
+  auto line = [](const json& j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  };
+  std::string out = line(header);
+  for (const auto& r : state.steps) {
+    json rec = r.to_json();
+    rec["checksum"] = checksum_of(rec);
+    out += line(rec);
+  }
+  return out;
 }
 
 PlanJournal::Loaded PlanJournal::load() const {
@@ -187,7 +258,8 @@ PlanJournal::Loaded PlanJournal::load() const {
     out.problem = text.error().message;
     return out;
   }
-  auto st = parse(*text);
+  std::vector<std::string> repairs;
+  auto st = parse(*text, &repairs);
   if (!st) {
     out.kind = Loaded::Kind::corrupt;
     out.problem = st.error().message;
@@ -195,6 +267,7 @@ PlanJournal::Loaded PlanJournal::load() const {
   }
   out.kind = Loaded::Kind::ok;
   out.state = std::move(*st);
+  for (auto& r : repairs) out.repairs.push_back(file().string() + " " + r);
   return out;
 }
 
@@ -205,10 +278,7 @@ Status PlanJournal::save(JournalState& state) const {
   for (auto& r : state.steps)
     if (r.output_tail.size() > kMaxTail)
       r.output_tail = r.output_tail.substr(r.output_tail.size() - kMaxTail);
-  json doc = state.to_json();
-  doc["checksum"] = checksum_of(doc);
-  auto s = write_file_atomic(file(), doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n",
-                             0600);
+  auto s = write_file_atomic(file(), serialize(state), 0600);
   if (!s) return s.error().with_context("plan journal");
   return ok_status();
 }

@@ -10,9 +10,15 @@
 //   journal.prev.json     the previous plan's, kept when a new plan arrives
 //   journal.corrupt.json  a journal that failed to load, kept for post-mortems
 //
-// A journal carries a checksum of its own content; one that does not parse,
-// has the wrong schema or a wrong checksum is "corrupt" and the engine starts
-// the plan over (every step's check() makes that cheap).
+// The file is JSON lines: a header (schema, plan hash, tier, state, the plan
+// itself) and then one record per step, in the plan's order, each line with a
+// checksum of its own. A header that does not parse, has the wrong schema or
+// a wrong checksum makes the journal "corrupt": the engine sets it aside and
+// starts the plan over (every step's check() makes that cheap). A damaged
+// step record costs only that step: it is skipped with a warning naming the
+// file and its offset, that step starts over from its check, and every
+// record after it is kept. The whole file is replaced atomically, so a crash
+// never tears it; damage comes from the disk or a hand.
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -62,12 +68,13 @@ struct JournalState {
   std::string updated_at;
 
   size_t steps_done() const;       // succeeded steps
-  nlohmann::json to_json() const;  // the document on disk, without its checksum
+  // Everything in one document (status, tests); on disk it is split in lines.
+  nlohmann::json to_json() const;
 };
 
 class PlanJournal {
  public:
-  static constexpr const char* kSchema = "factory.plan-journal/v1";
+  static constexpr const char* kSchema = "factory.plan-journal/v2";
   // Output tails are capped so a chatty failing command cannot bloat the journal.
   static constexpr size_t kMaxTail = 4096;
 
@@ -77,6 +84,8 @@ class PlanJournal {
     enum class Kind { missing, ok, corrupt } kind = Kind::missing;
     JournalState state;
     std::string problem;  // why it is corrupt
+    // ok, but with damaged step records skipped: "<file> offset N: ..." each
+    std::vector<std::string> repairs;
   };
   Loaded load() const;
   Status save(JournalState& state) const;  // stamps updated_at; atomic + fsync
@@ -88,9 +97,14 @@ class PlanJournal {
   std::filesystem::path prev_file() const { return dir_ / "journal.prev.json"; }
   std::filesystem::path corrupt_file() const { return dir_ / "journal.corrupt.json"; }
 
-  // Parses and checks a journal document (schema, checksum, plan hash, step
-  // list matching the plan). Used by load(); public for tests.
-  static Result<JournalState> parse(const std::string& text);
+  // Parses and checks a journal (the header's schema, checksum, plan hash;
+  // each step record's checksum and place in the plan). A damaged step
+  // record is replaced by a fresh one and described in `repairs` ("offset N:
+  // ..."); only a damaged header is an error. Used by load(); public for tests.
+  static Result<JournalState> parse(const std::string& text,
+                                    std::vector<std::string>* repairs = nullptr);
+  // The file's text for a state (what save() writes).
+  static std::string serialize(const JournalState& state);
 
  private:
   Status rename_current(const std::filesystem::path& to) const;

@@ -18,8 +18,8 @@ PlanRunner::PlanRunner(GuestEnv env, StepRegistry steps, PlanEventSink sink,
 }
 
 PlanRunner::~PlanRunner() {
+  // The thread uses this object to the end: it is joined, never left behind.
   stop();
-  if (thread_.joinable()) thread_.detach();
 }
 
 void PlanRunner::start() {
@@ -54,9 +54,18 @@ void PlanRunner::submit_command(const nlohmann::json& cmd) {
   cv_.notify_one();
 }
 
-void PlanRunner::stop() {
-  stopping_ = true;
+void PlanRunner::interrupt() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  engine_->interrupt();
   cv_.notify_all();
+}
+
+void PlanRunner::stop() {
+  interrupt();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
 nlohmann::json PlanRunner::summary() const {
@@ -116,6 +125,7 @@ void PlanRunner::loop() {
       spdlog::info("plan: the guest is rebooting; the plan resumes after boot");
       return;
     }
+    if (outcome == PlanEngine::Outcome::stopped) return;
     if ((outcome == PlanEngine::Outcome::succeeded || outcome == PlanEngine::Outcome::failed) &&
         on_finished_)
       on_finished_(outcome);

@@ -36,8 +36,17 @@ class PlanRunner {
   void submit_plan(const nlohmann::json& body);
   // {"action": "retry", "step": "id"?}
   void submit_command(const nlohmann::json& cmd);
-  // Does not wait for a step in progress: the journal makes stopping anywhere safe.
+  // Tells the runner to stop, without waiting: the plan stops at the next
+  // step boundary (PlanEngine::interrupt), and a step whose command is ended
+  // from now on is left to resume, not failed. Idempotent, thread-safe.
+  void interrupt();
+  // interrupt(), then waits for the runner's thread. A step's command still
+  // running is not ended here: the agent interrupts, ends every command
+  // (CommandStop), then stops. The journal makes stopping anywhere safe.
   void stop();
+  // A step asked for a reboot and the reboot was requested: the agent's
+  // coming stop is the guest going down, not an admin's.
+  bool rebooting() const { return rebooting_; }
   // Plan hash and state, for heartbeats.
   nlohmann::json summary() const;
   // PlanEngine::status_json(): every step with its kind and state.

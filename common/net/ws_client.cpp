@@ -74,6 +74,13 @@ awaitable<Result<std::unique_ptr<WsClient>>> WsClient::connect(WsClientOptions o
   auto [hec] = co_await tls.async_handshake(ssl::stream_base::client, use_tuple);
   if (hec) {
     std::string reason = verify_failure_reason(tls.native_handle());
+    long vr = SSL_get_verify_result(tls.native_handle());
+    if (vr == X509_V_ERR_CERT_HAS_EXPIRED || vr == X509_V_ERR_CERT_NOT_YET_VALID)
+      co_return Error(Errc::unavailable,
+                      "the certificate of " + where + " failed verification (" + reason +
+                          "): the coordinator renews its certificate while it runs, so this "
+                          "passes; if it does not, compare this machine's clock with the "
+                          "coordinator's");
     if (!reason.empty())
       co_return Error(Errc::unauthenticated,
                       "refusing " + where + ": its certificate failed verification (" + reason +
@@ -126,9 +133,17 @@ awaitable<Status> WsClient::write(std::string text) {
 }
 
 awaitable<void> WsClient::close() {
+  static const std::string none;
+  co_await close(none);
+}
+
+awaitable<void> WsClient::close(const std::string& reason) {
   if (!impl_->ws.is_open()) co_return;
   beast::get_lowest_layer(impl_->ws).expires_after(std::chrono::seconds(2));
-  co_await impl_->ws.async_close(websocket::close_code::normal, use_tuple);
+  // A close frame's reason is at most 123 bytes.
+  websocket::close_reason cr(websocket::close_code::normal,
+                             std::string_view(reason).substr(0, 123));
+  co_await impl_->ws.async_close(cr, use_tuple);
 }
 
 }  // namespace factory::net

@@ -29,12 +29,19 @@ class WsClient {
   WsClient(const WsClient&) = delete;
   WsClient& operator=(const WsClient&) = delete;
 
-  // Errors: unavailable (cannot connect), timeout, unauthenticated (the
-  // server's certificate does not chain to the pinned CA, or names another host).
+  // Errors: unavailable (cannot connect; or the server's certificate is from
+  // the pinned CA but expired or not yet valid, which its renewal or a clock
+  // fixes), timeout, unauthenticated (the server's certificate does not chain
+  // to the pinned CA, or names another host).
   static boost::asio::awaitable<Result<std::unique_ptr<WsClient>>> connect(WsClientOptions o);
   boost::asio::awaitable<Result<std::string>> read();
   boost::asio::awaitable<Status> write(std::string text);
+  // A close frame (1000), then at most 2 s for the peer's.
   boost::asio::awaitable<void> close();
+  // The same with `reason`, which the coordinator shows (an agent that stops
+  // on purpose says "stopping" or "rebooting"). Pass a named string that
+  // outlives the await: GCC 12 mishandles temporaries in co_await expressions.
+  boost::asio::awaitable<void> close(const std::string& reason);
   const std::string& remote() const;
 
  private:

@@ -9,8 +9,8 @@ AgentService::AgentService(store::Store& store, const enroll::CertificateAuthori
                            AgentServiceOptions opts)
     : store_(store),
       feed_(feed),
-      enrollment_(store, ca, tokens, feed.counters(), opts.cert_ttl),
-      ingestion_(feed),
+      enrollment_(store, ca, tokens, feed.counters(), opts.cert_ttl, opts.renewal_grace),
+      ingestion_(feed, opts.quotas),
       ctx_{store,
            feed,
            enrollment_,
@@ -46,8 +46,10 @@ void AgentService::push_plan(const std::string& tenant) {
 Status AgentService::revoke(const std::string& tenant) {
   if (auto st = enrollment_.revoke(tenant); !st.ok()) return st;
   if (auto s = sessions_.find(tenant)) s->end("revoked", "revoked");
-  // Nothing of the old agent stays on show.
+  // Nothing of the old agent stays on show; the session's own close, which
+  // comes later on its io thread, adds nothing back (FeedState::forget).
   feed_.forget(tenant);
+  ingestion_.forget(tenant);
   return {};
 }
 

@@ -19,6 +19,7 @@
 #include "common/worker_pool.hpp"
 #include "coordinator/agents/enrollment.hpp"
 #include "coordinator/agents/ingestion.hpp"
+#include "coordinator/agents/quota.hpp"
 #include "coordinator/agents/session.hpp"
 #include "coordinator/enroll/ca.hpp"
 #include "coordinator/enroll/tokens.hpp"
@@ -29,6 +30,9 @@ namespace factory::coordinator {
 
 struct AgentServiceOptions {
   std::chrono::seconds cert_ttl{std::chrono::hours(24)};
+  // How long after its expiry an agent's certificate may still renew itself.
+  std::chrono::seconds renewal_grace{std::chrono::hours(24 * 90)};
+  QuotaOptions quotas;  // per tenant (quota.hpp)
   std::string server_version = FACTORY_VERSION;
 };
 
@@ -51,8 +55,9 @@ class AgentService {
   bool send_command(const std::string& tenant, const nlohmann::json& body);
   // Sends the tenant's plan to its connected agent (on hello).
   void push_plan(const std::string& tenant);
-  // Forgets the tenant's agent identity: its certificate stops working now.
-  // May wait on the store: workers only.
+  // Forgets the tenant's agent identity: its certificate stops working now,
+  // its connection ends, and nothing of it stays on show (presence,
+  // counters, quota state). May wait on the store: workers only.
   Status revoke(const std::string& tenant);
   std::size_t connected_count() const;
 

@@ -25,6 +25,11 @@ bool serial_listed(const nlohmann::json& list, const std::string& serial) {
 
 }  // namespace
 
+std::string reenroll_hint(const std::string& tenant) {
+  // The agent adds where the token goes on its side (its token file).
+  return "re-enroll the agent with a new token (`factory token create --tenant " + tenant + "`)";
+}
+
 std::string Enrollment::certificate_refusal(const net::PeerInfo& peer) const {
   if (peer.subject_o != "factory-agent")
     return "the client certificate is not an agent certificate";
@@ -33,18 +38,21 @@ std::string Enrollment::certificate_refusal(const net::PeerInfo& peer) const {
     return "tenant " + peer.subject_cn + " no longer exists; this agent's certificate is void";
   if (!serial_listed(rec->agent.value("cert_serials", nlohmann::json::array()), peer.serial_hex))
     return "certificate " + peer.serial_hex + " of tenant " + peer.subject_cn +
-           " was revoked or replaced; enroll again with a new token";
+           " was revoked or replaced; " + reenroll_hint(peer.subject_cn);
+  if (peer.client_cert_expired) {
+    const auto expired_at = Clock::time_point(std::chrono::seconds(peer.not_after_unix));
+    if (Clock::now() - expired_at > renewal_grace_)
+      return "certificate " + peer.serial_hex + " of tenant " + peer.subject_cn + " expired at " +
+             format_rfc3339(expired_at) + ", more than " + format_duration(renewal_grace_) +
+             " ago (agents.renewal_grace), and can no longer be renewed; " +
+             reenroll_hint(peer.subject_cn);
+  }
   return "";
 }
 
-Answer<nlohmann::json> Enrollment::enroll(const nlohmann::json& b, const std::string& remote) {
-  if (!b.contains("token") || !b["token"].is_string() || !b.contains("csr") ||
-      !b["csr"].is_string()) {
-    ++counters_.enrollments_refused;
-    return Refusal{"bad_request", "enroll needs 'token' and 'csr'", "enrollment refused"};
-  }
-  const std::string token = b["token"].get<std::string>();
-  const std::string csr = b["csr"].get<std::string>();
+Answer<nlohmann::json> Enrollment::enroll(const EnrollRequest& req, const std::string& remote) {
+  const std::string& token = req.token;
+  const std::string& csr = req.csr;
   std::string token_id = token.substr(0, token.find('.'));
   if (token_id.size() > enroll::kTokenIdLength) token_id = "?";
   // The token first: a stranger with a made-up token costs a hash, never a
@@ -75,8 +83,8 @@ Answer<nlohmann::json> Enrollment::enroll(const nlohmann::json& b, const std::st
                              {"cert_serials", nlohmann::json::array({cert->serial_hex})},
                              {"certificate_expires_at", format_rfc3339(cert->not_after)},
                              {"enrolled_at", format_rfc3339(Clock::now())},
-                             {"hostname", b.value("hostname", "")},
-                             {"version", b.value("agent_version", "")}};
+                             {"hostname", req.hostname},
+                             {"version", req.agent_version}};
   auto set_identity = [&](store::TenantRecord& r) {
     r.agent = identity;
     if (r.phase == "pending") r.phase = "enrolled";
@@ -112,12 +120,10 @@ Answer<nlohmann::json> Enrollment::enroll(const nlohmann::json& b, const std::st
 
 Answer<nlohmann::json> Enrollment::renew(const std::string& tenant,
                                          const std::string& session_serial,
-                                         const nlohmann::json& b) {
-  if (!b.contains("csr") || !b["csr"].is_string())
-    return Refusal{"bad_request", "renew needs 'csr'", ""};
+                                         const RenewRequest& req) {
   if (!store_.get_tenant(tenant))
-    return Refusal{"renewal_refused", "tenant " + tenant + " no longer exists", ""};
-  auto cert = ca_.sign_agent_csr(b["csr"].get<std::string>(), tenant, cert_ttl_);
+    return Refusal{"unauthenticated", "tenant " + tenant + " no longer exists", "revoked"};
+  auto cert = ca_.sign_agent_csr(req.csr, tenant, cert_ttl_);
   if (!cert) return Refusal{"renewal_refused", cert.error().message, ""};
   auto updated = store_.update_tenant(tenant, [&](store::TenantRecord& r) -> Status {
     // Revoked meanwhile (the list was emptied): the session's serial is no

@@ -1,27 +1,69 @@
 #pragma once
-// Ingestion: an enrolled agent's events, checked before they are stored
-// exactly once (a replay after a reconnect is acknowledged and dropped by
-// the store) and projected onto its tenant's status (projection.hpp).
+// Ingestion: what an enrolled agent sends, decoded and metered before
+// anything of it is kept. Every frame first passes the tenant's quota
+// (quota.hpp); an event is then decoded field by field (messages.hpp), what
+// the decoder dropped is counted per tenant and reason, and the event is
+// stored exactly once (a replay after a reconnect is acknowledged and
+// dropped by the store) and projected onto its tenant's status
+// (projection.hpp).
+#include <chrono>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "coordinator/agents/messages.hpp"
+#include "coordinator/agents/quota.hpp"
 #include "coordinator/agents/refusal.hpp"
 #include "coordinator/feed/feed_state.hpp"
 #include "coordinator/store/store.hpp"
 
 namespace factory::coordinator {
 
+// An event ready for the store: its stored form and its decoded one (for
+// the projection).
+struct IngestedEvent {
+  store::StoredEvent stored;
+  AgentEvent event;
+};
+
 class Ingestion {
  public:
-  explicit Ingestion(feed::FeedState& feed) : feed_(feed) {}
+  Ingestion(feed::FeedState& feed, QuotaOptions quotas) : feed_(feed), quotas_(quotas) {}
+
+  // Every frame of an enrolled agent, before it is read: a refusal (which
+  // closes the connection) when the tenant is over a quota. event_bytes:
+  // the frame's size for an event, 0 for any other frame.
+  std::optional<Refusal> admit(const std::string& tenant, std::size_t event_bytes);
 
   // One event frame's body from the tenant's agent: the event to store, or
-  // why not (a refused event is not acknowledged, so the agent keeps it).
-  Answer<store::StoredEvent> check(const std::string& tenant, const nlohmann::json& event);
+  // why not (a refused event is not acknowledged).
+  Answer<IngestedEvent> check(const std::string& tenant, const nlohmann::json& event);
+
+  // What a decoder dropped from a message of type `type` (counted and, a few
+  // a minute per tenant, logged). tenant "" for a connection without one.
+  void count(const std::string& tenant, const std::string& type,
+             const std::vector<Rejection>& rejected);
+  // A message refused before any decoder saw it (a bad envelope).
+  void count(const std::string& tenant, const std::string& reason);
+
+  // The tenant is gone: its quota state goes with it.
+  void forget(const std::string& tenant);
 
  private:
+  bool may_log(const std::string& tenant);
+
   feed::FeedState& feed_;
+  TenantQuotas quotas_;
+  std::mutex log_mu_;
+  struct LogWindow {
+    std::chrono::steady_clock::time_point start{};
+    int lines = 0;
+  };
+  std::map<std::string, LogWindow> log_windows_;
 };
 
 }  // namespace factory::coordinator

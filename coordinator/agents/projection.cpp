@@ -2,31 +2,37 @@
 
 namespace factory::coordinator {
 
-bool project_event(store::TenantRecord& t, const nlohmann::json& ev) {
-  const std::string kind = ev.value("kind", "");
-  nlohmann::json clean = ev;
+using nlohmann::json;
+
+namespace {
+
+json& object_at(json& parent, const char* key) {
+  auto& v = parent[key];
+  if (!v.is_object()) v = json::object();
+  return v;
+}
+
+}  // namespace
+
+bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
+  json clean = ev.to_json();
   clean.erase("id");
-  if (kind == "progress") {
-    auto& plan = t.status["plan"];
-    if (!plan.is_object()) plan = nlohmann::json::object();
-    std::string step = ev.value("step", "");
-    if (step.empty()) return false;
-    if (ev.contains("plan_hash")) plan["hash"] = ev["plan_hash"];
-    auto& steps = plan["steps"];
-    if (!steps.is_object()) steps = nlohmann::json::object();
-    auto& s = steps[step];
-    if (!s.is_object()) s = nlohmann::json::object();
+  if (const auto* p = std::get_if<ProgressEvent>(&ev.body)) {
+    auto& plan = object_at(t.status, "plan");
+    auto& steps = object_at(plan, "steps");
+    if (!steps.contains(p->step) && steps.size() >= kMaxProjectedSteps) return false;
+    if (p->plan_hash) plan["hash"] = *p->plan_hash;
+    auto& s = object_at(steps, p->step.c_str());
     for (auto& [k, v] : clean.items())
       if (k != "kind" && k != "step" && k != "plan_hash") s[k] = v;
     if (t.phase == "pending" || t.phase == "enrolled") t.phase = "provisioning";
     return true;
   }
-  if (kind == "plan") {
-    auto& plan = t.status["plan"];
-    if (!plan.is_object()) plan = nlohmann::json::object();
+  if (const auto* p = std::get_if<PlanEvent>(&ev.body)) {
+    auto& plan = object_at(t.status, "plan");
     for (auto& [k, v] : clean.items())
       if (k != "kind") plan[k == "plan_hash" ? "hash" : k] = v;
-    std::string state = ev.value("state", "");
+    const std::string state = p->state.value_or("");
     if (state == "running")
       t.phase = "provisioning";
     else if (state == "succeeded")
@@ -35,15 +41,15 @@ bool project_event(store::TenantRecord& t, const nlohmann::json& ev) {
       t.phase = "failed";
     return true;
   }
-  if (kind == "health") {
+  if (std::holds_alternative<HealthEvent>(ev.body)) {
     clean.erase("kind");
     t.status["health"] = clean;
     return true;
   }
-  if (kind == "diagnosis") {
-    auto& d = t.status["diagnoses"];
-    if (!d.is_object()) d = nlohmann::json::object();
-    d[ev.value("code", "unknown")] = clean;
+  if (const auto* d = std::get_if<DiagnosisEvent>(&ev.body)) {
+    auto& all = object_at(t.status, "diagnoses");
+    if (!all.contains(d->diagnosis.code) && all.size() >= kMaxProjectedDiagnoses) return false;
+    all[d->diagnosis.code] = clean;
     return true;
   }
   return false;

@@ -67,13 +67,26 @@ void AgentSession::on_open(std::shared_ptr<net::WsConnection> conn) {
   }
 }
 
+namespace {
+
+// What an agent sent may be as long as its frame; a log line or an error
+// frame quotes only the start of it.
+std::string shortened(std::string_view s, std::size_t max = 200) {
+  if (s.size() <= max) return std::string(s);
+  return std::string(s.substr(0, max)) + "...";
+}
+
+}  // namespace
+
 void AgentSession::on_message(std::string_view text) {
-  if (!refusal_.empty() || closed_) return;
+  if (!refusal_.empty() || closed_ || ending_) return;
   auto env = proto::parse(text);
   if (!env) {
     ++ctx_.feed.counters().frames_rejected;
-    spdlog::warn("agents: bad frame from {} ({}): {}", who(), peer_.remote, env.error().message);
-    send_error("bad_frame", env.error().message);
+    ctx_.ingestion.count(tenant_, "bad_frame");
+    const std::string why = shortened(env.error().message);
+    spdlog::warn("agents: bad frame from {} ({}): {}", who(), peer_.remote, why);
+    send_error("bad_frame", why);
     return;
   }
   const std::string& type = env->type;
@@ -83,6 +96,21 @@ void AgentSession::on_message(std::string_view text) {
     conn_->close("unauthenticated");
     return;
   }
+  if (peer_.client_cert_expired) {
+    // The one thing an expired certificate is good for (Enrollment::
+    // certificate_refusal decided it is still within the grace).
+    if (type == proto::type::kRenew) return handle_renew(*env);
+    send_error("certificate_expired",
+               "this certificate expired at " +
+                   format_rfc3339(Clock::time_point(std::chrono::seconds(peer_.not_after_unix))) +
+                   ": a connection with it may only renew it (send renew first)");
+    conn_->close("certificate expired");
+    return;
+  }
+  // Every frame of an enrolled agent takes its share of the tenant's quota
+  // before it is read; an event also its bytes.
+  if (auto no = ctx_.ingestion.admit(tenant_, type == proto::type::kEvent ? text.size() : 0))
+    return refuse(*no);
   if (type == proto::type::kHello) return handle_hello(*env);
   if (!hello_done_) {
     send_error("bad_sequence", "send hello first");
@@ -93,11 +121,14 @@ void AgentSession::on_message(std::string_view text) {
   if (type == proto::type::kRenew) return handle_renew(*env);
   if (type == proto::type::kAck) return;
   if (type == proto::type::kError) {
-    spdlog::warn("agents: {} reports an error: {}", who(), env->body.value("message", ""));
+    auto m = env->body.find("message");
+    std::string message = m != env->body.end() && m->is_string() ? m->get<std::string>() : "";
+    spdlog::warn("agents: {} reports an error: {}", who(), shortened(message, 1024));
     return;
   }
   ++ctx_.feed.counters().frames_unknown_type;
-  spdlog::warn("agents: ignoring frame of unknown type '{}' from {}", type, who());
+  ctx_.ingestion.count(tenant_, "unknown_type");
+  spdlog::warn("agents: ignoring frame of unknown type '{}' from {}", shortened(type, 64), who());
 }
 
 void AgentSession::on_close(const net::CloseInfo& info) {
@@ -145,13 +176,20 @@ std::string AgentSession::who() const {
   return tenant_.empty() ? "unenrolled agent" : "tenant " + tenant_;
 }
 
-void AgentSession::send_error(const std::string& code, const std::string& message) {
-  send(proto::type::kError, {{"code", code}, {"message", message}});
+void AgentSession::send_error(const std::string& code, const std::string& message,
+                              const nlohmann::json& extra) {
+  nlohmann::json body = extra.is_object() ? extra : nlohmann::json::object();
+  body["code"] = code;
+  body["message"] = message;
+  send(proto::type::kError, std::move(body));
 }
 
 void AgentSession::refuse(const Refusal& r) {
-  send_error(r.code, r.message);
-  if (!r.close_reason.empty()) conn_->close(r.close_reason);
+  send_error(r.code, r.message, r.extra);
+  if (!r.close_reason.empty()) {
+    ending_ = true;
+    conn_->close(r.close_reason);
+  }
 }
 
 void AgentSession::handle_enroll(const proto::Envelope& env) {
@@ -159,10 +197,18 @@ void AgentSession::handle_enroll(const proto::Envelope& env) {
     send_error("bad_sequence", "an enrollment is already in progress on this connection");
     return;
   }
+  // Decoded here, on the io thread: a malformed request costs a stranger
+  // nothing of the workers' time.
+  auto req = decode_enroll(env.body);
+  ctx_.ingestion.count("", "enroll", req.rejected);
+  if (!req.value) {
+    ++ctx_.feed.counters().enrollments_refused;
+    return refuse(Refusal{"bad_request", req.refusal, "enrollment refused"});
+  }
   enrolling_ = true;
   // A token check, a signature, the token book and the store: on a worker.
-  bool queued = ctx_.workers.post([self = shared_from_this(), body = env.body] {
-    auto answer = self->ctx_.enrollment.enroll(body, self->peer_.remote);
+  bool queued = ctx_.workers.post([self = shared_from_this(), req = std::move(*req.value)] {
+    auto answer = self->ctx_.enrollment.enroll(req, self->peer_.remote);
     self->conn_->post([self, answer = std::move(answer)]() mutable {
       self->enrolling_ = false;
       if (self->closed_) return;
@@ -175,15 +221,16 @@ void AgentSession::handle_enroll(const proto::Envelope& env) {
 }
 
 void AgentSession::handle_hello(const proto::Envelope& env) {
-  const auto& b = env.body;
-  if (b.contains("tenant") && b["tenant"].is_string() &&
-      b["tenant"].get<std::string>() != tenant_) {
+  auto decoded = decode_hello(env.body);
+  ctx_.ingestion.count(tenant_, "hello", decoded.rejected);
+  const AgentHello& h = *decoded.value;
+  if (h.tenant && *h.tenant != tenant_) {
     ++ctx_.feed.counters().connections_refused;
     spdlog::warn("agents: {} ({}) claimed to be tenant {}; refused", who(), peer_.remote,
-                 b["tenant"].get<std::string>());
+                 *h.tenant);
     send_error("permission_denied", "this certificate is for tenant " + tenant_ +
-                                        "; it cannot act as tenant " +
-                                        b["tenant"].get<std::string>());
+                                        "; it cannot act as tenant " + *h.tenant);
+    ending_ = true;
     conn_->close("permission denied");
     return;
   }
@@ -194,8 +241,8 @@ void AgentSession::handle_hello(const proto::Envelope& env) {
   hello_done_ = true;
   feed::AgentPresence live;
   live.agent_id = agent_id_;
-  live.version = b.value("agent_version", "");
-  live.hostname = b.value("hostname", "");
+  live.version = h.agent_version;
+  live.hostname = h.hostname;
   live.remote = peer_.remote;
   live.connected_since = format_rfc3339(Clock::now());
   live.last_seen = live.connected_since;
@@ -222,15 +269,15 @@ void AgentSession::handle_hello(const proto::Envelope& env) {
 void AgentSession::handle_event(const proto::Envelope& env) {
   auto checked = ctx_.ingestion.check(tenant_, env.body);
   if (auto* no = std::get_if<Refusal>(&checked)) return refuse(*no);
-  store::StoredEvent e = std::get<store::StoredEvent>(std::move(checked));
+  IngestedEvent in = std::get<IngestedEvent>(std::move(checked));
+  store::StoredEvent e = std::move(in.stored);
   e.agent_id = agent_id_;
   const uint64_t id = e.id;
   const uint64_t seq = env.seq;
-  nlohmann::json body = e.event;
   auto failed = store_failed_;
   ctx_.store.append_event(
       tenant_, std::move(e),
-      [body = std::move(body)](store::TenantRecord& t) { return project_event(t, body); },
+      [event = std::move(in.event)](store::TenantRecord& t) { return project_event(t, event); },
       // On the store's writer thread: count, then come back to this session.
       [self = shared_from_this(), id, seq, failed](Result<store::AppendOutcome> r) {
         if (!r) {
@@ -260,12 +307,10 @@ void AgentSession::handle_event(const proto::Envelope& env) {
 }
 
 void AgentSession::handle_heartbeat(const proto::Envelope& env) {
+  auto hb = decode_heartbeat(env.body);
+  ctx_.ingestion.count(tenant_, "heartbeat", hb.rejected);
   ctx_.feed.agent_seen(tenant_, format_rfc3339(Clock::now()));
-  const auto& b = env.body;
-  auto count = [&](const char* key) -> uint64_t {
-    return b.contains(key) && b[key].is_number_unsigned() ? b[key].get<uint64_t>() : 0;
-  };
-  ctx_.feed.agent_spool(tenant_, count("pending_events"), count("dropped_events"));
+  ctx_.feed.agent_spool(tenant_, hb.value->pending_events, hb.value->dropped_events);
   send(proto::type::kAck, nlohmann::json::object(), env.seq);
 }
 
@@ -274,15 +319,22 @@ void AgentSession::handle_renew(const proto::Envelope& env) {
     send_error("bad_sequence", "a renewal is already in progress");
     return;
   }
+  auto req = decode_renew(env.body);
+  ctx_.ingestion.count(tenant_, "renew", req.rejected);
+  if (!req.value) return refuse(Refusal{"bad_request", req.refusal, ""});
   renewing_ = true;
   const uint64_t seq = env.seq;
-  bool queued = ctx_.workers.post([self = shared_from_this(), body = env.body, seq] {
-    auto answer = self->ctx_.enrollment.renew(self->tenant_, self->peer_.serial_hex, body);
+  bool queued = ctx_.workers.post([self = shared_from_this(), req = std::move(*req.value), seq] {
+    auto answer = self->ctx_.enrollment.renew(self->tenant_, self->peer_.serial_hex, req);
     self->conn_->post([self, seq, answer = std::move(answer)]() mutable {
       self->renewing_ = false;
       if (self->closed_) return;
       if (auto* no = std::get_if<Refusal>(&answer)) return self->refuse(*no);
       self->send(proto::type::kCertificate, std::get<nlohmann::json>(std::move(answer)), seq);
+      // An expired certificate has done the one thing it may: the agent
+      // comes back with the new one.
+      if (self->peer_.client_cert_expired)
+        self->conn_->close("renewed; reconnect with the new certificate", 1000);
     });
   });
   if (!queued) {

@@ -2,7 +2,12 @@
 // Sessions: one websocket connection from an agent, and the dispatch of its
 // frames to enrollment, ingestion and the rest. Before enrollment (no client
 // certificate) a connection may only enroll; after, it speaks for exactly
-// one tenant, the one its certificate names, and only once it said hello.
+// one tenant, the one its certificate names, and only once it said hello. A
+// connection with an expired certificate (still on the tenant's record,
+// within the renewal grace) may only renew: no hello, no events.
+// Every frame is decoded into its type (messages.hpp) before anything of it
+// is used, and every frame of an enrolled agent passes its tenant's quota
+// first (ingestion.hpp).
 //
 // Threads: a session's callbacks run on its connection's io thread and
 // never wait there. What may wait goes elsewhere and comes back through the
@@ -85,7 +90,8 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
  private:
   std::string who() const;
   void send(std::string_view type, nlohmann::json body, std::optional<uint64_t> ack = {});
-  void send_error(const std::string& code, const std::string& message);
+  void send_error(const std::string& code, const std::string& message,
+                  const nlohmann::json& extra = nlohmann::json::object());
   void refuse(const Refusal& r);
 
   void handle_enroll(const proto::Envelope& env);
@@ -103,6 +109,9 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   uint64_t out_seq_ = 0;
   bool hello_done_ = false;
   bool closed_ = false;
+  // A refusal ended this connection (over quota, ...): what still arrives is
+  // not read, so nothing after the refused frame is stored or acknowledged.
+  bool ending_ = false;
   bool enrolling_ = false;  // one enrollment (or renewal) in flight at a time
   bool renewing_ = false;
   std::string ended_as_;  // set by end(): how the feed shows this disconnect

@@ -21,18 +21,17 @@ Result<AdminClient> AdminClient::from(const GlobalOptions& g) {
                             ? fs::path(cfg->state_dir) / coordinator::kAdminTokenFile
                             : fs::path(g.token_file);
   auto tok = read_file(token_file);
-  if (!tok) {
-    return Error(tok.error().code, "cannot read the admin token " + token_file.string() + " (" +
-                                       tok.error().message +
-                                       "); run as the coordinator's user, or pass --token-file");
-  }
+  // read_file's message names the file ("read <path>: <why>"): said once.
+  if (!tok)
+    return Error(tok.error().code, "admin token: " + tok.error().message +
+                                       "; run as the coordinator's user, or pass --token-file");
   c.token_ = *tok;
   while (!c.token_.empty() && (c.token_.back() == '\n' || c.token_.back() == '\r'))
     c.token_.pop_back();
   auto ca = read_file(fs::path(cfg->state_dir) / "ca.crt");
   if (!ca)
-    return Error(ca.error().code, "cannot read the coordinator CA " + cfg->state_dir +
-                                      "/ca.crt: has `factory serve` run with this config?");
+    return Error(ca.error().code, "coordinator CA: " + ca.error().message +
+                                      "; has `factory serve` run with this config?");
   c.ca_pem_ = *ca;
   return c;
 }
@@ -55,8 +54,9 @@ Result<nlohmann::json> AdminClient::call(const std::string& method, const std::s
   auto res = http.request(req);
   if (!res) {
     Error e = res.error();
-    if (e.code == Errc::unavailable)
-      e.message = "cannot reach the coordinator API at " + base_ + ": " + e.message +
+    // The HTTP client's message starts with the URL it dialled.
+    if (e.code == Errc::unavailable || e.code == Errc::timeout)
+      e.message = "cannot reach the coordinator API at " + e.message +
                   " (is `factory serve` running with this config?)";
     return e;
   }

@@ -93,6 +93,8 @@ void add_catalog_commands(CLI::App& app, Context& ctx) {
 
   auto* l = group->add_subcommand("list", "List the tiers with their VM shape and pinned versions");
   add_output_option(*l, opts->list_out);
+  set_examples(*l, {{"factory catalog list", "the built-in tiers (or the config's catalog)"},
+                    {"factory catalog --catalog my.yaml list", "the tiers of a file of yours"}});
   l->callback([&ctx, opts] { ctx.run = [&ctx, opts] { return list(ctx, *opts); }; });
 
   auto* s =
@@ -100,12 +102,15 @@ void add_catalog_commands(CLI::App& app, Context& ctx) {
   s->add_option("TIER", opts->tier, "Tier name, e.g. gpu-vm")->required();
   s->add_flag("--plan", opts->plan, "Print the plan the guest agent receives and its hash instead");
   add_output_option(*s, opts->show_out, /*allow_table=*/false);
+  set_examples(*s, {{"factory catalog show gpu-vm", "the tier with its steps"},
+                    {"factory catalog show gpu-vm --plan -o json", "the plan an agent receives"}});
   s->callback([&ctx, opts] { ctx.run = [&ctx, opts] { return show(ctx, *opts); }; });
 
   auto* v = group->add_subcommand("validate", "Check a catalog file without using it");
   v->add_option("FILE", opts->validate_file, "Catalog YAML file")
       ->required()
       ->check(CLI::ExistingFile);
+  set_examples(*v, {{"factory catalog validate my.yaml", "every error with where it is"}});
   v->callback([&ctx, opts] { ctx.run = [opts] { return validate(*opts); }; });
 }
 

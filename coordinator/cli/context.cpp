@@ -2,23 +2,38 @@
 
 #include <iostream>
 
+#include "common/display.hpp"
+#include "common/cli/app.hpp"
+
 namespace factory::cli {
 
 void add_global_options(CLI::App& app, GlobalOptions& g) {
-  app.add_option("--config", g.config_path, "Coordinator config file")->capture_default_str();
-  app.add_option("--server", g.server, "Coordinator API URL (overrides the config)");
+  apply_conventions(app);
+  app.add_option("--config", g.config_path, "Coordinator config file")
+      ->type_name("FILE")
+      ->envname("FACTORY_CONFIG")
+      ->capture_default_str();
+  app.add_option("--server", g.server, "Coordinator API URL (overrides the config)")
+      ->type_name("URL")
+      ->envname("FACTORY_SERVER");
   app.add_option("--token-file", g.token_file,
-                 "Admin token file (overrides <state_dir>/admin.token)");
-  app.add_option("--log-level", g.log_level, "trace|debug|info|warn|error")->capture_default_str();
+                 "Admin token file (overrides <state_dir>/admin.token)")
+      ->type_name("FILE")
+      ->envname("FACTORY_TOKEN_FILE");
+  add_log_level_option(app, g.log_level,
+                       "Log level (default: warn; for serve, the config's log_level)");
 }
 
 int fail(const Error& e) {
-  std::cerr << "factory: " << e.message << "\n";
-  return e.code == Errc::invalid_argument ? 2 : 1;
+  // A message may quote what a guest reported (a failed step's message).
+  std::cerr << "factory: " << display::sanitize(e.message) << "\n";
+  return e.code == Errc::invalid_argument ? kExitUsage : kExitError;
 }
 
 Result<coordinator::CoordinatorConfig> load_config(const GlobalOptions& g) {
-  bool explicit_config = g.config_path != GlobalOptions{}.config_path;
+  // A config named by --config or FACTORY_CONFIG must exist; the default
+  // path may be absent (then every key has its default).
+  bool explicit_config = g.config_path != kDefaultConfigPath;
   return coordinator::load_coordinator_config(g.config_path, explicit_config);
 }
 

@@ -7,17 +7,23 @@
 #include <functional>
 #include <string>
 
+#include "common/cli/app.hpp"
 #include "common/error.hpp"
 #include "coordinator/config/coordinator_config.hpp"
 #include "coordinator/kube/kubeconfig.hpp"
 
 namespace factory::cli {
 
+inline constexpr const char* kDefaultConfigPath = "/etc/factory/coordinator.yaml";
+
+// Each of the first three may also come from the environment
+// (FACTORY_CONFIG, FACTORY_SERVER, FACTORY_TOKEN_FILE), as VAULT_ADDR does
+// for vault: set once in a shell, it serves every command; a flag wins.
 struct GlobalOptions {
-  std::string config_path = "/etc/factory/coordinator.yaml";
+  std::string config_path = kDefaultConfigPath;
   std::string server;      // overrides the API address from the config
   std::string token_file;  // overrides the admin token from the state dir
-  std::string log_level = "warn";
+  std::string log_level;   // empty: warn for commands, the config's for serve
 };
 
 // A subcommand's callback sets `run`, which returns the process exit status.
@@ -26,7 +32,8 @@ struct Context {
   std::function<int()> run;
 };
 
-// --config, --server, --token-file, --log-level on the top-level app.
+// --config, --server, --token-file, --log-level on the top-level app, and
+// the house conventions (common/cli/app.hpp) for the whole command tree.
 void add_global_options(CLI::App& app, GlobalOptions& g);
 
 // Errors reach the user as one line on stderr: "factory: <what went wrong>:

@@ -147,6 +147,8 @@ void add_host_commands(CLI::App& app, Context& ctx) {
       "check",
       "Can this machine pass a GPU through? Verdicts with fixes, and every NVIDIA function");
   add_output_option(*c, opts->check_out);
+  set_examples(*c, {{"factory host check", "this machine"},
+                    {"factory host --host-root ./capture check -o json", "a captured tree"}});
   c->callback([&ctx, opts] { ctx.run = [opts] { return check(*opts); }; });
 
   for (bool bind : {true, false}) {
@@ -157,6 +159,11 @@ void add_host_commands(CLI::App& app, Context& ctx) {
     m->add_option("--pci", opts->pci, "PCI address of a card, e.g. 0000:01:00.0 (repeatable)")
         ->required();
     m->add_flag("--dry-run", opts->dry_run, "Print each action and change nothing");
+    const std::string verb = bind ? "bind" : "unbind";
+    set_examples(*m, {{"factory host " + verb + " --pci 0000:01:00.0 --dry-run",
+                       "what it would do (no root needed)"},
+                      {"factory host " + verb + " --pci '0000:01:00.0 0000:41:00.0'",
+                       "two cards, as root"}});
     m->callback([&ctx, opts, bind] { ctx.run = [opts, bind] { return move_cards(*opts, bind); }; });
   }
 }

@@ -162,6 +162,10 @@ void add_kubevirt_commands(CLI::App& app, Context& ctx) {
   a->add_option("--pci-ids", o->pci_ids, "pci.ids file naming the cards");
   add_kube_flags(*a, o->access);
   add_output_option(*a, o->out);
+  set_examples(*a, {{"factory kubevirt allowlist", "this host's cards, then wait for the node"},
+                    {"factory kubevirt allowlist --dry-run", "the change, checked by the server"},
+                    {"factory kubevirt allowlist --pci-id 10de:27b8 --kubeconfig ~/.kube/config",
+                     "one model, named by its PCI id"}});
   a->callback([&ctx, o] { ctx.run = [o] { return allowlist(*o); }; });
 }
 

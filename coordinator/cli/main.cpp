@@ -1,17 +1,23 @@
 // factory: the coordinator. Server and admin CLI in one binary, like vault or consul.
 #include <iostream>
 
+#include "common/cli/app.hpp"
 #include "common/log.hpp"
 #include "coordinator/cli/commands.hpp"
 
 int main(int argc, char** argv) {
   using namespace factory::cli;
-  CLI::App app{"factory: run a catalog of GPU products on a KubeVirt host"};
+  // Named here, so help says "Usage: factory ..." however it was started.
+  CLI::App app{"factory: run a catalog of GPU products on a KubeVirt host", "factory"};
   app.set_version_flag("--version", std::string("factory ") + FACTORY_VERSION);
   app.require_subcommand(1);
   app.fallthrough();
   Context ctx;
   add_global_options(app, ctx.global);
+  set_examples(app, {{"factory serve --config /etc/factory/coordinator.yaml", "run the coordinator"},
+                     {"factory tenant create alice --tier gpu-vm --wait", "a GPU VM for alice"},
+                     {"factory status", "every tenant, its agent and its GPU"},
+                     {"factory COMMAND --help", "more about one command"}});
 
   add_serve_command(app, ctx);
   add_token_commands(app, ctx);
@@ -21,21 +27,18 @@ int main(int argc, char** argv) {
   add_tenant_commands(app, ctx);
   add_catalog_commands(app, ctx);
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
-  factory::setup_logging("factory", ctx.global.log_level);
+  if (auto done = parse(app, argc, argv)) return *done;
+  factory::setup_logging("factory",
+                         ctx.global.log_level.empty() ? "warn" : ctx.global.log_level);
   if (!ctx.run) {
     std::cerr << app.help();
-    return 2;
+    return kExitUsage;
   }
   try {
     return ctx.run();
   } catch (const std::exception& e) {
-    // A bug, not a user error: still one line, and a non-zero exit.
+    // A bug, not a user error: still one line, and the error status.
     std::cerr << "factory: internal error: " << e.what() << "\n";
-    return 70;
+    return kExitError;
   }
 }

@@ -1,25 +1,11 @@
 #pragma once
-// How commands print: `-o table|json|yaml` for every command that prints
-// objects, as kubectl does, and the cells of its tables.
-#include <CLI/CLI.hpp>
-#include <iosfwd>
-#include <nlohmann/json.hpp>
+// How commands print: `-o table|json|yaml` and the tables, as both binaries
+// print them (common/cli/output.hpp), and the cells only `factory` shows.
 #include <string>
-#include <vector>
+
+#include "common/cli/output.hpp"
 
 namespace factory::cli {
-
-enum class OutputFormat { table, json, yaml };
-
-// Adds `-o,--output` accepting the given formats (table first is the default).
-CLI::Option* add_output_option(CLI::App& cmd, OutputFormat& out, bool allow_table = true);
-
-// A plain column-aligned table like kubectl's: upper-case headers, two spaces.
-void print_table(std::ostream& os, const std::vector<std::string>& headers,
-                 const std::vector<std::vector<std::string>>& rows);
-
-// Prints doc as pretty JSON or YAML; returns false for table (caller prints its own).
-bool print_document(std::ostream& os, OutputFormat fmt, const nlohmann::json& doc);
 
 // A table cell for how long ago an RFC 3339 time was ("5m" + suffix): "-"
 // when there is none, the text as it is when it is not a time.

@@ -98,7 +98,14 @@ Result<TenantRequest> build_request(const CreateOptions& o) {
   TenantRequest r;
   r.name = o.name;
   r.tier = o.tier;
-  if (o.gpus_opt && o.gpus_opt->count() > 0) r.gpus = o.gpus;
+  if (o.gpus_opt && o.gpus_opt->count() > 0) {
+    // Checked here too, so a typo is refused before the coordinator is asked.
+    if (o.gpus < 1 || o.gpus > kMaxGpusPerVm)
+      return Error(Errc::invalid_argument,
+                   "--gpus " + std::to_string(o.gpus) + " is out of range: want 1-" +
+                       std::to_string(kMaxGpusPerVm) + " (every tier runs on a GPU)");
+    r.gpus = o.gpus;
+  }
   r.cpu = o.cpu;
   r.memory = o.memory;
   r.disk = o.disk;
@@ -178,7 +185,8 @@ int wait_for(const AdminClient& client, const std::string& name, std::chrono::se
       last_error = r.error().message;
     } else {
       last_error.clear();
-      for (const auto& line : progress_lines(before, *r)) os << stamp() << line << "\n";
+      for (const auto& line : progress_lines(before, *r))
+        os << stamp() << display_text(line) << "\n";
       os.flush();
       before = *r;
       std::string phase = str(*r, "phase");
@@ -189,7 +197,7 @@ int wait_for(const AdminClient& client, const std::string& name, std::chrono::se
       if (phase == "failed") {
         // The step's own line was printed just above, as it changed.
         for (const auto& line : failure_report(*r, /*with_step_line=*/false))
-          os << stamp() << line << "\n";
+          os << stamp() << display_text(line) << "\n";
         return fail(Error(Errc::failed_precondition, failure_summary(*r)));
       }
     }
@@ -222,6 +230,7 @@ int create(const Context& ctx, const CreateOptions& o) {
   json doc = *res;
   const std::string password = str(doc, "password");
   doc.erase("password");
+  const std::string password_kept_in = str(doc, "password_kept_in");
   const json& t = doc.contains("tenant") ? doc["tenant"] : json::object();
   const json& spec = t.contains("spec") ? t["spec"] : json::object();
 
@@ -232,17 +241,24 @@ int create(const Context& ctx, const CreateOptions& o) {
                 << (str(spec, "gpu_resource").empty() ? "no GPU" : str(spec, "gpu_resource"))
                 << ", namespace " << str(spec, "namespace");
       int port = t.contains("vm") ? t["vm"].value("ssh_node_port", 0) : 0;
-      if (port) std::cout << ", SSH node port " << port;
+      const std::string ssh_host = t.contains("vm") ? str(t["vm"], "ssh_host") : "";
+      if (port && !ssh_host.empty())
+        std::cout << ", SSH " << ssh_host << ":" << port;
+      else if (port)
+        std::cout << ", SSH node port " << port;
       std::cout << "\n";
       for (const auto& obj : doc.value("objects", json::array()))
         std::cout << "  created " << obj.get<std::string>() << "\n";
     }
   }
   if (!str(doc, "note").empty()) std::cerr << "note: " << str(doc, "note") << "\n";
-  if (!password.empty())
-    std::cerr << "password of ubuntu on " << o.name << " (shown once; kept only in Secret "
-              << str(spec, "namespace") << "/" << cloud_init_secret_name(o.name)
+  if (!password.empty()) {
+    std::string kept = password_kept_in;
+    if (kept.empty())
+      kept = "Secret " + str(spec, "namespace") + "/" + cloud_init_secret_name(o.name);
+    std::cerr << "password of ubuntu on " << o.name << " (shown once; kept only in " << kept
               << "): " << password << "\n";
+  }
   if (!o.wait) return 0;
   // Progress goes to stdout for people, to stderr when stdout holds a document.
   std::ostream& os = o.out == OutputFormat::table ? std::cout : std::cerr;
@@ -280,8 +296,10 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
   const json& t = *res;
   const json spec = t.value("spec", json::object());
   auto row = [](const std::string& k, const std::string& v) {
-    std::cout << k << std::string(k.size() < 11 ? 11 - k.size() : 1, ' ') << (v.empty() ? "-" : v)
-              << "\n";
+    // v holds what the agent reported (its version, step messages): shown
+    // escaped, like every table cell.
+    std::cout << k << std::string(k.size() < 11 ? 11 - k.size() : 1, ' ')
+              << (v.empty() ? "-" : display_text(v)) << "\n";
   };
   row("Tenant:", str(t, "name"));
   row("Tier:", str(t, "tier"));
@@ -299,7 +317,19 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
       v = "unknown (" + str(vm, "error") + ")";
     else if (!vm.value("exists", false))
       v = "not found in the cluster";
-    else {
+    else if (str(vm, "provider") == "qemu") {
+      // A QEMU process on this host: its state as QMP reports it, who keeps
+      // it running, and where its SSH port listens.
+      v = str(vm, "status");
+      if (vm.value("pid", 0)) v += ", QEMU pid " + str(vm, "pid");
+      v += str(vm, "supervisor") == "systemd" ? ", unit factory-vm-" + str(t, "name")
+                                              : ", supervised by the coordinator";
+      if (!str(vm, "node").empty()) v += " on " + str(vm, "node");
+      if (vm.value("ssh_node_port", 0))
+        v += ", SSH " + str(vm, "ssh_host") + ":" + str(vm, "ssh_node_port");
+      if (vm.value("restarts", 0)) v += ", restarted " + str(vm, "restarts") + "x";
+      if (!str(vm, "reason").empty()) v += " (" + str(vm, "reason") + ")";
+    } else {
       v = str(vm, "status");
       if (!str(vm, "phase").empty()) v += ", VMI " + str(vm, "phase");
       if (!str(vm, "node").empty()) v += " on " + str(vm, "node");
@@ -308,6 +338,16 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
       if (!str(vm, "reason").empty()) v += " (" + str(vm, "reason") + ")";
     }
     row("VM:", v);
+    if (!str(vm, "accelerator").empty()) {
+      std::string a = str(vm, "accelerator") == "kvm" ? "KVM" : "TCG (emulated CPU)";
+      if (!str(vm, "accelerator_reason").empty()) a += ": " + str(vm, "accelerator_reason");
+      row("Accel:", a);
+    }
+    if (vm.contains("gpus") && vm["gpus"].is_array() && !vm["gpus"].empty()) {
+      std::string g;
+      for (const auto& a : vm["gpus"]) g += (g.empty() ? "" : ", ") + a.get<std::string>();
+      row("Cards:", g + " (vfio-pci)");
+    }
   }
   if (t.contains("kube") && !str(t["kube"], "error").empty())
     row("Error:", str(t["kube"], "error"));
@@ -337,13 +377,13 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
   if (t.contains("diagnoses") && t["diagnoses"].is_object() && !t["diagnoses"].empty()) {
     std::cout << "\nDiagnoses:\n";
     for (const auto& [code, d] : t["diagnoses"].items()) {
-      std::cout << "  " << code << ": " << str(d, "summary") << "\n";
-      if (!str(d, "fix").empty()) std::cout << "    fix: " << str(d, "fix") << "\n";
+      std::cout << "  " << display_text(code) << ": " << display_text(str(d, "summary")) << "\n";
+      if (!str(d, "fix").empty()) std::cout << "    fix: " << display_text(str(d, "fix")) << "\n";
     }
   }
   if (str(t, "phase") == "failed") {
     std::cout << "\n";
-    for (const auto& line : failure_report(t)) std::cout << line << "\n";
+    for (const auto& line : failure_report(t)) std::cout << display_text(line) << "\n";
   }
   return 0;
 }
@@ -419,6 +459,12 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
                 "With --dry-run: catalog file (default: the config's 'catalog' key, else the "
                 "built-in one); a real create uses the coordinator's catalog");
   o->out_opt = add_output_option(*c, o->out);
+  set_examples(*c, {{"factory tenant create alice --tier gpu-vm --wait",
+                     "a GPU VM with Ollama, followed until ready"},
+                    {"factory tenant create bob --tier gpu-k8s --ssh-key ~/.ssh/id_ed25519.pub",
+                     "a GPU VM running its own Kubernetes"},
+                    {"factory tenant create alice --tier gpu-vm --dry-run",
+                     "the objects it would create, contacting nothing"}});
   c->callback([&ctx, o] {
     ctx.run = [&ctx, o] {
       // A dry run prints manifests: YAML unless told otherwise.
@@ -430,6 +476,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   auto list_out = std::make_shared<OutputFormat>(OutputFormat::table);
   auto* l = group->add_subcommand("list", "List tenants: tier, phase, GPUs, agent");
   add_output_option(*l, *list_out);
+  set_examples(*l, {{"factory tenant list", "every tenant"},
+                    {"factory tenant list -o yaml", "with everything the API knows"}});
   l->callback([&ctx, list_out] {
     ctx.run = [&ctx, list_out] {
       return list_from_coordinator(ctx.global, "/v1/tenants", *list_out, print_tenants);
@@ -445,6 +493,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
       "show", "Show one tenant: its VM in the cluster, its agent, its plan step by step");
   s->add_option("NAME", so->name, "Tenant name")->required();
   add_output_option(*s, so->out);
+  set_examples(*s, {{"factory tenant show alice", "VM, agent, plan steps, diagnoses"},
+                    {"factory tenant show alice -o json", "the same as the API answers it"}});
   s->callback([&ctx, so] { ctx.run = [&ctx, so] { return show(ctx, so->name, so->out); }; });
 
   auto dopt = std::make_shared<NameOpts>();
@@ -455,6 +505,7 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   d->add_option("NAME", dopt->name, "Tenant name")->required();
   d->add_option("--namespace", dopt->ns,
                 "Where to look for its objects when the coordinator has no record of it");
+  set_examples(*d, {{"factory tenant delete alice", "everything made for alice"}});
   d->callback(
       [&ctx, dopt] { ctx.run = [&ctx, dopt] { return remove(ctx, dopt->name, dopt->ns); }; });
 
@@ -463,6 +514,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
       "retry", "Ask the tenant's agent to re-run its failed plan from the failed step");
   r->add_option("NAME", ro->name, "Tenant name")->required();
   r->add_option("--step", ro->step, "Re-run from this step instead (an id from `tenant show`)");
+  set_examples(*r, {{"factory tenant retry alice", "from the step that failed"},
+                    {"factory tenant retry alice --step ollama", "from the step named"}});
   r->callback([&ctx, ro] { ctx.run = [&ctx, ro] { return retry(ctx, ro->name, ro->step); }; });
 }
 

@@ -22,6 +22,9 @@ void add_token_commands(CLI::App& app, Context& ctx) {
       ->required();
   create->add_option("--ttl", o->ttl, "Lifetime, e.g. 30m, 1h (default: tokens.default_ttl, 1h)");
   add_output_option(*create, o->out);
+  set_examples(*create, {{"factory token create --tenant alice", "valid for tokens.default_ttl"},
+                         {"factory token create --tenant alice --ttl 30m -o json",
+                          "with the CA pin, for a script"}});
   create->callback([&ctx, o] {
     ctx.run = [&ctx, o]() -> int {
       nlohmann::json body = {{"tenant", o->tenant}};

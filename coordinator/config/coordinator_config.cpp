@@ -1,14 +1,17 @@
 #include "coordinator/config/coordinator_config.hpp"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
-#include <set>
 #include <thread>
 
 #include "common/durations.hpp"
+#include "common/log.hpp"
 #include "common/net/server.hpp"
+#include "common/validation.hpp"
 #include "common/yaml_json.hpp"
 
 namespace factory::coordinator {
@@ -28,21 +31,149 @@ std::string hostname() {
   return buf;
 }
 
-Status read_duration(const nlohmann::json& j, const char* key, std::chrono::seconds& out,
-                     const std::string& where) {
-  if (!j.contains(key)) return {};
-  if (!j[key].is_string())
-    return Error(Errc::invalid_argument, where + "." + key + ": want a duration like 90s, 1h");
-  auto d = parse_duration(j[key].get<std::string>());
-  if (!d) return d.error().with_context(where + "." + key);
+// Durations are written as the CLI takes them ("90s", "1h"), so a bare
+// number (seconds? milliseconds?) is refused rather than guessed.
+Status read_duration(validation::ConfigMap& m, const char* key, std::chrono::seconds& out) {
+  const nlohmann::json* v = m.take(key);
+  if (!v) return {};
+  if (!v->is_string()) return m.wrong_type(key, "a duration like 90s, 1h");
+  auto d = parse_duration(v->get<std::string>());
+  if (!d) return m.bad_value(key, d.error().message);
   out = *d;
   return {};
 }
 
-const std::set<std::string> kTopKeys = {"state_dir", "external_url", "agents",
-                                        "api",       "tokens",       "kube",
-                                        "threads",   "catalog",      "log_level"};
-const std::set<std::string> kKubeKeys = {"kubeconfig", "context", "namespace", "request_timeout"};
+std::string resolve_against(const std::string& config_path, const std::string& p) {
+  if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
+  return (std::filesystem::path(config_path).parent_path() / p).lexically_normal().string();
+}
+
+// A byte count: a whole number, or one with a binary suffix (Ki, Mi, Gi).
+Result<std::uint64_t> parse_bytes(const nlohmann::json& v) {
+  auto bad = [] {
+    return Error(Errc::invalid_argument, "want a byte count like 33554432, 512Ki, 32Mi or 1Gi");
+  };
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0)
+    return static_cast<std::uint64_t>(v.get<std::int64_t>());
+  if (!v.is_string()) return bad();
+  const std::string s = v.get<std::string>();
+  std::size_t digits = 0;
+  while (digits < s.size() && std::isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
+  if (digits == 0 || digits > 12) return bad();
+  std::uint64_t n = std::stoull(s.substr(0, digits));
+  const std::string unit = s.substr(digits);
+  if (unit.empty()) return n;
+  if (unit == "Ki") return n << 10;
+  if (unit == "Mi") return n << 20;
+  if (unit == "Gi") return n << 30;
+  return bad();
+}
+
+// A number within [lo, hi] (YAML gives integers or floats).
+Status read_number(validation::ConfigMap& m, const char* key, double lo, double hi, double& out) {
+  const nlohmann::json* v = m.take(key);
+  if (!v) return {};
+  if (!v->is_number()) return m.wrong_type(key, "a number");
+  double d = v->get<double>();
+  if (d < lo || d > hi)
+    return m.bad_value(key, "want a number from " + std::to_string(static_cast<long long>(lo)) +
+                                " to " + std::to_string(static_cast<long long>(hi)));
+  out = d;
+  return {};
+}
+
+// agents.quota: each tenant's share of the coordinator (agents/quota.hpp).
+Status read_quota(validation::ConfigMap& q, CoordinatorConfig& c) {
+  for (auto st : {read_number(q, "events_per_second", 1, 1e6, c.quota_events_per_second),
+                  read_number(q, "event_burst", 1, 1e7, c.quota_event_burst)})
+    if (!st.ok()) return st;
+  if (const nlohmann::json* b = q.take("bytes_per_day")) {
+    auto n = parse_bytes(*b);
+    if (!n) return q.bad_value("bytes_per_day", n.error().message);
+    // Below a few full-size frames a tenant could be left unable to send
+    // one event, ever.
+    if (*n < (1u << 20)) return q.bad_value("bytes_per_day", "must be at least 1Mi");
+    c.quota_bytes_per_day = *n;
+  }
+  if (auto st = q.read("max_events_stored", c.quota_max_events_stored, 100'000'000); !st.ok())
+    return st;
+  if (c.quota_max_events_stored < 1) return q.bad_value("max_events_stored", "must be at least 1");
+  if (auto st = read_duration(q, "max_event_age", c.quota_max_event_age); !st.ok()) return st;
+  if (c.quota_max_event_age < std::chrono::hours(1))
+    return q.bad_value("max_event_age", "must be at least 1h");
+  return q.done();
+}
+
+// Every key of the file, read strictly (validation::ConfigMap): the layout
+// below is the one coordinator_config.hpp documents.
+Status read_keys(const nlohmann::json& doc, const std::string& path, CoordinatorConfig& c) {
+  auto top = validation::ConfigMap::open(doc, path);
+  if (!top) return top.error();
+  // Each list is read left to right (a braced list is sequenced), so done()
+  // comes after the reads that make its keys known; the first error wins.
+  for (auto st : {top->read("state_dir", c.state_dir), top->read("external_url", c.external_url),
+                  top->read("catalog", c.catalog), top->read("log_level", c.log_level)})
+    if (!st.ok()) return st;
+
+  auto agents = top->section("agents");
+  if (!agents) return agents.error();
+  for (auto st : {agents->read("listen", c.agents_listen), agents->read("binary", c.agent_binary),
+                  read_duration(*agents, "idle_timeout", c.agents_idle_timeout),
+                  read_duration(*agents, "cert_ttl", c.agent_cert_ttl),
+                  read_duration(*agents, "renewal_grace", c.agent_renewal_grace)})
+    if (!st.ok()) return st;
+  auto quota = agents->section("quota");
+  if (!quota) return quota.error();
+  if (auto st = read_quota(*quota, c); !st.ok()) return st;
+  if (auto st = agents->done(); !st.ok()) return st;
+
+  auto api = top->section("api");
+  if (!api) return api.error();
+  for (auto st : {api->read("listen", c.api_listen), api->read("metrics_public", c.metrics_public),
+                  api->done()})
+    if (!st.ok()) return st;
+
+  auto tokens = top->section("tokens");
+  if (!tokens) return tokens.error();
+  for (auto st : {read_duration(*tokens, "default_ttl", c.token_default_ttl),
+                  read_duration(*tokens, "tenant_ttl", c.token_tenant_ttl), tokens->done()})
+    if (!st.ok()) return st;
+
+  auto kube = top->section("kube");
+  if (!kube) return kube.error();
+  for (auto st : {kube->read("kubeconfig", c.kube_kubeconfig), kube->read("context", c.kube_context),
+                  kube->read("namespace", c.kube_namespace),
+                  read_duration(*kube, "request_timeout", c.kube_request_timeout), kube->done()})
+    if (!st.ok()) return st;
+
+  if (auto st = top->read("provider", c.provider); !st.ok()) return st;
+  if (c.provider != "kubevirt" && c.provider != "qemu")
+    return top->bad_value("provider", "want kubevirt or qemu (got " + c.provider + ")");
+  auto qemu = top->section("qemu");
+  if (!qemu) return qemu.error();
+  for (auto st : {qemu->read("binary", c.qemu.binary), qemu->read("img", c.qemu.img),
+                  qemu->read("base_image", c.qemu.base_image),
+                  qemu->read("vms_dir", c.qemu.vms_dir), qemu->read("accel", c.qemu.accel),
+                  qemu->read("supervisor", c.qemu.supervisor),
+                  qemu->read("ssh_listen", c.qemu.ssh_listen), qemu->done()})
+    if (!st.ok()) return st;
+  if (c.qemu.accel != "auto" && c.qemu.accel != "kvm" && c.qemu.accel != "tcg")
+    return qemu->bad_value("accel", "want auto, kvm or tcg (got " + c.qemu.accel + ")");
+  if (c.qemu.supervisor != "auto" && c.qemu.supervisor != "systemd" &&
+      c.qemu.supervisor != "child")
+    return qemu->bad_value("supervisor",
+                           "want auto, systemd or child (got " + c.qemu.supervisor + ")");
+  if (c.qemu.binary.empty() || c.qemu.img.empty())
+    return qemu->bad_value("binary", "qemu.binary and qemu.img must not be empty");
+
+  auto threads = top->section("threads");
+  if (!threads) return threads.error();
+  for (auto st : {threads->read("io", c.io_threads, 64), threads->read("workers", c.worker_threads, 64),
+                  threads->done()})
+    if (!st.ok()) return st;
+
+  return top->done();
+}
 
 }  // namespace
 
@@ -71,79 +202,22 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
                                       " not found (pass --config FILE, or create it; every key "
                                       "has a default)");
   }
-  if (!j.is_object()) return Error(Errc::invalid_argument, path + ": want a YAML mapping");
-  for (auto& [k, v] : j.items()) {
-    if (!kTopKeys.count(k))
-      return Error(Errc::invalid_argument,
-                   path + ": unknown key '" + k +
-                       "' (known: state_dir, external_url, agents, api, tokens, kube, threads, "
-                       "catalog, log_level)");
-  }
-  try {
-    if (j.contains("state_dir")) c.state_dir = j["state_dir"].get<std::string>();
-    if (j.contains("external_url")) c.external_url = j["external_url"].get<std::string>();
-    if (j.contains("log_level")) c.log_level = j["log_level"].get<std::string>();
-    if (j.contains("agents")) {
-      const auto& a = j["agents"];
-      if (a.contains("listen")) c.agents_listen = a["listen"].get<std::string>();
-      if (a.contains("binary")) c.agent_binary = a["binary"].get<std::string>();
-      if (auto st = read_duration(a, "idle_timeout", c.agents_idle_timeout, "agents"); !st.ok())
-        return st.error().with_context(path);
-      if (auto st = read_duration(a, "cert_ttl", c.agent_cert_ttl, "agents"); !st.ok())
-        return st.error().with_context(path);
-    }
-    if (j.contains("api") && j["api"].contains("listen"))
-      c.api_listen = j["api"]["listen"].get<std::string>();
-    if (j.contains("tokens")) {
-      if (auto st = read_duration(j["tokens"], "default_ttl", c.token_default_ttl, "tokens");
-          !st.ok())
-        return st.error().with_context(path);
-      if (auto st = read_duration(j["tokens"], "tenant_ttl", c.token_tenant_ttl, "tokens");
-          !st.ok())
-        return st.error().with_context(path);
-    }
-    if (j.contains("threads") && !j["threads"].is_null()) {
-      const auto& t = j["threads"];
-      if (!t.is_object()) return Error(Errc::invalid_argument, path + ": threads: want a mapping");
-      for (auto& [key, v] : t.items()) {
-        if (key != "io" && key != "workers")
-          return Error(Errc::invalid_argument,
-                       path + ": unknown key 'threads." + key + "' (known: io, workers)");
-        if (!v.is_number_unsigned() || v.get<std::uint64_t>() > 64)
-          return Error(Errc::invalid_argument,
-                       path + ": threads." + key + ": want a whole number from 0 to 64");
-      }
-      if (t.contains("io")) c.io_threads = t["io"].get<std::size_t>();
-      if (t.contains("workers")) c.worker_threads = t["workers"].get<std::size_t>();
-      if (c.worker_threads == 0)
-        return Error(Errc::invalid_argument, path + ": threads.workers must be at least 1");
-    }
-    if (j.contains("catalog") && !j["catalog"].is_null())
-      c.catalog = j["catalog"].get<std::string>();
-    if (j.contains("kube") && !j["kube"].is_null()) {
-      const auto& k = j["kube"];
-      if (!k.is_object()) return Error(Errc::invalid_argument, path + ": kube: want a mapping");
-      for (auto& [key, v] : k.items())
-        if (!kKubeKeys.count(key))
-          return Error(Errc::invalid_argument,
-                       path + ": unknown key 'kube." + key +
-                           "' (known: kubeconfig, context, namespace, request_timeout)");
-      if (k.contains("kubeconfig")) c.kube_kubeconfig = k["kubeconfig"].get<std::string>();
-      if (k.contains("context")) c.kube_context = k["context"].get<std::string>();
-      if (k.contains("namespace")) c.kube_namespace = k["namespace"].get<std::string>();
-      if (auto st = read_duration(k, "request_timeout", c.kube_request_timeout, "kube"); !st.ok())
-        return st.error().with_context(path);
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return Error(Errc::invalid_argument, path + ": wrong type for a key: " + e.what());
-  }
+  if (auto st = read_keys(j, path, c); !st.ok()) return st.error();
+  if (auto st = check_log_level(c.log_level); !st.ok())
+    return st.error().with_context(path + ": log_level");
+  if (c.worker_threads == 0)
+    return Error(Errc::invalid_argument, path + ": threads.workers must be at least 1");
   for (auto* l : {&c.agents_listen, &c.api_listen}) {
     if (auto hp = net::split_host_port(*l); !hp) return hp.error().with_context(path);
   }
   if (c.external_url.empty()) {
     auto hp = net::split_host_port(c.agents_listen);
     std::string host = hp->first;
-    if (host.empty() || host == "0.0.0.0" || host == "::")
+    // QEMU's user-mode networking shows the host's addresses (its loopback
+    // included) to the guest as 10.0.2.2, whatever the host is called.
+    if (c.provider == "qemu")
+      host = "10.0.2.2";
+    else if (host.empty() || host == "0.0.0.0" || host == "::")
       host = hostname();
     else if (host.find(':') != std::string::npos)
       host = "[" + host + "]";
@@ -155,6 +229,14 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
   if (!c.kube_kubeconfig.empty() && std::filesystem::path(c.kube_kubeconfig).is_relative())
     c.kube_kubeconfig =
         (std::filesystem::path(path).parent_path() / c.kube_kubeconfig).lexically_normal().string();
+  c.qemu.base_image = resolve_against(path, c.qemu.base_image);
+  c.qemu.vms_dir = c.qemu.vms_dir.empty() ? (std::filesystem::path(c.state_dir) / "vms").string()
+                                          : resolve_against(path, c.qemu.vms_dir);
+  // QEMU's hostfwd takes an IPv4 address (its user-mode stack is IPv4).
+  if (in_addr a{}; ::inet_pton(AF_INET, c.qemu.ssh_listen.c_str(), &a) != 1)
+    return Error(Errc::invalid_argument,
+                 path + ": qemu.ssh_listen: want an IPv4 address such as 127.0.0.1 (got " +
+                     c.qemu.ssh_listen + ")");
   if (c.kube_namespace.empty())
     return Error(Errc::invalid_argument, path + ": kube.namespace must not be empty");
   if (c.kube_request_timeout < std::chrono::seconds(1))

@@ -4,14 +4,31 @@
 //
 //   state_dir: /var/lib/factory        # CA, admin token, tenants, events (0700)
 //   external_url: wss://<host>:8443    # what agents dial; default from agents.listen
+//                                      # (provider qemu: wss://10.0.2.2:<port>, the
+//                                      # host's loopback as QEMU user networking shows it)
+//   provider: kubevirt                 # where tenants' VMs run: kubevirt (the host
+//                                      # cluster) or qemu (processes on this host)
 //   agents:
 //     listen: 0.0.0.0:8443             # the wss endpoint guests reach
 //     idle_timeout: 60s                # websocket ping/pong deadline
 //     cert_ttl: 24h                    # agent client certificates; renewed at 2/3
+//     renewal_grace: 90d               # how long after expiry an agent that was off
+//                                      # may still renew with its old certificate
 //     binary: ""                       # agent binary served at /v1/agent/binary
 //                                      # (default: factory-agent beside factory)
+//     quota:                           # each tenant's share (coordinator/agents/quota.hpp)
+//       events_per_second: 250         # messages an agent may send per second (events,
+//                                      # heartbeats, ...; above the agent's 200/s replay)
+//       event_burst: 500               # ... at once, on top of the rate
+//       bytes_per_day: 32Mi            # event bytes stored per tenant per day (a day's
+//                                      # allowance at once, then refilled over the day)
+//       max_events_stored: 10000       # a tenant's stored history; the oldest go first
+//       max_event_age: 90d             # ... and none older than this
 //   api:
 //     listen: 127.0.0.1:8444           # admin API and status feed (HTTPS, bearer token)
+//     metrics_public: false            # true: GET /metrics without the bearer token (it
+//                                      # names every tenant: open it only to a trusted
+//                                      # network's Prometheus)
 //   tokens:
 //     default_ttl: 1h                  # `factory token create` without --ttl
 //     tenant_ttl: 24h                  # the token in a tenant VM's user-data: the VM
@@ -23,6 +40,20 @@
 //     context: ""                      # "" = the kubeconfig's current-context
 //     namespace: tenants               # where tenant objects go (--namespace overrides)
 //     request_timeout: 10s             # per API request (on a worker, never an io thread)
+//   qemu:                              # provider qemu only
+//     binary: qemu-system-x86_64       # looked up on PATH unless a path
+//     img: qemu-img
+//     base_image: ""                   # what every tenant's copy-on-write disk sits on:
+//                                      # a folder with image.json (deploy/qemu/
+//                                      # build-image.sh) or a disk file booted by its
+//                                      # own boot loader (Ubuntu's cloud image);
+//                                      # relative to this file's folder
+//     vms_dir: ""                      # "" = <state_dir>/vms
+//     accel: auto                      # auto (KVM when a guest runs under it, else
+//                                      # TCG) | kvm | tcg
+//     supervisor: auto                 # auto (systemd when it is PID 1, else a child
+//                                      # the coordinator restarts) | systemd | child
+//     ssh_listen: 127.0.0.1            # where each tenant's forwarded SSH port listens
 //   threads:
 //     io: 0                            # io threads serving connections (0: one per
 //                                      # core, at most 4)
@@ -32,11 +63,23 @@
 //                                      # relative to this file's folder
 //   log_level: info
 #include <chrono>
+#include <cstdint>
 #include <string>
 
 #include "common/error.hpp"
 
 namespace factory::coordinator {
+
+// provider: qemu (coordinator/qemu reads these; this module only parses them).
+struct QemuSettings {
+  std::string binary = "qemu-system-x86_64";
+  std::string img = "qemu-img";
+  std::string base_image;  // resolved against the config file's folder
+  std::string vms_dir;     // resolved: never empty after load
+  std::string accel = "auto";
+  std::string supervisor = "auto";
+  std::string ssh_listen = "127.0.0.1";
+};
 
 struct CoordinatorConfig {
   std::string state_dir = "/var/lib/factory";
@@ -44,8 +87,17 @@ struct CoordinatorConfig {
   std::string agents_listen = "0.0.0.0:8443";
   std::chrono::seconds agents_idle_timeout{60};
   std::chrono::seconds agent_cert_ttl{std::chrono::hours(24)};
+  std::chrono::seconds agent_renewal_grace{std::chrono::hours(24 * 90)};
   std::string agent_binary;
+  // agents.quota: per tenant (coordinator/agents/quota.hpp), and the history
+  // the store keeps of each (its retention).
+  double quota_events_per_second = 250;
+  double quota_event_burst = 500;
+  std::uint64_t quota_bytes_per_day = 32ull << 20;
+  std::size_t quota_max_events_stored = 10000;
+  std::chrono::seconds quota_max_event_age{std::chrono::hours(24 * 90)};
   std::string api_listen = "127.0.0.1:8444";
+  bool metrics_public = false;
   std::chrono::seconds token_default_ttl{std::chrono::hours(1)};
   std::chrono::seconds token_tenant_ttl{std::chrono::hours(24)};
   std::string kube_kubeconfig;  // resolved against the config file's folder
@@ -54,6 +106,8 @@ struct CoordinatorConfig {
   std::chrono::seconds kube_request_timeout{10};
   std::size_t io_threads = 0;  // resolved: never 0 after load
   std::size_t worker_threads = 4;
+  std::string provider = "kubevirt";  // or "qemu"
+  QemuSettings qemu;
   std::string catalog;  // as written; catalog::load_configured resolves it
   std::string log_level = "info";
   std::string source;  // the file it came from, for messages

@@ -33,7 +33,11 @@ void FeedState::agent_spool(const std::string& tenant, std::uint64_t pending,
 void FeedState::agent_disconnected(const std::string& tenant, const std::string& at,
                                    const std::string& how, const std::string& detail) {
   std::lock_guard lk(mu_);
-  auto& p = presence_[tenant];
+  // Only an agent that is on show: after forget() (the tenant was deleted
+  // while its connection was closing) nothing comes back.
+  auto it = presence_.find(tenant);
+  if (it == presence_.end()) return;
+  auto& p = it->second;
   p.connected = false;
   p.last_seen = at;
   p.disconnect = how;
@@ -43,6 +47,31 @@ void FeedState::agent_disconnected(const std::string& tenant, const std::string&
 void FeedState::forget(const std::string& tenant) {
   std::lock_guard lk(mu_);
   presence_.erase(tenant);
+  for (auto* counts : {&rejected_, &over_quota_})
+    for (auto it = counts->lower_bound({tenant, ""});
+         it != counts->end() && it->first.first == tenant;)
+      it = counts->erase(it);
+}
+
+void FeedState::count_rejected(const std::string& tenant, const std::string& reason,
+                               std::uint64_t n) {
+  std::lock_guard lk(mu_);
+  rejected_[{tenant, reason}] += n;
+}
+
+void FeedState::count_over_quota(const std::string& tenant, const std::string& quota) {
+  std::lock_guard lk(mu_);
+  over_quota_[{tenant, quota}] += 1;
+}
+
+FeedState::TenantCounts FeedState::rejected() const {
+  std::lock_guard lk(mu_);
+  return rejected_;
+}
+
+FeedState::TenantCounts FeedState::over_quota() const {
+  std::lock_guard lk(mu_);
+  return over_quota_;
 }
 
 std::optional<AgentPresence> FeedState::presence(const std::string& tenant) const {

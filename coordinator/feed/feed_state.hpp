@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace factory::feed {
 
@@ -54,8 +55,19 @@ class FeedState {
   // Its connection ended at `at`, for `how` (see AgentPresence::disconnect).
   void agent_disconnected(const std::string& tenant, const std::string& at, const std::string& how,
                           const std::string& detail);
-  // The tenant is gone: nothing about its agent is shown any more.
+  // The tenant is gone: nothing about its agent is shown any more (its
+  // counters below go too). A disconnect reported after this adds nothing.
   void forget(const std::string& tenant);
+
+  // What the agents module did not keep of a tenant's messages, by reason
+  // (coordinator/agents/messages.hpp): factory_agent_messages_rejected_total.
+  void count_rejected(const std::string& tenant, const std::string& reason, std::uint64_t n = 1);
+  // Messages refused because the tenant was over a quota, by quota:
+  // factory_agent_quota_refusals_total.
+  void count_over_quota(const std::string& tenant, const std::string& quota);
+  using TenantCounts = std::map<std::pair<std::string, std::string>, std::uint64_t>;
+  TenantCounts rejected() const;
+  TenantCounts over_quota() const;
 
   // nullopt when no agent of the tenant connected since the coordinator started.
   std::optional<AgentPresence> presence(const std::string& tenant) const;
@@ -68,6 +80,7 @@ class FeedState {
  private:
   mutable std::mutex mu_;
   std::map<std::string, AgentPresence> presence_;
+  TenantCounts rejected_, over_quota_;
   AgentCounters counters_;
 };
 

@@ -54,6 +54,26 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
   counter("factory_store_failures_total",
           "Agent events the store could not write (the session was closed; the agent resends).",
           m.store_failures);
+  // Per tenant: what its agent sent that was not kept, and what a quota
+  // refused. Tenant names are DNS labels and reasons a fixed set, so the
+  // label values need no escaping; only series that counted something appear.
+  auto per_tenant = [&](const char* name, const char* help, const char* label,
+                        const FeedState::TenantCounts& counts) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n";
+    for (auto& [key, n] : counts)
+      o << name << "{tenant=\"" << key.first << "\"," << label << "=\"" << key.second << "\"} " << n
+        << "\n";
+  };
+  per_tenant("factory_agent_messages_rejected_total",
+             "Agent messages or fields not kept (refused or dropped), by reason.", "reason",
+             state.rejected());
+  per_tenant("factory_agent_quota_refusals_total",
+             "Agent messages refused because the tenant was over a quota (agents.quota).", "quota",
+             state.over_quota());
+  counter("factory_events_expired_total",
+          "Stored agent events dropped by retention, oldest first (agents.quota.max_events_stored, "
+          "max_event_age).",
+          store.stats().events_expired);
   return o.str();
 }
 

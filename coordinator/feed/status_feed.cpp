@@ -8,7 +8,7 @@ std::string StatusFeed::metrics() const {
   return render_metrics(store_, state_);
 }
 
-void StatusFeed::install_routes(coordinator::ApiRouter& r) const {
+void StatusFeed::install_routes(coordinator::ApiRouter& r, bool metrics_public) const {
   r.add("GET", "/metrics",
         [this](auto&, auto&) {
           net::HttpResponseOut out;
@@ -16,7 +16,7 @@ void StatusFeed::install_routes(coordinator::ApiRouter& r) const {
           out.body = metrics();
           return out;
         },
-        {.public_route = true});
+        {.public_route = metrics_public});
   r.add("GET", "/v1/tenants",
         [this](auto&, auto&) { return coordinator::json_response(view_.tenants()); });
 }

@@ -1,8 +1,10 @@
 #pragma once
 // The status feed: what the admin and monitoring read about the tenants.
 // It holds what the agents module writes into it (state(): presence and
-// counters) and serves, with the store, GET /v1/tenants (admin token) and
-// GET /metrics (public, for Prometheus). GET /v1/tenants/{name} is
+// counters) and serves, with the store, GET /v1/tenants and GET /metrics,
+// both behind the admin token unless metrics_public opens /metrics (it
+// names every tenant: a scraper needs the token, or a trusted network and
+// api.metrics_public: true). GET /v1/tenants/{name} is
 // TenantService's: it adds the VM as the cluster sees it to view().tenant().
 #include "coordinator/api/router.hpp"
 #include "coordinator/feed/feed_state.hpp"
@@ -21,7 +23,7 @@ class StatusFeed {
   const TenantView& view() const { return view_; }
   std::string metrics() const;
 
-  void install_routes(coordinator::ApiRouter& router) const;
+  void install_routes(coordinator::ApiRouter& router, bool metrics_public = false) const;
 
  private:
   const store::Store& store_;

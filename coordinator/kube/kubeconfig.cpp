@@ -99,13 +99,13 @@ std::string getenv_str(const char* name) {
 
 }  // namespace
 
-AccessEnv AccessEnv::from_process() {
+AccessEnv AccessEnv::from_process(std::filesystem::path in_cluster_root) {
   AccessEnv env;
+  env.root = std::move(in_cluster_root);
   env.kubeconfig = getenv_str("KUBECONFIG");
   env.home = getenv_str("HOME");
   env.service_host = getenv_str("KUBERNETES_SERVICE_HOST");
   env.service_port = getenv_str("KUBERNETES_SERVICE_PORT");
-  if (auto r = getenv_str("FACTORY_INCLUSTER_ROOT"); !r.empty()) env.root = r;
   return env;
 }
 

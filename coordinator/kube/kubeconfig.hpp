@@ -28,11 +28,13 @@ struct AccessEnv {
   std::string home;              // $HOME, for ~/.kube/config
   std::string service_host;      // $KUBERNETES_SERVICE_HOST
   std::string service_port;      // $KUBERNETES_SERVICE_PORT
-  // Prefix for /var/run/secrets/kubernetes.io/serviceaccount. From
-  // $FACTORY_INCLUSTER_ROOT when set (a test hook), else "/".
+  // Prefix for /var/run/secrets/kubernetes.io/serviceaccount: the caller's
+  // to give (a test's own tree), never read from the environment, so no
+  // variable can point a running coordinator at another service account.
   std::filesystem::path root = "/";
 
-  static AccessEnv from_process();
+  // The four variables above from this process; the in-cluster root as given.
+  static AccessEnv from_process(std::filesystem::path in_cluster_root = "/");
 };
 
 inline constexpr const char* kServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount";

@@ -9,6 +9,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <filesystem>
+#include <mutex>
 
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
@@ -24,6 +25,7 @@
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/enroll/tokens.hpp"
 #include "coordinator/feed/status_feed.hpp"
+#include "coordinator/qemu/qemu_provider.hpp"
 #include "coordinator/store/store.hpp"
 #include "coordinator/tenants/agent_control.hpp"
 #include "coordinator/tenants/kubevirt_provider.hpp"
@@ -73,8 +75,11 @@ struct Coordinator::Net {
   std::unique_ptr<net::Server> api;
   std::unique_ptr<boost::asio::signal_set> signals;
   std::unique_ptr<boost::asio::steady_timer> renewal;
-  // When the serving certificate was issued and when it expires (wall clock).
+  // When the serving certificate was issued and when it expires (wall clock):
+  // written by the worker that renews it, read by the io thread's check.
+  std::mutex cert_mu;
   Clock::time_point cert_issued{}, cert_expires{};
+  bool renewing = false;  // one renewal on a worker at a time
 };
 
 Result<std::string> load_or_create_admin_token(const std::string& state_dir) {
@@ -134,13 +139,20 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   auto tokens = enroll::TokenBook::load(fs::path(dir) / kTokenBookFile);
   if (!tokens) return tokens.error();
   p.tokens = std::make_unique<enroll::TokenBook>(std::move(*tokens));
-  auto store = store::open_sqlite_store((fs::path(dir) / "store").string());
+  store::StoreOptions so;
+  so.max_events_per_tenant = c->cfg_.quota_max_events_stored;
+  so.max_event_age = c->cfg_.quota_max_event_age;
+  auto store = store::open_sqlite_store((fs::path(dir) / "store").string(), so);
   if (!store) return store.error();
   p.store = std::move(*store);
   p.workers = std::make_unique<WorkerPool>(c->cfg_.worker_threads);
   p.feed = std::make_unique<feed::StatusFeed>(*p.store);
   AgentServiceOptions ao;
   ao.cert_ttl = c->cfg_.agent_cert_ttl;
+  ao.renewal_grace = c->cfg_.agent_renewal_grace;
+  ao.quotas.events_per_second = c->cfg_.quota_events_per_second;
+  ao.quotas.event_burst = c->cfg_.quota_event_burst;
+  ao.quotas.bytes_per_day = c->cfg_.quota_bytes_per_day;
   p.agents =
       std::make_unique<AgentService>(*p.store, *p.ca, *p.tokens, p.feed->state(), *p.workers, ao);
   p.agent_control = std::make_unique<AgentsForTenants>(*p.agents);
@@ -167,18 +179,33 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   to.agent_binary_sha256 = p.agent_sha256;
   to.agent_binary_path = p.agent_binary;
   to.ca_pem = p.ca->certificate_pem();
+  std::unique_ptr<tenants::VmProvider> provider;
+  if (c->cfg_.provider == "qemu") {
+    const QemuSettings& q = c->cfg_.qemu;
+    qemu::QemuProviderOptions qo;
+    qo.qemu_binary = q.binary;
+    qo.qemu_img = q.img;
+    qo.base_image = q.base_image;
+    qo.vms_dir = q.vms_dir;
+    qo.accel = q.accel;
+    qo.supervisor = q.supervisor;
+    qo.ssh_listen = q.ssh_listen;
+    auto qp = qemu::QemuProvider::create(qo);
+    if (!qp) return qp.error().with_context("provider qemu");
+    provider = std::move(*qp);
+  } else {
+    provider = std::make_unique<tenants::KubeVirtProvider>(
+        kube::AccessOptions{c->cfg_.kube_kubeconfig, c->cfg_.kube_context},
+        std::chrono::duration_cast<std::chrono::milliseconds>(c->cfg_.kube_request_timeout));
+  }
   p.tenants = std::make_unique<tenants::TenantService>(
       tenants::TenantServiceDeps{*p.store, *p.tokens, p.feed->view(), *p.agent_control},
-      std::move(*cat),
-      std::make_unique<tenants::KubeVirtProvider>(
-          kube::AccessOptions{c->cfg_.kube_kubeconfig, c->cfg_.kube_context},
-          std::chrono::duration_cast<std::chrono::milliseconds>(c->cfg_.kube_request_timeout)),
-      to);
+      std::move(*cat), std::move(provider), to);
   p.agents->set_plan_provider(
       [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->plan_for(t); });
   c->net_ = std::make_unique<Net>();
   c->install_core_routes();
-  p.feed->install_routes(*p.router);
+  p.feed->install_routes(*p.router, c->cfg_.metrics_public);
   p.tenants->install_routes(*p.router);
   return c;
 }
@@ -203,16 +230,25 @@ void Coordinator::install_core_routes() {
   r.add("POST", "/v1/tokens",
         [this, &p](const net::HttpRequestIn& req, auto&) {
           auto body = nlohmann::json::parse(req.body, nullptr, false);
-          if (body.is_discarded() || !body.is_object() || !body.contains("tenant") ||
-              !body["tenant"].is_string())
+          auto bad = [](const std::string& m) {
+            return net::HttpResponseOut::error(400, "invalid_argument", m);
+          };
+          if (body.is_discarded() || !body.is_object())
             return net::HttpResponseOut::error(400, "bad_request",
                                                "want {\"tenant\": NAME, \"ttl\": \"1h\"}");
+          for (auto& [k, v] : body.items())
+            if (k != "tenant" && k != "ttl")
+              return bad("unknown field '" + k + "' (known: tenant, ttl)");
+          if (!body.contains("tenant")) return bad("'tenant' is required (a tenant name)");
+          if (!body["tenant"].is_string()) return bad("'tenant' must be a string (a tenant name)");
           std::string tenant = body["tenant"].get<std::string>();
           if (auto st = enroll::validate_tenant_name(tenant); !st.ok())
             return net::HttpResponseOut::error(400, "invalid_argument", st.error().message);
           std::chrono::seconds ttl = cfg_.token_default_ttl;
-          if (body.contains("ttl")) {
-            auto d = parse_duration(body.value("ttl", ""));
+          if (body.contains("ttl") && !body["ttl"].is_null()) {
+            if (!body["ttl"].is_string())
+              return bad("'ttl' must be a duration string like \"1h\" or \"90s\"");
+            auto d = parse_duration(body["ttl"].get<std::string>());
             if (!d) return net::HttpResponseOut::error(400, "invalid_argument", d.error().message);
             ttl = *d;
           }
@@ -255,9 +291,21 @@ Status Coordinator::issue_serving_certificate(net::TlsServerOptions& tls) {
   if (!cert) return cert.error().with_context("server certificate");
   tls.cert_chain_pem = cert->certificate_pem;
   tls.key_pem = cert->private_key_pem;
+  std::lock_guard lk(net_->cert_mu);
   net_->cert_issued = Clock::now();
   net_->cert_expires = cert->not_after;
   return {};
+}
+
+// The agents endpoint asks for client certificates from our CA, and lets an
+// expired one through for the agents module to judge: an agent that was off
+// longer than its certificate's life may still renew it (and do nothing else)
+// within agents.renewal_grace.
+net::TlsServerOptions Coordinator::agents_tls(const net::TlsServerOptions& serving) const {
+  net::TlsServerOptions t = serving;
+  t.client_ca_pem = parts_->ca->certificate_pem();
+  t.accept_expired_client_certs = true;
+  return t;
 }
 
 Status Coordinator::start() {
@@ -268,14 +316,17 @@ Status Coordinator::start() {
 
   net::ServerOptions ao;
   ao.listen = cfg_.agents_listen;
-  ao.tls = tls;
-  ao.tls.client_ca_pem = p.ca->certificate_pem();
+  ao.tls = agents_tls(tls);
   ao.ws_idle_timeout = cfg_.agents_idle_timeout;
   // The hard ceiling (above it the connection closes with 1009); the
   // protocol's 64 KiB cap per type is enforced by proto::parse, which
   // rejects the frame with an error and keeps the session. Strangers get
   // the small limit of ServerOptions::strangers from the first byte.
   ao.ws_max_message = proto::kMaxPlanFrameBytes;
+  // A stranger may only enroll: its messages need be no larger than an
+  // enroll frame. 4096 strangers each holding an unfinished frame of that
+  // size is the most memory they can pin (Strangers.* tests measure it).
+  ao.strangers.max_message = proto::kMaxEnrollFrameBytes;
   ao.name = "agents";
   net_->agents = std::make_unique<net::Server>(*net_->pool, ao);
   net_->agents->on_websocket([&p](const net::HttpRequestIn& req, const net::PeerInfo& peer) {
@@ -313,6 +364,11 @@ Status Coordinator::start() {
   spdlog::info("agents endpoint on {} (agents dial {}), API on {}; CA sha256 {}; {} io threads",
                cfg_.agents_listen, cfg_.external_url, cfg_.api_listen, p.ca->sha256(),
                net_->pool->size());
+  if (auto left = p.ca->not_after() - Clock::now(); left < kCaExpiryWarning)
+    spdlog::warn(
+        "the coordinator's CA ({}/ca.crt) expires at {}: after that no agent or admin "
+        "client can verify this coordinator",
+        cfg_.state_dir, format_rfc3339(p.ca->not_after()));
   schedule_renewal();
   return {};
 }
@@ -327,26 +383,38 @@ void Coordinator::schedule_renewal() {
   net_->renewal->async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
     auto now = Clock::now();
-    auto due = net_->cert_issued + (net_->cert_expires - net_->cert_issued) * 2 / 3;
-    if (now >= due || now < net_->cert_issued) {
+    bool renew = false;
+    {
+      std::lock_guard lk(net_->cert_mu);
+      auto due = net_->cert_issued + (net_->cert_expires - net_->cert_issued) * 2 / 3;
+      renew = !net_->renewing && (now >= due || now < net_->cert_issued);
+      if (renew) net_->renewing = true;
+    }
+    if (renew) {
       // Signing is quick but not free: on a worker, then swap the contexts.
-      parts_->workers->post([this] {
+      bool queued = parts_->workers->post([this] {
         net::TlsServerOptions tls;
+        bool used = false;
         if (auto st = issue_serving_certificate(tls); !st.ok()) {
           spdlog::error("could not renew the serving certificate: {}", st.error().message);
-          return;
+        } else {
+          auto a = net_->agents->update_tls(agents_tls(tls));
+          auto b = net_->api->update_tls(tls);
+          used = a.ok() && b.ok();
+          if (!used)
+            spdlog::error("could not use the renewed serving certificate: {}",
+                          (a.ok() ? b : a).error().message);
         }
-        net::TlsServerOptions agents_tls = tls;
-        agents_tls.client_ca_pem = parts_->ca->certificate_pem();
-        auto a = net_->agents->update_tls(agents_tls);
-        auto b = net_->api->update_tls(tls);
-        if (!a.ok() || !b.ok())
-          spdlog::error("could not use the renewed serving certificate: {}",
-                        (a.ok() ? b : a).error().message);
-        else
+        std::lock_guard lk(net_->cert_mu);
+        net_->renewing = false;
+        if (used)
           spdlog::info("renewed the serving certificate (valid until {})",
                        format_rfc3339(net_->cert_expires));
       });
+      if (!queued) {
+        std::lock_guard lk(net_->cert_mu);
+        net_->renewing = false;
+      }
     }
     schedule_renewal();
   });

@@ -17,9 +17,14 @@ namespace factory::coordinator {
 
 inline constexpr const char* kAdminTokenFile = "admin.token";
 inline constexpr const char* kTokenBookFile = "tokens.json";
-// The TLS certificate both listeners serve, and how often its age is checked.
+// The TLS certificate both listeners serve, and how often its age is checked:
+// a comparison with the wall clock, so often, since an expired serving
+// certificate turns every agent and admin away until the next check (a
+// suspended host, or a clock set forward, finds it expired at once).
 inline constexpr std::chrono::hours kServingCertTtl{24 * 30};
-inline constexpr std::chrono::seconds kRenewalCheckEvery{60};
+inline constexpr std::chrono::seconds kRenewalCheckEvery{10};
+// From when the coordinator (and `factory status`) warn that the CA expires.
+inline constexpr std::chrono::hours kCaExpiryWarning{24 * 30};
 
 class Coordinator {
  public:
@@ -42,6 +47,7 @@ class Coordinator {
   Coordinator() = default;
   void install_core_routes();
   Status issue_serving_certificate(net::TlsServerOptions& tls);
+  net::TlsServerOptions agents_tls(const net::TlsServerOptions& serving) const;
   void schedule_renewal();
 
   CoordinatorConfig cfg_;

@@ -101,6 +101,14 @@ json VmObservation::to_json() const {
   json j = {{"exists", exists}, {"status", status}, {"phase", phase},
             {"ip", ip},         {"node", node},     {"ssh_node_port", ssh_node_port}};
   if (!reason.empty()) j["reason"] = reason;
+  if (!provider.empty()) j["provider"] = provider;
+  if (!ssh_host.empty()) j["ssh_host"] = ssh_host;
+  if (!accelerator.empty()) j["accelerator"] = accelerator;
+  if (!accelerator_reason.empty()) j["accelerator_reason"] = accelerator_reason;
+  if (!supervisor.empty()) j["supervisor"] = supervisor;
+  if (pid != 0) j["pid"] = pid;
+  if (!provider.empty() && provider != "kubevirt") j["restarts"] = restarts;
+  if (!gpus.empty()) j["gpus"] = gpus;
   return j;
 }
 
@@ -388,6 +396,7 @@ Result<VmObservation> KubeVirtProvider::observe(const std::string& tenant, const
   auto c = client();
   if (!c) return c.error();
   VmObservation o;
+  o.provider = "kubevirt";
   auto vm = c->get(kube::kVirtualMachine, ns, tenant);
   if (!vm) {
     if (vm.error().code != Errc::not_found) return vm.error();

@@ -1,5 +1,6 @@
 #include "coordinator/tenants/request.hpp"
 
+#include <cstdint>
 #include <set>
 
 #include "coordinator/enroll/tenant_name.hpp"
@@ -71,14 +72,27 @@ Result<TenantRequest> TenantRequest::from_json(const json& j) {
                                                           {"password", &r.password}};
   for (auto [key, out] : strings)
     if (auto st = read_string(j, key, *out); !st.ok()) return st.error();
+  // Ranges are checked on the JSON number itself: 4294967297 must not wrap
+  // to 1 on its way into an int.
   if (j.contains("gpus") && !j["gpus"].is_null()) {
-    if (!j["gpus"].is_number_integer()) return invalid("'gpus' must be an integer");
-    r.gpus = j["gpus"].get<int>();
+    const json& g = j["gpus"];
+    if (!g.is_number_integer())
+      return invalid("'gpus' must be a whole number from 1 to " + std::to_string(kMaxGpusPerVm));
+    if ((g.is_number_unsigned() &&
+         g.get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxGpusPerVm)) ||
+        g.get<std::int64_t>() < 1 || g.get<std::int64_t>() > kMaxGpusPerVm)
+      return invalid("'gpus' is " + g.dump() + ": want a whole number from 1 to " +
+                     std::to_string(kMaxGpusPerVm));
+    r.gpus = static_cast<int>(g.get<std::int64_t>());
   }
   if (j.contains("ssh_node_port") && !j["ssh_node_port"].is_null()) {
-    if (!j["ssh_node_port"].is_number_integer())
-      return invalid("'ssh_node_port' must be an integer");
-    r.ssh_node_port = j["ssh_node_port"].get<int>();
+    const json& p = j["ssh_node_port"];
+    if (!p.is_number_integer())
+      return invalid("'ssh_node_port' must be a whole number (a NodePort, 30000-32767)");
+    if ((p.is_number_unsigned() && p.get<std::uint64_t>() > 65535) || p.get<std::int64_t>() < 0 ||
+        p.get<std::int64_t>() > 65535)
+      return invalid("'ssh_node_port' is " + p.dump() + ": want a NodePort, 30000-32767");
+    r.ssh_node_port = static_cast<int>(p.get<std::int64_t>());
   }
   if (j.contains("ssh_authorized_keys") && !j["ssh_authorized_keys"].is_null()) {
     if (!j["ssh_authorized_keys"].is_array())
@@ -111,6 +125,12 @@ Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequ
   s.memory = req.memory.empty() ? shape.memory : req.memory;
   s.disk = req.disk.empty() ? shape.disk : req.disk;
   s.image_url = req.image.empty() ? shape.image : req.image;
+  // Every tier installs a GPU stack: a tenant without a card could never
+  // become ready, so an override asks for at least one.
+  if (req.gpus && (*req.gpus < 1 || *req.gpus > kMaxGpusPerVm))
+    return Error(Errc::invalid_argument,
+                 "--gpus " + std::to_string(*req.gpus) + " is out of range: want 1-" +
+                     std::to_string(kMaxGpusPerVm) + " (every tier runs on a GPU)");
   s.gpus = req.gpus ? *req.gpus : shape.gpus;
   s.gpu_resource = req.gpu_resource.empty() ? shape.gpu_resource : req.gpu_resource;
   if (req.ssh_node_port != 0) {

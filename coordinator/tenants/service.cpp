@@ -214,8 +214,8 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
   } else {
     out.note =
         "the user-data (and the ubuntu password) of an earlier attempt is kept: read it "
-        "from Secret " +
-        vm.ns + "/" + cloud_init_secret_name(vm.name);
+        "from " +
+        provider_->user_data_location(vm);
   }
 
   if (auto st = provider_->provision(vm, userdata, out.objects); !st.ok())
@@ -417,50 +417,64 @@ Result<json> TenantService::retry(const std::string& name, const std::string& st
 void TenantService::install_routes(coordinator::ApiRouter& r) {
   // Every tenant route talks to the cluster: on the workers, never an io thread.
   const coordinator::RouteOptions kBlocking{.blocking = true};
-  r.add("POST", "/v1/tenants", [this](const net::HttpRequestIn& req, auto&) {
-    return guarded("POST /v1/tenants", [&] {
-      auto body = json::parse(req.body, nullptr, false);
-      if (body.is_discarded())
-        return net::HttpResponseOut::error(400, "bad_request", "the body is not JSON");
-      auto tr = TenantRequest::from_json(body);
-      if (!tr) return error_reply(tr.error());
-      auto out = create(*tr);
-      if (!out) return error_reply(out.error());
-      json j = {{"created", out->created}, {"objects", refs(out->objects)}};
-      if (!out->password.empty()) j["password"] = out->password;
-      if (!out->note.empty()) j["note"] = out->note;
-      if (auto shown = show(tr->name)) j["tenant"] = *shown;
-      return coordinator::json_response(j, out->created ? 201 : 200);
-    });
-  }, kBlocking);
-  r.add("GET", "/v1/tenants/{name}", [this](auto&, const coordinator::PathParams& p) {
-    return guarded("GET /v1/tenants/{name}", [&] {
-      auto j = show(p.at("name"));
-      return j ? coordinator::json_response(*j) : error_reply(j.error());
-    });
-  }, kBlocking);
-  r.add("DELETE", "/v1/tenants/{name}",
-        [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
-          return guarded("DELETE /v1/tenants/{name}", [&] {
-            auto it = req.query.find("namespace");
-            auto j = remove(p.at("name"), it == req.query.end() ? "" : it->second);
-            return j ? coordinator::json_response(*j) : error_reply(j.error());
-          });
-        }, kBlocking);
-  r.add("POST", "/v1/tenants/{name}/retry",
-        [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
-          return guarded("POST /v1/tenants/{name}/retry", [&] {
-            auto body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
-            if (body.is_discarded() || !body.is_object() ||
-                (body.contains("step") && !body["step"].is_string() && !body["step"].is_null()))
-              return net::HttpResponseOut::error(400, "bad_request", "want {\"step\": ID} or {}");
-            std::string step = body.contains("step") && body["step"].is_string()
-                                   ? body["step"].get<std::string>()
-                                   : "";
-            auto j = retry(p.at("name"), step);
-            return j ? coordinator::json_response(*j, 202) : error_reply(j.error());
-          });
-        }, kBlocking);
+  r.add(
+      "POST", "/v1/tenants",
+      [this](const net::HttpRequestIn& req, auto&) {
+        return guarded("POST /v1/tenants", [&] {
+          auto body = json::parse(req.body, nullptr, false);
+          if (body.is_discarded())
+            return net::HttpResponseOut::error(400, "bad_request", "the body is not JSON");
+          auto tr = TenantRequest::from_json(body);
+          if (!tr) return error_reply(tr.error());
+          auto out = create(*tr);
+          if (!out) return error_reply(out.error());
+          json j = {{"created", out->created}, {"objects", refs(out->objects)}};
+          if (!out->password.empty()) {
+            j["password"] = out->password;
+            if (auto vm = resolve_vm_spec(catalog_, *tr, opts_.default_namespace))
+              j["password_kept_in"] = provider_->user_data_location(*vm);
+          }
+          if (!out->note.empty()) j["note"] = out->note;
+          if (auto shown = show(tr->name)) j["tenant"] = *shown;
+          return coordinator::json_response(j, out->created ? 201 : 200);
+        });
+      },
+      kBlocking);
+  r.add(
+      "GET", "/v1/tenants/{name}",
+      [this](auto&, const coordinator::PathParams& p) {
+        return guarded("GET /v1/tenants/{name}", [&] {
+          auto j = show(p.at("name"));
+          return j ? coordinator::json_response(*j) : error_reply(j.error());
+        });
+      },
+      kBlocking);
+  r.add(
+      "DELETE", "/v1/tenants/{name}",
+      [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
+        return guarded("DELETE /v1/tenants/{name}", [&] {
+          auto it = req.query.find("namespace");
+          auto j = remove(p.at("name"), it == req.query.end() ? "" : it->second);
+          return j ? coordinator::json_response(*j) : error_reply(j.error());
+        });
+      },
+      kBlocking);
+  r.add(
+      "POST", "/v1/tenants/{name}/retry",
+      [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
+        return guarded("POST /v1/tenants/{name}/retry", [&] {
+          auto body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
+          if (body.is_discarded() || !body.is_object() ||
+              (body.contains("step") && !body["step"].is_string() && !body["step"].is_null()))
+            return net::HttpResponseOut::error(400, "bad_request", "want {\"step\": ID} or {}");
+          std::string step = body.contains("step") && body["step"].is_string()
+                                 ? body["step"].get<std::string>()
+                                 : "";
+          auto j = retry(p.at("name"), step);
+          return j ? coordinator::json_response(*j, 202) : error_reply(j.error());
+        });
+      },
+      kBlocking);
 }
 
 }  // namespace factory::tenants

@@ -1,9 +1,10 @@
 #pragma once
 // The one seam between tenant logic (store record, tokens, user-data,
-// revocation: service.hpp) and where VMs actually run. KubeVirt is the
-// provider today (kubevirt_provider.hpp); a plain-QEMU provider on a single
-// host (DESIGN.md, "tenants") fits behind the same calls: check, create,
+// revocation: service.hpp) and where VMs actually run: check, create,
 // observe and delete a VM with this shape, these GPUs and this user-data.
+// Two providers: KubeVirt in the host cluster (kubevirt_provider.hpp, the
+// default) and plain QEMU processes on a single host with the cards passed
+// through by vfio-pci (coordinator/qemu, `provider: qemu`).
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -14,7 +15,8 @@
 
 namespace factory::tenants {
 
-// One object the provider made ("Secret", "tenants", "tenant-1-cloud-init").
+// One object the provider made ("Secret", "tenants", "tenant-1-cloud-init";
+// for QEMU "QemuDisk", "", "tenant-1").
 struct VmObject {
   std::string kind;
   std::string ns;  // empty for cluster-scoped objects
@@ -30,6 +32,15 @@ struct VmObservation {
   std::string ip, node;
   std::string reason;     // why it is not running, when the provider says
   int ssh_node_port = 0;  // where `ssh -p` reaches it on the node
+  // What only some providers know; empty / 0 when not.
+  std::string provider;            // "kubevirt" or "qemu"
+  std::string ssh_host;            // qemu: the host address the SSH port listens on
+  std::string accelerator;         // qemu: "kvm" or "tcg"
+  std::string accelerator_reason;  // qemu: why not KVM
+  std::string supervisor;          // qemu: "systemd" (its unit) or "child" (the coordinator's)
+  int pid = 0;                     // qemu: the QEMU process
+  int restarts = 0;                // qemu: starts after the first (it exited, or the host rebooted)
+  std::vector<std::string> gpus;   // qemu: the host PCI addresses passed through
   nlohmann::json to_json() const;
 };
 
@@ -64,6 +75,10 @@ class VmProvider {
                                                 const std::string& ns) = 0;
 
   virtual Result<VmObservation> observe(const std::string& tenant, const std::string& ns) = 0;
+
+  // Where the VM's user-data (and so the ubuntu password) is kept, as the
+  // admin would look for it: "Secret tenants/tenant-1-cloud-init".
+  virtual std::string user_data_location(const VmSpec& spec) const = 0;
 };
 
 }  // namespace factory::tenants

@@ -242,7 +242,9 @@ TEST(PlanEngine, CorruptOrTruncatedJournalStartsThePlanOverSafely) {
     const char* reason;
   };
   std::vector<Damage> damages = {
-      {"truncated", [](const std::string& s) { return s.substr(0, s.size() / 2); },
+      // The header line (schema, hash, the plan) is what they damage: without
+      // it nothing in the journal can be trusted.
+      {"truncated", [](const std::string& s) { return s.substr(0, s.find('\n') / 2); },
        "not valid JSON (truncated?)"},
       {"empty", [](const std::string&) { return std::string(); }, "the file is empty"},
       {"garbage",
@@ -255,17 +257,17 @@ TEST(PlanEngine, CorruptOrTruncatedJournalStartsThePlanOverSafely) {
        "not valid JSON (truncated?)"},
       {"other schema",
        [](const std::string& s) {
-         json j = json::parse(s);
+         json j = json::parse(s.substr(0, s.find('\n')));
          j["schema"] = "something/v9";
-         return j.dump();
+         return j.dump() + s.substr(s.find('\n'));
        },
-       "schema is not factory.plan-journal/v1"},
+       "schema is not factory.plan-journal/v2"},
       {"edited",
        [](const std::string& s) {
          // A flipped state with the checksum left as it was.
-         json j = json::parse(s);
-         j["steps"][2]["state"] = "pending";
-         return j.dump();
+         json j = json::parse(s.substr(0, s.find('\n')));
+         j["state"] = "running";
+         return j.dump() + s.substr(s.find('\n'));
        },
        "checksum mismatch (the file was altered or damaged)"},
   };
@@ -295,6 +297,38 @@ TEST(PlanEngine, CorruptOrTruncatedJournalStartsThePlanOverSafely) {
     EXPECT_EQ(*factory::read_file(e->journal().corrupt_file()), d.apply(text));
     EXPECT_EQ(g.engine()->status_json()["state"], "succeeded");
   }
+}
+
+TEST(PlanEngine, ADamagedStepRecordRechecksThatStepOnlyAndKeepsTheOthers) {
+  FakeGuest g;
+  ASSERT_EQ(g.engine()->run(abc_plan()), Outcome::succeeded);
+  std::string text = *factory::read_file(g.journal_file());
+  // Step b's record (the third line) overwritten in place.
+  size_t b = text.find('\n', text.find('\n') + 1) + 1;
+  for (size_t i = b; text[i] != '\n'; ++i) text[i] = '#';
+  ASSERT_TRUE(factory::write_file_atomic(g.journal_file(), text).ok());
+
+  std::vector<json> events;
+  auto e = g.engine(&events);
+  EXPECT_EQ(e->run(abc_plan()), Outcome::succeeded);
+  EXPECT_TRUE(of_kind(events, "journal_reset").empty()) << "the journal is not thrown away";
+  auto warnings = of_kind(events, "log");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0]
+                .value("message", "")
+                .find(g.journal_file().string() + " offset " + std::to_string(b) +
+                      ": the record of step 'b' (2 of 3) is damaged"),
+            std::string::npos)
+      << warnings[0].dump();
+  // Only b is checked again (and found done); a and c are known done.
+  EXPECT_EQ(g.count("check-a"), 1);
+  EXPECT_EQ(g.count("check-b"), 2);
+  EXPECT_EQ(g.count("check-c"), 1);
+  for (const char* s : {"a", "b", "c"}) EXPECT_EQ(g.count(std::string("effect-") + s), 1) << s;
+  // Written whole again: the next start finds nothing to repair.
+  std::vector<json> later;
+  EXPECT_EQ(g.engine(&later)->run(abc_plan()), Outcome::succeeded);
+  EXPECT_TRUE(of_kind(later, "log").empty());
 }
 
 TEST(PlanEngine, CorruptJournalAtStartWaitsForThePlan) {
@@ -436,4 +470,37 @@ TEST(PlanEngine, ARebootThatCannotBeRequestedFailsTheStep) {
             "could not reboot the guest: reboot: command not found on PATH; reboot the VM, the "
             "plan continues "
             "after boot");
+}
+
+TEST(PlanEngine, AStepInterruptedByTheAgentsStopIsLeftToResumeNotFailed) {
+  // The agent stops (SIGTERM) while step b is applying: what the stop cut
+  // short (here a failure) is not the step's verdict, and not a crash.
+  FakeGuest g;
+  g.set("fail-b");
+  json plan = plan_of({fake("a"), fake("b", {{"sleep_ms", 300}}), fake("c")});
+  std::vector<json> events;
+  auto e = g.engine(&events);
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    e->interrupt();
+  });
+  EXPECT_EQ(e->run(plan), Outcome::stopped);
+  stopper.join();
+  auto st = e->status_json();
+  EXPECT_EQ(st["state"], "running");
+  EXPECT_EQ(st["steps"][1]["state"], "running");
+  EXPECT_EQ(st["steps"][1]["failures"], 0);
+  EXPECT_EQ(st["steps"][1]["entries"], 0) << "a planned stop is not counted as a crash";
+  EXPECT_EQ(st["steps"][2]["state"], "pending");
+  EXPECT_EQ(g.count("apply-c"), 0);
+  EXPECT_EQ(e->run(plan), Outcome::stopped) << "once interrupted, it runs nothing more";
+  EXPECT_EQ(g.count("apply-b"), 1);
+
+  // The next start: b's check decides, b runs again, the plan finishes.
+  g.clear("fail-b");
+  auto again = g.engine();
+  EXPECT_EQ(again->resume(), Outcome::succeeded);
+  EXPECT_EQ(g.count("check-b"), 2);
+  EXPECT_EQ(g.count("apply-b"), 2);
+  EXPECT_EQ(g.count("effect-c"), 1);
 }

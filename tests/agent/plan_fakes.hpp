@@ -133,13 +133,13 @@ class FakeStep : public Step {
   bool reboot() const { return p_.value("reboot", false); }
   void observe(StepContext& ctx) {
     auto text = read_file(ctx.env.state_dir / "plan" / "journal.json");
-    json doc = json::parse(text.ok() ? *text : "{}", nullptr, false);
-    for (auto& s : doc.value("steps", json::array()))
-      if (s.value("id", "") == ctx.spec.id)
+    auto st = PlanJournal::parse(text.ok() ? *text : "");
+    if (!st) return;
+    for (auto& s : st->steps)
+      if (s.id == ctx.spec.id)
         set_in(ctx.env.root, "observed-" + name_,
-               s.value("state", "") + "/" + s.value("phase", "") + "/" +
-                   std::to_string(s.value("entries", -1)) + "/" +
-                   std::to_string(s.value("attempts", -1)));
+               std::string(to_string(s.state)) + "/" + s.phase + "/" + std::to_string(s.entries) +
+                   "/" + std::to_string(s.attempts));
   }
 
   json p_;

@@ -64,49 +64,154 @@ TEST(PlanJournal, RoundTripsEveryField) {
   EXPECT_EQ(sb.st_mode & 0777, 0600u);
 }
 
-TEST(PlanJournal, DetectsDamage) {
+namespace {
+
+// The journal's lines: the header, then one record per step.
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    out.push_back(text.substr(pos, nl - pos));
+    pos = nl == std::string::npos ? text.size() : nl + 1;
+  }
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string out;
+  for (auto& l : lines) out += l + "\n";
+  return out;
+}
+
+// A line with its checksum made right again, as a consistent writer would.
+std::string resealed(json line) {
+  line.erase("checksum");
+  line["checksum"] = factory::catalog::sha256_hex(factory::catalog::canonical_json(line));
+  return line.dump();
+}
+
+}  // namespace
+
+TEST(PlanJournal, DetectsADamagedHeader) {
   TempDir dir;
   PlanJournal j(dir / "plan");
   JournalState st = sample();
   ASSERT_TRUE(j.save(st).ok());
   std::string text = factory::testing::slurp(j.file());
+  auto lines = lines_of(text);
+  ASSERT_EQ(lines.size(), 3u) << "a header and one line per step";
 
   auto problem = [&](const std::string& damaged) {
     auto r = PlanJournal::parse(damaged);
     return r.ok() ? std::string("ok") : r.error().message;
   };
   EXPECT_EQ(problem(text), "ok");
-  // Re-indenting does not matter: the checksum is over the canonical form.
-  EXPECT_EQ(problem(json::parse(text).dump()), "ok");
-  EXPECT_EQ(problem(text.substr(0, text.size() - 10)), "not valid JSON (truncated?)");
-  json doc = json::parse(text);
-  doc["steps"][1]["boot_id"] = "another";
-  EXPECT_EQ(problem(doc.dump()), "checksum mismatch (the file was altered or damaged)");
-  doc = json::parse(text);
-  doc.erase("checksum");
-  EXPECT_EQ(problem(doc.dump()), "no checksum");
-  // A consistent file whose plan is not the one its hash names.
-  doc = json::parse(text);
-  doc["plan"]["tier"] = "gpu-k8s";
-  doc.erase("checksum");
-  doc["checksum"] = factory::catalog::sha256_hex(factory::catalog::canonical_json(doc));
-  EXPECT_EQ(problem(doc.dump()), "stored plan does not match its hash");
-  // Records that do not match the plan's steps.
-  doc = json::parse(text);
-  doc["steps"].erase(1);
-  doc.erase("checksum");
-  doc["checksum"] = factory::catalog::sha256_hex(factory::catalog::canonical_json(doc));
-  EXPECT_EQ(problem(doc.dump()), "step records do not match the plan");
-  doc = json::parse(text);
-  doc["steps"][0]["state"] = "exploded";
-  doc.erase("checksum");
-  doc["checksum"] = factory::catalog::sha256_hex(factory::catalog::canonical_json(doc));
-  EXPECT_EQ(problem(doc.dump()), "step 'gpu' has unknown state 'exploded'");
+  // Re-indenting a line does not matter: each checksum is over the canonical form.
+  auto reindented = lines;
+  reindented[0] = json::parse(lines[0]).dump(-1);
+  EXPECT_EQ(problem(joined(reindented)), "ok");
+  EXPECT_EQ(problem(text.substr(0, lines[0].size() / 2)), "not valid JSON (truncated?)");
+  EXPECT_EQ(problem(""), "the file is empty");
+  json head = json::parse(lines[0]);
+  auto with_head = [&](const std::string& h) {
+    auto l = lines;
+    l[0] = h;
+    return joined(l);
+  };
+  json edited = head;
+  edited["state"] = "succeeded";
+  EXPECT_EQ(problem(with_head(edited.dump())),
+            "checksum mismatch (the file was altered or damaged)");
+  edited = head;
+  edited.erase("checksum");
+  EXPECT_EQ(problem(with_head(edited.dump())), "no checksum");
+  edited = head;
+  edited["schema"] = "factory.plan-journal/v1";
+  EXPECT_EQ(problem(with_head(resealed(edited))), "schema is not factory.plan-journal/v2");
+  // A consistent header whose plan is not the one its hash names.
+  edited = head;
+  edited["plan"]["tier"] = "gpu-k8s";
+  EXPECT_EQ(problem(with_head(resealed(edited))), "stored plan does not match its hash");
+  edited = head;
+  edited["steps"] = 3;
+  EXPECT_EQ(problem(with_head(resealed(edited))), "step records do not match the plan");
 
   ASSERT_TRUE(factory::write_file_atomic(j.file(), "[1,2").ok());
   auto loaded = j.load();
   EXPECT_EQ(loaded.kind, PlanJournal::Loaded::Kind::corrupt);
   EXPECT_EQ(loaded.problem, "not valid JSON (truncated?)");
+}
+
+TEST(PlanJournal, ADamagedStepRecordCostsOnlyItsStepAndKeepsTheRecordsAfterIt) {
+  TempDir dir;
+  PlanJournal j(dir / "plan");
+  // Three steps: the middle record is the one damaged.
+  JournalState st = sample();
+  st.plan["steps"].push_back(
+      {{"id", "model"}, {"kind", "ollama_model"}, {"params", json::object()}});
+  st.plan_hash = factory::catalog::plan_hash(st.plan);
+  StepRecord c;
+  c.id = "model";
+  c.kind = "ollama_model";
+  c.state = StepState::succeeded;
+  c.message = "pulled";
+  st.steps.push_back(c);
+  st.state = PlanState::succeeded;
+  ASSERT_TRUE(j.save(st).ok());
+  auto lines = lines_of(factory::testing::slurp(j.file()));
+  ASSERT_EQ(lines.size(), 4u);
+
+  struct Damage {
+    const char* what;
+    std::string line;
+    const char* why;
+  };
+  json rec = json::parse(lines[2]);
+  json flipped = rec;
+  flipped["state"] = "succeeded";
+  std::vector<Damage> damages = {
+      {"bytes overwritten", std::string(lines[2].size(), '\x01'), "not valid JSON"},
+      {"edited", flipped.dump(), "checksum mismatch"},
+      {"another step's record", lines[1], "it is step 'gpu', the plan has 'driver' here"},
+  };
+  for (auto& d : damages) {
+    SCOPED_TRACE(d.what);
+    auto damaged = lines;
+    damaged[2] = d.line;
+    const std::string text = joined(damaged);
+    ASSERT_TRUE(factory::write_file_atomic(j.file(), text, 0600).ok());
+    auto loaded = j.load();
+    ASSERT_EQ(loaded.kind, PlanJournal::Loaded::Kind::ok) << loaded.problem;
+    // The records before and after the damage are kept as they were.
+    EXPECT_EQ(loaded.state.steps[0].to_json(), st.steps[0].to_json());
+    EXPECT_EQ(loaded.state.steps[2].to_json(), st.steps[2].to_json());
+    // The damaged one starts over from its check.
+    EXPECT_EQ(loaded.state.steps[1].id, "driver");
+    EXPECT_EQ(loaded.state.steps[1].state, StepState::pending);
+    EXPECT_EQ(loaded.state.steps[1].reboot_requests, 0);
+    // A finished plan with a step it cannot vouch for runs again (checks
+    // find what is done).
+    EXPECT_EQ(loaded.state.state, PlanState::running);
+    ASSERT_EQ(loaded.repairs.size(), 1u);
+    const size_t offset = lines[0].size() + 1 + lines[1].size() + 1;
+    EXPECT_EQ(loaded.repairs[0].rfind(j.file().string() + " offset " + std::to_string(offset) +
+                                          ": the record of step 'driver' (2 of 3) is damaged (" +
+                                          d.why + ")",
+                                      0),
+              0u)
+        << loaded.repairs[0];
+  }
+
+  // A file cut short (by hand: the writer replaces it whole) loses the
+  // records it no longer has, and nothing else.
+  ASSERT_TRUE(factory::write_file_atomic(j.file(), joined({lines[0], lines[1]}), 0600).ok());
+  auto cut = j.load();
+  ASSERT_EQ(cut.kind, PlanJournal::Loaded::Kind::ok) << cut.problem;
+  EXPECT_EQ(cut.state.steps[0].to_json(), st.steps[0].to_json());
+  EXPECT_EQ(cut.state.steps[1].state, StepState::pending);
+  EXPECT_EQ(cut.state.steps[2].state, StepState::pending);
+  EXPECT_EQ(cut.repairs.size(), 2u);
 }
 
 TEST(PlanJournal, ArchiveAndQuarantineKeepTheOldFile) {

@@ -2,10 +2,14 @@
 // crash mid-append, bounded, and compacted once delivered.
 #include "agent/link/spool.hpp"
 
-#include <fstream>
-
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
+#include <fstream>
+#include <sstream>
+
+#include "common/atomic_file.hpp"
 #include "tests/support/test_support.hpp"
 
 using factory::agent::EventSpool;
@@ -54,6 +58,78 @@ TEST(Spool, ATornLastRecordIsCutAndTheRestKept) {
   EXPECT_EQ(*(*s)->emit({{"kind", "c"}}), 3u);
   auto log = slurp(dir.path() / "spool.log");
   EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 3);
+}
+
+namespace {
+
+// What the spool logs while it lives.
+class CapturedLog {
+ public:
+  CapturedLog() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+  }
+  ~CapturedLog() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() const { return out_.str(); }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+}  // namespace
+
+TEST(Spool, ADamagedRecordInTheMiddleIsSkippedAndNothingAfterItIsCut) {
+  TempDir dir("spool");
+  {
+    auto s = EventSpool::open(dir.path(), 100);
+    for (int i = 1; i <= 6; ++i) ASSERT_TRUE((*s)->emit({{"kind", "test"}, {"n", i}}).ok());
+    ASSERT_TRUE((*s)->ack_through(2).ok());
+  }
+  // Damage: record 2 (delivered already) and record 4 (not yet) overwritten
+  // in place, as a bad sector would leave them; then a torn tail.
+  const auto logp = dir.path() / "spool.log";
+  std::string text = slurp(logp);
+  std::vector<size_t> starts = {0};
+  for (size_t i = 0; i < text.size(); ++i)
+    if (text[i] == '\n' && i + 1 < text.size()) starts.push_back(i + 1);
+  ASSERT_EQ(starts.size(), 6u);
+  auto smash = [&](size_t line) {
+    size_t end = text.find('\n', starts[line]);
+    for (size_t i = starts[line]; i < end; ++i) text[i] = '\x01';
+  };
+  smash(1);  // id 2
+  smash(3);  // id 4
+  text += R"({"id":7,"kind":"test","ti)";
+  ASSERT_TRUE(factory::write_file_atomic(logp, text, 0600).ok());
+
+  CapturedLog log;
+  {
+    auto s = EventSpool::open(dir.path(), 100);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    std::vector<uint64_t> ids;
+    for (auto& e : (*s)->pending_after(0, 100)) ids.push_back(e.id);
+    EXPECT_EQ(ids, (std::vector<uint64_t>{3, 5, 6})) << "the records after the damage are kept";
+    EXPECT_EQ((*s)->dropped(), 1u) << "record 4 was never delivered; record 2 was";
+    EXPECT_EQ(*(*s)->emit({{"kind", "after"}}), 7u);
+  }
+  const std::string said = log.text();
+  for (size_t line : {1, 3})
+    EXPECT_NE(said.find(logp.string() + " offset " + std::to_string(starts[line]) +
+                        ": skipping a damaged record"),
+              std::string::npos)
+        << said;
+  EXPECT_NE(said.find("cutting a torn record"), std::string::npos) << said;
+
+  // Repaired on disk: the next start reads it clean, with the count kept.
+  CapturedLog again;
+  auto s = EventSpool::open(dir.path(), 100);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->pending(), 4u);
+  EXPECT_EQ((*s)->dropped(), 1u);
+  EXPECT_EQ(again.text().find("damaged"), std::string::npos) << again.text();
 }
 
 TEST(Spool, BoundedDropsTheOldestAndCountsThem) {

@@ -38,6 +38,9 @@ TEST(Protocol, RejectsWithReasons) {
   // Plans may be larger than other frames.
   std::string plan = R"({"v":1,"type":"plan","seq":1,"body":{"pad":")" + std::string(70000, 'x') + "\"}}";
   EXPECT_EQ(why(plan), "accepted");
+  // Enroll frames, what strangers send, are smaller.
+  std::string enroll = R"({"v":1,"type":"enroll","seq":1,"body":{"csr":")" + std::string(9000, 'x') + "\"}}";
+  EXPECT_NE(why(enroll).find("8192-byte cap for type 'enroll'"), std::string::npos);
 }
 
 TEST(Protocol, UnknownTypesParse) {

@@ -81,14 +81,69 @@ TEST(StatusProjection, EventsDriveThePhase) {
   store::TenantRecord t;
   t.name = "t1";
   t.phase = "enrolled";
-  EXPECT_TRUE(coordinator::project_event(t, {{"kind", "plan"}, {"state", "running"}, {"plan_hash", "h"}}));
-  EXPECT_EQ(t.phase, "provisioning");
+  // The projection sees events as the decoder made them.
+  auto ev = [](nlohmann::json j) {
+    j["id"] = 1;
+    auto d = coordinator::decode_event(j);
+    EXPECT_TRUE(d.value) << d.refusal;
+    return *d.value;
+  };
   EXPECT_TRUE(coordinator::project_event(
-      t, {{"kind", "progress"}, {"step", "nvidia-driver"}, {"state", "reboot_requested"}}));
+      t, ev({{"kind", "plan"}, {"state", "running"}, {"plan_hash", "ab12"}})));
+  EXPECT_EQ(t.phase, "provisioning");
+  EXPECT_EQ(t.status["plan"]["hash"], "ab12");
+  EXPECT_TRUE(coordinator::project_event(
+      t, ev({{"kind", "progress"}, {"step", "nvidia-driver"}, {"state", "reboot_requested"}})));
   EXPECT_EQ(t.status["plan"]["steps"]["nvidia-driver"]["state"], "reboot_requested");
-  EXPECT_TRUE(coordinator::project_event(t, {{"kind", "plan"}, {"state", "succeeded"}}));
+  EXPECT_TRUE(coordinator::project_event(t, ev({{"kind", "plan"}, {"state", "succeeded"}})));
   EXPECT_EQ(t.phase, "ready");
-  EXPECT_TRUE(coordinator::project_event(t, {{"kind", "health"}, {"gpu", {{"source", "nvml"}}}}));
+  EXPECT_TRUE(
+      coordinator::project_event(t, ev({{"kind", "health"}, {"gpu", {{"source", "nvml"}}}})));
   EXPECT_EQ(t.status["health"]["gpu"]["source"], "nvml");
-  EXPECT_FALSE(coordinator::project_event(t, {{"kind", "synthetic"}}));
+  EXPECT_FALSE(coordinator::project_event(t, ev({{"kind", "synthetic"}})));
+}
+
+TEST(CoordinatorConfig, QuotasAndMetricsHaveDefaultsAndRanges) {
+  TempDir dir("cfg");
+  auto c = coordinator::load_coordinator_config((dir.path() / "absent.yaml").string(), false);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->quota_events_per_second, 250);
+  EXPECT_EQ(c->quota_event_burst, 500);
+  EXPECT_EQ(c->quota_bytes_per_day, 32u << 20);
+  EXPECT_EQ(c->quota_max_events_stored, 10000u);
+  EXPECT_EQ(c->quota_max_event_age, std::chrono::hours(24 * 90));
+  EXPECT_FALSE(c->metrics_public);
+
+  auto p = dir.path() / "c.yaml";
+  auto load = [&](const std::string& text) {
+    std::ofstream(p) << text;
+    return coordinator::load_coordinator_config(p.string(), true);
+  };
+  c = load(
+      "agents:\n  quota:\n    events_per_second: 20\n    event_burst: 40\n    bytes_per_day: "
+      "1Gi\n    max_events_stored: 50\n    max_event_age: 7d\napi:\n  metrics_public: true\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->quota_events_per_second, 20);
+  EXPECT_EQ(c->quota_event_burst, 40);
+  EXPECT_EQ(c->quota_bytes_per_day, 1ull << 30);
+  EXPECT_EQ(c->quota_max_events_stored, 50u);
+  EXPECT_EQ(c->quota_max_event_age, std::chrono::hours(24 * 7));
+  EXPECT_TRUE(c->metrics_public);
+  EXPECT_EQ(load("agents:\n  quota:\n    bytes_per_day: 33554432\n")->quota_bytes_per_day,
+            32u << 20);
+  for (auto [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"agents:\n  quota:\n    events_per_second: 0\n", "events_per_second"},
+           {"agents:\n  quota:\n    bytes_per_day: 10Ki\n", "at least 1Mi"},
+           {"agents:\n  quota:\n    bytes_per_day: lots\n", "byte count"},
+           {"agents:\n  quota:\n    max_events_stored: -1\n", "max_events_stored"},
+           {"agents:\n  quota:\n    max_event_age: 1m\n", "at least 1h"},
+           {"agents:\n  quota:\n    events_per_minute: 5\n",
+            "unknown key 'agents.quota.events_per_minute'"},
+           {"agents:\n  lisen: x\n", "unknown key 'agents.lisen'"},
+           {"api:\n  metrics_public: yes please\n", "api.metrics_public"},
+       }) {
+    auto r = load(text);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.error().message.find(want), std::string::npos) << r.error().message;
+  }
 }

@@ -4,6 +4,7 @@
 // fields alone.
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -187,6 +188,25 @@ TEST_F(KubeconfigTest, InClusterServiceAccountUnderARootPrefix) {
   auto missing = load_in_cluster(env);
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.error().message.find("token"), std::string::npos) << missing.error().message;
+}
+
+// The in-cluster root is injected by the caller; the environment, which
+// once had a FACTORY_INCLUSTER_ROOT test hook, cannot move it.
+TEST_F(KubeconfigTest, InClusterRootComesFromTheCallerNotTheEnvironment) {
+  const char* was = std::getenv("KUBERNETES_SERVICE_HOST");
+  const std::string host_before = was ? was : "";
+  ::setenv("FACTORY_INCLUSTER_ROOT", (dir_ / "elsewhere").c_str(), 1);
+  ::setenv("KUBERNETES_SERVICE_HOST", "10.43.0.1", 1);
+  AccessEnv plain = AccessEnv::from_process();
+  AccessEnv given = AccessEnv::from_process(dir_ / "root");
+  ::unsetenv("FACTORY_INCLUSTER_ROOT");
+  if (was)
+    ::setenv("KUBERNETES_SERVICE_HOST", host_before.c_str(), 1);
+  else
+    ::unsetenv("KUBERNETES_SERVICE_HOST");
+  EXPECT_EQ(plain.root, fs::path("/"));
+  EXPECT_EQ(given.root, dir_ / "root");
+  EXPECT_EQ(given.service_host, "10.43.0.1");
 }
 
 TEST_F(KubeconfigTest, ResolveOrderFollowsKubectl) {

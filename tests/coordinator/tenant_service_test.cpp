@@ -57,6 +57,19 @@ TEST(TenantRequest, RefusesWrongTypesAndUnknownFieldsWithTheFieldName) {
             std::string::npos);
   EXPECT_NE(bad({{"name", "a"}}).find("no tier"), std::string::npos);
   EXPECT_NE(bad(json::array()).find("JSON object"), std::string::npos);
+  // Numbers are range-checked as JSON numbers: 2^32 + 1 must not wrap to 1.
+  EXPECT_EQ(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", 4294967297ull}}),
+            "'gpus' is 4294967297: want a whole number from 1 to 16");
+  EXPECT_EQ(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", -1}}),
+            "'gpus' is -1: want a whole number from 1 to 16");
+  EXPECT_EQ(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", 0}}),
+            "'gpus' is 0: want a whole number from 1 to 16");
+  EXPECT_NE(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", 1.5}}).find("'gpus' must be"),
+            std::string::npos);
+  EXPECT_EQ(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"ssh_node_port", 4294997296ull}}),
+            "'ssh_node_port' is 4294997296: want a NodePort, 30000-32767");
+  EXPECT_NE(bad({{"name", 7}, {"tier", "gpu-vm"}}).find("'name' must be a string"),
+            std::string::npos);
 }
 
 TEST(ResolveVmSpec, TakesTheTiersShapeAndTheOverrides) {
@@ -81,14 +94,14 @@ TEST(ResolveVmSpec, TakesTheTiersShapeAndTheOverrides) {
 
   r.cpu = "4";
   r.memory = "8Gi";
-  r.gpus = 0;
+  r.gpus = 2;
   r.ns = "team-a";
   r.gpu_resource = kL4Resource;
   vm = resolve_vm_spec(cat, r, "tenants");
   ASSERT_TRUE(vm.ok()) << vm.error().message;
   EXPECT_EQ(vm->cpu, "4");
   EXPECT_EQ(vm->memory, "8Gi");
-  EXPECT_EQ(vm->gpus, 0);
+  EXPECT_EQ(vm->gpus, 2);
   EXPECT_EQ(vm->ns, "team-a");
   EXPECT_EQ(vm->gpu_resource, kL4Resource);
 }
@@ -116,6 +129,9 @@ TEST(ResolveVmSpec, BadInputIsOneLineNamingIt) {
   r.disk.clear();
   r.gpus = 99;
   EXPECT_NE(msg(r).find("--gpus 99"), std::string::npos);
+  // A tenant without a GPU could never become ready: refused, not created.
+  r.gpus = 0;
+  EXPECT_EQ(msg(r), "--gpus 0 is out of range: want 1-16 (every tier runs on a GPU)");
   r.gpus.reset();
   r.ns = "Team_A";
   EXPECT_NE(msg(r).find("Team_A"), std::string::npos);

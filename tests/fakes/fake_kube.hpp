@@ -43,6 +43,8 @@ class FakeKube {
   bool ok() const { return ok_; }
   std::string log() const { return proc_.log(); }
   int port() const { return port_; }
+  // Its process, for a test that stops it (SIGSTOP) as a hung API server.
+  int pid() const { return proc_.pid(); }
   std::string url() const { return "https://127.0.0.1:" + std::to_string(port_); }
   const TempDir& dir() const { return dir_; }
   std::filesystem::path pki(const std::string& file) const { return dir_ / ("pki/" + file); }

@@ -29,7 +29,8 @@ bool port_open(int port) {
 }
 }  // namespace
 
-CoordinatorHarness::CoordinatorHarness(fs::path dir, std::string extra_yaml)
+CoordinatorHarness::CoordinatorHarness(fs::path dir, std::string extra_yaml,
+                                       std::string agents_yaml, std::string api_yaml)
     : dir_(std::move(dir)), state_(dir_ / "state") {
   agents_port_ = free_loopback_port();
   api_port_ = free_loopback_port();
@@ -41,8 +42,8 @@ CoordinatorHarness::CoordinatorHarness(fs::path dir, std::string extra_yaml)
     << "\n  idle_timeout: 10s\n"
     // The agent binary the coordinator serves (and hashes into tenants' user-data).
     << "  binary: " << agent_bin() << "\n"
-    << "api:\n  listen: 127.0.0.1:" << api_port_ << "\n"
-    << "log_level: debug\n"
+    << agents_yaml << "api:\n  listen: 127.0.0.1:" << api_port_ << "\n"
+    << api_yaml << "log_level: debug\n"
     << extra_yaml;
 }
 
@@ -52,7 +53,7 @@ CoordinatorHarness::~CoordinatorHarness() {
 
 void CoordinatorHarness::start() {
   proc_ = Process({factory_bin(), "serve", "--config", config_path().string()},
-                  dir_ / ("coordinator." + std::to_string(++starts_) + ".log"));
+                  dir_ / ("coordinator." + std::to_string(++starts_) + ".log"), env_);
   bool up = eventually([&] { return port_open(api_port_) && port_open(agents_port_); },
                        std::chrono::seconds(15));
   ASSERT_TRUE(up) << "factory serve did not start listening; its log:\n" << proc_.log();
@@ -70,7 +71,7 @@ CommandResult CoordinatorHarness::factory(const std::vector<std::string>& args,
                                           std::chrono::milliseconds timeout) {
   std::vector<std::string> argv = {factory_bin(), "--config", config_path().string()};
   argv.insert(argv.end(), args.begin(), args.end());
-  return run(argv, timeout);
+  return run(argv, timeout, env_);
 }
 
 nlohmann::json CoordinatorHarness::create_token(const std::string& tenant, const std::string& ttl) {
@@ -103,6 +104,12 @@ std::optional<nlohmann::json> CoordinatorHarness::tenant(const std::string& name
 bool CoordinatorHarness::agent_connected(const std::string& tenant_name) {
   auto t = tenant(tenant_name);
   return t && (*t)["agent"].value("connected", false);
+}
+
+std::string CoordinatorHarness::admin_token() const {
+  std::string t = slurp(state_ / "admin.token");
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
+  return t;
 }
 
 std::string CoordinatorHarness::ca_sha256() {
@@ -184,6 +191,16 @@ void CoordinatorHarness::write_stored_record(const nlohmann::json& record) {
   sqlite3_finalize(s);
 }
 
+void CoordinatorHarness::exec_sql(const std::string& sql) {
+  Db d(state_ / "store" / "factory.db", true);
+  if (!d.db) return;
+  char* err = nullptr;
+  EXPECT_EQ(sqlite3_exec(d.db, sql.c_str(), nullptr, nullptr, &err), SQLITE_OK)
+      << (err ? err : "") << "\n"
+      << sql;
+  sqlite3_free(err);
+}
+
 AgentProcess::AgentProcess(CoordinatorHarness& h, const nlohmann::json& token, AgentOptions o) {
   state_ = h.dir() / o.state_dir_name;
   token_file_ = h.dir() / (o.state_dir_name + ".token");
@@ -205,6 +222,7 @@ AgentProcess::AgentProcess(CoordinatorHarness& h, const nlohmann::json& token, A
            "--heartbeat",
            "1"};
   argv_.insert(argv_.end(), o.extra_args.begin(), o.extra_args.end());
+  env_ = std::move(o.env);
   restart();
 }
 
@@ -213,7 +231,7 @@ void AgentProcess::restart() {
     std::ofstream f(log_, std::ios::app);
     f << "---- restart " << starts_ << " ----\n";
   }
-  proc_ = Process(argv_, log_);
+  proc_ = Process(argv_, log_, env_);
 }
 
 std::string AgentProcess::log() const {

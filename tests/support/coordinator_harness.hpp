@@ -3,6 +3,7 @@
 // `factory-agent` processes dialing it: what integration tests (and the demo)
 // run against. Nothing here is mocked; only the ports and paths are private.
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -14,14 +15,23 @@ namespace factory::testing {
 
 class CoordinatorHarness {
  public:
-  // extra_yaml is appended to the generated config (e.g. "tokens:\n  default_ttl: 5m\n").
-  explicit CoordinatorHarness(std::filesystem::path dir, std::string extra_yaml = "");
+  // extra_yaml is appended to the generated config (e.g. "tokens:\n  default_ttl: 5m\n");
+  // agents_yaml and api_yaml go inside its agents: and api: mappings, indented
+  // by the caller (e.g. "  quota:\n    events_per_second: 5\n").
+  explicit CoordinatorHarness(std::filesystem::path dir, std::string extra_yaml = "",
+                              std::string agents_yaml = "", std::string api_yaml = "");
   ~CoordinatorHarness();
+
+  // Environment for `factory serve` and every CLI call from now on (a shared
+  // fake clock: LD_PRELOAD of libfaketime).
+  void set_env(std::map<std::string, std::string> env) { env_ = std::move(env); }
+  const std::map<std::string, std::string>& env() const { return env_; }
 
   void start();  // spawns `factory serve` and waits until the API answers
   void stop();   // SIGTERM
   void kill9();  // SIGKILL, as a crash would
   bool running() { return proc_.running(); }
+  int pid() const { return proc_.pid(); }
 
   CommandResult factory(const std::vector<std::string>& args,
                         std::chrono::milliseconds timeout = std::chrono::seconds(60));
@@ -38,6 +48,8 @@ class CoordinatorHarness {
   int api_port() const { return api_port_; }
   std::string ca_sha256();
   std::string log() const { return proc_.log(); }
+  int pid() const { return proc_.pid(); }
+  std::string admin_token() const;
   // Every event stored for a tenant, oldest first, as
   // {"agent_id", "id", "received_at", "event"}: read from the coordinator's
   // database (SQLite allows a reader beside the running writer).
@@ -47,10 +59,14 @@ class CoordinatorHarness {
   // is down (as a crash at some point would have left it).
   std::optional<nlohmann::json> stored_record(const std::string& tenant) const;
   void write_stored_record(const nlohmann::json& record);
+  // Runs SQL on the coordinator's database while it is down: for tests that
+  // make the store fail (a trigger that refuses a write, as a failing disk would).
+  void exec_sql(const std::string& sql);
 
  private:
   std::filesystem::path dir_, state_;
   int agents_port_, api_port_;
+  std::map<std::string, std::string> env_;
   Process proc_;
   int starts_ = 0;
 };
@@ -59,6 +75,7 @@ struct AgentOptions {
   std::string state_dir_name = "agent";
   std::vector<std::string> extra_args;
   bool pin_wrong_ca = false;
+  std::map<std::string, std::string> env;  // added to the agent's environment
 };
 
 // Starts `factory-agent` enrolling with the token of a create_token() answer.
@@ -73,6 +90,7 @@ class AgentProcess {
 
  private:
   std::vector<std::string> argv_;
+  std::map<std::string, std::string> env_;
   std::filesystem::path state_, token_file_, log_;
   Process proc_;
   int starts_ = 0;

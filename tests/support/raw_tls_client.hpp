@@ -55,6 +55,8 @@ class RawTlsClient {
   Result<ServerFrame> ws_read(std::chrono::milliseconds timeout);
 
   bool resumed() const;
+  // The socket, for a test that polls many connections at once.
+  int fd() const { return fd_; }
   // A TLS session to resume with on the next connect (RawTlsOptions has no
   // field for it: tests of resumption use connect_resuming).
   std::string session_der() const;

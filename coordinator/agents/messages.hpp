@@ -1,0 +1,175 @@
+#pragma once
+// Every message an agent sends, decoded into types with limits before the
+// coordinator keeps or shows any of it. The guest is the customer's: its
+// agent may send anything, so each field is checked for its type, its
+// length, its range and (for names) its characters; a field that fails is
+// dropped and reported as a Rejection (the session counts them in
+// factory_agent_messages_rejected_total{tenant,reason}), never kept for a
+// printer to trip over. A message that cannot stand without the field (an
+// event without an id) is refused whole. What is kept is re-encoded from
+// the types (to_json), so nothing the decoder did not read reaches the store.
+//
+// Free text (a step's message, a command's output) keeps its bytes: it is
+// shown through display::sanitize wherever a terminal, a log or a page gets
+// it, and JSON output stays exact. Names (hostname, version, step ids,
+// codes) must match their grammar or are dropped.
+//
+// Pure functions over the envelope's JSON body: no state, no I/O, no
+// exceptions, so a fuzz target can call them directly.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace factory::coordinator {
+
+// What the decoders allow. Sizes are bytes of UTF-8.
+namespace limits {
+inline constexpr std::size_t kHostname = 253;  // RFC 1123
+inline constexpr std::size_t kVersion = 64;
+inline constexpr std::size_t kAgentId = 64;
+inline constexpr std::size_t kName = 64;  // step ids, diagnosis codes, tiers, states
+inline constexpr std::size_t kPlanHash = 128;
+inline constexpr std::size_t kTime = 40;       // RFC 3339
+inline constexpr std::size_t kMessage = 4096;  // one line a person reads
+inline constexpr std::size_t kOutputTail = 16384;
+inline constexpr std::size_t kToken = 256;
+inline constexpr std::size_t kCsr = 6144;                   // a P-256 CSR is about 500 bytes of PEM
+inline constexpr std::uint64_t kCount = 1'000'000'000'000;  // counters (events, bytes)
+inline constexpr std::uint64_t kSteps = 1024;               // steps in a plan
+inline constexpr std::uint64_t kAttempts = 1'000'000;
+// Free-form JSON (a health report, a diagnosis's details, an event kind
+// this coordinator does not know yet): bounded in depth, width and strings.
+inline constexpr int kDepth = 6;
+inline constexpr std::size_t kItems = 64;  // keys of an object, items of a list
+inline constexpr std::size_t kKey = 64;
+inline constexpr std::size_t kString = 4096;
+}  // namespace limits
+
+// Why a field or a message was not kept: the `reason` label of the metric.
+enum class RejectReason {
+  missing,        // a required field is absent
+  wrong_type,     // a string where a number belongs, a list for an object, ...
+  too_long,       // a string over its limit
+  too_many,       // a list or object over its number of items
+  too_deep,       // nested deeper than free-form JSON may be
+  out_of_range,   // a number outside its range
+  bad_format,     // a name with characters its grammar does not allow, a bad time
+  unknown_value,  // not one of the values the field may take
+  unknown_field,  // a field this message type does not have
+};
+const char* reason_name(RejectReason r);
+inline constexpr RejectReason kAllRejectReasons[] = {
+    RejectReason::missing,    RejectReason::wrong_type,    RejectReason::too_long,
+    RejectReason::too_many,   RejectReason::too_deep,      RejectReason::out_of_range,
+    RejectReason::bad_format, RejectReason::unknown_value, RejectReason::unknown_field};
+
+struct Rejection {
+  std::string field;  // "hostname", "diagnosis.summary", "gpu.gpus[0]"
+  RejectReason reason;
+};
+
+// A decoded message: the value, what was dropped on the way, and, when no
+// value could be made, why (one line for the error frame).
+template <class T>
+struct Decoded {
+  std::optional<T> value;
+  std::vector<Rejection> rejected;
+  std::string refusal;  // set exactly when !value
+};
+
+// hello: {agent_id?, agent_version?, hostname?, tenant?}
+struct AgentHello {
+  std::string agent_id, agent_version, hostname;
+  // A tenant the agent claims to be; the certificate decides, this is only
+  // compared with it.
+  std::optional<std::string> tenant;
+};
+Decoded<AgentHello> decode_hello(const nlohmann::json& body);
+
+// heartbeat: {pending_events, dropped_events, plan_hash?, plan_state?, steps_done?, steps_total?}
+struct AgentHeartbeat {
+  std::uint64_t pending_events = 0, dropped_events = 0;
+  std::optional<std::string> plan_hash, plan_state;
+  std::optional<std::uint64_t> steps_done, steps_total;
+};
+Decoded<AgentHeartbeat> decode_heartbeat(const nlohmann::json& body);
+
+// enroll: {token, csr, agent_version?, hostname?}
+struct EnrollRequest {
+  std::string token, csr, agent_version, hostname;
+};
+Decoded<EnrollRequest> decode_enroll(const nlohmann::json& body);
+
+// renew: {csr}
+struct RenewRequest {
+  std::string csr;
+};
+Decoded<RenewRequest> decode_renew(const nlohmann::json& body);
+
+// A named failure with its fix, as the agent's diagnose module reports it.
+struct AgentDiagnosis {
+  std::string code, summary, fix;
+  nlohmann::json details = nlohmann::json::object();  // free-form, bounded
+  nlohmann::json to_json() const;
+};
+
+// {"kind":"progress","plan_hash","step","state","attempt","message","output_tail",
+//  "diagnosis","percent","completed","total","allocatable","expected"}
+struct ProgressEvent {
+  std::string step;
+  std::optional<std::string> plan_hash, state, message, output_tail;
+  std::optional<std::int64_t> attempt;
+  std::optional<AgentDiagnosis> diagnosis;
+  std::optional<double> percent;  // 0-100
+  std::optional<std::uint64_t> completed, total, allocatable, expected;
+};
+// {"kind":"plan","plan_hash","tier","state","steps_total","steps_done","message","failed_step"}
+struct PlanEvent {
+  std::optional<std::string> plan_hash, tier, state, message, failed_step;
+  std::optional<std::uint64_t> steps_total, steps_done;
+};
+// {"kind":"journal_reset","plan_hash","reason","message"}
+struct JournalResetEvent {
+  std::optional<std::string> plan_hash, reason, message;
+};
+// {"kind":"log","level","message"}
+struct LogEvent {
+  std::optional<std::string> level, message;
+};
+// {"kind":"diagnosis","code","summary","fix","details"}
+struct DiagnosisEvent {
+  AgentDiagnosis diagnosis;
+};
+// {"kind":"health", ...}: the agent's health report while it still travels
+// as an event; free-form and bounded.
+struct HealthEvent {
+  nlohmann::json report = nlohmann::json::object();
+};
+// A kind this coordinator does not know (a newer agent's): stored, bounded,
+// and projected onto nothing.
+struct OtherEvent {
+  nlohmann::json fields = nlohmann::json::object();
+};
+
+// An event: {id, time?, kind, truncated?, ...the kind's fields}.
+struct AgentEvent {
+  std::uint64_t id = 0;  // the agent's durable spool id, > 0
+  std::string kind;
+  std::optional<std::string> time;
+  bool truncated = false;  // the agent's spool cut it to fit a frame
+  // monostate: a known kind whose defining field was dropped (a progress
+  // event without a valid step): stored as id/kind/time only.
+  std::variant<std::monostate, ProgressEvent, PlanEvent, JournalResetEvent, LogEvent,
+               DiagnosisEvent, HealthEvent, OtherEvent>
+      body;
+
+  // The form stored and shown: only what was decoded.
+  nlohmann::json to_json() const;
+};
+Decoded<AgentEvent> decode_event(const nlohmann::json& body);
+
+}  // namespace factory::coordinator

@@ -1,0 +1,128 @@
+#pragma once
+// Tenants' VMs as QEMU processes on this host (`provider: qemu`): for
+// platform teams with one GPU box and no Kubernetes, and for booting real
+// guests in CI. Behind the same seam as KubeVirt (tenants/vm_provider.hpp).
+//
+// Each VM has a folder <vms_dir>/<tenant>/ (0700): vm.json (what it is: shape,
+// SSH port, cards, accelerator; the coordinator's record of the VM), the
+// NoCloud seed (user-data, meta-data and seed.iso labelled cidata, 0600: the
+// user-data holds the one-time token), disk.qcow2 over the base image,
+// and while it runs QEMU's pidfile, QMP socket, console.log and qemu.log.
+//
+// A VM with a vm.json is meant to run. The monitor thread checks every VM
+// each second: one that runs is left alone (after a coordinator restart
+// that is how running VMs are found again, never started twice); one that
+// ended is started again with a capped backoff (the child supervisor; under
+// systemd the unit restarts it and the monitor only re-creates a unit that
+// is gone). Delete stops the VM and removes its folder.
+//
+// Threading: every call may wait (qemu-img, genisoimage, QMP, a VM's stop),
+// so TenantService calls them on the worker pool; one mutex keeps them and
+// the monitor from acting on a VM at once.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "coordinator/qemu/accel.hpp"
+#include "coordinator/qemu/launch.hpp"
+#include "coordinator/qemu/supervisor.hpp"
+#include "coordinator/tenants/vm_provider.hpp"
+
+namespace factory::qemu {
+
+struct QemuProviderOptions {
+  std::string qemu_binary = "qemu-system-x86_64";
+  std::string qemu_img = "qemu-img";
+  std::string base_image;  // see load_base_image()
+  std::string vms_dir;
+  std::string accel = "auto";       // auto | kvm | tcg
+  std::string supervisor = "auto";  // auto | systemd | child
+  std::string ssh_listen = "127.0.0.1";
+  std::string host_root = "/";  // sysfs and /etc for the GPU inventory
+  std::chrono::milliseconds monitor_every{1000};
+  // The longest wait between two restarts of a VM that keeps ending.
+  std::chrono::milliseconds max_backoff{std::chrono::seconds(60)};
+};
+
+// The VM as vm.json records it.
+struct VmRecord {
+  std::string tenant, created_at, instance_id;
+  int vcpus = 1;
+  std::uint64_t memory_mib = 1024;
+  std::uint64_t disk_bytes = 0;
+  std::string ssh_listen;
+  int ssh_port = 0;
+  std::string gpu_resource;
+  std::vector<std::string> gpus;
+  std::string accel, accel_reason;
+  nlohmann::json to_json() const;
+  static Result<VmRecord> from_json(const nlohmann::json& j);
+};
+
+class QemuProvider : public tenants::VmProvider {
+ public:
+  // Chooses the supervisor (an error when qemu.supervisor asks for systemd
+  // where it does not run) and starts the monitor, which adopts or starts
+  // the VMs already in vms_dir.
+  static Result<std::unique_ptr<QemuProvider>> create(QemuProviderOptions opts);
+  ~QemuProvider() override;  // stops the monitor; the VMs go on running
+
+  Status preflight(tenants::VmSpec& spec) override;
+  Result<bool> has_user_data(const tenants::VmSpec& spec) override;
+  Status provision(const tenants::VmSpec& spec, const std::string& userdata,
+                   std::vector<tenants::VmObject>& created) override;
+  std::vector<std::pair<tenants::VmObject, Error>> remove(
+      const std::vector<tenants::VmObject>& objects) override;
+  Result<std::vector<tenants::VmObject>> destroy(const std::string& tenant,
+                                                 const std::string& ns) override;
+  Result<tenants::VmObservation> observe(const std::string& tenant, const std::string& ns) override;
+  std::string user_data_location(const tenants::VmSpec& spec) const override {
+    return vm_dir(spec.name) + "/user-data on the coordinator's host";
+  }
+
+  // One pass of the monitor (tests call it to not depend on timing).
+  void check_vms();
+  std::string supervisor_kind() const { return supervisor_->kind(); }
+
+ private:
+  struct Runtime {  // per VM, in memory: the monitor's restart bookkeeping
+    int restarts = 0;
+    std::chrono::steady_clock::time_point next_start{};
+    std::chrono::milliseconds backoff{0};
+    std::chrono::steady_clock::time_point started{};
+    std::string last_exit;
+    bool announced = false;
+  };
+
+  explicit QemuProvider(QemuProviderOptions opts);
+  std::string vm_dir(const std::string& tenant) const;
+  Result<Launch> launch_for(const VmRecord& r) const;
+  Result<VmRecord> read_record(const std::string& tenant) const;
+  // address -> tenant, and port -> tenant, over every vm.json.
+  std::map<std::string, std::string> held_gpus() const;
+  std::map<int, std::string> held_ports() const;
+  const Accelerator& accelerator();
+  // Starts the VM and waits until QEMU answers on QMP (or ended: its log's tail).
+  Status start_vm(const VmRecord& r, Runtime& rt);
+  Status stop_vm(const std::string& tenant);
+  void monitor_loop();
+
+  QemuProviderOptions opts_;
+  std::unique_ptr<Supervisor> supervisor_;
+  std::mutex mu_;  // VMs' folders and processes; held by each call and each monitor pass
+  std::map<std::string, Runtime> runtime_;
+  std::once_flag accel_once_;
+  Accelerator accel_;
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+  std::thread monitor_;
+};
+
+}  // namespace factory::qemu

@@ -1,0 +1,288 @@
+// The coordinator's decoders of agent messages (coordinator/agents/messages.hpp),
+// the projection that sees only what they kept, and the per-tenant quotas
+// (coordinator/agents/quota.hpp): what a hostile guest sends is typed,
+// bounded, dropped field by field and counted, never kept.
+#include <gtest/gtest.h>
+
+#include "coordinator/agents/messages.hpp"
+#include "coordinator/agents/projection.hpp"
+#include "coordinator/agents/quota.hpp"
+
+namespace factory::coordinator {
+namespace {
+
+using nlohmann::json;
+
+const std::string kEscapes = "\x1b[2J\x1b]0;owned\x07\r\n";
+
+std::vector<std::string> reasons_of(const std::vector<Rejection>& r) {
+  std::vector<std::string> out;
+  for (const auto& x : r) out.push_back(x.field + ":" + reason_name(x.reason));
+  return out;
+}
+
+bool rejected(const std::vector<Rejection>& r, const std::string& field, RejectReason why) {
+  for (const auto& x : r)
+    if (x.field == field && x.reason == why) return true;
+  return false;
+}
+
+TEST(AgentMessages, HelloKeepsWellFormedNamesAndDropsTheRest) {
+  auto ok = decode_hello(
+      {{"agent_id", "0123abcd0123abcd"}, {"agent_version", "0.1.0"}, {"hostname", "tenant-1"}});
+  ASSERT_TRUE(ok.value);
+  EXPECT_TRUE(ok.rejected.empty()) << ::testing::PrintToString(reasons_of(ok.rejected));
+  EXPECT_EQ(ok.value->hostname, "tenant-1");
+  EXPECT_EQ(ok.value->agent_version, "0.1.0");
+
+  auto bad = decode_hello({{"agent_version", "0.1\x1b[2J" + kEscapes},
+                           {"hostname", "evil\r\nhost"},
+                           {"agent_id", 42},
+                           {"shell", "rm -rf /"}});
+  ASSERT_TRUE(bad.value) << "a hello with bad fields still says hello";
+  EXPECT_EQ(bad.value->agent_version, "");
+  EXPECT_EQ(bad.value->hostname, "");
+  EXPECT_EQ(bad.value->agent_id, "");
+  EXPECT_TRUE(rejected(bad.rejected, "agent_version", RejectReason::bad_format));
+  EXPECT_TRUE(rejected(bad.rejected, "hostname", RejectReason::bad_format));
+  EXPECT_TRUE(rejected(bad.rejected, "agent_id", RejectReason::wrong_type));
+  EXPECT_TRUE(rejected(bad.rejected, "shell", RejectReason::unknown_field));
+
+  auto long_host = decode_hello({{"hostname", std::string(300, 'a')}});
+  EXPECT_TRUE(rejected(long_host.rejected, "hostname", RejectReason::too_long));
+  auto long_label = decode_hello({{"hostname", std::string(64, 'a') + ".example"}});
+  EXPECT_TRUE(rejected(long_label.rejected, "hostname", RejectReason::bad_format));
+  auto claim = decode_hello({{"tenant", "other"}});
+  ASSERT_TRUE(claim.value->tenant);
+  EXPECT_EQ(*claim.value->tenant, "other") << "kept, to be compared with the certificate";
+}
+
+TEST(AgentMessages, HeartbeatCountsAreRangeChecked) {
+  auto hb = decode_heartbeat({{"pending_events", 3},
+                              {"dropped_events", -1},
+                              {"steps_done", 5000},
+                              {"steps_total", "7"},
+                              {"plan_hash", "zz"},
+                              {"plan_state", "running"}});
+  ASSERT_TRUE(hb.value);
+  EXPECT_EQ(hb.value->pending_events, 3u);
+  EXPECT_EQ(hb.value->dropped_events, 0u);
+  EXPECT_FALSE(hb.value->steps_done);
+  EXPECT_FALSE(hb.value->steps_total);
+  EXPECT_FALSE(hb.value->plan_hash);
+  EXPECT_EQ(hb.value->plan_state, "running");
+  EXPECT_TRUE(rejected(hb.rejected, "dropped_events", RejectReason::out_of_range));
+  EXPECT_TRUE(rejected(hb.rejected, "steps_done", RejectReason::out_of_range));
+  EXPECT_TRUE(rejected(hb.rejected, "steps_total", RejectReason::wrong_type));
+  EXPECT_TRUE(rejected(hb.rejected, "plan_hash", RejectReason::bad_format));
+}
+
+TEST(AgentMessages, EnrollAndRenewNeedTheirFieldsWithinLimits) {
+  auto e = decode_enroll({{"token", "abc.def"}, {"csr", "PEM"}, {"hostname", "h\x1b"}});
+  ASSERT_TRUE(e.value);
+  EXPECT_EQ(e.value->hostname, "");
+  EXPECT_TRUE(rejected(e.rejected, "hostname", RejectReason::bad_format));
+  auto no_token = decode_enroll({{"csr", "PEM"}});
+  EXPECT_FALSE(no_token.value);
+  EXPECT_NE(no_token.refusal.find("enroll needs 'token'"), std::string::npos);
+  EXPECT_TRUE(rejected(no_token.rejected, "token", RejectReason::missing));
+  auto huge = decode_enroll({{"token", std::string(1000, 'x')}, {"csr", "PEM"}});
+  EXPECT_FALSE(huge.value);
+  EXPECT_TRUE(rejected(huge.rejected, "token", RejectReason::too_long));
+  EXPECT_FALSE(decode_renew({{"csr", 5}}).value);
+  EXPECT_TRUE(decode_renew({{"csr", "PEM"}}).value);
+}
+
+TEST(AgentMessages, AnEventNeedsAnIdAndAKind) {
+  for (const json& body :
+       {json::object(), json{{"id", 0}, {"kind", "log"}}, json{{"id", -3}, {"kind", "log"}},
+        json{{"id", "7"}, {"kind", "log"}}, json{{"id", 7}}, json{{"id", 7}, {"kind", 9}},
+        json{{"id", 7}, {"kind", "bad kind\x1b"}}, json::array()}) {
+    auto d = decode_event(body);
+    EXPECT_FALSE(d.value) << body.dump();
+    EXPECT_FALSE(d.refusal.empty());
+    EXPECT_FALSE(d.rejected.empty()) << body.dump();
+  }
+}
+
+TEST(AgentMessages, ProgressEventsAreTypedAndBounded) {
+  json body = {{"id", 12},
+               {"kind", "progress"},
+               {"time", "2026-12-01T10:00:00Z"},
+               {"plan_hash", "abcdef0123"},
+               {"step", "ollama-model"},
+               {"state", "progress"},
+               {"attempt", 1},
+               {"percent", 42},
+               {"completed", 10},
+               {"total", 20},
+               {"message", "pulling " + kEscapes},
+               {"diagnosis", {{"code", "gpu_missing"}, {"summary", "no GPU"}, {"fix", "pass it"}}}};
+  auto d = decode_event(body);
+  ASSERT_TRUE(d.value) << d.refusal;
+  EXPECT_TRUE(d.rejected.empty()) << ::testing::PrintToString(reasons_of(d.rejected));
+  // Free text keeps its bytes (it is escaped where it is shown); the stored
+  // form is exactly what was decoded.
+  EXPECT_EQ(d.value->to_json(), body);
+
+  json hostile = {{"id", 13},
+                  {"kind", "progress"},
+                  {"time", "yesterday"},
+                  {"step", "gpu\x1b[2J"},
+                  {"state", "pwned"},
+                  {"percent", 1e300},
+                  {"attempt", 4294967297.5},
+                  {"message", std::string(100000, 'x')},
+                  {"diagnosis", {{"code", "ok"}, {"summary", json::array()}, {"extra", 1}}},
+                  {"tenant", "other-tenant"}};
+  auto h = decode_event(hostile);
+  ASSERT_TRUE(h.value) << "the id and kind are good: stored, without the bad fields";
+  json kept = h.value->to_json();
+  EXPECT_EQ(kept, (json{{"id", 13}, {"kind", "progress"}})) << kept.dump();
+  for (auto [f, r] : std::vector<std::pair<std::string, RejectReason>>{
+           {"time", RejectReason::bad_format},
+           {"step", RejectReason::bad_format},
+           {"state", RejectReason::unknown_value},
+           {"percent", RejectReason::out_of_range},
+           {"attempt", RejectReason::wrong_type},
+           {"message", RejectReason::too_long},
+           {"diagnosis.summary", RejectReason::wrong_type},
+           {"diagnosis.extra", RejectReason::unknown_field},
+           {"tenant", RejectReason::unknown_field}})
+    EXPECT_TRUE(rejected(h.rejected, f, r))
+        << f << " in " << ::testing::PrintToString(reasons_of(h.rejected));
+}
+
+TEST(AgentMessages, PlanLogAndDiagnosisEvents) {
+  auto plan = decode_event({{"id", 1},
+                            {"kind", "plan"},
+                            {"plan_hash", "ab"},
+                            {"tier", "gpu-vm"},
+                            {"state", "succeeded"},
+                            {"steps_total", 3},
+                            {"steps_done", 3}});
+  ASSERT_TRUE(plan.value);
+  EXPECT_TRUE(plan.rejected.empty());
+  ASSERT_TRUE(std::holds_alternative<PlanEvent>(plan.value->body));
+
+  auto log = decode_event({{"id", 2}, {"kind", "log"}, {"level", "loud"}, {"message", "hi"}});
+  ASSERT_TRUE(log.value);
+  EXPECT_TRUE(rejected(log.rejected, "level", RejectReason::unknown_value));
+  EXPECT_EQ(log.value->to_json(), (json{{"id", 2}, {"kind", "log"}, {"message", "hi"}}));
+
+  auto diag = decode_event({{"id", 3},
+                            {"kind", "diagnosis"},
+                            {"code", "dns_clash"},
+                            {"summary", "s"},
+                            {"fix", "f"},
+                            {"details", {{"cidr", "10.43.0.0/16"}}},
+                            {"junk", true}});
+  ASSERT_TRUE(diag.value);
+  EXPECT_TRUE(rejected(diag.rejected, "junk", RejectReason::unknown_field));
+  ASSERT_TRUE(std::holds_alternative<DiagnosisEvent>(diag.value->body));
+  EXPECT_EQ(std::get<DiagnosisEvent>(diag.value->body).diagnosis.details["cidr"], "10.43.0.0/16");
+}
+
+TEST(AgentMessages, FreeFormJsonIsBoundedInDepthWidthAndStrings) {
+  json deep = "leaf";
+  for (int i = 0; i < 20; ++i) deep = json{{"d", deep}};
+  json wide = json::array();
+  for (int i = 0; i < 500; ++i) wide.push_back(i);
+  auto h = decode_event({{"id", 5},
+                         {"kind", "health"},
+                         {"gpu", {{"gpus", json::array({"not-an-object", {{"name", "L4"}}})}}},
+                         {"deep", deep},
+                         {"wide", wide},
+                         {"big", std::string(10000, 'b')},
+                         {"bad key\x1b", 1}});
+  ASSERT_TRUE(h.value);
+  json kept = h.value->to_json();
+  EXPECT_EQ(kept["gpu"]["gpus"][0], "not-an-object") << "shape is the printer's business";
+  EXPECT_EQ(kept["wide"].size(), limits::kItems);
+  EXPECT_FALSE(kept.contains("big"));
+  EXPECT_TRUE(rejected(h.rejected, "big", RejectReason::too_long));
+  EXPECT_TRUE(rejected(h.rejected, "wide", RejectReason::too_many));
+  EXPECT_TRUE(rejected(h.rejected, "(key)", RejectReason::bad_format));
+  int depth = 0;
+  for (const json* at = &kept["deep"]; at->is_object() && at->contains("d"); at = &(*at)["d"])
+    ++depth;
+  EXPECT_LT(depth, limits::kDepth);
+  // A kind this coordinator does not know is kept the same way.
+  auto other = decode_event({{"id", 6}, {"kind", "synthetic"}, {"n", 6}});
+  ASSERT_TRUE(other.value);
+  EXPECT_EQ(other.value->to_json(), (json{{"id", 6}, {"kind", "synthetic"}, {"n", 6}}));
+}
+
+TEST(AgentMessages, RejectionsPerMessageAreCapped) {
+  json body = {{"id", 1}, {"kind", "plan"}};
+  for (int i = 0; i < 5000; ++i) body["k" + std::to_string(i)] = i;
+  auto d = decode_event(body);
+  ASSERT_TRUE(d.value);
+  EXPECT_LE(d.rejected.size(), 64u);
+}
+
+TEST(AgentProjection, SeesOnlyDecodedFieldsAndStaysBounded) {
+  store::TenantRecord t;
+  t.phase = "enrolled";
+  auto ev = decode_event({{"id", 1},
+                          {"kind", "progress"},
+                          {"step", "s1"},
+                          {"state", "started"},
+                          {"message", "m"},
+                          {"evil", "x"}});
+  ASSERT_TRUE(ev.value);
+  EXPECT_TRUE(project_event(t, *ev.value));
+  EXPECT_EQ(t.phase, "provisioning");
+  EXPECT_EQ(t.status["plan"]["steps"]["s1"], (json{{"state", "started"}, {"message", "m"}}));
+  for (std::size_t i = 0; i < kMaxProjectedSteps + 50; ++i) {
+    auto e = decode_event({{"id", 2 + i}, {"kind", "progress"}, {"step", "x" + std::to_string(i)}});
+    project_event(t, *e.value);
+  }
+  EXPECT_EQ(t.status["plan"]["steps"].size(), kMaxProjectedSteps);
+  auto done = decode_event({{"id", 999}, {"kind", "plan"}, {"state", "succeeded"}});
+  EXPECT_TRUE(project_event(t, *done.value));
+  EXPECT_EQ(t.phase, "ready");
+}
+
+TEST(TenantQuotas, EventsPerSecondWithABurst) {
+  QuotaOptions o;
+  o.events_per_second = 10;
+  o.event_burst = 20;
+  TenantQuotas q(o);
+  auto t0 = TenantQuotas::Clock::now();
+  for (int i = 0; i < 20; ++i) EXPECT_FALSE(q.admit("t1", 0, t0)) << i;
+  auto no = q.admit("t1", 0, t0);
+  ASSERT_TRUE(no);
+  EXPECT_EQ(no->quota, "events_per_second");
+  EXPECT_GE(no->retry_after, std::chrono::seconds(1));
+  EXPECT_NE(no->message.find("over quota"), std::string::npos) << no->message;
+  // Others are unaffected.
+  EXPECT_FALSE(q.admit("t2", 0, t0));
+  // Throttled until the retry time, even at hello.
+  EXPECT_TRUE(q.throttled("t1", t0 + std::chrono::milliseconds(100)));
+  auto later = t0 + no->retry_after;
+  EXPECT_FALSE(q.throttled("t1", later));
+  EXPECT_FALSE(q.admit("t1", 0, later));
+}
+
+TEST(TenantQuotas, BytesPerDayIsADaysAllowanceRefilledOverTheDay) {
+  QuotaOptions o;
+  o.bytes_per_day = 1 << 20;
+  TenantQuotas q(o);
+  auto t0 = TenantQuotas::Clock::now();
+  for (int i = 0; i < 16; ++i) EXPECT_FALSE(q.admit("t1", 64 * 1024, t0)) << i;
+  auto no = q.admit("t1", 64 * 1024, t0);
+  ASSERT_TRUE(no);
+  EXPECT_EQ(no->quota, "bytes_per_day");
+  // One 64 KiB event's worth comes back in 64Ki / (1Mi / 86400 s) = 5400 s.
+  EXPECT_GE(no->retry_after, std::chrono::seconds(5400));
+  EXPECT_LE(no->retry_after, std::chrono::seconds(5401));
+  EXPECT_TRUE(q.admit("t1", 100, t0 + std::chrono::seconds(10))) << "still throttled";
+  EXPECT_FALSE(q.admit("t1", 64 * 1024, t0 + std::chrono::seconds(5402)));
+  EXPECT_FALSE(q.admit("t2", 64 * 1024, t0));
+  q.forget("t1");
+  EXPECT_FALSE(q.admit("t1", 64 * 1024, t0 + std::chrono::seconds(5403)));
+}
+
+}  // namespace
+}  // namespace factory::coordinator

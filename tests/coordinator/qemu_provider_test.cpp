@@ -1,0 +1,312 @@
+// The QEMU provider with real QEMU processes (TCG). The base image is an
+// empty disk, so the firmware finds nothing to boot and the machine idles:
+// what is tested is the provider's part (files, process, supervision,
+// finding a VM again, cards), not a guest; tests/e2e boots real guests.
+#include "coordinator/qemu/qemu_provider.hpp"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "common/atomic_file.hpp"
+#include "coordinator/qemu/qmp.hpp"
+#include "coordinator/qemu/supervisor.hpp"
+#include "tests/coordinator/host_tree.hpp"
+#include "tests/support/test_support.hpp"
+
+using namespace factory;
+using namespace factory::qemu;
+using factory::testing::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Every QEMU process whose command line names this pidfile.
+int qemu_processes_for(const std::string& pidfile) {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmd = factory::testing::slurp(e.path() / "cmdline");
+    std::string st = factory::testing::slurp(e.path() / "stat");
+    auto close = st.rfind(')');
+    if (close != std::string::npos && close + 2 < st.size() && st[close + 2] == 'Z') continue;
+    for (auto& c : cmd)
+      if (c == '\0') c = ' ';
+    if (cmd.find(" " + pidfile + " ") != std::string::npos ||
+        (cmd.size() >= pidfile.size() + 1 &&
+         cmd.compare(cmd.size() - pidfile.size() - 1, pidfile.size(), pidfile) == 0))
+      ++n;
+  }
+  return n;
+}
+
+class QemuProviderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = dir_ / "base.qcow2";
+    auto r =
+        factory::testing::run({"qemu-img", "create", "-q", "-f", "qcow2", base_.string(), "64M"});
+    ASSERT_TRUE(r.ok()) << "qemu-img (qemu-utils) is needed: " << r.output;
+    opts_.base_image = base_.string();
+    opts_.vms_dir = (dir_ / "vms").string();
+    opts_.accel = "tcg";
+    opts_.supervisor = "child";
+    opts_.monitor_every = std::chrono::milliseconds(200);
+    opts_.max_backoff = std::chrono::seconds(2);
+  }
+
+  // The VMs outlive their provider by design: a test that failed half-way
+  // must not leave one running.
+  void TearDown() override {
+    std::error_code ec;
+    for (const auto& d : fs::directory_iterator(opts_.vms_dir, ec))
+      if (int pid = running_qemu_pid((d.path() / "qemu.pid").string()); pid > 0)
+        ::kill(pid, SIGKILL);
+  }
+
+  std::unique_ptr<QemuProvider> provider() {
+    auto p = QemuProvider::create(opts_);
+    if (!p) factory::testing::setup_failed("QemuProvider: " + p.error().message);
+    return std::move(*p);
+  }
+
+  tenants::VmSpec spec(const std::string& name) {
+    tenants::VmSpec s;
+    s.name = name;
+    s.cpu = "1";
+    s.memory = "128Mi";
+    s.disk = "1Gi";
+    s.gpus = 0;
+    s.tier = "test";
+    return s;
+  }
+
+  std::string vm_dir(const std::string& t) { return opts_.vms_dir + "/" + t; }
+
+  TempDir dir_{"qp"};
+  fs::path base_;
+  QemuProviderOptions opts_;
+};
+
+mode_t mode_of(const fs::path& p) {
+  struct stat st {};
+  ::stat(p.c_str(), &st);
+  return st.st_mode & 0777;
+}
+
+}  // namespace
+
+TEST_F(QemuProviderTest, CreateRunsQemuOverACowDiskWithTheSeedAndDeleteLeavesNothing) {
+  auto p = provider();
+  auto s = spec("vm-a");
+  auto pre = p->preflight(s);
+  ASSERT_TRUE(pre.ok()) << pre.error().message;
+  EXPECT_FALSE(*p->has_user_data(s));
+  std::vector<tenants::VmObject> created;
+  auto st = p->provision(s, "#cloud-config\nhostname: vm-a\n", created);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  ASSERT_EQ(created.size(), 3u);
+  EXPECT_EQ(created[0].ref(), "CloudInitSeed/vm-a");
+  EXPECT_EQ(created[1].ref(), "QemuDisk/vm-a");
+  EXPECT_EQ(created[2].ref(), "QemuVm/factory-vm-vm-a");
+  EXPECT_TRUE(*p->has_user_data(s));
+
+  // The user-data holds the bootstrap token: nobody else reads it.
+  const fs::path d = vm_dir("vm-a");
+  EXPECT_EQ(mode_of(d), 0700u);
+  for (const char* f : {"user-data", "meta-data", "seed.iso", "vm.json", "disk.qcow2"})
+    EXPECT_EQ(mode_of(d / f), 0600u) << f;
+  // The seed is an ISO 9660 volume labelled cidata (NoCloud's rule).
+  std::string iso = factory::testing::slurp(d / "seed.iso");
+  ASSERT_GT(iso.size(), 0x8028u + 6);
+  EXPECT_EQ(iso.substr(0x8001, 5), "CD001");
+  EXPECT_EQ(iso.substr(0x8028, 6), "cidata");
+  EXPECT_NE(factory::testing::slurp(d / "meta-data").find("local-hostname: vm-a"),
+            std::string::npos);
+  // Copy-on-write over the base image.
+  auto info = factory::testing::run(
+      {"qemu-img", "info", "-U", "--output=json", (d / "disk.qcow2").string()});
+  auto ij = nlohmann::json::parse(info.output, nullptr, false);
+  EXPECT_EQ(ij.value("backing-filename", ""), base_.string()) << info.output;
+  EXPECT_EQ(ij.value("virtual-size", 0ull), 1ull << 30);
+
+  auto o = p->observe("vm-a", "tenants");
+  ASSERT_TRUE(o.ok()) << o.error().message;
+  EXPECT_TRUE(o->exists);
+  EXPECT_EQ(o->provider, "qemu");
+  EXPECT_EQ(o->status, "Running");
+  EXPECT_EQ(o->phase, "running");  // QMP's query-status
+  EXPECT_EQ(o->accelerator, "tcg");
+  EXPECT_EQ(o->supervisor, "child");
+  EXPECT_EQ(o->ssh_host, "127.0.0.1");
+  EXPECT_GT(o->ssh_node_port, 0);
+  ASSERT_GT(o->pid, 0);
+  EXPECT_EQ(qemu_processes_for(d / "qemu.pid"), 1);
+  // The SSH forward listens where the record says.
+  EXPECT_NE(factory::testing::run({"ss", "-ltn"})
+                .output.find("127.0.0.1:" + std::to_string(o->ssh_node_port)),
+            std::string::npos);
+
+  auto gone = p->destroy("vm-a", "tenants");
+  ASSERT_TRUE(gone.ok()) << gone.error().message;
+  std::vector<std::string> refs;
+  for (const auto& x : *gone) refs.push_back(x.ref());
+  EXPECT_EQ(refs, (std::vector<std::string>{"QemuVm/factory-vm-vm-a", "QemuDisk/vm-a",
+                                            "CloudInitSeed/vm-a"}));
+  EXPECT_FALSE(fs::exists(d));
+  EXPECT_EQ(qemu_processes_for((d / "qemu.pid").string()), 0);
+  EXPECT_FALSE(p->observe("vm-a", "tenants")->exists);
+  // Nothing found is not an error.
+  EXPECT_TRUE(p->destroy("vm-a", "tenants")->empty());
+}
+
+TEST_F(QemuProviderTest, AnEndedVmIsStartedAgainAndARestartedCoordinatorFindsItRunning) {
+  const std::string pidfile = vm_dir("vm-b") + "/qemu.pid";
+  int first = 0;
+  {
+    auto p = provider();
+    auto s = spec("vm-b");
+    std::vector<tenants::VmObject> created;
+    auto made = p->provision(s, "#cloud-config\n", created);
+    ASSERT_TRUE(made.ok()) << made.error().message;
+    first = p->observe("vm-b", "")->pid;
+    ASSERT_GT(first, 0);
+    // The process ends (a crash, a guest poweroff): the monitor starts it again.
+    ::kill(first, SIGKILL);
+    int second = 0;
+    ASSERT_TRUE(factory::testing::eventually(
+        [&] {
+          auto o = p->observe("vm-b", "");
+          second = o ? o->pid : 0;
+          return o && o->status == "Running" && second != 0 && second != first;
+        },
+        std::chrono::seconds(20), std::chrono::milliseconds(200)));
+    EXPECT_EQ(p->observe("vm-b", "")->restarts, 1);
+    EXPECT_EQ(qemu_processes_for(pidfile), 1);
+    first = second;
+  }  // the coordinator goes away; its VM does not
+  ASSERT_EQ(qemu_processes_for(pidfile), 1);
+
+  auto p = provider();
+  p->check_vms();
+  auto o = p->observe("vm-b", "");
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->status, "Running");
+  EXPECT_EQ(o->pid, first);  // found again by its pidfile, not started twice
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  p->check_vms();
+  EXPECT_EQ(qemu_processes_for(pidfile), 1);
+  EXPECT_EQ(p->observe("vm-b", "")->pid, first);
+
+  // Its QMP socket answers a new coordinator too.
+  auto q = qmp_execute(vm_dir("vm-b") + "/qmp.sock", "query-status");
+  ASSERT_TRUE(q.ok()) << q.error().message;
+  EXPECT_EQ(q->value("status", ""), "running");
+
+  // A create run again for it changes nothing and starts nothing.
+  std::vector<tenants::VmObject> again;
+  auto s = spec("vm-b");
+  ASSERT_TRUE(p->provision(s, "", again).ok());
+  EXPECT_TRUE(again.empty());
+  EXPECT_EQ(p->observe("vm-b", "")->pid, first);
+
+  ASSERT_TRUE(p->destroy("vm-b", "").ok());
+  EXPECT_EQ(qemu_processes_for(pidfile), 0);
+}
+
+TEST_F(QemuProviderTest, AStartThatFailsSaysWhyAndRollsBack) {
+  // A QEMU that cannot start the machine (an unknown option stands for a
+  // card QEMU cannot open): create reports QEMU's own line.
+  const fs::path fake = dir_ / "qemu-that-fails";
+  ASSERT_TRUE(
+      write_file_atomic(fake,
+                        "#!/bin/sh\necho 'qemu-system-x86_64: -device vfio-pci,host=0000:01:00.0: "
+                        "vfio 0000:01:00.0: no such host device' >&2\nexit 1\n",
+                        0755)
+          .ok());
+  opts_.qemu_binary = fake.string();
+  auto p = provider();
+  auto s = spec("vm-c");
+  std::vector<tenants::VmObject> created;
+  auto st = p->provision(s, "#cloud-config\n", created);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("ended at once (exited 1)"), std::string::npos)
+      << st.error().message;
+  EXPECT_NE(st.error().message.find("no such host device"), std::string::npos);
+  EXPECT_EQ(created.size(), 3u);
+  EXPECT_TRUE(p->remove(created).empty());
+  EXPECT_FALSE(fs::exists(vm_dir("vm-c")));
+}
+
+TEST_F(QemuProviderTest, RefusesWhatCannotWorkBeforeMakingAnything) {
+  auto p = provider();
+  auto s = spec("vm-d");
+  s.gpus = 1;  // this machine's sysfs: no NVIDIA card bound by `factory host bind`
+  auto st = p->preflight(s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, Errc::failed_precondition);
+  EXPECT_FALSE(fs::exists(vm_dir("vm-d")));
+
+  opts_.base_image = (dir_ / "no-such-image").string();
+  auto p2 = provider();
+  auto s2 = spec("vm-e");
+  auto st2 = p2->preflight(s2);
+  ASSERT_FALSE(st2.ok());
+  EXPECT_NE(st2.error().message.find("does not exist"), std::string::npos);
+}
+
+TEST_F(QemuProviderTest, NeverTwoTenantsOnOneCard) {
+  namespace ht = factory::testing::hosttree;
+  TempDir hdir("gh");
+  ht::HostTree t(hdir);
+  t.overlay(ht::host_fixtures() / "amd-epyc-host" / "root");
+  auto facts = ht::facts_file("l4-runbook");
+  for (auto& f : facts.functions)
+    if (f.addr == "0000:01:00.0") f.driver = "vfio-pci";
+  t.add(facts);
+  ht::write_text(t / "/etc/driverctl.d/pci-0000:01:00.0", "vfio-pci\n");
+  opts_.host_root = t.root().string();
+  // One pass at start only: the record below is written by hand, and its
+  // card is not on this machine for a monitor to start it with.
+  opts_.monitor_every = std::chrono::hours(1);
+  auto p = provider();
+
+  auto a = spec("vm-f");
+  a.gpus = 1;
+  ASSERT_TRUE(p->preflight(a).ok());
+  EXPECT_EQ(a.gpu_resource, "nvidia.com/27b8");  // no pci.ids in this tree: the raw device ID
+  // vm-f holds the card (its record, as provision writes it).
+  VmRecord rec;
+  rec.tenant = "vm-f";
+  rec.vcpus = 1;
+  rec.memory_mib = 128;
+  rec.ssh_port = 30500;
+  rec.gpus = {"0000:01:00.0"};
+  rec.gpu_resource = "nvidia.com/27b8";
+  ASSERT_TRUE(ensure_dir(vm_dir("vm-f"), 0700).ok());
+  ASSERT_TRUE(write_file_atomic(vm_dir("vm-f") + "/vm.json", rec.to_json().dump(), 0600).ok());
+
+  auto b = spec("vm-g");
+  b.gpus = 1;
+  auto st = p->preflight(b);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("in use by vm-f (0000:01:00.0)"), std::string::npos)
+      << st.error().message;
+  EXPECT_NE(st.error().message.find("factory host bind 0000:41:00.0"), std::string::npos);
+  // Its SSH port is its own too.
+  auto c = spec("vm-h");
+  c.ssh_node_port = 30500;
+  auto port = p->preflight(c);
+  ASSERT_FALSE(port.ok());
+  EXPECT_NE(port.error().message.find("tenant vm-f's"), std::string::npos);
+  // vm-f's own re-run keeps its card.
+  auto again = spec("vm-f");
+  again.gpus = 1;
+  EXPECT_TRUE(p->preflight(again).ok());
+  // The monitor would start vm-f; take it away before it tries a card that is not there.
+  ASSERT_TRUE(p->destroy("vm-f", "").ok());
+}
