@@ -46,6 +46,10 @@ AgentRuntime::AgentRuntime(GuestEnv env, EventSpool& spool, AgentRuntimeOptions 
           },
           spool_sink(spool)) {}
 
+AgentRuntime::~AgentRuntime() {
+  plan_.stop();
+}
+
 void AgentRuntime::start() {
   plan_.start();
   health_.start();

@@ -30,6 +30,8 @@ HealthCollectors collectors_for_plan(const nlohmann::json& plan_status);
 class AgentRuntime {
  public:
   AgentRuntime(GuestEnv env, EventSpool& spool, AgentRuntimeOptions options);
+  // Joins the plan's thread before health goes: a finishing plan calls into it.
+  ~AgentRuntime();
   // Resumes the journal's plan at once, before the coordinator is even
   // reachable (after the driver's reboot nobody needs to send it again), and
   // starts health.

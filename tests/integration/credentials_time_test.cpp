@@ -215,3 +215,37 @@ TEST(CredentialsOverTime, StatusWarnsAMonthBeforeTheCaExpires) {
       << warned.output;
   EXPECT_NE(warned.output.find("(in 19 days)"), std::string::npos) << warned.output;
 }
+
+TEST(CredentialsOverTime, AnEnrolledAgentRetriesWhenTheCoordinatorFailsVerification) {
+  // Not a refusal of the agent: its coordinator's certificate does not verify
+  // (here another CA answers on its address, as after a botched restore).
+  // Waiting can fix that, so the agent retries with backoff instead of
+  // exiting 3, and comes back once the right coordinator answers again.
+  TempDir dir("creds");
+  CoordinatorHarness h(dir.path());
+  h.start();
+  AgentOptions o;
+  o.extra_args = {"--link-only"};
+  AgentProcess agent(h, h.create_token("t1"), o);
+  ASSERT_TRUE(eventually([&] { return h.agent_connected("t1"); }, 10s)) << agent.log();
+  h.stop();
+  fs::rename(h.state_dir(), dir / "state.saved");
+  h.start();  // a new CA, a new serving certificate
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto log = agent.log();
+        size_t n = 0;
+        for (size_t p = log.find("failed verification"); p != std::string::npos;
+             p = log.find("failed verification", p + 1))
+          ++n;
+        return n >= 2;
+      },
+      30s))
+      << agent.log();
+  EXPECT_TRUE(agent.proc().running()) << "retrying, not exit 3\n" << agent.log();
+  h.stop();
+  fs::remove_all(h.state_dir());
+  fs::rename(dir / "state.saved", h.state_dir());
+  h.start();
+  EXPECT_TRUE(eventually([&] { return h.agent_connected("t1"); }, 30s)) << agent.log();
+}

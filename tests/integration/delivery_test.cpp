@@ -4,6 +4,9 @@
 // insert, so the writer's transaction fails as on a failing disk.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
+#include "common/net/http_client.hpp"
 #include "tests/support/coordinator_harness.hpp"
 
 using namespace factory::testing;
@@ -74,4 +77,52 @@ TEST(Delivery, TheCoordinatorNeverAcknowledgesPastAnEventItDidNotStore) {
   for (uint64_t n = 1; n <= 10; ++n) all.push_back(n);
   EXPECT_EQ(synthetic_ns(h.stored_events("t1")), all);
   EXPECT_TRUE(eventually([&] { return spool_state().value("acked", 0ull) == 10u; }, 10s));
+}
+
+TEST(Delivery, EventsTheAgentHadToDropShowInStatusAndMetrics) {
+  TempDir dir("delivery");
+  CoordinatorHarness h(dir.path());
+  h.start();
+  auto tok = h.create_token("t1");
+  // The coordinator is down while the agent emits 40 events into a spool
+  // that holds 16: the 24 oldest are dropped, and counted.
+  h.stop();
+  std::ofstream(dir / "agent.yaml") << "spool_max_events: 16\n";
+  AgentOptions o;
+  o.extra_args = {"--config", (dir / "agent.yaml").string(), "--link-only"};
+  o.extra_args.insert(o.extra_args.end(), {"--synthetic-events", "40", "--synthetic-rate", "200"});
+  AgentProcess agent(h, tok, o);
+  // All forty emitted: the last one is on disk.
+  ASSERT_TRUE(eventually(
+      [&] {
+        return slurp(agent.state_dir() / "spool" / "spool.log").find("\"n\":40") !=
+               std::string::npos;
+      },
+      20s))
+      << agent.log();
+  h.start();
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto t = h.tenant("t1");
+        return t && (*t)["agent"].value("dropped_events", 0ull) == 24u;
+      },
+      20s))
+      << agent.log();
+  auto table = h.factory({"status"});
+  EXPECT_NE(table.output.find("t1: its agent dropped 24 event(s)"), std::string::npos)
+      << table.output;
+
+  factory::net::TlsClientOptions tls;
+  tls.ca_pem = slurp(h.state_dir() / "ca.crt");
+  factory::net::HttpClient http(tls);
+  factory::net::HttpRequest req;
+  req.method = "GET";
+  req.url = "https://127.0.0.1:" + std::to_string(h.api_port()) + "/metrics";
+  auto res = http.request(req);
+  ASSERT_TRUE(res.ok()) << res.error().message;
+  EXPECT_NE(res->body.find("factory_agent_spool_dropped_events{tenant=\"t1\"} 24"),
+            std::string::npos)
+      << res->body;
+  // What the spool still held arrives.
+  EXPECT_TRUE(eventually([&] { return synthetic_ns(h.stored_events("t1")).size() == 16; }, 20s));
 }
