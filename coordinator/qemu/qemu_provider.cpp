@@ -427,7 +427,11 @@ Status QemuProvider::provision(const tenants::VmSpec& spec, const std::string& u
   Runtime& rt = runtime_[spec.name];
   rt = Runtime{};
   rt.announced = true;
-  return start_vm(rec, rt);
+  auto started = start_vm(rec, rt);
+  // The caller rolls back what this call made: the monitor must not start
+  // the VM again meanwhile.
+  if (!started.ok()) rt.next_start = Steady::now() + std::chrono::seconds(30);
+  return started;
 }
 
 Status QemuProvider::start_vm(const VmRecord& r, Runtime& rt) {

@@ -83,11 +83,13 @@ rm -f "$root/etc/dpkg/dpkg.cfg.d/factory-unsafe-io"
 # locale cloud-init sets by default (en_US.UTF-8) is not generated in a
 # minbase system and its module would fail; C.UTF-8 is always there.
 # Host keys: the two every current OpenSSH client speaks; RSA-3072 and DSA
-# would take the longest to generate on an emulated CPU.
+# would take the longest to generate on an emulated CPU. /etc/hosts names
+# the guest (sudo and others look its hostname up there).
 cat >"$root/etc/cloud/cloud.cfg.d/90-factory.cfg" <<'CFG'
 datasource_list: [NoCloud, None]
 locale: C.UTF-8
 ssh_genkeytypes: [ed25519, ecdsa]
+manage_etc_hosts: localhost
 CFG
 # No mirror to reach from a test or air-gapped guest: apt's daily timers
 # would only burn the emulated CPU. The VMs have no screen: no gettys on

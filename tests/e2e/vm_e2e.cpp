@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -361,7 +362,10 @@ TEST_F(VmE2E, ScriptTierThroughARebootAndGpuVmWithoutACard) {
               vm.value("accelerator_reason", "").c_str());
 
   Tracker ra(a, vm_dir(a) / "console.log", ta), rb(b, vm_dir(b) / "console.log", tb);
-  const auto deadline = ta + std::chrono::minutes(12);
+  // 12 minutes fit in CTest's 15 with room for the checks below; a machine
+  // busy with other work may give the guests longer (FACTORY_E2E_VM_MINUTES).
+  const char* budget = std::getenv("FACTORY_E2E_VM_MINUTES");
+  const auto deadline = ta + std::chrono::minutes(budget ? std::atoi(budget) : 12);
   while (Steady::now() < deadline) {
     bool da = ra.poll(ra.done() ? json() : show(a));
     bool db = rb.poll(rb.done() ? json() : show(b));
@@ -376,11 +380,13 @@ TEST_F(VmE2E, ScriptTierThroughARebootAndGpuVmWithoutACard) {
     SCOPED_TRACE("tenant " + a);
     ASSERT_GE(ra.ready(), 0) << "not ready; last seen: " << ra.last().dump(2);
     // What the guest itself says, over the forwarded SSH port.
+    // cloud-init runs at every boot; --wait lets this boot's stages finish
+    // (the agent does not wait for them). systemctl as root: a minbase guest
+    // has no D-Bus for an unprivileged one.
     auto g = ssh(port,
-                 "cloud-init status --long; echo ---; systemctl status factory-agent --no-pager "
-                 "--lines=5; echo ---; sudo journalctl --list-boots --no-pager; echo ---; "
-                 "sha256sum -c /etc/factory/agent.sha256; echo ---; sudo journalctl -b -1 -u "
-                 "factory-agent --no-pager -q -o short-monotonic | tail -n 3");
+                 "cloud-init status --wait --long; echo ---; sudo systemctl status factory-agent "
+                 "--no-pager --lines=5; echo ---; sudo journalctl --list-boots --no-pager; echo "
+                 "---; sha256sum -c /etc/factory/agent.sha256");
     std::printf("---- in the guest: ssh -p %d ubuntu@127.0.0.1 ----\n%s\n", port, g.output.c_str());
     ASSERT_TRUE(g.ok()) << g.output;
     EXPECT_NE(g.output.find("status: done"), std::string::npos);
@@ -406,8 +412,11 @@ TEST_F(VmE2E, ScriptTierThroughARebootAndGpuVmWithoutACard) {
     SCOPED_TRACE("tenant " + b);
     ASSERT_GE(rb.failed(), 0) << "the plan did not fail; last seen: " << rb.last().dump(2);
     const json& j = rb.last();
-    ASSERT_TRUE(j.contains("diagnoses")) << j.dump(2);
-    EXPECT_TRUE(j["diagnoses"].contains("gpu_not_on_pci_bus")) << j["diagnoses"].dump(2);
+    EXPECT_EQ(j.value("/plan/failed_step"_json_pointer, std::string()), "gpu-present");
+    EXPECT_EQ(j.value("/plan/steps/gpu-present/diagnosis/code"_json_pointer, std::string()),
+              "gpu_not_on_pci_bus")
+        << j.value("plan", json()).dump(2);
+    std::printf("diagnosis: %s\n", j.value("/plan/message"_json_pointer, std::string()).c_str());
     const json steps = j.value("plan_steps", json::array());
     ASSERT_FALSE(steps.empty());
     EXPECT_EQ(steps[0].value("id", ""), "gpu-present");
@@ -415,7 +424,7 @@ TEST_F(VmE2E, ScriptTierThroughARebootAndGpuVmWithoutACard) {
     for (size_t i = 1; i < steps.size(); ++i) EXPECT_EQ(steps[i].value("state", ""), "pending");
     auto table = h_->factory({"tenant", "show", b});
     std::printf("---- factory tenant show %s ----\n%s\n", b.c_str(), table.output.c_str());
-    EXPECT_NE(table.output.find("gpu_not_on_pci_bus"), std::string::npos);
+    EXPECT_NE(table.output.find("the VM never received the card"), std::string::npos);
   }
 
   // ---- a coordinator that dies finds its VMs again, and starts no second one ----
