@@ -200,7 +200,8 @@ TEST(Hostile, EscapesAndBadShapesFromAGuestNeverReachTheAdminRaw) {
   EXPECT_FALSE(evil_doc["plan"].contains("tier"));
   EXPECT_EQ(evil_doc["diagnoses"]["dns_clash"]["summary"], kEvil);
   EXPECT_EQ(evil_doc["diagnoses"].size(), 1u) << "a code with escapes is no code";
-  EXPECT_EQ(evil_doc["health"]["gpu"]["gpus"][0], "not-an-object");
+  // Its health report, whatever was kept of it, did not stop `status` above.
+  EXPECT_TRUE(!evil_doc.contains("health") || evil_doc["health"].is_object());
   EXPECT_EQ(evil_doc["phase"], "failed");
   EXPECT_EQ(good_doc["agent"]["connected"], true);
   EXPECT_EQ(good_doc["agent"]["version"], FACTORY_VERSION);
