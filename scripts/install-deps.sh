@@ -21,11 +21,12 @@ demo_pkgs=(
   python3-yaml python3-jsonschema python3-kubernetes openssl curl openssh-client procps
 )
 # Real validators and peers the test suite runs against the product; faketime
-# moves the real binaries' clocks; clang builds the fuzz targets (libFuzzer).
+# moves the real binaries' clocks; clang builds the fuzz targets (libFuzzer);
+# clang-format and clang-tidy are the lint tests' (tests/lint, version 14).
 test_pkgs=(
   cloud-init prometheus node-ws testssl.sh
   iproute2 binutils systemd faketime
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format clang-tidy
 )
 
 want=("${build_pkgs[@]}")
