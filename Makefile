@@ -14,7 +14,7 @@ endif
 # `make test`'s business.
 DEMO_TARGETS = factory factory-agent
 
-.PHONY: all deps demo-deps test-deps build demo test e2e-vm clean format fuzz sanitize ci-sanitizers
+.PHONY: all deps demo-deps test-deps build demo test e2e-vm clean format tidy fuzz sanitize ci-sanitizers
 
 all: build
 
@@ -92,8 +92,14 @@ ci-sanitizers: test-deps
 	cmake --build build-tsan -j $(JOBS) --target $(TSAN_TESTS)
 	cd build-tsan && ctest --output-on-failure --timeout 900 -j $(JOBS) -L $(call labels,$(TSAN_TESTS))
 
+# The files the clang_format test checks (tests/lint/check_format.py).
 format:
-	git ls-files '*.cpp' '*.hpp' | xargs clang-format -i
+	find common coordinator agent tests fuzz -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
+
+# clang-tidy's checks (.clang-tidy) over every product source; the clang_tidy
+# test in `make test` runs them over the subset tests/CMakeLists.txt names.
+tidy: test-deps $(BUILD_DIR)/build.ninja
+	python3 tests/lint/run_clang_tidy.py . $(BUILD_DIR) --jobs $(JOBS)
 
 clean:
 	rm -rf $(BUILD_DIR)

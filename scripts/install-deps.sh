@@ -22,12 +22,13 @@ demo_pkgs=(
 )
 # Real validators and peers the test suite runs against the product; faketime
 # moves the real binaries' clocks; clang builds the fuzz targets (libFuzzer);
+# clang-format and clang-tidy are the lint tests' (tests/lint, version 14);
 # QEMU, debootstrap and genisoimage boot the real guests of `make e2e-vm`
 # (the provider's seed ISO, the base image, the VMs).
 test_pkgs=(
   cloud-init prometheus node-ws testssl.sh
   iproute2 binutils systemd faketime
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format clang-tidy
   qemu-system-x86 qemu-utils debootstrap genisoimage e2fsprogs
 )
 
