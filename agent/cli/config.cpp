@@ -48,6 +48,7 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
     if (j.contains("replay_rate_per_second"))
       cfg.replay_rate_per_second = j["replay_rate_per_second"].get<size_t>();
     if (j.contains("run_plan")) cfg.run_plan = j["run_plan"].get<bool>();
+    if (j.contains("health_max_quiet")) cfg.health_max_quiet = j["health_max_quiet"].get<int>();
   } catch (const nlohmann::json::exception& e) {
     return Error(Errc::invalid_argument, path + ": " + e.what());
   }
@@ -72,6 +73,11 @@ Status validate(const AgentConfig& cfg) {
                  "sends its token to an unverified server");
   if (!cfg.ca_sha256.empty() && cfg.ca_sha256.size() != 64)
     return Error(Errc::invalid_argument, "--ca-sha256 must be 64 hex characters");
+  if (cfg.health_interval < std::chrono::milliseconds(100) ||
+      cfg.health_interval > std::chrono::hours(1))
+    return Error(Errc::invalid_argument, "health_interval must be between 100ms and 1h");
+  if (cfg.health_max_quiet < 1 || cfg.health_max_quiet > 1000)
+    return Error(Errc::invalid_argument, "health_max_quiet must be from 1 to 1000 intervals");
   if (cfg.backoff_cap > std::chrono::minutes(10))
     return Error(Errc::invalid_argument, "backoff_cap above 10m would hide an agent for too long");
   return {};

@@ -54,6 +54,11 @@ class AgentLink {
   // Thread-safe.
   void stop();
   void wake();
+  // Thread-safe: the agent's latest health sample (common/health_sample.hpp),
+  // sent as a "health" frame as soon as a session is up. Health is state: it
+  // is not spooled nor acknowledged, a newer sample replaces one not sent
+  // yet, and each new session starts with the latest.
+  void offer_health(nlohmann::json sample);
 
  private:
   struct Impl;
