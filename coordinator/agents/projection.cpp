@@ -16,6 +16,11 @@ bool project_event(store::TenantRecord& t, const nlohmann::json& ev) {
     if (!steps.is_object()) steps = nlohmann::json::object();
     auto& s = steps[step];
     if (!s.is_object()) s = nlohmann::json::object();
+    // When the step began, on the agent's clock: a step that rebooted the
+    // guest began before the reboot, not when it is verified after it.
+    if (ev.value("state", "") == "started" && s.value("state", "") != "reboot_requested" &&
+        ev.contains("time"))
+      s["started_at"] = ev["time"];
     for (auto& [k, v] : clean.items())
       if (k != "kind" && k != "step" && k != "plan_hash") s[k] = v;
     if (t.phase == "pending" || t.phase == "enrolled") t.phase = "provisioning";
@@ -35,11 +40,7 @@ bool project_event(store::TenantRecord& t, const nlohmann::json& ev) {
       t.phase = "failed";
     return true;
   }
-  if (kind == "health") {
-    clean.erase("kind");
-    t.status["health"] = clean;
-    return true;
-  }
+  // Health is the latest sample (store::Store::put_health), not the record.
   if (kind == "diagnosis") {
     auto& d = t.status["diagnoses"];
     if (!d.is_object()) d = nlohmann::json::object();

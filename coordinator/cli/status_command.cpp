@@ -1,4 +1,9 @@
-// `factory status`: the status feed's tenants (GET /v1/tenants) as a table.
+// `factory status`: the status feed's tenants (GET /v1/tenants) at a glance,
+// one row each: what the tenant is, where its plan is, what its GPU is doing
+// (utilization, memory used of total, temperature), what the tier made of it
+// (models on the GPU or allocatable slices) and what is wrong.
+#include <algorithm>
+#include <cstdio>
 #include <iostream>
 #include <memory>
 
@@ -9,56 +14,145 @@
 namespace factory::cli {
 
 namespace {
-// One cell that says what the tenant's GPU is doing: the card and driver,
-// then what the tier made of it (a model on the GPU, or HAMi's split).
-std::string gpu_summary(const nlohmann::json& t) {
-  if (!t.contains("health") || !t["health"].is_object()) return "-";
-  const auto& h = t["health"];
+
+using nlohmann::json;
+
+const json& at(const json& j, const char* key) {
+  static const json null;
+  return j.is_object() && j.contains(key) ? j[key] : null;
+}
+
+// A guest's words in a terminal cell: no control characters (an escape
+// sequence in a model name is an attack on the admin's terminal).
+std::string cell(const std::string& s, size_t max = 40) {
   std::string out;
-  if (h.contains("gpu") && h["gpu"].is_object()) {
-    const auto& g = h["gpu"];
-    for (auto& card : g.value("gpus", nlohmann::json::array())) {
-      if (!out.empty()) out += ", ";
-      out += card.value("name", "?");
-    }
-    if (g.contains("driver_version") && g["driver_version"].is_string())
-      out += " (" + g["driver_version"].get<std::string>() + ")";
-  }
-  if (h.contains("ollama") && h["ollama"].is_object())
-    for (auto& m : h["ollama"].value("models", nlohmann::json::array()))
-      out +=
-          "; " + m.value("name", "?") + " " + std::to_string(m.value("gpu_percent", 0)) + "% GPU";
-  if (h.contains("k8s") && h["k8s"].is_object() && h["k8s"].contains("allocatable") &&
-      h["k8s"]["allocatable"].is_number())
-    out += "; " + std::to_string(h["k8s"]["allocatable"].get<int>()) + " x " +
-           h["k8s"].value("resource", "nvidia.com/gpu");
+  for (unsigned char c : s) out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+  if (out.size() > max) out = out.substr(0, max - 3) + "...";
   return out.empty() ? "-" : out;
 }
-// The table of `factory status`.
-void print_status(const nlohmann::json& res) {
+
+std::string text(const json& j, const char* key) {
+  const json& v = at(j, key);
+  return v.is_string() ? v.get<std::string>() : std::string();
+}
+
+std::string gib(double mib) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", mib / 1024.0);
+  return b;
+}
+
+struct GpuCells {
+  std::string name = "-", util = "-", memory = "-", temp = "-";
+};
+
+GpuCells gpu_cells(const json& health) {
+  GpuCells c;
+  const json& gpus = at(at(health, "gpu"), "gpus");
+  if (!gpus.is_array() || gpus.empty()) return c;
+  std::string names, utils;
+  double used = 0, total = 0;
+  bool have_mem = false;
+  int temp = -1000;
+  for (const auto& g : gpus) {
+    std::string n = text(g, "name");
+    if (names.find(n) == std::string::npos) names += (names.empty() ? "" : ", ") + n;
+    const json& u = at(g, "utilization_percent");
+    utils +=
+        (utils.empty() ? "" : ",") + (u.is_number() ? std::to_string(u.get<int>()) + "%" : "?");
+    if (at(g, "memory_used_mib").is_number() && at(g, "memory_total_mib").is_number()) {
+      used += at(g, "memory_used_mib").get<double>();
+      total += at(g, "memory_total_mib").get<double>();
+      have_mem = true;
+    }
+    if (at(g, "temperature_c").is_number())
+      temp = std::max(temp, at(g, "temperature_c").get<int>());
+  }
+  if (gpus.size() > 1) names = std::to_string(gpus.size()) + "x " + names;
+  c.name = cell(names, 24);
+  c.util = utils;
+  if (have_mem) c.memory = gib(used) + "/" + gib(total) + " GiB";
+  if (temp > -1000) c.temp = std::to_string(temp) + "C";
+  return c;
+}
+
+// What the tier made of the GPU: Ollama's models and their share on it, or
+// the guest cluster's allocatable slices.
+std::string workload(const json& health) {
+  std::string out;
+  for (const auto& m : at(at(health, "ollama"), "models")) {
+    const json& p = at(m, "gpu_percent");
+    out += (out.empty() ? "" : ", ") + cell(text(m, "name"), 24) + " " +
+           (p.is_number() ? std::to_string(p.get<int>()) : "?") + "% GPU";
+  }
+  const json& k = at(health, "k8s");
+  if (k.is_object()) {
+    const json& a = at(k, "allocatable");
+    const json& c = at(k, "capacity");
+    std::string slices = (a.is_number() ? std::to_string(a.get<long long>()) : "0");
+    if (c.is_number()) slices += "/" + std::to_string(c.get<long long>());
+    out += (out.empty() ? "" : ", ") + slices + " " + cell(text(k, "resource"), 24);
+  }
+  return out.empty() ? "-" : out;
+}
+
+std::string problems(const json& t) {
+  std::vector<std::string> p;
+  const json& a = at(t, "agent");
+  std::string state = text(a, "state");
+  if (!at(a, "connected").is_boolean() || !a["connected"].get<bool>()) {
+    // Before its first connection an agent is simply not there yet.
+    if (!state.empty() && state != "never_connected" && state != "unknown")
+      p.push_back("agent " + state + " " + age(text(a, "last_seen"), " ago"));
+  }
+  for (const auto& d : at(t, "active_diagnoses")) {
+    std::string code = cell(text(d, "code"), 40);
+    if (std::find(p.begin(), p.end(), code) == p.end()) p.push_back(code);
+  }
+  if (p.empty()) return "-";
+  std::string out = p[0];
+  if (p.size() > 1) out += ", " + p[1];
+  if (p.size() > 2) out += " +" + std::to_string(p.size() - 2);
+  return out;
+}
+
+std::string phase(const json& t) {
+  std::string ph = text(t, "phase");
+  const json& plan = at(t, "plan");
+  // Where a plan under way is: "provisioning 2/4".
+  if (ph == "provisioning" && at(plan, "steps_total").is_number())
+    ph += " " +
+          std::to_string(at(plan, "steps_done").is_number() ? plan["steps_done"].get<int>() : 0) +
+          "/" + std::to_string(plan["steps_total"].get<int>());
+  return ph.empty() ? "-" : ph;
+}
+
+void print_status(const json& res) {
   std::vector<std::vector<std::string>> rows;
   for (auto& t : res["tenants"]) {
-    const auto& a = t["agent"];
-    bool up = a.value("connected", false);
-    rows.push_back({t.value("name", ""), t.value("tier", "").empty() ? "-" : t.value("tier", ""),
-                    t.value("phase", ""), up ? "yes" : "no",
-                    a.value("version", "").empty() ? "-" : a.value("version", ""),
-                    up ? age(a.value("connected_since", ""), " ago") : "-",
-                    age(a.value("last_seen", ""), " ago"), gpu_summary(t)});
+    const json& h = at(t, "health");
+    GpuCells g = gpu_cells(h);
+    rows.push_back({text(t, "name"), text(t, "tier").empty() ? "-" : text(t, "tier"), phase(t),
+                    g.name, g.util, g.memory, g.temp, workload(h), problems(t)});
   }
   if (rows.empty()) {
     std::cout << "No tenants yet. Create one with `factory tenant create` or `factory token "
                  "create`.\n";
     return;
   }
-  print_table(std::cout,
-              {"tenant", "tier", "phase", "connected", "agent", "since", "last seen", "gpu"}, rows);
+  print_table(
+      std::cout,
+      {"tenant", "tier", "phase", "gpu", "util", "memory", "temp", "models/slices", "problems"},
+      rows);
 }
 
 }  // namespace
 
 void add_status_command(CLI::App& app, Context& ctx) {
-  auto* cmd = app.add_subcommand("status", "Tenants, their agents and what they report");
+  auto* cmd = app.add_subcommand(
+      "status",
+      "Tenants at a glance: phase, GPU utilization, memory, temperature, models or "
+      "slices, problems");
   auto out = std::make_shared<OutputFormat>(OutputFormat::table);
   add_output_option(*cmd, *out);
   cmd->callback([&ctx, out] {

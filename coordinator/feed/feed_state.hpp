@@ -4,6 +4,7 @@
 // happen, from any io thread; the feed only reads them (tenant_view.hpp,
 // metrics.hpp). In memory only: after a restart every agent counts as
 // disconnected until its hello. Thread-safe.
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -43,6 +44,21 @@ struct AgentCounters {
   std::atomic<std::uint64_t> store_failures{0};
 };
 
+// A Prometheus histogram of plan step durations, per tier, step kind and
+// result (succeeded | failed).
+struct StepDurations {
+  // Upper bounds in seconds: a quick check to the hour a model pull may take.
+  static constexpr std::array<double, 12> kBuckets = {1,   5,   15,   30,   60,   120,
+                                                      300, 600, 1200, 1800, 3600, 7200};
+  struct Series {
+    std::array<std::uint64_t, kBuckets.size()> buckets{};  // cumulative, as exposed
+    std::uint64_t count = 0;
+    double sum = 0;
+  };
+  // (tier, kind, result) -> series
+  std::map<std::array<std::string, 3>, Series> series;
+};
+
 class FeedState {
  public:
   // The agent said hello: it is the tenant's one connected agent now.
@@ -57,6 +73,22 @@ class FeedState {
   // The tenant is gone: nothing about its agent is shown any more.
   void forget(const std::string& tenant);
 
+  // Parts of an agent's message the coordinator dropped (a health field out
+  // of range, a message over its rate), by reason:
+  // factory_agent_messages_rejected_total{tenant,reason}.
+  void count_rejected(const std::string& tenant, const std::string& reason, std::uint64_t n = 1);
+  std::map<std::pair<std::string, std::string>, std::uint64_t> rejected() const;
+  // A health sample taken in as the tenant's latest.
+  void count_health_sample(const std::string& tenant);
+  std::map<std::string, std::uint64_t> health_samples() const;
+  // An event stored, by its kind (progress, plan, ...; anything else "other").
+  void count_event(const std::string& kind);
+  std::map<std::string, std::uint64_t> events_by_kind() const;
+  // A plan step that finished after `seconds`.
+  void observe_step(const std::string& tier, const std::string& kind, const std::string& result,
+                    double seconds);
+  StepDurations step_durations() const;
+
   // nullopt when no agent of the tenant connected since the coordinator started.
   std::optional<AgentPresence> presence(const std::string& tenant) const;
   std::map<std::string, AgentPresence> all() const;
@@ -68,6 +100,10 @@ class FeedState {
  private:
   mutable std::mutex mu_;
   std::map<std::string, AgentPresence> presence_;
+  std::map<std::pair<std::string, std::string>, std::uint64_t> rejected_;
+  std::map<std::string, std::uint64_t> health_samples_;
+  std::map<std::string, std::uint64_t> events_by_kind_;
+  StepDurations steps_;
   AgentCounters counters_;
 };
 

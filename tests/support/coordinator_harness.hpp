@@ -3,6 +3,7 @@
 // `factory-agent` processes dialing it: what integration tests (and the demo)
 // run against. Nothing here is mocked; only the ports and paths are private.
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -47,6 +48,11 @@ class CoordinatorHarness {
   // is down (as a crash at some point would have left it).
   std::optional<nlohmann::json> stored_record(const std::string& tenant) const;
   void write_stored_record(const nlohmann::json& record);
+  // The rows of the database's health table: the latest sample of each
+  // tenant, as the store saved it (coalesced: one row per tenant).
+  std::map<std::string, nlohmann::json> stored_health() const;
+  // GET /metrics (public).
+  std::string metrics();
 
  private:
   std::filesystem::path dir_, state_;
@@ -59,6 +65,11 @@ struct AgentOptions {
   std::string state_dir_name = "agent";
   std::vector<std::string> extra_args;
   bool pin_wrong_ca = false;
+  // The guest the agent reports on. Empty: an empty directory of its own,
+  // with an empty PATH, so health (which samples at once) reads nothing of
+  // the machine the tests run on and runs none of its commands.
+  std::filesystem::path root;
+  std::string path_env;  // PATH for the agent (with root: the guest's, e.g. GuestSim::path())
 };
 
 // Starts `factory-agent` enrolling with the token of a create_token() answer.
@@ -73,6 +84,7 @@ class AgentProcess {
 
  private:
   std::vector<std::string> argv_;
+  std::map<std::string, std::string> env_;
   std::filesystem::path state_, token_file_, log_;
   Process proc_;
   int starts_ = 0;
