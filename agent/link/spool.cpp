@@ -33,7 +33,7 @@ Result<std::unique_ptr<EventSpool>> EventSpool::open(const fs::path& dir, size_t
       size_t nl = text->find('\n', pos);
       if (nl == std::string::npos) break;
       auto j = nlohmann::json::parse(std::string_view(*text).substr(pos, nl - pos), nullptr, false);
-      if (j.is_discarded() || !j.contains("id")) break;
+      if (!j.is_object() || !j.contains("id") || !j["id"].is_number_unsigned()) break;
       uint64_t id = j["id"].get<uint64_t>();
       s->last_id_ = std::max(s->last_id_, id);
       if (id > s->acked_) s->pending_.push_back({id, j});

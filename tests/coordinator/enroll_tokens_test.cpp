@@ -184,10 +184,12 @@ TEST(EnrollTokens, ReloadKeepsEveryField) {
   ASSERT_TRUE(book.revoke_tenant("team-b", t0 + 31min).ok());
 
   TokenBook again = load(path);
-  ASSERT_EQ(again.list().size(), 2u);
+  // list() is a snapshot (the book is shared between threads): keep it.
+  const auto before = book.list(), after = again.list();
+  ASSERT_EQ(after.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
-    const auto& x = book.list()[i];
-    const auto& y = again.list()[i];
+    const auto& x = before[i];
+    const auto& y = after[i];
     EXPECT_EQ(x.id, y.id);
     EXPECT_EQ(x.tenant, y.tenant);
     EXPECT_EQ(x.secret_sha256, y.secret_sha256);
@@ -196,9 +198,9 @@ TEST(EnrollTokens, ReloadKeepsEveryField) {
     EXPECT_EQ(x.used_at, y.used_at);
     EXPECT_EQ(x.revoked, y.revoked);
   }
-  EXPECT_EQ(again.list()[0].used_at, t0 + 30min);
-  EXPECT_EQ(again.list()[1].created_at, t0 + 5min);
-  EXPECT_TRUE(again.list()[1].revoked);
+  EXPECT_EQ(after[0].used_at, t0 + 30min);
+  EXPECT_EQ(after[1].created_at, t0 + 5min);
+  EXPECT_TRUE(after[1].revoked);
 }
 
 TEST(EnrollTokens, MissingFileIsEmptyCorruptFileIsAnError) {

@@ -57,6 +57,7 @@ kubeconfig (server + CA data + admin client certificate data), and prints
 Test-control endpoints (no auth, loopback only), under /_fake/:
   POST /_fake/compact          forget watch history: older versions get 410
   POST /_fake/drop-watches     cut every open watch stream mid-body
+  POST /_fake/hold-watches     {"hold": true|false}: new watch requests wait until released
   POST /_fake/forbid           {"verb","resource","namespace"} -> 403 from now on
   DELETE /_fake/forbid         clear those rules
   POST /_fake/vfio             {"10DE:27B8": 1}: the host's cards on vfio-pci now
@@ -257,6 +258,7 @@ class Store:
         self.drop_generation = 0
         self.forbidden = []     # (verb, resource, namespace)
         self.gone_style = "event"
+        self.hold_watches = False
         self.requests = []
         self.vfio = dict(args.vfio_inventory)
         self.node_ports = {}
@@ -915,6 +917,11 @@ class Handler(BaseHTTPRequestHandler):
             return labels_match(terms, o) and fields_match(fsel, o)
 
         with s.cond:
+            # A client that reconnects while the test holds watches waits
+            # here, as behind a slow API server, so what the test does
+            # meanwhile happens while it is away.
+            while s.hold_watches:
+                s.cond.wait(0.1)
             gen = s.drop_generation
             if rv not in ("", "0") and int(rv) < s.compacted:
                 msg = "too old resource version: %s (%d)" % (rv, s.compacted)
@@ -998,6 +1005,9 @@ class Handler(BaseHTTPRequestHandler):
             elif path == "/_fake/vfio":
                 s.vfio = {k.upper(): int(v) for k, v in doc.items()}
                 s.plugin_due = time.monotonic() + self.server.args.device_plugin_delay
+            elif path == "/_fake/hold-watches":
+                s.hold_watches = bool(doc.get("hold", True))
+                s.cond.notify_all()
             elif path == "/_fake/gone":
                 s.gone_style = doc.get("style", "event")
             elif path == "/_fake/requests":

@@ -263,28 +263,13 @@ std::string AgentProcess::log() const {
 CommandResult wscat(const std::string& url, const fs::path& ca_file,
                     const std::vector<std::string>& frames, double wait_seconds,
                     const std::string& cert_file, const std::string& key_file) {
-  // wscat sends one --execute command; further frames go through stdin.
-  std::vector<std::string> argv = {"wscat", "--connect",      url,
-                                   "--ca",  ca_file.string(), "--no-color"};
-  if (!cert_file.empty()) {
-    argv.insert(argv.end(), {"--cert", cert_file, "--key", key_file});
-  }
   CommandSpec spec;
-  spec.argv = {"/bin/sh", "-c", ""};
-  // wscat starts reading stdin lines only once connected: give it a moment.
-  std::string script = "(sleep 0.8; ";
-  for (auto& f : frames) {
-    std::string q = f;
-    size_t pos = 0;
-    while ((pos = q.find('\'', pos)) != std::string::npos) {
-      q.replace(pos, 1, "'\\''");
-      pos += 4;
-    }
-    script += "printf '%s\\n' '" + q + "'; sleep 0.2; ";
-  }
-  script += "sleep " + std::to_string(wait_seconds) + ") | ";
-  for (auto& a : argv) script += "'" + a + "' ";
-  spec.argv[2] = script;
+  spec.argv = {"node", (source_dir() / "tests/support/ws_peer.js").string(), url,
+               ca_file.string()};
+  if (!cert_file.empty()) spec.argv.insert(spec.argv.end(), {cert_file, key_file});
+  spec.argv.push_back("--");
+  spec.argv.push_back(std::to_string(wait_seconds));
+  spec.argv.insert(spec.argv.end(), frames.begin(), frames.end());
   spec.timeout = std::chrono::seconds(30);
   // The machine's node may not search Debian's module directory by itself.
   spec.env["NODE_PATH"] = "/usr/share/nodejs";

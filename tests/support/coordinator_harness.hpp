@@ -90,8 +90,10 @@ class AgentProcess {
   int starts_ = 0;
 };
 
-// Runs Debian's wscat (node-ws) against a wss URL: sends each frame, waits,
-// and returns everything it printed ("< {...}" lines are frames received).
+// A peer of our own on wscat's library (Debian's node-ws,
+// tests/support/ws_peer.js) against a wss URL: once connected it sends each
+// frame, waits, and returns everything it printed ("< {...}" lines are frames
+// received). wscat itself drops what it reads before its handshake ends.
 CommandResult wscat(const std::string& url, const std::filesystem::path& ca_file,
                     const std::vector<std::string>& frames, double wait_seconds = 1.0,
                     const std::string& cert_file = "", const std::string& key_file = "");
