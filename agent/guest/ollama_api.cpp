@@ -128,6 +128,9 @@ Result<std::vector<OllamaRunningModel>> OllamaApi::ps(std::chrono::milliseconds 
       if (rm.name.empty()) rm.name = str(m, "model");
       rm.size = u64(m, "size");
       rm.size_vram = u64(m, "size_vram");
+      if (m.contains("context_length") && m["context_length"].is_number_integer())
+        rm.context_length = m["context_length"].get<std::int64_t>();
+      rm.expires_at = str(m, "expires_at");
       out.push_back(std::move(rm));
     }
   }
