@@ -97,6 +97,13 @@ constexpr unsigned NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;
 
 constexpr std::uint64_t kMiB = 1024ull * 1024ull;
 
+// Whole MiB as nvidia-smi prints them: rounded up. Measured on the H200
+// guest (driver 580.159.04, tests/fixtures/device/h200-2026-12-01b): NVML v2
+// said reserved 644939776 B (615.06 MiB) and free 150109880320 B
+// (143155.94 MiB); nvidia-smi printed Reserved 616 and Free 143156, where
+// truncation gave 615 and 143155.
+std::uint64_t whole_mib(std::uint64_t bytes) { return bytes / kMiB + (bytes % kMiB != 0); }
+
 }  // namespace
 
 struct NvmlLibrary::Api {
@@ -247,20 +254,20 @@ void read_memory(const NvmlLibrary::Api& a, nvmlDevice_t dev, GpuReading& g, nlo
                                                          {"used", v2.used}}
                                         : nlohmann::json(nullptr);
   }
-  // nvidia-smi prints whole MiB, truncated. Its Total is the card's (v1's,
+  // nvidia-smi prints whole MiB, rounded up (whole_mib). Its Total is the card's (v1's,
   // which has always matched it); the split comes from v2 where the driver
   // has it. Without v2 the driver is older than R510, whose nvidia-smi had
   // no Reserved line and counted it in Used, as v1 does: reserved stays
   // unknown rather than guessed.
-  if (have_v1) g.memory_total_mib = v1.total / kMiB;
+  if (have_v1) g.memory_total_mib = whole_mib(v1.total);
   if (have_v2) {
-    if (!have_v1) g.memory_total_mib = v2.total / kMiB;
-    g.memory_reserved_mib = v2.reserved / kMiB;
-    g.memory_used_mib = v2.used / kMiB;
-    g.memory_free_mib = v2.free / kMiB;
+    if (!have_v1) g.memory_total_mib = whole_mib(v2.total);
+    g.memory_reserved_mib = whole_mib(v2.reserved);
+    g.memory_used_mib = whole_mib(v2.used);
+    g.memory_free_mib = whole_mib(v2.free);
   } else if (have_v1) {
-    g.memory_used_mib = v1.used / kMiB;
-    g.memory_free_mib = v1.free / kMiB;
+    g.memory_used_mib = whole_mib(v1.used);
+    g.memory_free_mib = whole_mib(v1.free);
   }
 }
 
@@ -308,7 +315,7 @@ void read_processes(const NvmlLibrary::Api& a, nvmlDevice_t dev, GpuReading& g) 
     proto::GpuProcessSample p;
     p.pid = infos[i].pid;
     if (infos[i].usedGpuMemory != NVML_VALUE_NOT_AVAILABLE)
-      p.used_memory_mib = infos[i].usedGpuMemory / kMiB;
+      p.used_memory_mib = whole_mib(infos[i].usedGpuMemory);
     char name[256] = {};
     if (a.process_name && a.process_name(p.pid, name, sizeof name) == NVML_SUCCESS) {
       name[sizeof name - 1] = '\0';

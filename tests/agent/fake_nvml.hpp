@@ -17,10 +17,11 @@ namespace factory::agent {
 // out independently of nvml.cpp), answering with an H200's values: the
 // 2026-12-01 capture's (h200-passthrough-vm/2026-12-01: 143771 MiB total,
 // Reserved 616 MiB, Used 0, Free 143156, 35 C, memory 33 C, 121.85 W of
-// 700 W, 525 / 3201 MHz, P0, MIG disabled), with the byte counts laid out
-// so that NVML's v1 memory info reads as the old agent reported it on the
-// same kind of machine (memory_used_mib 615: v1's used is total - free,
-// reserved included) while v2 splits reserved out as nvidia-smi shows it.
+// 700 W, 525 / 3201 MHz, P0, MIG disabled). The memory byte counts are the
+// real NVML's on that machine (tests/fixtures/device/h200-2026-12-01b,
+// `factory-agent health --raw`): v1 counts the reserved 644939776 B as used
+// (the old agent's memory_used_mib 615), v2 splits it out; nvidia-smi
+// printed them rounded up to Reserved 616 MiB, Free 143156 MiB.
 inline const char* kFakeNvml = R"C(
 #include <string.h>
 #include <unistd.h>
@@ -41,8 +42,8 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void** d) { if (i) return 2; *
 int nvmlDeviceGetName(void* d, char* b, unsigned int n) { strncpy(b, "NVIDIA H200", n); return 0; }
 int nvmlDeviceGetUUID(void* d, char* b, unsigned int n) { strncpy(b, "GPU-93c19784-9a89-60fe-0a12-f2f7720f62a2", n); return 0; }
 int nvmlDeviceGetMinorNumber(void* d, unsigned int* m) { *m = 0; return 0; }
-int nvmlDeviceGetMemoryInfo(void* d, mem_t* m) { m->total = 143771 * MIB; m->free = 143155 * MIB + MIB / 2; m->used = m->total - m->free; return 0; }
-int nvmlDeviceGetMemoryInfo_v2(void* d, mem2_t* m) { if (m->version != (sizeof(mem2_t) | (2u << 24))) return 25; m->reserved = 616 * MIB + 4096; m->used = 0; m->free = 143156 * MIB + 4096; m->total = m->reserved + m->used + m->free; return 0; }
+int nvmlDeviceGetMemoryInfo(void* d, mem_t* m) { m->total = 150754820096ULL; m->free = 150109880320ULL; m->used = 644939776ULL; return 0; }
+int nvmlDeviceGetMemoryInfo_v2(void* d, mem2_t* m) { if (m->version != (sizeof(mem2_t) | (2u << 24))) return 25; m->total = 150754820096ULL; m->reserved = 644939776ULL; m->used = 0; m->free = 150109880320ULL; return 0; }
 int nvmlSystemGetDriverVersion(char* b, unsigned int n) { strncpy(b, "580.159.04", n); return 0; }
 int nvmlDeviceGetPciInfo_v3(void* d, pci_t* p) { memset(p, 0, sizeof *p); strcpy(p->busId, "00000000:00:06.0"); p->pciDeviceId = 0x233510DE; return 0; }
 int nvmlDeviceGetTemperature(void* d, int s, unsigned int* t) { HANG *t = 35; return 0; }

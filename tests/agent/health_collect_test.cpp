@@ -87,7 +87,11 @@ TEST_F(Health, H200ThroughNvmlWhenTheDriverHasIt) {
   EXPECT_EQ(h["source"], "nvml") << h.dump(2);
   EXPECT_EQ(h["cuda_driver_version"], "13.0");
   EXPECT_EQ(h["gpus"][0]["memory_used_mib"], 0);
+  // The real NVML's bytes, rounded up as nvidia-smi prints them (truncating
+  // them gave 615 and 143155 where nvidia-smi said 616 and 143156).
   EXPECT_EQ(h["gpus"][0]["memory_reserved_mib"], 616);
+  EXPECT_EQ(h["gpus"][0]["memory_free_mib"], 143156);
+  EXPECT_EQ(h["gpus"][0]["memory_total_mib"], 143771);
   EXPECT_EQ(calls_of("nvidia-smi"), 0) << "NVML answered: nvidia-smi is not run";
 }
 

@@ -3,7 +3,7 @@
 // H200 VM (tests/fixtures/real/h200-passthrough-vm/2026-12-01): nvidia-smi's
 // --query-gpu and -q against what the agent reports through NVML (the
 // stand-in library, fake_nvml.hpp, holding that machine's figures). With v2
-// memory info they agree; with v1 only (the old agent's 615 MiB "used") the
+// memory info they agree; with v1 only (its "used" holds the reserved 616 MiB) the
 // check says memory differs, which is what the lead's run on the device
 // must not show.
 #include <gtest/gtest.h>
@@ -85,11 +85,11 @@ TEST(HealthCompare, AgentThroughNvmlV2AgreesWithTheDeviceCaptures) {
 TEST(HealthCompare, V1MemoryInfoIsCaughtAsTheBugItWas) {
   factory::testing::TempDir dir("compare");
   json agent = agent_sample(dir, fake_nvml_source("int nvmlDeviceGetMemoryInfo_v2"));
-  EXPECT_EQ(agent["gpu"]["gpus"][0]["memory_used_mib"], 615);
+  EXPECT_EQ(agent["gpu"]["gpus"][0]["memory_used_mib"], 616);
   auto c = compare_with_capture(agent);
   EXPECT_FALSE(c.ok());
   EXPECT_FALSE(find(c, "memory.used")->ok);
-  EXPECT_EQ(find(c, "memory.used")->agent, "615");
+  EXPECT_EQ(find(c, "memory.used")->agent, "616");
   EXPECT_EQ(find(c, "memory.used")->nvidia_smi, "0");
   EXPECT_FALSE(find(c, "FB Memory Reserved")->ok) << "reserved unknown is not 616";
   EXPECT_NE(c.to_text().find("VERDICT: differ"), std::string::npos) << c.to_text();

@@ -47,15 +47,15 @@ TEST(H200HealthCheck, AgreesWhenTheAgentReadsWhatNvidiaSmiReads) {
 TEST(H200HealthCheck, SaysSoWhenTheyDiffer) {
   TempDir dir("h200-check");
   GuestSim sim(dir.path(), {"h200", 0});
-  // An NVML without v2 memory info (the old reading: used 615 MiB, the
-  // reserved memory in it) on the simulated machine.
+  // An NVML without v2 memory info (the old reading: the reserved memory
+  // counted as used) on the simulated machine.
   auto so = factory::agent::build_fake_nvml(
       dir.path(), factory::agent::fake_nvml_source("int nvmlDeviceGetMemoryInfo_v2"));
   factory::agent::install_fake_nvml(sim.root(), so);
   auto r = run_check(sim, dir.path() / "out");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("VERDICT: differ"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("\"memory_used_mib\": 615"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"memory_used_mib\": 616"), std::string::npos) << r.output;
 }
 
 TEST(H200HealthCheck, NeedsTheAgentBesideIt) {
