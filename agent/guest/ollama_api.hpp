@@ -90,6 +90,14 @@ class OllamaApi {
   std::string base_;
 };
 
+// The answers' bodies as the calls above read them (also what the fuzz
+// target feeds: the guest's Ollama is the customer's to replace).
+Result<std::vector<OllamaModel>> parse_tags(const std::string& body);
+Result<std::vector<OllamaRunningModel>> parse_ps(const std::string& body);
+// One NDJSON line of a pull: nothing for a blank line, else the event; an
+// error carrying Ollama's {"error": ...} text, or "not JSON: ..." .
+Result<std::optional<PullEvent>> parse_pull_line(const std::string& line);
+
 // Ollama names a model "name:tag"; a bare "name" means "name:latest".
 std::string normalize_model_name(const std::string& name);
 bool same_model(const std::string& a, const std::string& b);
