@@ -100,10 +100,10 @@ Result<TenantRequest> build_request(const CreateOptions& o) {
   r.tier = o.tier;
   if (o.gpus_opt && o.gpus_opt->count() > 0) {
     // Checked here too, so a typo is refused before the coordinator is asked.
-    if (o.gpus < 1 || o.gpus > kMaxGpusPerVm)
-      return Error(Errc::invalid_argument,
-                   "--gpus " + std::to_string(o.gpus) + " is out of range: want 1-" +
-                       std::to_string(kMaxGpusPerVm) + " (every tier runs on a GPU)");
+    if (o.gpus < 0 || o.gpus > kMaxGpusPerVm)
+      return Error(Errc::invalid_argument, "--gpus " + std::to_string(o.gpus) +
+                                               " is out of range: want 0-" +
+                                               std::to_string(kMaxGpusPerVm));
     r.gpus = o.gpus;
   }
   r.cpu = o.cpu;

@@ -77,11 +77,11 @@ Result<TenantRequest> TenantRequest::from_json(const json& j) {
   if (j.contains("gpus") && !j["gpus"].is_null()) {
     const json& g = j["gpus"];
     if (!g.is_number_integer())
-      return invalid("'gpus' must be a whole number from 1 to " + std::to_string(kMaxGpusPerVm));
+      return invalid("'gpus' must be a whole number from 0 to " + std::to_string(kMaxGpusPerVm));
     if ((g.is_number_unsigned() &&
          g.get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxGpusPerVm)) ||
-        g.get<std::int64_t>() < 1 || g.get<std::int64_t>() > kMaxGpusPerVm)
-      return invalid("'gpus' is " + g.dump() + ": want a whole number from 1 to " +
+        g.get<std::int64_t>() < 0 || g.get<std::int64_t>() > kMaxGpusPerVm)
+      return invalid("'gpus' is " + g.dump() + ": want a whole number from 0 to " +
                      std::to_string(kMaxGpusPerVm));
     r.gpus = static_cast<int>(g.get<std::int64_t>());
   }
@@ -125,12 +125,13 @@ Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequ
   s.memory = req.memory.empty() ? shape.memory : req.memory;
   s.disk = req.disk.empty() ? shape.disk : req.disk;
   s.image_url = req.image.empty() ? shape.image : req.image;
-  // Every tier installs a GPU stack: a tenant without a card could never
-  // become ready, so an override asks for at least one.
-  if (req.gpus && (*req.gpus < 1 || *req.gpus > kMaxGpusPerVm))
+  // 0 is a VM without a card: a tier of script steps, or a GPU tier whose
+  // first step is then expected to fail with the diagnosis that says so
+  // (the real-guest test does both).
+  if (req.gpus && (*req.gpus < 0 || *req.gpus > kMaxGpusPerVm))
     return Error(Errc::invalid_argument,
-                 "--gpus " + std::to_string(*req.gpus) + " is out of range: want 1-" +
-                     std::to_string(kMaxGpusPerVm) + " (every tier runs on a GPU)");
+                 "--gpus " + std::to_string(*req.gpus) + " is out of range: want 0-" +
+                     std::to_string(kMaxGpusPerVm));
   s.gpus = req.gpus ? *req.gpus : shape.gpus;
   s.gpu_resource = req.gpu_resource.empty() ? shape.gpu_resource : req.gpu_resource;
   if (req.ssh_node_port != 0) {

@@ -59,11 +59,11 @@ TEST(TenantRequest, RefusesWrongTypesAndUnknownFieldsWithTheFieldName) {
   EXPECT_NE(bad(json::array()).find("JSON object"), std::string::npos);
   // Numbers are range-checked as JSON numbers: 2^32 + 1 must not wrap to 1.
   EXPECT_EQ(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", 4294967297ull}}),
-            "'gpus' is 4294967297: want a whole number from 1 to 16");
+            "'gpus' is 4294967297: want a whole number from 0 to 16");
   EXPECT_EQ(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", -1}}),
-            "'gpus' is -1: want a whole number from 1 to 16");
-  EXPECT_EQ(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", 0}}),
-            "'gpus' is 0: want a whole number from 1 to 16");
+            "'gpus' is -1: want a whole number from 0 to 16");
+  EXPECT_EQ(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", 17}}),
+            "'gpus' is 17: want a whole number from 0 to 16");
   EXPECT_NE(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"gpus", 1.5}}).find("'gpus' must be"),
             std::string::npos);
   EXPECT_EQ(bad({{"name", "a"}, {"tier", "gpu-vm"}, {"ssh_node_port", 4294997296ull}}),
@@ -129,9 +129,8 @@ TEST(ResolveVmSpec, BadInputIsOneLineNamingIt) {
   r.disk.clear();
   r.gpus = 99;
   EXPECT_NE(msg(r).find("--gpus 99"), std::string::npos);
-  // A tenant without a GPU could never become ready: refused, not created.
-  r.gpus = 0;
-  EXPECT_EQ(msg(r), "--gpus 0 is out of range: want 1-16 (every tier runs on a GPU)");
+  r.gpus = -1;
+  EXPECT_EQ(msg(r), "--gpus -1 is out of range: want 0-16");
   r.gpus.reset();
   r.ns = "Team_A";
   EXPECT_NE(msg(r).find("Team_A"), std::string::npos);

@@ -364,8 +364,8 @@ TEST(Hostile, ApiAndCliRefuseBadInputNamingTheField) {
            {"/v1/tokens", R"({})", "'tenant' is required"},
            {"/v1/tokens", R"([1])", "want {"},
            {"/v1/tenants", R"({"name": "t2", "tier": "gpu-vm", "gpus": 4294967297})",
-            "'gpus' is 4294967297: want a whole number from 1 to 16"},
-           {"/v1/tenants", R"({"name": "t2", "tier": "gpu-vm", "gpus": 0})", "'gpus' is 0"},
+            "'gpus' is 4294967297: want a whole number from 0 to 16"},
+           {"/v1/tenants", R"({"name": "t2", "tier": "gpu-vm", "gpus": -1})", "'gpus' is -1"},
            {"/v1/tenants", R"({"name": "t2", "tier": "gpu-vm", "gpus": "2"})", "'gpus' must be"},
            {"/v1/tenants", R"({"name": ["t2"], "tier": "gpu-vm"})", "'name' must be a string"},
            {"/v1/tenants", R"({"name": "t2", "tier": "gpu-vm", "ssh_node_port": -1})",
@@ -376,11 +376,10 @@ TEST(Hostile, ApiAndCliRefuseBadInputNamingTheField) {
     EXPECT_NE(r.body.find(c.want), std::string::npos) << c.body << ": " << r.body;
   }
   EXPECT_TRUE(h.status()["tenants"].empty()) << "nothing was made";
-  // The CLI refuses --gpus 0 itself, with a usage error naming the flag.
-  auto cli = h.factory({"tenant", "create", "t3", "--tier", "gpu-vm", "--gpus", "0"});
+  // The CLI refuses --gpus 17 itself, with a usage error naming the flag.
+  auto cli = h.factory({"tenant", "create", "t3", "--tier", "gpu-vm", "--gpus", "17"});
   EXPECT_EQ(cli.exit_code, 2) << cli.output;
-  EXPECT_EQ(cli.output,
-            "factory: --gpus 0 is out of range: want 1-16 (every tier runs on a GPU)\n");
+  EXPECT_EQ(cli.output, "factory: --gpus 17 is out of range: want 0-16\n");
 }
 
 TEST(Hostile, DeletingATenantClearsItsAgentFromStatus) {
