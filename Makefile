@@ -78,7 +78,8 @@ sanitize: test-deps
 # tests of common/ and the unit tests of one module).
 CI_FUZZ_SECONDS ?= 30
 ASAN_TESTS = protocol_test ws_codec_test server_test url_test cidr_test catalog_test pki_test \
-  http_client_test store_test enroll_tokens_test spool_test plan_journal_test health_parsers_test
+  http_client_test store_test enroll_tokens_test spool_test plan_journal_test health_parsers_test \
+  health_sample_test
 TSAN_TESTS = server_test ws_codec_test store_test spool_test
 empty :=
 space := $(empty) $(empty)

@@ -304,13 +304,54 @@ Result<std::vector<StepDef>> parse_steps(const json& steps, const json& scope,
   return out;
 }
 
+Result<HealthSpec> parse_health(const json& h, const json& scope, const std::string& where) {
+  if (!h.is_object()) return bad(where, "must be a map with ollama and/or k8s");
+  if (auto s = only_keys(h, {"ollama", "k8s"}, where); !s) return s.error();
+  auto r = resolve(h, scope, where);
+  if (!r) return r.error();
+  const json& v = *r;
+  HealthSpec spec;
+  if (v.contains("ollama") && !v["ollama"].is_null()) {
+    if (!v["ollama"].is_boolean()) return bad(where + ".ollama", "must be true or false");
+    spec.ollama = v["ollama"].get<bool>();
+  }
+  if (v.contains("k8s") && !v["k8s"].is_null()) {
+    const json& k = v["k8s"];
+    std::string kw = where + ".k8s";
+    if (k.is_boolean()) {
+      spec.k8s = k.get<bool>();
+    } else if (k.is_object()) {
+      if (auto s = only_keys(k, {"resource", "kubeconfig"}, kw); !s) return s.error();
+      spec.k8s = true;
+      auto res = get_string(k, "resource", kw + ".", false);
+      if (!res) return res.error();
+      if (!res->empty()) {
+        if (!std::regex_match(*res, kResourceName))
+          return bad(kw + ".resource", "'" + *res + "' is not a resource name like nvidia.com/gpu");
+        spec.k8s_resource = *res;
+      }
+      auto kc = get_string(k, "kubeconfig", kw + ".", false);
+      if (!kc) return kc.error();
+      if (!kc->empty()) {
+        if (kc->front() != '/')
+          return bad(kw + ".kubeconfig", "must be an absolute path in the guest");
+        spec.k8s_kubeconfig = *kc;
+      }
+    } else {
+      return bad(kw, "must be true, false or a map with resource and kubeconfig");
+    }
+  }
+  return spec;
+}
+
 Result<Tier> parse_tier(const json& t, const std::string& where_in) {
   std::string where = where_in;
   if (!t.is_object()) return bad(where, "must be a map with name, description, vm, steps");
   if (t.contains("name") && t["name"].is_string())
     where = "tier '" + t["name"].get<std::string>() + "'";
-  if (auto s = only_keys(t, {"name", "description", "cost", "vm", "versions", "settings", "steps"},
-                         where);
+  if (auto s = only_keys(
+          t, {"name", "description", "cost", "vm", "versions", "settings", "steps", "health"},
+          where);
       !s)
     return s.error();
   Tier tier;
@@ -342,6 +383,11 @@ Result<Tier> parse_tier(const json& t, const std::string& where_in) {
   auto steps = parse_steps(t.contains("steps") ? t["steps"] : json(), scope, "steps");
   if (!steps) return steps.error().context(where);
   tier.steps = std::move(*steps);
+  if (t.contains("health") && !t["health"].is_null()) {
+    auto h = parse_health(t["health"], scope, "health");
+    if (!h) return h.error().context(where);
+    tier.health = std::move(*h);
+  }
   return tier;
 }
 
@@ -362,10 +408,18 @@ json StepDef::to_plan_json() const {
           {"retries", retries}};
 }
 
+json HealthSpec::to_plan_json() const {
+  json j = {{"ollama", ollama}, {"k8s", nullptr}};
+  if (k8s) j["k8s"] = {{"resource", k8s_resource}, {"kubeconfig", k8s_kubeconfig}};
+  return j;
+}
+
 json Tier::plan() const {
   json steps_json = json::array();
   for (auto& s : steps) steps_json.push_back(s.to_plan_json());
-  return {{"tier", name}, {"steps", steps_json}};
+  json p = {{"tier", name}, {"steps", steps_json}};
+  if (health) p["health"] = health->to_plan_json();
+  return p;
 }
 
 json Tier::to_json() const {
@@ -383,6 +437,7 @@ json Tier::to_json() const {
           {"versions", versions},
           {"settings", settings},
           {"plan_hash", plan_hash(plan())},
+          {"health", health ? health->to_plan_json() : json(nullptr)},
           {"steps", steps_json}};
 }
 

@@ -9,6 +9,7 @@
 // later by a guest halfway through its first boot.
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +41,18 @@ struct StepDef {
   nlohmann::json to_plan_json() const;  // {id, kind, params, timeout_seconds, retries}
 };
 
+// What the guest agent reports about a tier's guest besides its GPU (which
+// it always reports): the catalog says, so the agent never guesses from the
+// plan's steps. Carried in the plan as "health".
+struct HealthSpec {
+  bool ollama = false;  // Ollama's /api/version and /api/ps
+  bool k8s = false;     // the guest cluster: nodes' capacity and allocatable, HAMi's pods
+  std::string k8s_resource = "nvidia.com/gpu";
+  std::string k8s_kubeconfig = "/etc/rancher/rke2/rke2.yaml";
+  // {"ollama": bool, "k8s": {"resource", "kubeconfig"} | null}
+  nlohmann::json to_plan_json() const;
+};
+
 struct Tier {
   std::string name;
   std::string description;
@@ -48,8 +61,10 @@ struct Tier {
   nlohmann::json versions = nlohmann::json::object();  // what it pins, for people
   nlohmann::json settings = nlohmann::json::object();  // other knobs its steps refer to
   std::vector<StepDef> steps;
+  std::optional<HealthSpec> health;  // absent: the GPU only
 
-  // The plan for this tier: {"tier": name, "steps": [StepDef::to_plan_json()...]}.
+  // The plan for this tier: {"tier": name, "steps": [StepDef::to_plan_json()...],
+  // "health": HealthSpec::to_plan_json() (when the tier has a health section)}.
   nlohmann::json plan() const;
   // The whole tier for `factory catalog show` (steps resolved, plan hash included).
   nlohmann::json to_json() const;

@@ -8,6 +8,9 @@
 //    it acknowledges it ({"type":"ack","body":{"event_id":id}}, cumulative),
 //    and drops any id it already stored, so delivery is at least once and
 //    storage exactly once, across reconnects, reboots and crashes on either side.
+//  - "health" frames are state, not history: no id, no acknowledgement, not
+//    spooled; each replaces the tenant's latest sample (health_sample.hpp),
+//    and one lost in an outage is superseded by the next.
 //  - Unknown types are ignored with a warning (forward compatible). A bad
 //    frame is answered with an "error" frame; the connection survives.
 //  - Frames are capped at kMaxFrameBytes, except "plan" which may be larger
@@ -37,6 +40,7 @@ inline constexpr std::string_view kEnroll = "enroll";        // {token, csr, age
 inline constexpr std::string_view kHello = "hello";          // {agent_id, agent_version, hostname}
 inline constexpr std::string_view kEvent = "event";          // {id, time, kind, ...}
 inline constexpr std::string_view kRenew = "renew";          // {csr}
+inline constexpr std::string_view kHealth = "health";        // HealthSample (health_sample.hpp)
 // {pending_events, dropped_events, plan_hash?, plan_state?, steps_done?, steps_total?}
 inline constexpr std::string_view kHeartbeat = "heartbeat";
 // coordinator -> agent

@@ -38,6 +38,7 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
   if (!doc) return doc.error();
   auto m = validation::ConfigMap::open(*doc, path);
   if (!m) return m.error();
+  auto max_quiet = static_cast<std::size_t>(cfg.health_max_quiet);
   // Left to right (a braced list is sequenced): done() sees every key read.
   for (auto st : {m->read("coordinator_url", cfg.coordinator_url),
                   m->read("ca_sha256", cfg.ca_sha256),
@@ -50,6 +51,7 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
                   m->read("spool_max_events", cfg.spool_max_events, 100'000'000),
                   m->read("replay_rate_per_second", cfg.replay_rate_per_second, 1'000'000),
                   m->read("run_plan", cfg.run_plan),
+                  m->read("health_max_quiet", max_quiet, 1000),
                   read_duration(*m, "heartbeat", cfg.heartbeat),
                   read_duration(*m, "health_interval", cfg.health_interval),
                   read_duration(*m, "retry_delay", cfg.retry_delay),
@@ -58,6 +60,7 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
                   read_duration(*m, "first_connect_jitter", cfg.first_connect_jitter),
                   m->done()})
     if (!st.ok()) return st;
+  cfg.health_max_quiet = static_cast<int>(max_quiet);
   return {};
 }
 
@@ -73,6 +76,11 @@ Status validate(const AgentConfig& cfg) {
                  "sends its token to an unverified server");
   if (!cfg.ca_sha256.empty() && cfg.ca_sha256.size() != 64)
     return Error(Errc::invalid_argument, "--ca-sha256 must be 64 hex characters");
+  if (cfg.health_interval < std::chrono::milliseconds(100) ||
+      cfg.health_interval > std::chrono::hours(1))
+    return Error(Errc::invalid_argument, "health_interval must be between 100ms and 1h");
+  if (cfg.health_max_quiet < 1 || cfg.health_max_quiet > 1000)
+    return Error(Errc::invalid_argument, "health_max_quiet must be from 1 to 1000 intervals");
   if (cfg.backoff_cap > std::chrono::minutes(10))
     return Error(Errc::invalid_argument, "backoff_cap above 10m would hide an agent for too long");
   return {};

@@ -15,7 +15,10 @@ namespace factory::agent {
 struct AgentConfig : LinkOptions {
   std::string root = "/";                // prefix for every guest path (tests: a simulated guest)
   std::string log_level = "info";
-  std::chrono::milliseconds health_interval{std::chrono::seconds(60)};
+  // Health is sampled every health_interval, whatever the plan is doing, and
+  // sent when it changed or at least every health_max_quiet intervals.
+  std::chrono::milliseconds health_interval{std::chrono::seconds(10)};
+  int health_max_quiet = 6;
   // Wait before a failed step's next attempt, times the failures so far.
   std::chrono::milliseconds retry_delay{std::chrono::seconds(10)};
   std::string ollama_url = "http://127.0.0.1:11434";

@@ -2,8 +2,11 @@
 
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 
 #include "agent/guest/cluster.hpp"
+#include "agent/health/compare.hpp"
+#include "agent/health/nvml.hpp"
 #include "agent/health/report.hpp"
 #include "agent/plan/engine.hpp"
 #include "agent/plan/plan_spec.hpp"
@@ -26,6 +29,13 @@ struct Opts {
   cli::OutputFormat output = cli::OutputFormat::table;
   bool check_only = false;
   bool reboot = false;
+  bool raw = false;
+  bool tier_given = false;
+  // health-compare
+  std::string agent_json, query_csv, q_memory;
+  std::string fields =
+      "memory.total,memory.used,memory.reserved,memory.free,utilization.gpu,"
+      "temperature.gpu,power.draw,clocks.sm,clocks.mem,pstate,mig.mode.current";
 };
 
 GuestEnv env_of(const Opts& o) {
@@ -215,31 +225,102 @@ int run_plan(const Opts& o, const nlohmann::json& plan) {
 void add_local_commands(CLI::App& app, LocalCommand& chosen) {
   auto o = std::make_shared<Opts>();
   auto* health = app.add_subcommand(
-      "health", "Print what this guest's GPU (NVML or nvidia-smi), Ollama and (gpu-k8s) its cluster report");
+      "health",
+      "Print one health sample: this guest's GPU (NVML or nvidia-smi), and Ollama and "
+      "the guest cluster as its tier says (or as found, without --tier)");
   health->add_option("--root", o->root, "Filesystem root of the guest");
   health->add_option("--ollama-url", o->ollama_url, "Ollama's API");
   cli::add_output_option(*health, o->output);
   cli::set_examples(*health, {{"factory-agent health", "GPU, Ollama and cluster as tables"},
                               {"factory-agent health -o json", "the report the coordinator gets"}});
+  health->add_option("--tier", o->tier, "Catalog tier whose health section chooses the collectors")
+      ->each([o](const std::string&) { o->tier_given = true; });
+  health->add_option("--catalog", o->catalog, "Catalog file (default: the built-in catalog)");
+  health->add_flag("--raw", o->raw,
+                   "Add NVML's memory info in bytes (v1 and v2) as `nvml_raw`, to check the MiB "
+                   "figures against nvidia-smi's");
   health->callback([&chosen, o] {
     chosen.run = [o] {
       GuestEnv env = env_of(*o);
       HealthCollectors c;
-      c.ollama = true;
-      // A gpu-k8s guest: its own cluster's view of the GPU (HAMi's split).
-      std::error_code ec;
-      c.k8s = std::filesystem::exists(env.path(kRke2Kubeconfig), ec);
+      if (o->tier_given) {
+        auto cat = o->catalog.empty() ? catalog::builtin() : catalog::load_file(o->catalog);
+        if (!cat) {
+          std::cerr << "factory-agent: " << cat.error().message << "\n";
+          return 2;
+        }
+        auto p = catalog::plan_for(*cat, o->tier);
+        if (!p) {
+          std::cerr << "factory-agent: " << p.error().message << "\n";
+          return 2;
+        }
+        c = HealthCollectors::from_plan(*p);
+      } else {
+        // No tier: ask Ollama, and the guest's own cluster when it has one.
+        c.ollama = true;
+        std::error_code ec;
+        c.k8s = std::filesystem::exists(env.path(kRke2Kubeconfig), ec);
+      }
       nlohmann::json h = collect_health(env, c);
+      if (o->raw) {
+        nlohmann::json raw;
+        auto r = read_gpus_via_nvml(env, &raw);
+        h["nvml_raw"] = r ? raw : nlohmann::json({{"error", r.error().message}});
+      }
       if (!cli::print_document(std::cout, o->output, h)) print_health_table(h);
       return h["gpu"].value("gpus", nlohmann::json::array()).empty() ? 1 : 0;
     };
   });
 
-  auto* plan = app.add_subcommand("plan", "Run (or only check) a catalog tier's plan on this guest, without a coordinator");
+  auto* cmp = app.add_subcommand(
+      "health-compare",
+      "Compare a `health -o json` sample with nvidia-smi's --query-gpu and -q -d MEMORY output "
+      "taken in the same run: memory exact, other figures within a stated tolerance");
+  cmp->add_option("--agent", o->agent_json, "The agent's sample (factory-agent health -o json)")
+      ->required();
+  cmp->add_option("--query-gpu", o->query_csv,
+                  "nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits output")
+      ->required();
+  cmp->add_option("--fields", o->fields, "The FIELDS that query asked for, in order")
+      ->capture_default_str();
+  cmp->add_option("--q-memory", o->q_memory, "nvidia-smi -q -d MEMORY output")->required();
+  cli::add_output_option(*cmp, o->output);
+  cmp->callback([&chosen, o] {
+    chosen.run = [o] {
+      auto agent = read_file(o->agent_json);
+      auto csv = read_file(o->query_csv);
+      auto mem = read_file(o->q_memory);
+      for (auto* r : {&agent, &csv, &mem})
+        if (!*r) {
+          std::cerr << "factory-agent: " << r->error().message << "\n";
+          return 2;
+        }
+      auto doc = nlohmann::json::parse(*agent, nullptr, false);
+      if (doc.is_discarded()) {
+        std::cerr << "factory-agent: " << o->agent_json << " is not JSON\n";
+        return 2;
+      }
+      std::vector<std::string> fields;
+      std::stringstream fs(o->fields);
+      for (std::string f; std::getline(fs, f, ',');) fields.push_back(f);
+      auto smi = parse_nvidia_smi_csv(*csv, fields);
+      if (!smi) {
+        std::cerr << "factory-agent: " << smi.error().message << "\n";
+        return 2;
+      }
+      auto result = compare_with_nvidia_smi(doc, *smi, fields, parse_nvidia_smi_q_memory(*mem));
+      if (!cli::print_document(std::cout, o->output, result.to_json())) std::cout << result.to_text();
+      return result.ok() ? 0 : 1;
+    };
+  });
+
+  auto* plan = app.add_subcommand(
+      "plan", "Run (or only check) a catalog tier's plan on this guest, without a coordinator");
   plan->add_option("--tier", o->tier, "Catalog tier")->capture_default_str();
   plan->add_option("--catalog", o->catalog, "Catalog file (default: the built-in catalog)");
   plan->add_option("--root", o->root, "Filesystem root of the guest");
-  plan->add_option("--state-dir", o->state_dir, "Where the local plan journal goes")->capture_default_str();
+  plan->add_option("--state-dir", o->state_dir, "Where the local plan journal goes")
+      ->capture_default_str();
   plan->add_option("--ollama-url", o->ollama_url, "Ollama's API");
   plan->add_flag("--check-only", o->check_only, "Run every step's check and verify, never apply");
   plan->add_flag("--reboot", o->reboot, "Reboot the guest when a step asks for it");

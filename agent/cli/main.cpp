@@ -49,6 +49,10 @@ int run_agent(int argc, char** argv) {
   double retry_delay_s = -1;
   auto* rd = app.add_option("--retry-delay", retry_delay_s, "Seconds before a failed step's next attempt (times the failures)");
   auto* ou = app.add_option("--ollama-url", ollama_url, "Ollama's API on this guest (default http://127.0.0.1:11434)");
+  double health_interval_s = 0;
+  auto* hi =
+      app.add_option("--health-interval", health_interval_s,
+                     "Seconds between health samples, whatever the plan is doing (default 10)");
   uint64_t synthetic = 0;
   double synthetic_rate = 100;
   app.add_option("--synthetic-events", synthetic,
@@ -84,7 +88,8 @@ int run_agent(int argc, char** argv) {
     keep(root, cfg.root, from_file.root);
     keep(ll, cfg.log_level, from_file.log_level);
     if (hb->count() == 0) cfg.heartbeat = from_file.heartbeat;
-    cfg.health_interval = from_file.health_interval;
+    if (hi->count() == 0) cfg.health_interval = from_file.health_interval;
+    cfg.health_max_quiet = from_file.health_max_quiet;
     if (rd->count() == 0) cfg.retry_delay = from_file.retry_delay;
     cfg.ollama_url = from_file.ollama_url;
     cfg.backoff_base = from_file.backoff_base;
@@ -94,6 +99,8 @@ int run_agent(int argc, char** argv) {
     if (rr->count() == 0) cfg.replay_rate_per_second = from_file.replay_rate_per_second;
     cfg.run_plan = from_file.run_plan;
   }
+  if (health_interval_s > 0)
+    cfg.health_interval = std::chrono::milliseconds(static_cast<int64_t>(health_interval_s * 1000));
   if (heartbeat_s > 0)
     cfg.heartbeat = std::chrono::milliseconds(static_cast<int64_t>(heartbeat_s * 1000));
   if (no_plan) cfg.run_plan = false;
@@ -127,27 +134,28 @@ int run_agent(int argc, char** argv) {
   env.root = cfg.root;
   env.state_dir = cfg.state_dir;
   env.ollama_url = cfg.ollama_url;
-  std::unique_ptr<AgentRuntime> runtime;
+  // Health runs in every mode; plans only unless --link-only.
+  AgentRuntimeOptions ro;
+  ro.run_plan = cfg.run_plan;
+  ro.health.interval = cfg.health_interval;
+  ro.health.max_quiet = cfg.health_max_quiet;
+  ro.engine.retry_delay = cfg.retry_delay;
+  AgentRuntime runtime(env, **spool, std::move(ro));
   LinkCallbacks cb;
-  if (cfg.run_plan) {
-    AgentRuntimeOptions ro;
-    ro.health_interval = cfg.health_interval;
-    ro.engine.retry_delay = cfg.retry_delay;
-    runtime = std::make_unique<AgentRuntime>(env, **spool, std::move(ro));
-    PlanRunner& plan = runtime->plan();
-    cb.on_plan = [&plan](const nlohmann::json& p) { plan.submit_plan(p); };
-    cb.on_command = [&plan](const nlohmann::json& c) { plan.submit_command(c); };
-    cb.heartbeat_fields = [&plan] { return plan.summary(); };
-    runtime->start();
-  }
+  cb.on_plan = [&runtime](const nlohmann::json& p) { runtime.on_plan(p); };
+  cb.on_command = [&runtime](const nlohmann::json& c) { runtime.on_command(c); };
+  cb.heartbeat_fields = [&runtime] { return runtime.heartbeat_fields(); };
   AgentLink link(cfg, **spool, cb);
+  runtime.set_health_sink(
+      [&link](const proto::HealthSample& sample) { link.offer_health(sample.to_json()); });
+  runtime.start();
   std::thread sig([&] {
     int s = 0;
     sigwait(&set, &s);
     if (s == SIGINT || s == SIGTERM) {
       // systemd stops the agent this way for a reboot too: after the plan
       // asked for one, the stop is the guest going down.
-      const bool rebooting = runtime && runtime->rebooting();
+      const bool rebooting = runtime.rebooting();
       spdlog::info("signal {}: {}", s, rebooting ? "the guest is rebooting" : "stopping");
       link.stop(rebooting ? "rebooting" : "stopping");
     }
@@ -172,10 +180,11 @@ int run_agent(int argc, char** argv) {
   spdlog::info("factory-agent {} starting; coordinator {}", FACTORY_VERSION, cfg.coordinator_url);
   int rc = link.run();
   done = true;
-  // The coordinator already has the close frame; now the step under way is
-  // stopped (its command gets SIGTERM, then SIGKILL after the grace) and
-  // the plan's thread joined, the journal saying where to resume.
-  if (runtime) runtime->stop();
+  // The link is gone: nothing may be offered to it after. Then the step
+  // under way is stopped (its command gets SIGTERM, then SIGKILL after the
+  // grace) and the plan's thread joined, the journal saying where to resume.
+  runtime.set_health_sink(nullptr);
+  runtime.stop();
   if (load.joinable()) load.join();
   // 0, 1, or the link's kExitNeedsAdmin (3): refused, do not restart me.
   return rc;

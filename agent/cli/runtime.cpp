@@ -4,6 +4,7 @@
 
 #include "agent/steps/builtin.hpp"
 #include "common/subprocess.hpp"
+#include "common/atomic_file.hpp"
 
 namespace factory::agent {
 
@@ -24,44 +25,95 @@ std::function<void(nlohmann::json)> spool_sink(EventSpool& spool) {
 
 }  // namespace
 
-HealthCollectors collectors_for_plan(const nlohmann::json& plan_status) {
-  HealthCollectors c;
-  for (auto& s : plan_status.value("steps", nlohmann::json::array())) {
-    if (s.value("kind", "").rfind("ollama", 0) == 0) c.ollama = true;
-    if (s.value("kind", "") == "rke2") c.k8s = true;
+AgentRuntime::AgentRuntime(GuestEnv env, EventSpool& spool, AgentRuntimeOptions options)
+    : stop_grace_(options.stop_grace), env_(std::move(env)) {
+  if (options.run_plan)
+    plan_ = std::make_unique<PlanRunner>(
+        env_, builtin_steps(), spool_sink(spool), std::move(options.engine),
+        std::move(options.reboot),
+        // What the guest looks like once the plan is done is news at once.
+        [this](PlanEngine::Outcome) {
+          if (health_) health_->report_now();
+        });
+  if (auto saved = read_file(collectors_file())) {
+    auto j = nlohmann::json::parse(*saved, nullptr, false);
+    if (!j.is_discarded()) collectors_ = HealthCollectors::from_plan({{"health", j}});
   }
-  return c;
+  health_ = std::make_unique<HealthScheduler>(
+      env_, options.health,
+      [this] {
+        HealthScheduler::Scope scope;
+        scope.collectors = collectors();
+        if (plan_) scope.plan_hash = plan_->summary().value("plan_hash", "");
+        return scope;
+      },
+      [this](const proto::HealthSample& s) { sink(s); });
 }
 
-AgentRuntime::AgentRuntime(GuestEnv env, EventSpool& spool, AgentRuntimeOptions options)
-    : stop_grace_(options.stop_grace),
-      plan_(env, builtin_steps(), spool_sink(spool), std::move(options.engine),
-            std::move(options.reboot), [this](PlanEngine::Outcome) { health_.report_now(); }),
-      health_(
-          env, options.health_interval,
-          [this] {
-            auto status = plan_.status();
-            return HealthScheduler::Scope{collectors_for_plan(status),
-                                          {{"plan_hash", status.value("plan_hash", "")}}};
-          },
-          spool_sink(spool)) {}
-
 AgentRuntime::~AgentRuntime() {
-  plan_.stop();
+  // A finishing plan calls into health, and health's thread into the plan
+  // and this object: the plan's thread is joined first, then health goes.
+  if (plan_) plan_->stop();
+  health_.reset();
+}
+
+std::filesystem::path AgentRuntime::collectors_file() const {
+  return env_.state_dir / "health-collectors.json";
+}
+
+void AgentRuntime::set_health_sink(HealthScheduler::Sink sink) {
+  std::lock_guard lk(mu_);
+  sink_ = std::move(sink);
+}
+
+void AgentRuntime::sink(const proto::HealthSample& s) {
+  std::lock_guard lk(mu_);
+  if (sink_) sink_(s);
+}
+
+HealthCollectors AgentRuntime::collectors() const {
+  std::lock_guard lk(mu_);
+  return collectors_;
 }
 
 void AgentRuntime::start() {
-  plan_.start();
-  health_.start();
+  if (plan_) plan_->start();
+  health_->start();
 }
 
 void AgentRuntime::stop() {
   // In this order: a command the stop ends must find the plan already told,
   // so that its step is left to resume rather than failed.
-  plan_.interrupt();
+  if (plan_) plan_->interrupt();
   CommandStop ending(stop_grace_);
-  health_.stop();
-  plan_.stop();
+  health_->stop();
+  if (plan_) plan_->stop();
+}
+
+void AgentRuntime::on_plan(const nlohmann::json& body) {
+  const nlohmann::json plan = body.value("plan", nlohmann::json::object());
+  HealthCollectors c = HealthCollectors::from_plan(plan);
+  bool changed;
+  {
+    std::lock_guard lk(mu_);
+    changed = !(c == collectors_);
+    collectors_ = c;
+  }
+  if (changed) {
+    if (auto st = write_file_atomic(collectors_file(), c.to_json().dump(), 0600); !st.ok())
+      spdlog::warn("health: could not keep the plan's collectors: {}", st.error().message);
+    // A new section to report is news.
+    health_->report_now();
+  }
+  if (plan_) plan_->submit_plan(body);
+}
+
+void AgentRuntime::on_command(const nlohmann::json& command) {
+  if (plan_) plan_->submit_command(command);
+}
+
+nlohmann::json AgentRuntime::heartbeat_fields() const {
+  return plan_ ? plan_->summary() : nlohmann::json::object();
 }
 
 }  // namespace factory::agent

@@ -1,11 +1,15 @@
 #pragma once
 // The agent's work beside its link, wired as the factory-agent service runs
-// it: the plan runner with the built-in step kinds, and the health
-// scheduler, both reporting into the durable spool. Health reports when a
-// plan finishes and every health_interval; which collectors run is taken
-// from the plan's step kinds (a guest that installs Ollama reports Ollama,
-// one that runs RKE2 its cluster).
+// it: the plan runner with the built-in step kinds, its events into the
+// durable spool, and health on its own schedule, in every mode (with
+// --link-only too, where no plan runs). Health samples go to a sink (the
+// link's offer_health: state, not spooled). Which collectors run is the
+// plan's "health" section, the tier's in the catalog: taken from each plan
+// the coordinator sends, and kept in the state directory so a guest that
+// rebooted mid-plan reports the same before the coordinator is reachable.
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "agent/health/scheduler.hpp"
@@ -16,7 +20,8 @@
 namespace factory::agent {
 
 struct AgentRuntimeOptions {
-  std::chrono::milliseconds health_interval{};  // AgentConfig::health_interval
+  bool run_plan = true;  // false: --link-only (health still runs)
+  HealthScheduleOptions health;
   PlanEngineOptions engine;
   RebootHook reboot = system_reboot_hook();
   // On stop, how long a running command (apt-get, dpkg, an installer) has
@@ -24,14 +29,15 @@ struct AgentRuntimeOptions {
   std::chrono::milliseconds stop_grace{std::chrono::seconds(20)};
 };
 
-// The collectors a plan's guest wants, from its status (PlanEngine::status_json()).
-HealthCollectors collectors_for_plan(const nlohmann::json& plan_status);
-
 class AgentRuntime {
  public:
   AgentRuntime(GuestEnv env, EventSpool& spool, AgentRuntimeOptions options);
   // Joins the plan's thread before health goes: a finishing plan calls into it.
   ~AgentRuntime();
+
+  // Thread-safe: where samples go from now on (nullptr: nowhere, e.g. once
+  // the link is gone).
+  void set_health_sink(HealthScheduler::Sink sink);
   // Resumes the journal's plan at once, before the coordinator is even
   // reachable (after the driver's reboot nobody needs to send it again), and
   // starts health.
@@ -42,15 +48,31 @@ class AgentRuntime {
   // is joined when the runtime goes away).
   void stop();
   // The plan asked the guest to reboot: the stop that follows is the reboot's.
-  bool rebooting() const { return plan_.rebooting(); }
+  bool rebooting() const { return plan_ && plan_->rebooting(); }
 
-  PlanRunner& plan() { return plan_; }
-  HealthScheduler& health() { return health_; }
+  // A plan frame's body from the coordinator ({"hash", "plan"}): its health
+  // section chooses the collectors; the plan runs unless link-only.
+  void on_plan(const nlohmann::json& body);
+  void on_command(const nlohmann::json& command);
+  // For heartbeats: the plan's hash and state (nothing when link-only).
+  nlohmann::json heartbeat_fields() const;
+
+  bool runs_plans() const { return plan_ != nullptr; }
+  PlanRunner& plan() { return *plan_; }  // runs_plans() only
+  HealthScheduler& health() { return *health_; }
+  HealthCollectors collectors() const;
 
  private:
+  void sink(const proto::HealthSample& s);
+  std::filesystem::path collectors_file() const;
+
   std::chrono::milliseconds stop_grace_;
-  PlanRunner plan_;
-  HealthScheduler health_;
+  GuestEnv env_;
+  std::unique_ptr<PlanRunner> plan_;
+  mutable std::mutex mu_;
+  HealthCollectors collectors_;  // guarded by mu_
+  HealthScheduler::Sink sink_;   // guarded by mu_
+  std::unique_ptr<HealthScheduler> health_;
 };
 
 }  // namespace factory::agent

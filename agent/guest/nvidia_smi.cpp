@@ -74,6 +74,8 @@ std::string text(const std::string& raw) {
 }
 
 // Applies one named query value to a reading (or the report's driver version).
+// Names as --query-gpu takes them, with the aliases nvidia-smi accepts and
+// prints in its header ("clocks.current.sm [MHz]" for clocks.sm).
 void apply_field(const std::string& field, const std::string& value, GpuReading& g,
                  std::string& driver_version) {
   if (field == "index")
@@ -88,10 +90,32 @@ void apply_field(const std::string& field, const std::string& value, GpuReading&
     g.memory_total_mib = number<std::uint64_t>(value);
   else if (field == "memory.used")
     g.memory_used_mib = number<std::uint64_t>(value);
+  else if (field == "memory.free")
+    g.memory_free_mib = number<std::uint64_t>(value);
+  else if (field == "memory.reserved")
+    g.memory_reserved_mib = number<std::uint64_t>(value);
   else if (field == "temperature.gpu")
     g.temperature_c = number<int>(value);
+  else if (field == "temperature.memory")
+    g.memory_temperature_c = number<int>(value);
   else if (field == "utilization.gpu")
     g.utilization_percent = number<int>(value);
+  else if (field == "utilization.memory")
+    g.memory_utilization_percent = number<int>(value);
+  else if (field == "power.draw")
+    g.power_draw_w = number<double>(value);
+  else if (field == "power.limit" || field == "enforced.power.limit")
+    g.power_limit_w = number<double>(value);
+  else if (field == "clocks.sm" || field == "clocks.current.sm")
+    g.sm_clock_mhz = number<int>(value);
+  else if (field == "clocks.mem" || field == "clocks.current.memory")
+    g.memory_clock_mhz = number<int>(value);
+  else if (field == "pstate")
+    g.pstate = text(value);
+  else if (field == "ecc.errors.uncorrected.volatile.total")
+    g.ecc_errors_uncorrected_volatile = number<std::uint64_t>(value);
+  else if (field == "mig.mode.current")
+    g.mig_mode = text(value);
   else if (field == "driver_version") {
     std::string v = text(value);
     if (!v.empty()) driver_version = v;
@@ -100,28 +124,40 @@ void apply_field(const std::string& field, const std::string& value, GpuReading&
 
 }  // namespace
 
-nlohmann::json GpuReading::to_json() const {
-  auto opt = [](const auto& o) -> nlohmann::json {
-    if (o) return *o;
-    return nullptr;
-  };
-  return {{"index", index},
-          {"name", name},
-          {"uuid", uuid.empty() ? nlohmann::json(nullptr) : nlohmann::json(uuid)},
-          {"pci_bus_id", pci_bus_id},
-          {"memory_total_mib", opt(memory_total_mib)},
-          {"memory_used_mib", opt(memory_used_mib)},
-          {"temperature_c", opt(temperature_c)},
-          {"utilization_percent", opt(utilization_percent)}};
-}
-
-nlohmann::json GpuReport::to_json() const {
-  nlohmann::json g = nlohmann::json::array();
-  for (const auto& r : gpus) g.push_back(r.to_json());
-  return {{"source", source}, {"driver_version", driver_version}, {"gpus", std::move(g)}};
+proto::GpuSection GpuReport::section() const {
+  proto::GpuSection s;
+  s.source = source;
+  s.driver_version = driver_version;
+  s.cuda_driver_version = cuda_driver_version;
+  s.gpus = gpus;
+  return s;
 }
 
 const std::vector<std::string>& nvidia_smi_query_fields() {
+  static const std::vector<std::string> fields = {"index",
+                                                  "name",
+                                                  "uuid",
+                                                  "pci.bus_id",
+                                                  "driver_version",
+                                                  "memory.total",
+                                                  "memory.reserved",
+                                                  "memory.used",
+                                                  "memory.free",
+                                                  "utilization.gpu",
+                                                  "utilization.memory",
+                                                  "temperature.gpu",
+                                                  "temperature.memory",
+                                                  "power.draw",
+                                                  "power.limit",
+                                                  "clocks.sm",
+                                                  "clocks.mem",
+                                                  "pstate",
+                                                  "ecc.errors.uncorrected.volatile.total",
+                                                  "mig.mode.current"};
+  return fields;
+}
+
+const std::vector<std::string>& nvidia_smi_basic_query_fields() {
   static const std::vector<std::string> fields = {
       "index",          "name",        "uuid",           "pci.bus_id",
       "memory.total",   "memory.used", "driver_version", "temperature.gpu",
@@ -129,9 +165,8 @@ const std::vector<std::string>& nvidia_smi_query_fields() {
   return fields;
 }
 
-std::vector<std::string> nvidia_smi_query_args() {
+std::vector<std::string> nvidia_smi_query_args(const std::vector<std::string>& f) {
   std::string q = "--query-gpu=";
-  const auto& f = nvidia_smi_query_fields();
   for (size_t i = 0; i < f.size(); ++i) q += (i ? "," : "") + f[i];
   return {q, "--format=csv,noheader,nounits"};
 }
@@ -187,6 +222,7 @@ Result<GpuReport> parse_nvidia_smi_xml(const std::string& xml) {
   GpuReport report;
   report.source = "nvidia-smi";
   report.driver_version = text(log->get<std::string>("driver_version", ""));
+  report.cuda_driver_version = text(log->get<std::string>("cuda_version", ""));
   for (const auto& [tag, gpu] : *log) {
     if (tag != "gpu") continue;
     GpuReading g;
@@ -195,10 +231,48 @@ Result<GpuReport> parse_nvidia_smi_xml(const std::string& xml) {
     g.uuid = text(gpu.get<std::string>("uuid", ""));
     g.pci_bus_id =
         text(gpu.get<std::string>("pci.pci_bus_id", gpu.get<std::string>("<xmlattr>.id", "")));
-    g.memory_total_mib = number<std::uint64_t>(gpu.get<std::string>("fb_memory_usage.total", ""));
-    g.memory_used_mib = number<std::uint64_t>(gpu.get<std::string>("fb_memory_usage.used", ""));
-    g.temperature_c = number<int>(gpu.get<std::string>("temperature.gpu_temp", ""));
-    g.utilization_percent = number<int>(gpu.get<std::string>("utilization.gpu_util", ""));
+    auto at = [&](const char* path) { return gpu.get<std::string>(path, ""); };
+    g.minor_number = number<int>(at("minor_number"));
+    g.memory_total_mib = number<std::uint64_t>(at("fb_memory_usage.total"));
+    g.memory_reserved_mib = number<std::uint64_t>(at("fb_memory_usage.reserved"));
+    g.memory_used_mib = number<std::uint64_t>(at("fb_memory_usage.used"));
+    g.memory_free_mib = number<std::uint64_t>(at("fb_memory_usage.free"));
+    g.temperature_c = number<int>(at("temperature.gpu_temp"));
+    g.memory_temperature_c = number<int>(at("temperature.memory_temp"));
+    g.utilization_percent = number<int>(at("utilization.gpu_util"));
+    g.memory_utilization_percent = number<int>(at("utilization.memory_util"));
+    // Newer drivers split power into gpu_power_readings / module_power_readings
+    // with average and instant draws; older ones have power_readings.power_draw.
+    // nvidia-smi's power.draw is the average where both exist.
+    g.power_draw_w = number<double>(at("gpu_power_readings.average_power_draw"));
+    if (!g.power_draw_w) g.power_draw_w = number<double>(at("gpu_power_readings.power_draw"));
+    if (!g.power_draw_w) g.power_draw_w = number<double>(at("power_readings.power_draw"));
+    g.power_limit_w = number<double>(at("gpu_power_readings.current_power_limit"));
+    if (!g.power_limit_w) g.power_limit_w = number<double>(at("power_readings.power_limit"));
+    g.sm_clock_mhz = number<int>(at("clocks.sm_clock"));
+    g.memory_clock_mhz = number<int>(at("clocks.mem_clock"));
+    g.pstate = text(at("performance_state"));
+    // ecc.errors.uncorrected.volatile.total: the uncorrectable counts of
+    // DRAM and SRAM (Hopper on), or the older layout's double_bit total.
+    for (const char* part :
+         {"ecc_errors.volatile.dram_uncorrectable", "ecc_errors.volatile.sram_uncorrectable_parity",
+          "ecc_errors.volatile.sram_uncorrectable_secded", "ecc_errors.volatile.sram_uncorrectable",
+          "ecc_errors.volatile.double_bit.total"})
+      if (auto n = number<std::uint64_t>(at(part)))
+        g.ecc_errors_uncorrected_volatile = g.ecc_errors_uncorrected_volatile.value_or(0) + *n;
+    g.mig_mode = text(at("mig_mode.current_mig"));
+    if (auto procs = gpu.get_child_optional("processes")) {
+      for (const auto& [ptag, p] : *procs) {
+        if (ptag != "process_info") continue;
+        proto::GpuProcessSample ps;
+        auto pid = number<std::uint32_t>(p.get<std::string>("pid", ""));
+        if (!pid) continue;
+        ps.pid = *pid;
+        ps.name = text(p.get<std::string>("process_name", ""));
+        ps.used_memory_mib = number<std::uint64_t>(p.get<std::string>("used_memory", ""));
+        g.processes.push_back(std::move(ps));
+      }
+    }
     report.gpus.push_back(std::move(g));
   }
   return report;
@@ -208,6 +282,10 @@ Result<GpuReport> parse_nvidia_smi_table(const std::string& output) {
   GpuReport report;
   report.source = "nvidia-smi";
   static const std::regex version_re(R"((?:Driver|KMD) Version:\s*([0-9][0-9.]*))");
+  // "CUDA Version: 13.0"; the newer header says "CUDA UMD Version: 13.4".
+  static const std::regex cuda_re(R"(CUDA (?:UMD )?Version:\s*([0-9][0-9.]*))");
+  // The second row's "P8             17W /   72W".
+  static const std::regex power_re(R"(\s(P\d{1,2})\s+(\d+|N/A)W?\s*/\s*(\d+|N/A)W?\s*\|)");
   // "|   0  NVIDIA L4                      On  |   00000000:09:00.0 Off |   0 |"
   static const std::regex first_re(
       R"(^\|\s+(\d+)\s+(.+?)\s+(On|Off)\s+\|\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]))");
@@ -221,6 +299,7 @@ Result<GpuReport> parse_nvidia_smi_table(const std::string& output) {
     std::smatch m;
     if (report.driver_version.empty() && std::regex_search(line, m, version_re)) {
       report.driver_version = m[1];
+      if (std::regex_search(line, m, cuda_re)) report.cuda_driver_version = m[1];
       continue;
     }
     if (line.rfind("|====", 0) == 0) {
@@ -235,6 +314,11 @@ Result<GpuReport> parse_nvidia_smi_table(const std::string& output) {
     g.index = std::stoi(m[1]);
     g.name = trim(m[2]);
     g.pci_bus_id = m[4];
+    if (i + 1 < lines.size() && std::regex_search(lines[i + 1], m, power_re)) {
+      g.pstate = m[1];
+      g.power_draw_w = number<double>(m[2]);
+      g.power_limit_w = number<double>(m[3]);
+    }
     if (i + 1 < lines.size() && std::regex_search(lines[i + 1], m, second_re)) {
       g.temperature_c = number<int>(m[1]);
       g.memory_used_mib = number<std::uint64_t>(m[2]);
@@ -264,19 +348,107 @@ std::vector<GpuReading> parse_nvidia_smi_list(const std::string& output) {
   return out;
 }
 
-Result<GpuReport> query_nvidia_smi(const std::vector<std::string>& prefix,
-                                   std::chrono::milliseconds timeout) {
+void apply_nvidia_smi_compute_apps(const std::string& output, std::vector<GpuReading>& gpus) {
+  for (const auto& line : lines_of(output)) {
+    auto v = split(line, ',');
+    if (v.size() < 4) continue;
+    // A process name may itself hold commas: it is everything between the
+    // pid and the last value.
+    std::string name = v[2];
+    for (size_t i = 3; i + 1 < v.size(); ++i) name += "," + v[i];
+    auto pid = number<std::uint32_t>(v[1]);
+    if (!pid || *pid == 0) continue;
+    for (auto& g : gpus) {
+      if (g.uuid.empty() || g.uuid != text(v[0])) continue;
+      proto::GpuProcessSample p;
+      p.pid = *pid;
+      p.name = text(name);
+      p.used_memory_mib = number<std::uint64_t>(v.back());
+      g.processes.push_back(std::move(p));
+    }
+  }
+}
+
+std::vector<FbMemory> parse_nvidia_smi_q_memory(const std::string& output) {
+  std::vector<FbMemory> out;
+  bool in_fb = false;
+  size_t fb_indent = 0;
+  for (const auto& line : lines_of(output)) {
+    size_t indent = line.find_first_not_of(' ');
+    if (indent == std::string::npos) continue;
+    std::string t = trim(line);
+    if (t == "FB Memory Usage") {
+      in_fb = true;
+      fb_indent = indent;
+      out.emplace_back();
+      continue;
+    }
+    if (!in_fb) continue;
+    if (indent <= fb_indent) {  // the next block ("BAR1 Memory Usage")
+      in_fb = false;
+      continue;
+    }
+    auto colon = t.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = trim(t.substr(0, colon));
+    auto value = number<std::uint64_t>(t.substr(colon + 1));
+    FbMemory& m = out.back();
+    if (key == "Total")
+      m.total = value;
+    else if (key == "Reserved")
+      m.reserved = value;
+    else if (key == "Used")
+      m.used = value;
+    else if (key == "Free")
+      m.free = value;
+  }
+  return out;
+}
+
+namespace {
+
+Result<CommandResult> run_nvidia_smi(const std::vector<std::string>& prefix,
+                                     const std::vector<std::string>& args,
+                                     std::chrono::milliseconds timeout) {
   CommandSpec spec;
   spec.argv = prefix;
   spec.argv.push_back("nvidia-smi");
-  for (auto& a : nvidia_smi_query_args()) spec.argv.push_back(a);
+  for (auto& a : args) spec.argv.push_back(a);
   spec.timeout = timeout;
-  auto r = run_command(spec);
+  return run_command(spec);
+}
+
+}  // namespace
+
+Result<GpuReport> query_nvidia_smi(const std::vector<std::string>& prefix,
+                                   std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
+  const std::vector<std::string>* fields = &nvidia_smi_query_fields();
+  auto r = run_nvidia_smi(prefix, nvidia_smi_query_args(*fields), left());
   if (!r) return r.error();
+  // An nvidia-smi older than the field list names the field it does not know.
+  if (!r->ok() && !r->timed_out && r->output.find("is not a valid field") != std::string::npos) {
+    fields = &nvidia_smi_basic_query_fields();
+    r = run_nvidia_smi(prefix, nvidia_smi_query_args(*fields), left());
+    if (!r) return r.error();
+  }
   if (!r->ok())
     return Error(r->timed_out ? Errc::timeout : Errc::failed_precondition,
                  "nvidia-smi " + r->describe() + ": " + one_line(r->tail(3)));
-  return parse_nvidia_smi_csv(r->output, nvidia_smi_query_fields());
+  auto report = parse_nvidia_smi_csv(r->output, *fields);
+  if (!report) return report;
+  // The processes are a second query; without them the figures still stand.
+  auto apps = run_nvidia_smi(prefix,
+                             {"--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                              "--format=csv,noheader,nounits"},
+                             left());
+  if (apps && apps->ok()) apply_nvidia_smi_compute_apps(apps->output, report->gpus);
+  return report;
 }
 
 }  // namespace factory::agent

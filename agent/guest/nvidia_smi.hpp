@@ -11,35 +11,33 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/health_sample.hpp"
 
 namespace factory::agent {
 
-struct GpuReading {
-  int index = 0;
-  std::string name;        // "NVIDIA H200"
-  std::string uuid;        // "GPU-0108b095-..."
-  std::string pci_bus_id;  // "00000000:00:06.0" (nvidia-smi's 8-digit domain)
-  std::optional<std::uint64_t> memory_total_mib;
-  std::optional<std::uint64_t> memory_used_mib;
-  std::optional<int> temperature_c;
-  std::optional<int> utilization_percent;
-
-  // Unknown values are JSON null, never made up.
-  nlohmann::json to_json() const;
-};
+// One GPU, whichever way it was read: the health sample's own type, so what
+// the parsers and NVML fill is exactly what the agent sends.
+using GpuReading = proto::GpuSample;
 
 struct GpuReport {
-  std::string source;          // "nvml" | "nvidia-smi"
-  std::string driver_version;  // "580.159.04"
+  std::string source;               // "nvml" | "nvidia-smi"
+  std::string driver_version;       // "580.159.04"
+  std::string cuda_driver_version;  // "13.0" (NVML, the table's header, the XML)
   std::vector<GpuReading> gpus;
 
-  nlohmann::json to_json() const;  // {"source","driver_version","gpus":[...]}
+  proto::GpuSection section() const;  // source, versions, gpus
+  nlohmann::json to_json() const { return section().to_json(); }
 };
 
-// The fields the agent asks nvidia-smi for, in order.
+// The fields the agent asks nvidia-smi for, in order: every figure of the
+// health sample that --query-gpu knows.
 const std::vector<std::string>& nvidia_smi_query_fields();
+// The few every nvidia-smi since R470 knows: asked when an older one refuses
+// the full list ("Field \"memory.reserved\" is not a valid field to query.").
+const std::vector<std::string>& nvidia_smi_basic_query_fields();
 // {"--query-gpu=name,uuid,...", "--format=csv,noheader,nounits"}
-std::vector<std::string> nvidia_smi_query_args();
+std::vector<std::string> nvidia_smi_query_args(
+    const std::vector<std::string>& fields = nvidia_smi_query_fields());
 
 // `nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits`: one line
 // per GPU, values in the order of fields. Fields the report does not use are
@@ -63,11 +61,25 @@ Result<GpuReport> parse_nvidia_smi_table(const std::string& output);
 // `nvidia-smi -L`: "GPU 0: NVIDIA H200 (UUID: GPU-...)" -> index, name, uuid.
 std::vector<GpuReading> parse_nvidia_smi_list(const std::string& output);
 
+// `nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory
+// --format=csv,noheader,nounits`: each process onto the GPU of its UUID.
+// Lines that do not parse are skipped (a process may end while it prints).
+void apply_nvidia_smi_compute_apps(const std::string& output, std::vector<GpuReading>& gpus);
+
+// `nvidia-smi -q -d MEMORY` (and the FB Memory Usage block of `nvidia-smi -q`):
+// per GPU, in order, its frame buffer Total / Reserved / Used / Free in MiB.
+struct FbMemory {
+  std::optional<std::uint64_t> total, reserved, used, free;
+};
+std::vector<FbMemory> parse_nvidia_smi_q_memory(const std::string& output);
+
 // Runs `<prefix...> nvidia-smi --query-gpu=... --format=csv,noheader,nounits`
-// and parses it (prefix empty: nvidia-smi from PATH). Errors: not_found when
+// (the basic fields when it refuses the full list) and its compute apps, and
+// parses them (prefix empty: nvidia-smi from PATH). Errors: not_found when
 // the command is not there, failed_precondition when it fails (driver not
 // loaded: "NVIDIA-SMI has failed because it couldn't communicate with the
-// NVIDIA driver"), protocol when its output does not parse.
+// NVIDIA driver"), timeout when it hangs (a wedged driver), protocol when its
+// output does not parse.
 Result<GpuReport> query_nvidia_smi(const std::vector<std::string>& prefix = {},
                                    std::chrono::milliseconds timeout = std::chrono::seconds(30));
 

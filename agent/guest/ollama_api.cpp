@@ -100,12 +100,12 @@ Result<std::string> OllamaApi::version(std::chrono::milliseconds timeout) {
   return v;
 }
 
-Result<std::vector<OllamaModel>> OllamaApi::tags(std::chrono::milliseconds timeout) {
-  auto j = get_json(strip_slash(base_) + "/api/tags", timeout);
-  if (!j) return j.error();
+namespace {
+
+std::vector<OllamaModel> tags_from(const json& j) {
   std::vector<OllamaModel> out;
-  if (j->contains("models") && (*j)["models"].is_array()) {
-    for (const auto& m : (*j)["models"]) {
+  if (j.contains("models") && j["models"].is_array()) {
+    for (const auto& m : j["models"]) {
       OllamaModel om;
       om.name = str(m, "name");
       if (om.name.empty()) om.name = str(m, "model");
@@ -117,21 +117,70 @@ Result<std::vector<OllamaModel>> OllamaApi::tags(std::chrono::milliseconds timeo
   return out;
 }
 
-Result<std::vector<OllamaRunningModel>> OllamaApi::ps(std::chrono::milliseconds timeout) {
-  auto j = get_json(strip_slash(base_) + "/api/ps", timeout);
-  if (!j) return j.error();
+std::vector<OllamaRunningModel> ps_from(const json& j) {
   std::vector<OllamaRunningModel> out;
-  if (j->contains("models") && (*j)["models"].is_array()) {
-    for (const auto& m : (*j)["models"]) {
+  if (j.contains("models") && j["models"].is_array()) {
+    for (const auto& m : j["models"]) {
       OllamaRunningModel rm;
       rm.name = str(m, "name");
       if (rm.name.empty()) rm.name = str(m, "model");
       rm.size = u64(m, "size");
       rm.size_vram = u64(m, "size_vram");
+      if (m.contains("context_length") && m["context_length"].is_number_integer())
+        rm.context_length = m["context_length"].get<std::int64_t>();
+      rm.expires_at = str(m, "expires_at");
       out.push_back(std::move(rm));
     }
   }
   return out;
+}
+
+Result<json> object_body(const std::string& body, const char* what) {
+  auto j = json::parse(body, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return Error(Errc::protocol, std::string(what) + ": the answer is not a JSON object");
+  return j;
+}
+
+}  // namespace
+
+Result<std::vector<OllamaModel>> parse_tags(const std::string& body) {
+  auto j = object_body(body, "/api/tags");
+  if (!j) return j.error();
+  return tags_from(*j);
+}
+
+Result<std::vector<OllamaRunningModel>> parse_ps(const std::string& body) {
+  auto j = object_body(body, "/api/ps");
+  if (!j) return j.error();
+  return ps_from(*j);
+}
+
+Result<std::optional<PullEvent>> parse_pull_line(const std::string& line) {
+  if (line.find_first_not_of(" \t\r") == std::string::npos) return std::optional<PullEvent>{};
+  auto j = json::parse(line, nullptr, false);
+  if (!j.is_object()) return Error(Errc::protocol, "not JSON: " + line.substr(0, 120));
+  if (j.contains("error"))
+    return Error(Errc::failed_precondition,
+                 j["error"].is_string() ? j["error"].get<std::string>() : j["error"].dump());
+  PullEvent e;
+  e.status = str(j, "status");
+  e.digest = str(j, "digest");
+  e.total = u64(j, "total");
+  e.completed = u64(j, "completed");
+  return std::optional<PullEvent>{std::move(e)};
+}
+
+Result<std::vector<OllamaModel>> OllamaApi::tags(std::chrono::milliseconds timeout) {
+  auto j = get_json(strip_slash(base_) + "/api/tags", timeout);
+  if (!j) return j.error();
+  return tags_from(*j);
+}
+
+Result<std::vector<OllamaRunningModel>> OllamaApi::ps(std::chrono::milliseconds timeout) {
+  auto j = get_json(strip_slash(base_) + "/api/ps", timeout);
+  if (!j) return j.error();
+  return ps_from(*j);
 }
 
 Status OllamaApi::pull(const std::string& model,
@@ -154,21 +203,13 @@ Status OllamaApi::pull(const std::string& model,
   bool success = false;
 
   auto handle_line = [&](const std::string& line) -> bool {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) return true;
-    auto j = json::parse(line, nullptr, false);
-    if (!j.is_object()) {
-      f.server_error = "not JSON: " + line.substr(0, 120);
+    auto parsed = parse_pull_line(line);
+    if (!parsed) {
+      f.server_error = parsed.error().message;
       return false;
     }
-    if (j.contains("error")) {
-      f.server_error = j["error"].is_string() ? j["error"].get<std::string>() : j["error"].dump();
-      return false;
-    }
-    PullEvent e;
-    e.status = str(j, "status");
-    e.digest = str(j, "digest");
-    e.total = u64(j, "total");
-    e.completed = u64(j, "completed");
+    if (!*parsed) return true;  // a blank line
+    const PullEvent& e = **parsed;
     progress.add(e);
     f.last_status = e.status;
     f.percent = progress.percent();

@@ -26,6 +26,8 @@ struct OllamaRunningModel {  // /api/ps
   std::string name;
   std::uint64_t size = 0;       // bytes the loaded model takes
   std::uint64_t size_vram = 0;  // of which on the GPU
+  std::optional<std::int64_t> context_length;  // newer Ollamas report it
+  std::string expires_at;                      // when keep_alive unloads it (RFC 3339)
   int gpu_percent() const;      // as `ollama ps` rounds it
 };
 
@@ -87,6 +89,14 @@ class OllamaApi {
  private:
   std::string base_;
 };
+
+// The answers' bodies as the calls above read them (also what the fuzz
+// target feeds: the guest's Ollama is the customer's to replace).
+Result<std::vector<OllamaModel>> parse_tags(const std::string& body);
+Result<std::vector<OllamaRunningModel>> parse_ps(const std::string& body);
+// One NDJSON line of a pull: nothing for a blank line, else the event; an
+// error carrying Ollama's {"error": ...} text, or "not JSON: ..." .
+Result<std::optional<PullEvent>> parse_pull_line(const std::string& line);
 
 // Ollama names a model "name:tag"; a bare "name" means "name:latest".
 std::string normalize_model_name(const std::string& name);

@@ -2,8 +2,11 @@
 
 #include "agent/diagnose/known.hpp"
 #include "agent/diagnose/rules.hpp"
+#include "agent/guest/facts.hpp"
+#include "agent/guest/nvidia_smi.hpp"
 #include "agent/guest/ollama_api.hpp"
 #include "agent/health/nvml.hpp"
+#include "common/durations.hpp"
 #include "common/subprocess.hpp"
 
 namespace factory::agent {
@@ -14,15 +17,72 @@ std::string gpu_operator_driver_root(const GuestEnv& env) {
   return env.path("/run/nvidia/driver").string();
 }
 
-json collect_gpu_health(const GuestEnv& env) {
+proto::DiagnosisSample diagnosis_sample(const Diagnosis& d) {
+  proto::DiagnosisSample s;
+  s.code = d.code;
+  s.summary = d.summary.substr(0, proto::health_limits::kText);
+  s.fix = d.fix.substr(0, proto::health_limits::kText);
+  // Details the coordinator would drop as too long are left out here.
+  if (d.details.dump().size() <= proto::health_limits::kDetails) s.details = d.details;
+  return s;
+}
+
+Diagnosis collector_hung(const std::string& collector, const std::string& what,
+                         std::chrono::milliseconds deadline) {
+  std::string fix =
+      collector == "gpu"
+          ? "a wedged NVIDIA driver blocks every query: look for Xid errors in the guest's kernel "
+            "log (`dmesg | grep -i xid`); a GPU that fell off the bus needs the guest restarted, "
+            "and the card checked on the host if it happens again"
+          : "check that " + what +
+                " answers inside the guest; health reports it again once it does";
+  return {
+      "health_collector_hung",
+      what + " did not answer within " +
+          format_duration(std::chrono::duration_cast<std::chrono::seconds>(deadline)) +
+          ": its figures are unknown until it does",
+      fix,
+      {{"collector", collector},
+       {"deadline_seconds", std::chrono::duration_cast<std::chrono::seconds>(deadline).count()}}};
+}
+
+namespace {
+
+proto::GpuSection section_of(const GpuReport& r) {
+  proto::GpuSection s = r.section();
+  if (s.gpus.size() > proto::health_limits::kGpus) s.gpus.resize(proto::health_limits::kGpus);
+  return s;
+}
+
+// Why nothing answered, from what the guest shows: the card is not on the
+// bus (a driver cannot fix that), its driver does not load, or nvidia-smi
+// is missing.
+std::vector<Diagnosis> nothing_answered(const GuestEnv& env, const NvidiaSmiObservations& smi) {
+  GuestObservations o;
+  GpuDriverObservations g;
+  g.gpus = nvidia_gpus(env);
+  g.module_loaded = kernel_module_loaded(env, "nvidia");
+  if (!g.gpus.empty() && !g.module_loaded) g.kernel_log = kernel_log(env);
+  o.gpu = std::move(g);
+  o.nvidia_smi = smi;
+  return diagnose(o);
+}
+
+}  // namespace
+
+proto::GpuSection read_gpu_section(const GuestEnv& env, std::chrono::milliseconds timeout) {
   std::vector<std::string> errors;
 
   auto nvml = read_gpus_via_nvml(env);
-  if (nvml) return nvml->to_json();
-  errors.push_back("nvml: " + nvml.error().message);
+  if (nvml) return section_of(*nvml);
+  // Not installed: every path the loader tried would crowd out what follows.
+  errors.push_back(nvml.error().code == Errc::not_found ? "nvml: NVML is not installed"
+                                                        : "nvml: " + nvml.error().message);
 
-  auto on_path = query_nvidia_smi();
-  if (on_path) return on_path->to_json();
+  bool hung = false;
+  auto on_path = query_nvidia_smi({}, timeout);
+  if (on_path) return section_of(*on_path);
+  hung |= on_path.error().code == Errc::timeout;
   errors.push_back(on_path.error().message);
 
   // nvidia-smi absent from PATH: a GPU Operator guest keeps it in the
@@ -33,57 +93,67 @@ json collect_gpu_health(const GuestEnv& env) {
   std::error_code ec;
   smi.in_driver_root =
       std::filesystem::exists(env.path("/run/nvidia/driver/usr/bin/nvidia-smi"), ec);
-  json diags = json::array();
+  proto::GpuSection out;
   if (!smi.on_path && smi.in_driver_root) {
-    auto chrooted = query_nvidia_smi({"chroot", smi.driver_root});
+    auto chrooted = query_nvidia_smi({"chroot", smi.driver_root}, timeout);
     if (chrooted) {
-      json out = chrooted->to_json();
-      out["via"] = "chroot " + smi.driver_root;
-      out["diagnoses"] =
-          json::array({diagnoses::gpu_operator_nvidia_smi_chroot(smi.driver_root).to_json()});
+      out = section_of(*chrooted);
+      out.via = "chroot " + smi.driver_root;
+      out.diagnoses.push_back(
+          diagnosis_sample(diagnoses::gpu_operator_nvidia_smi_chroot(smi.driver_root)));
       return out;
     }
+    hung |= chrooted.error().code == Errc::timeout;
     errors.push_back("chroot " + smi.driver_root + ": " + chrooted.error().message);
   }
-  if (auto d = diagnose_nvidia_smi(smi)) diags.push_back(d->to_json());
+  for (const auto& e : errors) out.error += (out.error.empty() ? "" : "; ") + e;
+  if (out.error.size() > proto::health_limits::kText) out.error.resize(proto::health_limits::kText);
+  if (hung) {
+    out.diagnoses.push_back(diagnosis_sample(collector_hung("gpu", "nvidia-smi", timeout)));
+    return out;
+  }
+  for (const auto& d : nothing_answered(env, smi)) out.diagnoses.push_back(diagnosis_sample(d));
+  return out;
+}
 
-  std::string error;
-  for (const auto& e : errors) error += (error.empty() ? "" : "; ") + e;
-  return {{"source", "none"},
-          {"driver_version", nullptr},
-          {"gpus", json::array()},
-          {"error", error},
-          {"diagnoses", diags}};
+json collect_gpu_health(const GuestEnv& env) {
+  return read_gpu_section(env).to_json();
+}
+
+proto::OllamaSection read_ollama_section(const GuestEnv& env, std::chrono::milliseconds timeout) {
+  proto::OllamaSection out;
+  OllamaApi api(env.ollama_url);
+  auto version = api.version(timeout);
+  if (!version) {
+    out.error = version.error().message.substr(0, proto::health_limits::kText);
+    out.diagnoses.push_back(
+        diagnosis_sample(diagnoses::ollama_not_answering(env.ollama_url, version.error().message)));
+    return out;
+  }
+  out.version = *version;
+  auto ps = api.ps(timeout);
+  if (!ps) {
+    out.error = ps.error().message.substr(0, proto::health_limits::kText);
+    return out;
+  }
+  for (const auto& m : *ps) {
+    if (out.models.size() == proto::health_limits::kModels) break;
+    proto::OllamaModelSample s;
+    s.name = m.name;
+    s.size = m.size;
+    s.size_vram = m.size_vram;
+    s.gpu_percent = m.gpu_percent();
+    s.context_length = m.context_length;
+    s.expires_at = m.expires_at;
+    out.models.push_back(std::move(s));
+    if (auto d = diagnose_model_placement(m.name, m.size, m.size_vram))
+      out.diagnoses.push_back(diagnosis_sample(*d));
+  }
+  return out;
 }
 
 json collect_ollama_health(const GuestEnv& env) {
-  OllamaApi api(env.ollama_url);
-  auto version = api.version(std::chrono::seconds(5));
-  if (!version) {
-    return {{"version", nullptr},
-            {"models", json::array()},
-            {"error", version.error().message},
-            {"diagnoses",
-             json::array({diagnoses::ollama_not_answering(env.ollama_url, version.error().message)
-                              .to_json()})}};
-  }
-  json out = {{"version", *version}, {"models", json::array()}};
-  auto ps = api.ps(std::chrono::seconds(5));
-  if (!ps) {
-    out["error"] = ps.error().message;
-    return out;
-  }
-  json diags = json::array();
-  for (const auto& m : *ps) {
-    out["models"].push_back({{"name", m.name},
-                             {"size", m.size},
-                             {"size_vram", m.size_vram},
-                             {"gpu_percent", m.gpu_percent()}});
-    if (auto d = diagnose_model_placement(m.name, m.size, m.size_vram))
-      diags.push_back(d->to_json());
-  }
-  if (!diags.empty()) out["diagnoses"] = diags;
-  return out;
+  return read_ollama_section(env).to_json();
 }
 
 }  // namespace factory::agent

@@ -1,37 +1,50 @@
 #pragma once
-// The guest's health as the agent reports it: its GPUs and its Ollama.
+// The guest's GPUs and its Ollama, as the health sample's sections
+// (common/health_sample.hpp has their fields).
 //
-// collect_gpu_health(env) ->
-//   {"source": "nvml" | "nvidia-smi",
-//    "driver_version": "580.159.04",
-//    "gpus": [{"index", "name", "uuid", "pci_bus_id", "memory_total_mib",
-//              "memory_used_mib", "temperature_c", "utilization_percent"}],
-//    "via": "chroot /run/nvidia/driver"        (only when read that way)
-//    "diagnoses": [ ... ]                       (only when something is wrong)
-//    "error": "..."                             (only when nothing could be read; source "none")}
+// The GPU: NVML first (dlopen, no link-time dependency; v2 memory info, so
+// used and reserved are nvidia-smi's), then `nvidia-smi --query-gpu` on
+// PATH, then `chroot /run/nvidia/driver nvidia-smi` (GPU Operator guests,
+// where the driver lives in a container and nvidia-smi is not on the VM's
+// PATH). When nothing answers, source "none" with the error and what is
+// known to be wrong: the card never reached the guest, its driver does not
+// load, nvidia-smi is missing.
 //
-// NVML first (dlopen, no link-time dependency), then `nvidia-smi` on PATH,
-// then `chroot /run/nvidia/driver nvidia-smi` (GPU Operator guests, where the
-// driver lives in a container and nvidia-smi is not on the VM's PATH).
-//
-// collect_ollama_health(env) ->
-//   {"version": "0.40.2",
-//    "models": [{"name", "size", "size_vram", "gpu_percent"}],
-//    "error"/"diagnoses" when the API does not answer}
+// Ollama: /api/version and /api/ps (each loaded model's size, its share on
+// the GPU, context length and expiry), or the diagnosis that it does not
+// answer.
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <vector>
 
+#include "agent/diagnose/diagnosis.hpp"
 #include "agent/guest/env.hpp"
-#include "agent/guest/nvidia_smi.hpp"
+#include "common/health_sample.hpp"
 
 namespace factory::agent {
 
+// timeout bounds each nvidia-smi run (NVML calls cannot be bounded here:
+// TimedCollector, collector.hpp, is what keeps a wedged driver from holding
+// anyone up).
+proto::GpuSection read_gpu_section(const GuestEnv& env,
+                                   std::chrono::milliseconds timeout = std::chrono::seconds(10));
+proto::OllamaSection read_ollama_section(
+    const GuestEnv& env, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+
+// The same as JSON (what `factory-agent health` prints).
 nlohmann::json collect_gpu_health(const GuestEnv& env);
 nlohmann::json collect_ollama_health(const GuestEnv& env);
 
 // The GPU Operator's driver root under the guest root.
 std::string gpu_operator_driver_root(const GuestEnv& env);
+
+// A diagnosis as the sample carries it.
+proto::DiagnosisSample diagnosis_sample(const Diagnosis& d);
+
+// A collector that did not answer within its deadline: `what` names what it
+// was asking ("nvidia-smi / NVML", "Ollama's API"). The same words every
+// sample while it lasts, so a stuck collector is one change, not one a sample.
+Diagnosis collector_hung(const std::string& collector, const std::string& what,
+                         std::chrono::milliseconds deadline);
 
 }  // namespace factory::agent

@@ -2,78 +2,80 @@
 
 #include "agent/diagnose/k8s.hpp"
 #include "agent/guest/cluster.hpp"
+#include "agent/health/gpu_health.hpp"
 
 namespace factory::agent {
 
 using nlohmann::json;
-using namespace std::chrono_literals;
 
 namespace {
 
-json count_or_null(const std::map<std::string, std::string>& res, const std::string& key) {
+std::optional<std::int64_t> count_of(const std::map<std::string, std::string>& res,
+                                     const std::string& key) {
   auto it = res.find(key);
-  if (it == res.end()) return nullptr;
+  if (it == res.end()) return std::nullopt;
   auto n = parse_quantity_count(it->second);
-  return n ? json(*n) : json(nullptr);
+  if (!n) return std::nullopt;
+  return static_cast<std::int64_t>(*n);
+}
+
+std::optional<std::int64_t> limit_of(const KubePod& p, const std::string& key) {
+  auto it = p.limits.find(key);
+  if (it == p.limits.end()) return std::nullopt;
+  return static_cast<std::int64_t>(it->second);
 }
 
 }  // namespace
 
-json collect_k8s_health(const GuestEnv& env, const std::string& kubeconfig,
-                        const std::string& resource) {
-  json out = {{"resource", resource},
-              {"allocatable", nullptr},
-              {"capacity", nullptr},
-              {"nodes", json::array()},
-              {"pods", json::array()}};
+proto::K8sSection read_k8s_section(const GuestEnv& env, const std::string& kubeconfig,
+                                   const std::string& resource, std::chrono::milliseconds timeout) {
+  proto::K8sSection out;
+  out.resource = resource;
   auto k = Kubectl::find(env, kubeconfig);
   if (!k) {
-    out["error"] = k.error().message;
+    out.error = proto::clip_text(k.error().message, proto::health_limits::kText);
     return out;
   }
-  auto nodes = k->nodes(30s);
+  auto nodes = k->nodes(timeout);
   if (!nodes) {
-    out["error"] = nodes.error().message;
+    out.error = proto::clip_text(nodes.error().message, proto::health_limits::kText);
     return out;
   }
-  long long alloc = 0, cap = 0;
+  std::int64_t alloc = 0, cap = 0;
   bool any_alloc = false, any_cap = false;
   for (const auto& n : *nodes) {
-    json a = count_or_null(n.allocatable, resource);
-    json c = count_or_null(n.capacity, resource);
-    if (a.is_number()) alloc += a.get<long long>(), any_alloc = true;
-    if (c.is_number()) cap += c.get<long long>(), any_cap = true;
-    out["nodes"].push_back(
-        {{"name", n.name},
-         {"ready", n.ready},
-         {"allocatable", a},
-         {"capacity", c},
-         {"gpu_label", n.labels.count("gpu") ? json(n.labels.at("gpu")) : json(nullptr)}});
+    proto::K8sNodeSample s;
+    s.name = n.name;
+    s.ready = n.ready;
+    s.allocatable = count_of(n.allocatable, resource);
+    s.capacity = count_of(n.capacity, resource);
+    if (s.allocatable) alloc += *s.allocatable, any_alloc = true;
+    if (s.capacity) cap += *s.capacity, any_cap = true;
+    if (auto it = n.labels.find("gpu"); it != n.labels.end()) s.gpu_label = it->second;
+    if (out.nodes.size() < proto::health_limits::kNodes) out.nodes.push_back(std::move(s));
   }
-  if (any_alloc) out["allocatable"] = alloc;
-  if (any_cap) out["capacity"] = cap;
+  if (any_alloc) out.allocatable = alloc;
+  if (any_cap) out.capacity = cap;
 
-  auto pods = k->pods(30s);
+  auto pods = k->pods(timeout);
   if (!pods) {
-    out["error"] = "pods: " + pods.error().message;
+    out.error = proto::clip_text("pods: " + pods.error().message, proto::health_limits::kText);
     return out;
   }
   for (const auto& p : *pods) {
     bool mem =
         p.limits.count("nvidia.com/gpumem") || p.limits.count("nvidia.com/gpumem-percentage");
-    if (!mem) continue;
-    auto limit = [&](const char* key) {
-      auto it = p.limits.find(key);
-      return it == p.limits.end() ? json(nullptr) : json(it->second);
-    };
-    out["pods"].push_back({{"namespace", p.ns},
-                           {"name", p.name},
-                           {"phase", p.phase},
-                           {"status", p.status},
-                           {"node", p.node},
-                           {"gpus", limit(resource.c_str())},
-                           {"gpumem_mib", limit("nvidia.com/gpumem")},
-                           {"gpumem_percentage", limit("nvidia.com/gpumem-percentage")}});
+    if (!mem || out.pods.size() == proto::health_limits::kPods) continue;
+    proto::K8sPodSample s;
+    s.ns = p.ns;
+    s.name = p.name;
+    s.phase = p.phase;
+    s.status = p.status;
+    s.node = p.node;
+    s.gpus = limit_of(p, resource);
+    s.gpumem_mib = limit_of(p, "nvidia.com/gpumem");
+    s.gpumem_percentage = limit_of(p, "nvidia.com/gpumem-percentage");
+    out.pods.push_back(std::move(s));
   }
   // Nothing advertised although HAMi is installed: say why.
   bool hami = false;
@@ -84,9 +86,14 @@ json collect_k8s_health(const GuestEnv& env, const std::string& kubeconfig,
     o.count = 1;
     o.nodes = *nodes;
     o.pods = *pods;
-    out["diagnoses"] = json::array({diagnose_allocatable(o).to_json()});
+    out.diagnoses.push_back(diagnosis_sample(diagnose_allocatable(o)));
   }
   return out;
+}
+
+json collect_k8s_health(const GuestEnv& env, const std::string& kubeconfig,
+                        const std::string& resource) {
+  return read_k8s_section(env, kubeconfig, resource).to_json();
 }
 
 }  // namespace factory::agent

@@ -3,23 +3,38 @@
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <limits>
 
 namespace factory::agent {
 
 namespace {
 
-// The few NVML types the agent uses, as nvml.h declares them (NVML API v12;
-// nvmlPciInfo_t is the layout nvmlDeviceGetPciInfo_v3 fills). We define them
-// here instead of including nvml.h so the build needs no CUDA toolkit.
+// The NVML types the agent uses, as nvml.h declares them (NVML API v12). We
+// define them here instead of including nvml.h so the build needs no CUDA
+// toolkit; the layouts are ABI and NVIDIA keeps them.
 using nvmlReturn_t = int;
 constexpr nvmlReturn_t NVML_SUCCESS = 0;
+constexpr nvmlReturn_t NVML_ERROR_INSUFFICIENT_SIZE = 7;
 using nvmlDevice_t = struct nvmlDevice_st*;
 
+// nvmlDeviceGetMemoryInfo: used counts the memory the driver and firmware
+// reserve (616 MiB on an H200 with nothing running).
 struct nvmlMemory_t {
   unsigned long long total;
   unsigned long long free;
   unsigned long long used;
 };
+// nvmlDeviceGetMemoryInfo_v2 (R510 and later): reserved apart, as nvidia-smi shows it.
+struct nvmlMemory_v2_t {
+  unsigned int version;
+  unsigned long long total;
+  unsigned long long reserved;
+  unsigned long long free;
+  unsigned long long used;
+};
+// NVML_STRUCT_VERSION(Memory, 2)
+constexpr unsigned int nvmlMemory_v2 =
+    static_cast<unsigned int>(sizeof(nvmlMemory_v2_t)) | (2u << 24);
 
 constexpr int NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE = 32;
 constexpr int NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE = 16;
@@ -38,19 +53,63 @@ struct nvmlUtilization_t {
   unsigned int memory;
 };
 
-using nvmlTemperatureSensors_t = int;
-constexpr nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU = 0;
+// nvmlProcessInfo_t of the _v2 and _v3 calls (v1 lacks the two instance ids).
+struct nvmlProcessInfo_t {
+  unsigned int pid;
+  unsigned long long usedGpuMemory;
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+};
+constexpr unsigned long long NVML_VALUE_NOT_AVAILABLE =
+    std::numeric_limits<unsigned long long>::max();
+
+union nvmlValue_t {
+  double dVal;
+  unsigned int uiVal;
+  unsigned long ulVal;
+  unsigned long long ullVal;
+  long long sllVal;
+  int siVal;
+  unsigned short usVal;
+};
+struct nvmlFieldValue_t {
+  unsigned int fieldId;
+  unsigned int scopeId;
+  long long timestamp;
+  long long latencyUsec;
+  int valueType;  // nvmlValueType_t
+  nvmlReturn_t nvmlReturn;
+  nvmlValue_t value;
+};
+constexpr unsigned int NVML_FI_DEV_MEMORY_TEMP = 82;
+
+constexpr int NVML_TEMPERATURE_GPU = 0;
+constexpr int NVML_CLOCK_SM = 1;
+constexpr int NVML_CLOCK_MEM = 2;
+constexpr int NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1;
+constexpr int NVML_VOLATILE_ECC = 0;
+constexpr unsigned int NVML_DEVICE_MIG_ENABLE = 1;
+constexpr int NVML_PSTATE_UNKNOWN = 32;
 
 constexpr unsigned NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96;
 constexpr unsigned NVML_DEVICE_UUID_V2_BUFFER_SIZE = 96;
 constexpr unsigned NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;
 
+constexpr std::uint64_t kMiB = 1024ull * 1024ull;
+
+// Whole MiB as nvidia-smi prints them: rounded up. Measured on the H200
+// guest (driver 580.159.04, tests/fixtures/device/h200-2026-12-01b): NVML v2
+// said reserved 644939776 B (615.06 MiB) and free 150109880320 B
+// (143155.94 MiB); nvidia-smi printed Reserved 616 and Free 143156, where
+// truncation gave 615 and 143155.
+std::uint64_t whole_mib(std::uint64_t bytes) { return bytes / kMiB + (bytes % kMiB != 0); }
+
 }  // namespace
 
 struct NvmlLibrary::Api {
+  // Required: without these there is nothing to report.
   nvmlReturn_t (*init)();
   nvmlReturn_t (*shutdown)();
-  const char* (*error_string)(nvmlReturn_t);
   nvmlReturn_t (*get_count)(unsigned int*);
   nvmlReturn_t (*get_handle)(unsigned int, nvmlDevice_t*);
   nvmlReturn_t (*get_name)(nvmlDevice_t, char*, unsigned int);
@@ -58,8 +117,23 @@ struct NvmlLibrary::Api {
   nvmlReturn_t (*get_memory)(nvmlDevice_t, nvmlMemory_t*);
   nvmlReturn_t (*driver_version)(char*, unsigned int);
   nvmlReturn_t (*get_pci)(nvmlDevice_t, nvmlPciInfo_t*);
-  nvmlReturn_t (*get_temperature)(nvmlDevice_t, nvmlTemperatureSensors_t, unsigned int*);
-  nvmlReturn_t (*get_utilization)(nvmlDevice_t, nvmlUtilization_t*);
+  // Optional: a driver that lacks one leaves its figure unknown.
+  const char* (*error_string)(nvmlReturn_t) = nullptr;
+  nvmlReturn_t (*cuda_version)(int*) = nullptr;
+  nvmlReturn_t (*get_memory_v2)(nvmlDevice_t, nvmlMemory_v2_t*) = nullptr;
+  nvmlReturn_t (*get_minor)(nvmlDevice_t, unsigned int*) = nullptr;
+  nvmlReturn_t (*get_temperature)(nvmlDevice_t, int, unsigned int*) = nullptr;
+  nvmlReturn_t (*get_field_values)(nvmlDevice_t, int, nvmlFieldValue_t*) = nullptr;
+  nvmlReturn_t (*get_utilization)(nvmlDevice_t, nvmlUtilization_t*) = nullptr;
+  nvmlReturn_t (*get_power)(nvmlDevice_t, unsigned int*) = nullptr;
+  nvmlReturn_t (*get_power_limit)(nvmlDevice_t, unsigned int*) = nullptr;
+  nvmlReturn_t (*get_enforced_power_limit)(nvmlDevice_t, unsigned int*) = nullptr;
+  nvmlReturn_t (*get_clock)(nvmlDevice_t, int, unsigned int*) = nullptr;
+  nvmlReturn_t (*get_pstate)(nvmlDevice_t, int*) = nullptr;
+  nvmlReturn_t (*get_ecc)(nvmlDevice_t, int, int, unsigned long long*) = nullptr;
+  nvmlReturn_t (*get_mig_mode)(nvmlDevice_t, unsigned int*, unsigned int*) = nullptr;
+  nvmlReturn_t (*get_processes)(nvmlDevice_t, unsigned int*, nvmlProcessInfo_t*) = nullptr;
+  nvmlReturn_t (*process_name)(unsigned int, char*, unsigned int) = nullptr;
 
   std::string describe(nvmlReturn_t rc) const {
     const char* s = error_string ? error_string(rc) : nullptr;
@@ -79,6 +153,17 @@ bool resolve(void* handle, const char* name, Fn& out, std::string& missing) {
   }
   out = reinterpret_cast<Fn>(sym);
   return true;
+}
+
+// The first of the names the library has (newest first), or null.
+template <class Fn>
+void optional_symbol(void* handle, std::initializer_list<const char*> names, Fn& out) {
+  for (const char* n : names)
+    if (void* sym = ::dlsym(handle, n)) {
+      out = reinterpret_cast<Fn>(sym);
+      return;
+    }
+  out = nullptr;
 }
 
 }  // namespace
@@ -114,11 +199,27 @@ Result<std::unique_ptr<NvmlLibrary>> NvmlLibrary::load(const std::vector<std::st
   resolve(handle, "nvmlDeviceGetMemoryInfo", a.get_memory, missing);
   resolve(handle, "nvmlSystemGetDriverVersion", a.driver_version, missing);
   resolve(handle, "nvmlDeviceGetPciInfo_v3", a.get_pci, missing);
-  resolve(handle, "nvmlDeviceGetTemperature", a.get_temperature, missing);
-  resolve(handle, "nvmlDeviceGetUtilizationRates", a.get_utilization, missing);
-  // Optional: only makes messages nicer.
-  a.error_string =
-      reinterpret_cast<const char* (*)(nvmlReturn_t)>(::dlsym(handle, "nvmlErrorString"));
+  optional_symbol(handle, {"nvmlErrorString"}, a.error_string);
+  optional_symbol(handle, {"nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetCudaDriverVersion"},
+                  a.cuda_version);
+  optional_symbol(handle, {"nvmlDeviceGetMemoryInfo_v2"}, a.get_memory_v2);
+  optional_symbol(handle, {"nvmlDeviceGetMinorNumber"}, a.get_minor);
+  optional_symbol(handle, {"nvmlDeviceGetTemperature"}, a.get_temperature);
+  optional_symbol(handle, {"nvmlDeviceGetFieldValues"}, a.get_field_values);
+  optional_symbol(handle, {"nvmlDeviceGetUtilizationRates"}, a.get_utilization);
+  optional_symbol(handle, {"nvmlDeviceGetPowerUsage"}, a.get_power);
+  optional_symbol(handle, {"nvmlDeviceGetPowerManagementLimit"}, a.get_power_limit);
+  optional_symbol(handle, {"nvmlDeviceGetEnforcedPowerLimit"}, a.get_enforced_power_limit);
+  optional_symbol(handle, {"nvmlDeviceGetClockInfo"}, a.get_clock);
+  optional_symbol(handle, {"nvmlDeviceGetPerformanceState"}, a.get_pstate);
+  optional_symbol(handle, {"nvmlDeviceGetTotalEccErrors"}, a.get_ecc);
+  optional_symbol(handle, {"nvmlDeviceGetMigMode"}, a.get_mig_mode);
+  // The v1 call fills a shorter struct: only the versions that fill ours.
+  optional_symbol(
+      handle,
+      {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"},
+      a.get_processes);
+  optional_symbol(handle, {"nvmlSystemGetProcessName"}, a.process_name);
   if (!missing.empty())
     return Error(Errc::failed_precondition,
                  path + " lacks " + missing + " (NVML older than the agent expects)");
@@ -135,17 +236,113 @@ NvmlLibrary::~NvmlLibrary() {
   if (handle_) ::dlclose(handle_);
 }
 
-Result<GpuReport> NvmlLibrary::read() {
+namespace {
+
+void read_memory(const NvmlLibrary::Api& a, nvmlDevice_t dev, GpuReading& g, nlohmann::json* raw) {
+  nvmlMemory_t v1{};
+  bool have_v1 = a.get_memory(dev, &v1) == NVML_SUCCESS;
+  nvmlMemory_v2_t v2{};
+  v2.version = nvmlMemory_v2;
+  bool have_v2 = a.get_memory_v2 && a.get_memory_v2(dev, &v2) == NVML_SUCCESS;
+  if (raw) {
+    (*raw)["memory_v1_bytes"] =
+        have_v1 ? nlohmann::json{{"total", v1.total}, {"free", v1.free}, {"used", v1.used}}
+                : nlohmann::json(nullptr);
+    (*raw)["memory_v2_bytes"] = have_v2 ? nlohmann::json{{"total", v2.total},
+                                                         {"reserved", v2.reserved},
+                                                         {"free", v2.free},
+                                                         {"used", v2.used}}
+                                        : nlohmann::json(nullptr);
+  }
+  // nvidia-smi prints whole MiB, rounded up (whole_mib). Its Total is the card's (v1's,
+  // which has always matched it); the split comes from v2 where the driver
+  // has it. Without v2 the driver is older than R510, whose nvidia-smi had
+  // no Reserved line and counted it in Used, as v1 does: reserved stays
+  // unknown rather than guessed.
+  if (have_v1) g.memory_total_mib = whole_mib(v1.total);
+  if (have_v2) {
+    if (!have_v1) g.memory_total_mib = whole_mib(v2.total);
+    g.memory_reserved_mib = whole_mib(v2.reserved);
+    g.memory_used_mib = whole_mib(v2.used);
+    g.memory_free_mib = whole_mib(v2.free);
+  } else if (have_v1) {
+    g.memory_used_mib = whole_mib(v1.used);
+    g.memory_free_mib = whole_mib(v1.free);
+  }
+}
+
+std::optional<int> field_int(const NvmlLibrary::Api& a, nvmlDevice_t dev, unsigned int id) {
+  if (!a.get_field_values) return std::nullopt;
+  nvmlFieldValue_t f{};
+  f.fieldId = id;
+  if (a.get_field_values(dev, 1, &f) != NVML_SUCCESS || f.nvmlReturn != NVML_SUCCESS)
+    return std::nullopt;
+  switch (f.valueType) {
+    case 0:
+      return static_cast<int>(f.value.dVal);
+    case 1:
+      return static_cast<int>(f.value.uiVal);
+    case 2:
+      return static_cast<int>(f.value.ulVal);
+    case 3:
+      return static_cast<int>(f.value.ullVal);
+    case 4:
+      return static_cast<int>(f.value.sllVal);
+    case 5:
+      return f.value.siVal;
+    case 6:
+      return static_cast<int>(f.value.usVal);
+    default:
+      return std::nullopt;
+  }
+}
+
+void read_processes(const NvmlLibrary::Api& a, nvmlDevice_t dev, GpuReading& g) {
+  if (!a.get_processes) return;
+  std::vector<nvmlProcessInfo_t> infos(proto::health_limits::kProcesses);
+  unsigned int count = static_cast<unsigned int>(infos.size());
+  nvmlReturn_t rc = a.get_processes(dev, &count, infos.data());
+  // More than the sample keeps: the first ones are enough to show.
+  if (rc == NVML_ERROR_INSUFFICIENT_SIZE) {
+    infos.resize(std::min<unsigned int>(count + 8, 4096));
+    count = static_cast<unsigned int>(infos.size());
+    rc = a.get_processes(dev, &count, infos.data());
+  }
+  if (rc != NVML_SUCCESS) return;
+  for (unsigned int i = 0;
+       i < count && i < infos.size() && g.processes.size() < proto::health_limits::kProcesses;
+       ++i) {
+    proto::GpuProcessSample p;
+    p.pid = infos[i].pid;
+    if (infos[i].usedGpuMemory != NVML_VALUE_NOT_AVAILABLE)
+      p.used_memory_mib = whole_mib(infos[i].usedGpuMemory);
+    char name[256] = {};
+    if (a.process_name && a.process_name(p.pid, name, sizeof name) == NVML_SUCCESS) {
+      name[sizeof name - 1] = '\0';
+      p.name = name;
+    }
+    g.processes.push_back(std::move(p));
+  }
+}
+
+}  // namespace
+
+Result<GpuReport> NvmlLibrary::read(nlohmann::json* raw) {
   const Api& a = *api_;
   GpuReport report;
   report.source = "nvml";
   char version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE] = {};
   if (nvmlReturn_t rc = a.driver_version(version, sizeof version); rc == NVML_SUCCESS)
     report.driver_version = version;
+  int cuda = 0;
+  if (a.cuda_version && a.cuda_version(&cuda) == NVML_SUCCESS && cuda > 0)
+    report.cuda_driver_version =
+        std::to_string(cuda / 1000) + "." + std::to_string(cuda % 1000 / 10);
   unsigned int count = 0;
   if (nvmlReturn_t rc = a.get_count(&count); rc != NVML_SUCCESS)
     return Error(Errc::failed_precondition, "nvmlDeviceGetCount_v2 failed: " + a.describe(rc));
-  for (unsigned int i = 0; i < count; ++i) {
+  if (raw) *raw = nlohmann::json::array();
+  for (unsigned int i = 0; i < count && i < proto::health_limits::kGpus; ++i) {
     nvmlDevice_t dev = nullptr;
     if (nvmlReturn_t rc = a.get_handle(i, &dev); rc != NVML_SUCCESS)
       return Error(Errc::failed_precondition, "nvmlDeviceGetHandleByIndex_v2(" + std::to_string(i) +
@@ -161,17 +358,41 @@ Result<GpuReport> NvmlLibrary::read() {
       pci.busId[sizeof pci.busId - 1] = '\0';
       g.pci_bus_id = pci.busId;
     }
-    nvmlMemory_t mem{};
-    if (a.get_memory(dev, &mem) == NVML_SUCCESS) {
-      g.memory_total_mib = mem.total / (1024ull * 1024ull);
-      g.memory_used_mib = mem.used / (1024ull * 1024ull);
-    }
-    unsigned int temp = 0;
-    if (a.get_temperature(dev, NVML_TEMPERATURE_GPU, &temp) == NVML_SUCCESS)
-      g.temperature_c = static_cast<int>(temp);
+    unsigned int u = 0;
+    if (a.get_minor && a.get_minor(dev, &u) == NVML_SUCCESS) g.minor_number = static_cast<int>(u);
+    nlohmann::json raw_gpu = nlohmann::json::object();
+    read_memory(a, dev, g, raw ? &raw_gpu : nullptr);
+    if (raw) raw->push_back({{"index", i}, {"uuid", g.uuid}, {"memory", raw_gpu}});
+    if (a.get_temperature && a.get_temperature(dev, NVML_TEMPERATURE_GPU, &u) == NVML_SUCCESS)
+      g.temperature_c = static_cast<int>(u);
+    g.memory_temperature_c = field_int(a, dev, NVML_FI_DEV_MEMORY_TEMP);
     nvmlUtilization_t util{};
-    if (a.get_utilization(dev, &util) == NVML_SUCCESS)
+    if (a.get_utilization && a.get_utilization(dev, &util) == NVML_SUCCESS) {
       g.utilization_percent = static_cast<int>(util.gpu);
+      g.memory_utilization_percent = static_cast<int>(util.memory);
+    }
+    // NVML speaks milliwatts; nvidia-smi prints watts with two decimals.
+    if (a.get_power && a.get_power(dev, &u) == NVML_SUCCESS) g.power_draw_w = u / 1000.0;
+    if (a.get_power_limit && a.get_power_limit(dev, &u) == NVML_SUCCESS)
+      g.power_limit_w = u / 1000.0;
+    else if (a.get_enforced_power_limit && a.get_enforced_power_limit(dev, &u) == NVML_SUCCESS)
+      g.power_limit_w = u / 1000.0;
+    if (a.get_clock && a.get_clock(dev, NVML_CLOCK_SM, &u) == NVML_SUCCESS)
+      g.sm_clock_mhz = static_cast<int>(u);
+    if (a.get_clock && a.get_clock(dev, NVML_CLOCK_MEM, &u) == NVML_SUCCESS)
+      g.memory_clock_mhz = static_cast<int>(u);
+    int ps = NVML_PSTATE_UNKNOWN;
+    if (a.get_pstate && a.get_pstate(dev, &ps) == NVML_SUCCESS && ps >= 0 && ps <= 15)
+      g.pstate = "P" + std::to_string(ps);
+    unsigned long long ecc = 0;
+    // Not supported (ECC off, a consumer card): unknown, as nvidia-smi's N/A.
+    if (a.get_ecc &&
+        a.get_ecc(dev, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, &ecc) == NVML_SUCCESS)
+      g.ecc_errors_uncorrected_volatile = ecc;
+    unsigned int mig = 0, mig_pending = 0;
+    if (a.get_mig_mode && a.get_mig_mode(dev, &mig, &mig_pending) == NVML_SUCCESS)
+      g.mig_mode = mig == NVML_DEVICE_MIG_ENABLE ? "Enabled" : "Disabled";
+    read_processes(a, dev, g);
     report.gpus.push_back(std::move(g));
   }
   return report;
@@ -186,10 +407,10 @@ std::vector<std::string> nvml_library_candidates(const GuestEnv& env) {
   return out;
 }
 
-Result<GpuReport> read_gpus_via_nvml(const GuestEnv& env) {
+Result<GpuReport> read_gpus_via_nvml(const GuestEnv& env, nlohmann::json* raw) {
   auto lib = NvmlLibrary::load(nvml_library_candidates(env));
   if (!lib) return lib.error();
-  return (*lib)->read();
+  return (*lib)->read(raw);
 }
 
 }  // namespace factory::agent

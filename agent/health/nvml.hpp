@@ -3,6 +3,7 @@
 // dependency on the NVIDIA driver, so the same binary runs on a guest before
 // the driver is installed (and reports that NVML is absent) and after.
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -23,11 +24,15 @@ class NvmlLibrary {
   NvmlLibrary& operator=(const NvmlLibrary&) = delete;
 
   const std::string& path() const { return path_; }
-  // Driver version and every GPU NVML sees.
-  Result<GpuReport> read();
+  // Driver and CUDA driver versions and every GPU NVML sees, with every
+  // figure the health sample has. raw, when given, gets each GPU's memory
+  // info as NVML returned it, in bytes (v1 and v2), to check the MiB
+  // figures against nvidia-smi's.
+  Result<GpuReport> read(nlohmann::json* raw = nullptr);
+
+  struct Api;  // the resolved entry points (nvml.cpp)
 
  private:
-  struct Api;
   NvmlLibrary() = default;
   void* handle_ = nullptr;
   std::unique_ptr<Api> api_;
@@ -42,6 +47,6 @@ class NvmlLibrary {
 std::vector<std::string> nvml_library_candidates(const GuestEnv& env);
 
 // nvml_library_candidates + load + read.
-Result<GpuReport> read_gpus_via_nvml(const GuestEnv& env);
+Result<GpuReport> read_gpus_via_nvml(const GuestEnv& env, nlohmann::json* raw = nullptr);
 
 }  // namespace factory::agent

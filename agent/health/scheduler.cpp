@@ -4,9 +4,12 @@
 
 namespace factory::agent {
 
-HealthScheduler::HealthScheduler(GuestEnv env, std::chrono::milliseconds interval,
-                                 ScopeSource scope, Sink sink)
-    : env_(std::move(env)), interval_(interval), scope_(std::move(scope)), sink_(std::move(sink)) {}
+HealthScheduler::HealthScheduler(GuestEnv env, HealthScheduleOptions options, ScopeSource scope,
+                                 Sink sink)
+    : probe_(std::move(env), options.deadlines),
+      options_(options),
+      scope_(std::move(scope)),
+      sink_(std::move(sink)) {}
 
 HealthScheduler::~HealthScheduler() {
   stop();
@@ -29,30 +32,60 @@ void HealthScheduler::stop() {
   cv_.notify_one();
 }
 
+HealthScheduler::Counts HealthScheduler::counts() const {
+  std::lock_guard lk(mu_);
+  return counts_;
+}
+
+std::optional<proto::HealthSample> HealthScheduler::last_sample() const {
+  std::lock_guard lk(mu_);
+  return last_sample_;
+}
+
 void HealthScheduler::loop() {
   std::unique_lock lk(mu_);
-  auto next = std::chrono::steady_clock::now() + interval_;
+  // The first sample at once: the coordinator learns the guest's GPU as soon
+  // as the agent is up, not an interval later.
+  auto next = std::chrono::steady_clock::now();
+  bool forced = true;
   while (!stopping_) {
     cv_.wait_until(lk, next, [&] { return stopping_ || requested_; });
     if (stopping_) return;
+    forced |= requested_;
     requested_ = false;
+    auto began = std::chrono::steady_clock::now();
     lk.unlock();
-    report();
+    take(forced);
     lk.lock();
-    next = std::chrono::steady_clock::now() + interval_;
+    forced = false;
+    // On the interval's grid from when the sample began; a sample that took
+    // longer than the interval is followed by the next at once.
+    next = began + options_.interval;
   }
 }
 
-void HealthScheduler::report() {
+void HealthScheduler::take(bool forced) {
   try {
     Scope scope = scope_ ? scope_() : Scope{};
-    nlohmann::json h = collect_health(env_, scope.collectors);
-    h["kind"] = "health";
-    for (auto& [k, v] : scope.fields.items()) h[k] = v;
-    sink_(std::move(h));
+    proto::HealthSample h = probe_.sample(scope.collectors, scope.plan_hash);
+    bool send;
+    {
+      std::lock_guard lk(mu_);
+      ++counts_.sampled;
+      ++quiet_;
+      send = forced || !last_sent_ || quiet_ >= options_.max_quiet ||
+             health_changed(*last_sent_, h, options_.thresholds);
+      last_sample_ = h;
+      if (send) {
+        last_sent_ = h;
+        quiet_ = 0;
+        ++counts_.sent;
+      }
+    }
+    if (send && sink_) sink_(h);
   } catch (const std::exception& e) {
-    // A collector that throws is a bug; the next report tries again.
-    spdlog::error("health: report failed: {}", e.what());
+    // A collector that throws is a bug; the next sample tries again.
+    spdlog::error("health: sample failed: {}", e.what());
   }
 }
 

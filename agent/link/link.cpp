@@ -10,6 +10,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <filesystem>
+#include <mutex>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 
@@ -65,6 +67,21 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
   int exit_code = 0;
   std::optional<AgentIdentity> identity;
   std::string pending_key;  // key of a renewal in flight
+  std::mutex health_mu;
+  std::optional<nlohmann::json> health_latest;  // guarded by health_mu
+  bool health_unsent = false;                   // guarded by health_mu
+
+  // The latest sample, if one is waiting to be sent (it stays the latest).
+  std::optional<nlohmann::json> take_health() {
+    std::lock_guard lk(health_mu);
+    if (!health_unsent || !health_latest) return std::nullopt;
+    health_unsent = false;
+    return health_latest;
+  }
+  void resend_health() {
+    std::lock_guard lk(health_mu);
+    if (health_latest) health_unsent = true;
+  }
 
   Impl(LinkOptions c, EventSpool& s, LinkCallbacks callbacks)
       : cfg(std::move(c)), spool(s), cb(std::move(callbacks)) {}
@@ -268,6 +285,9 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     if (auto st = spool.ack_through(server_has); !st.ok())
       spdlog::warn("link: spool: {}", st.error().message);
     uint64_t last_sent = spool.acked();
+    // What the coordinator knew of this guest's health went with the last
+    // session: it hears the latest at once.
+    resend_health();
 
     auto rs = std::make_shared<ReaderState>(ioc);
     asio::co_spawn(ioc, reader_loop(ws, rs), asio::detached);
@@ -293,6 +313,13 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
           break;
         }
         next_heartbeat = now + cfg.heartbeat;
+      }
+      if (auto h = take_health()) {
+        if (auto st = co_await send_frame(*ws, seq, proto::type::kHealth, std::move(*h));
+            !st.ok()) {
+          result = st;
+          break;
+        }
       }
       if (!renew_sent && identity->renewal_due()) {
         auto key = pki::generate_private_key();
@@ -573,6 +600,15 @@ void AgentLink::stop(std::string reason) {
 void AgentLink::wake() {
   auto impl = impl_;
   asio::post(impl->ioc, [impl] { impl->wake(); });
+}
+
+void AgentLink::offer_health(nlohmann::json sample) {
+  {
+    std::lock_guard lk(impl_->health_mu);
+    impl_->health_latest = std::move(sample);
+    impl_->health_unsent = true;
+  }
+  wake();
 }
 
 }  // namespace factory::agent

@@ -18,7 +18,19 @@ AgentService::AgentService(store::Store& store, const enroll::CertificateAuthori
            sessions_,
            workers,
            [this](const std::string& tenant) { push_plan(tenant); },
+           [this](const store::TenantRecord& t, const std::string& step) {
+             return step_kind(t, step);
+           },
            std::move(opts.server_version)} {}
+
+std::string AgentService::step_kind(const store::TenantRecord& t, const std::string& step) const {
+  if (!plan_provider_) return "";
+  auto plan = plan_provider_(t);
+  if (!plan || !plan->contains("plan")) return "";
+  for (const auto& s : (*plan)["plan"].value("steps", nlohmann::json::array()))
+    if (s.value("id", "") == step) return s.value("kind", "");
+  return "";
+}
 
 std::shared_ptr<net::WsHandler> AgentService::accept(const net::HttpRequestIn& req,
                                                      const net::PeerInfo& peer) {

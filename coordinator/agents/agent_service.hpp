@@ -62,6 +62,8 @@ class AgentService {
   std::size_t connected_count() const;
 
  private:
+  std::string step_kind(const store::TenantRecord& t, const std::string& step) const;
+
   store::Store& store_;
   feed::FeedState& feed_;
   Enrollment enrollment_;

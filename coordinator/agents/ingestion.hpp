@@ -5,7 +5,11 @@
 // the decoder dropped is counted per tenant and reason, and the event is
 // stored exactly once (a replay after a reconnect is acknowledged and
 // dropped by the store) and projected onto its tenant's status
-// (projection.hpp).
+// (projection.hpp). Health samples are state: parsed into the typed sample
+// (common/health_sample.hpp) with every field bounded, what breaks a rule
+// dropped and counted (factory_agent_messages_rejected_total), and kept as
+// the tenant's latest; an agent sending them faster than any schedule would
+// is slowed by dropping the excess.
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -30,9 +34,17 @@ struct IngestedEvent {
   AgentEvent event;
 };
 
+struct HealthIntake {
+  // A tenant may send this many samples at once, then this many a second
+  // (the agent's shortest interval is 100 ms; its default 10 s).
+  double burst = 20;
+  double per_second = 10;
+};
+
 class Ingestion {
  public:
-  Ingestion(feed::FeedState& feed, QuotaOptions quotas) : feed_(feed), quotas_(quotas) {}
+  Ingestion(feed::FeedState& feed, QuotaOptions quotas, HealthIntake intake = {})
+      : feed_(feed), quotas_(quotas), intake_(intake) {}
 
   // Every frame of an enrolled agent, before it is read: a refusal (which
   // closes the connection) when the tenant is over a quota. event_bytes:
@@ -53,17 +65,33 @@ class Ingestion {
   // The tenant is gone: its quota state goes with it.
   void forget(const std::string& tenant);
 
+  // One health frame's body: the sample to keep as the tenant's latest (its
+  // JSON with "received_at"), or nullopt when it is over the tenant's rate.
+  // Thread-safe.
+  std::optional<nlohmann::json> health(const std::string& tenant, const nlohmann::json& body);
+
  private:
   bool may_log(const std::string& tenant);
+  bool admit_health(const std::string& tenant);
+  // At most one warning a minute per tenant: the counter has the rest.
+  bool may_warn(const std::string& tenant);
 
   feed::FeedState& feed_;
   TenantQuotas quotas_;
+  HealthIntake intake_;
   std::mutex log_mu_;
   struct LogWindow {
     std::chrono::steady_clock::time_point start{};
     int lines = 0;
   };
   std::map<std::string, LogWindow> log_windows_;
+  struct Bucket {
+    double tokens = 0;
+    std::chrono::steady_clock::time_point at{};
+    std::chrono::steady_clock::time_point warned{};
+  };
+  std::mutex mu_;
+  std::map<std::string, Bucket> buckets_;
 };
 
 }  // namespace factory::coordinator

@@ -23,6 +23,10 @@ bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
     if (!steps.contains(p->step) && steps.size() >= kMaxProjectedSteps) return false;
     if (p->plan_hash) plan["hash"] = *p->plan_hash;
     auto& s = object_at(steps, p->step.c_str());
+    // When the step began, on the agent's clock: a step that rebooted the
+    // guest began before the reboot, not when it is verified after it.
+    if (p->state == "started" && s.value("state", "") != "reboot_requested" && ev.time)
+      s["started_at"] = *ev.time;
     for (auto& [k, v] : clean.items())
       if (k != "kind" && k != "step" && k != "plan_hash") s[k] = v;
     if (t.phase == "pending" || t.phase == "enrolled") t.phase = "provisioning";
@@ -41,11 +45,7 @@ bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
       t.phase = "failed";
     return true;
   }
-  if (std::holds_alternative<HealthEvent>(ev.body)) {
-    clean.erase("kind");
-    t.status["health"] = clean;
-    return true;
-  }
+  // Health is the latest sample (store::Store::put_health), not the record.
   if (const auto* d = std::get_if<DiagnosisEvent>(&ev.body)) {
     auto& all = object_at(t.status, "diagnoses");
     if (!all.contains(d->diagnosis.code) && all.size() >= kMaxProjectedDiagnoses) return false;

@@ -42,6 +42,26 @@ std::size_t SessionRegistry::size() const {
 
 namespace {
 
+// A finished step's duration, from the times its agent stamped on its
+// "started" and last events (projection.cpp keeps started_at): the metric
+// measures the guest's work, not when the events happened to arrive.
+void observe_step_duration(feed::FeedState& feed, const SessionContext& ctx,
+                           const store::TenantRecord& t, const nlohmann::json& ev) {
+  const std::string state = ev.value("state", "");
+  if (state != "succeeded" && state != "failed") return;
+  const std::string step = ev.value("step", "");
+  const auto& plan = t.status.value("plan", nlohmann::json::object());
+  if (!plan.contains("steps") || !plan["steps"].is_object() || !plan["steps"].contains(step))
+    return;
+  const auto& s = plan["steps"][step];
+  auto start = parse_rfc3339(s.value("started_at", ""));
+  auto end = parse_rfc3339(ev.value("time", ""));
+  if (!start || !end || *end < *start) return;
+  std::string kind = ctx.step_kind ? ctx.step_kind(t, step) : "";
+  if (kind.empty()) return;  // not a step of the plan the coordinator sent
+  feed.observe_step(t.tier, kind, state, std::chrono::duration<double>(*end - *start).count());
+}
+
 // What the feed calls the end of a connection. An agent that stops on
 // purpose says so in its close frame (factory-agent: "stopping",
 // "rebooting"); anything else the agent did not announce is "lost".
@@ -118,6 +138,7 @@ void AgentSession::on_message(std::string_view text) {
   }
   if (type == proto::type::kEvent) return handle_event(*env);
   if (type == proto::type::kHeartbeat) return handle_heartbeat(*env);
+  if (type == proto::type::kHealth) return handle_health(env->body);
   if (type == proto::type::kRenew) return handle_renew(*env);
   if (type == proto::type::kAck) return;
   if (type == proto::type::kError) {
@@ -275,15 +296,23 @@ void AgentSession::handle_event(const proto::Envelope& env) {
   const uint64_t id = e.id;
   const uint64_t seq = env.seq;
   auto failed = store_failed_;
+  // What the feed's counters read: the decoded event, as stored.
+  nlohmann::json body = e.event;
+  // A health sample sent as an event (an agent older than the health
+  // frame) is health all the same: the latest sample, not the record.
+  if (const auto* h = std::get_if<HealthEvent>(&in.event.body)) handle_health(h->report);
   ctx_.store.append_event(
       tenant_, std::move(e),
       [event = std::move(in.event)](store::TenantRecord& t) { return project_event(t, event); },
       // On the store's writer thread: count, then come back to this session.
-      [self = shared_from_this(), id, seq, failed](Result<store::AppendOutcome> r) {
+      [self = shared_from_this(), id, seq, failed, body](Result<store::AppendOutcome> r) {
         if (!r) {
           failed->store(true);
         } else if (r->stored) {
           ++self->ctx_.feed.counters().events_stored;
+          self->ctx_.feed.count_event(body.value("kind", ""));
+          if (r->record && body.value("kind", "") == "progress")
+            observe_step_duration(self->ctx_.feed, self->ctx_, *r->record, body);
         } else {
           ++self->ctx_.feed.counters().events_duplicate;
         }
@@ -312,6 +341,12 @@ void AgentSession::handle_heartbeat(const proto::Envelope& env) {
   ctx_.feed.agent_seen(tenant_, format_rfc3339(Clock::now()));
   ctx_.feed.agent_spool(tenant_, hb.value->pending_events, hb.value->dropped_events);
   send(proto::type::kAck, nlohmann::json::object(), env.seq);
+}
+
+void AgentSession::handle_health(const nlohmann::json& body) {
+  // Not acknowledged: health is state, and the next sample supersedes this one.
+  if (auto kept = ctx_.ingestion.health(tenant_, body))
+    ctx_.store.put_health(tenant_, std::move(*kept));
 }
 
 void AgentSession::handle_renew(const proto::Envelope& env) {

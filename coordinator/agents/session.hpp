@@ -63,6 +63,9 @@ struct SessionContext {
   SessionRegistry& sessions;
   WorkerPool& workers;
   std::function<void(const std::string& tenant)> push_plan;  // after the tenant's hello
+  // The kind of a step of the tenant's plan ("" when unknown): labels the
+  // step duration metric with what the catalog says, not what the agent does.
+  std::function<std::string(const store::TenantRecord&, const std::string& step)> step_kind;
   std::string server_version;
 };
 
@@ -98,6 +101,7 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   void handle_hello(const proto::Envelope& env);
   void handle_event(const proto::Envelope& env);
   void handle_heartbeat(const proto::Envelope& env);
+  void handle_health(const nlohmann::json& body);
   void handle_renew(const proto::Envelope& env);
 
   SessionContext& ctx_;

@@ -1,4 +1,10 @@
-// `factory status`: the status feed's tenants (GET /v1/tenants) as a table.
+// `factory status`: the status feed's tenants (GET /v1/tenants) at a glance,
+// one row each: what the tenant is, where its plan is, whether its agent is
+// connected, what its GPU is doing (utilization, memory used of total,
+// temperature), what the tier made of it (models on the GPU or allocatable
+// slices) and what is wrong.
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -15,95 +21,148 @@
 namespace factory::cli {
 
 namespace {
+
 using nlohmann::json;
 
-// Health is what a guest reported: any shape may arrive here, and one
-// tenant's odd report must not keep `factory status` from printing every
-// other tenant. These readers answer a fallback instead of throwing.
-const json* member(const json& j, const char* key) {
-  if (!j.is_object()) return nullptr;
-  auto it = j.find(key);
-  return it == j.end() ? nullptr : &*it;
-}
-std::string text_or(const json& j, const char* key, const std::string& fallback) {
-  const json* v = member(j, key);
-  return v && v->is_string() ? v->get<std::string>() : fallback;
-}
-// A whole number within what a table cell needs, or nothing.
-std::optional<long long> whole(const json& j, const char* key) {
-  const json* v = member(j, key);
-  if (!v || !v->is_number()) return std::nullopt;
-  double d = v->get<double>();
-  if (!(d >= -1e12 && d <= 1e12)) return std::nullopt;
-  return static_cast<long long>(d);
-}
-const json& list_or_empty(const json& j, const char* key) {
-  static const json empty = json::array();
-  const json* v = member(j, key);
-  return v && v->is_array() ? *v : empty;
+const json& at(const json& j, const char* key) {
+  static const json null;
+  return j.is_object() && j.contains(key) ? j[key] : null;
 }
 
-// One cell that says what the tenant's GPU is doing: the card and driver,
-// then what the tier made of it (a model on the GPU, or HAMi's split).
-std::string gpu_summary(const json& t) {
-  const json* h = member(t, "health");
-  if (!h || !h->is_object()) return "-";
+// A guest's words in a terminal cell: no control characters (an escape
+// sequence in a model name is an attack on the admin's terminal).
+std::string cell(const std::string& s, size_t max = 40) {
   std::string out;
-  if (const json* g = member(*h, "gpu"); g && g->is_object()) {
-    for (const auto& card : list_or_empty(*g, "gpus")) {
-      if (!card.is_object()) continue;
-      if (!out.empty()) out += ", ";
-      out += text_or(card, "name", "?");
-    }
-    if (const json* d = member(*g, "driver_version"); d && d->is_string())
-      out += " (" + d->get<std::string>() + ")";
-  }
-  if (const json* o = member(*h, "ollama"); o && o->is_object())
-    for (const auto& m : list_or_empty(*o, "models")) {
-      if (!m.is_object()) continue;
-      out += "; " + text_or(m, "name", "?");
-      if (auto pct = whole(m, "gpu_percent")) out += " " + std::to_string(*pct) + "% GPU";
-    }
-  if (const json* k = member(*h, "k8s"); k && k->is_object())
-    if (auto n = whole(*k, "allocatable"))
-      out += "; " + std::to_string(*n) + " x " + text_or(*k, "resource", "nvidia.com/gpu");
+  for (unsigned char c : s) out += (c < 0x20 || c == 0x7f) ? '?' : static_cast<char>(c);
+  if (out.size() > max) out = out.substr(0, max - 3) + "...";
   return out.empty() ? "-" : out;
 }
 
-// The table of `factory status`.
+std::string text(const json& j, const char* key) {
+  const json& v = at(j, key);
+  return v.is_string() ? v.get<std::string>() : std::string();
+}
+
+std::string gib(double mib) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", mib / 1024.0);
+  return b;
+}
+
+struct GpuCells {
+  std::string name = "-", util = "-", memory = "-", temp = "-";
+};
+
+GpuCells gpu_cells(const json& health) {
+  GpuCells c;
+  const json& gpus = at(at(health, "gpu"), "gpus");
+  if (!gpus.is_array() || gpus.empty()) return c;
+  std::string names, utils;
+  double used = 0, total = 0;
+  bool have_mem = false;
+  int temp = -1000;
+  for (const auto& g : gpus) {
+    std::string n = text(g, "name");
+    if (names.find(n) == std::string::npos) names += (names.empty() ? "" : ", ") + n;
+    const json& u = at(g, "utilization_percent");
+    utils +=
+        (utils.empty() ? "" : ",") + (u.is_number() ? std::to_string(u.get<int>()) + "%" : "?");
+    if (at(g, "memory_used_mib").is_number() && at(g, "memory_total_mib").is_number()) {
+      used += at(g, "memory_used_mib").get<double>();
+      total += at(g, "memory_total_mib").get<double>();
+      have_mem = true;
+    }
+    if (at(g, "temperature_c").is_number())
+      temp = std::max(temp, at(g, "temperature_c").get<int>());
+  }
+  if (gpus.size() > 1) names = std::to_string(gpus.size()) + "x " + names;
+  c.name = cell(names, 24);
+  c.util = utils;
+  if (have_mem) c.memory = gib(used) + "/" + gib(total) + " GiB";
+  if (temp > -1000) c.temp = std::to_string(temp) + "C";
+  return c;
+}
+
+// What the tier made of the GPU: Ollama's models and their share on it, or
+// the guest cluster's allocatable slices.
+std::string workload(const json& health) {
+  std::string out;
+  for (const auto& m : at(at(health, "ollama"), "models")) {
+    const json& p = at(m, "gpu_percent");
+    out += (out.empty() ? "" : ", ") + cell(text(m, "name"), 24) + " " +
+           (p.is_number() ? std::to_string(p.get<int>()) : "?") + "% GPU";
+  }
+  const json& k = at(health, "k8s");
+  if (k.is_object()) {
+    const json& a = at(k, "allocatable");
+    const json& c = at(k, "capacity");
+    std::string slices = (a.is_number() ? std::to_string(a.get<long long>()) : "0");
+    if (c.is_number()) slices += "/" + std::to_string(c.get<long long>());
+    out += (out.empty() ? "" : ", ") + slices + " " + cell(text(k, "resource"), 24);
+  }
+  return out.empty() ? "-" : out;
+}
+
+// Whether the agent is connected; if not, how its last connection ended
+// (a planned stop or a reboot is not a crash) and when.
+std::string connected(const json& t) {
+  const json& a = at(t, "agent");
+  if (at(a, "connected").is_boolean() && a["connected"].get<bool>()) return "yes";
+  std::string state = text(a, "state");
+  // Before its first connection an agent is simply not there yet.
+  if (state.empty() || state == "never_connected" || state == "unknown") return "no";
+  return "no: " + cell(state, 16) + " " + age(text(a, "last_seen"), " ago");
+}
+
+std::string problems(const json& t) {
+  std::vector<std::string> p;
+  for (const auto& d : at(t, "active_diagnoses")) {
+    std::string code = cell(text(d, "code"), 40);
+    if (std::find(p.begin(), p.end(), code) == p.end()) p.push_back(code);
+  }
+  if (p.empty()) return "-";
+  std::string out = p[0];
+  if (p.size() > 1) out += ", " + p[1];
+  if (p.size() > 2) out += " +" + std::to_string(p.size() - 2);
+  return out;
+}
+
+std::string phase(const json& t) {
+  std::string ph = text(t, "phase");
+  const json& plan = at(t, "plan");
+  // Where a plan under way is: "provisioning 2/4".
+  if (ph == "provisioning" && at(plan, "steps_total").is_number())
+    ph += " " +
+          std::to_string(at(plan, "steps_done").is_number() ? plan["steps_done"].get<int>() : 0) +
+          "/" + std::to_string(plan["steps_total"].get<int>());
+  return ph.empty() ? "-" : ph;
+}
+
 void print_status(const json& res) {
   std::vector<std::vector<std::string>> rows;
-  for (const auto& t : list_or_empty(res, "tenants")) {
-    static const json none = json::object();
-    const json* found = member(t, "agent");
-    const json& a = found && found->is_object() ? *found : none;
-    const json* connected = member(a, "connected");
-    bool up = connected && connected->is_boolean() && connected->get<bool>();
-    // How the last connection ended tells a planned stop from a crash.
-    std::string state = text_or(a, "state", "");
-    std::string link = up ? "yes"
-                       : (state.empty() || state == "never_connected" || state == "unknown")
-                           ? "no"
-                           : "no: " + state;
-    std::string tier = text_or(t, "tier", "");
-    std::string version = text_or(a, "version", "");
-    rows.push_back({text_or(t, "name", ""), tier.empty() ? "-" : tier, text_or(t, "phase", ""),
-                    link, version.empty() ? "-" : version,
-                    up ? age(text_or(a, "connected_since", ""), " ago") : "-",
-                    age(text_or(a, "last_seen", ""), " ago"), gpu_summary(t)});
+  const json& tenants = at(res, "tenants");
+  if (!tenants.is_array()) return;
+  for (const auto& t : tenants) {
+    const json& h = at(t, "health");
+    GpuCells g = gpu_cells(h);
+    rows.push_back({text(t, "name"), text(t, "tier").empty() ? "-" : text(t, "tier"), phase(t),
+                    connected(t), g.name, g.util, g.memory, g.temp, workload(h), problems(t)});
   }
   if (rows.empty()) {
     std::cout << "No tenants yet. Create one with `factory tenant create` or `factory token "
                  "create`.\n";
     return;
   }
-  print_table(std::cout,
-              {"tenant", "tier", "phase", "connected", "agent", "since", "last seen", "gpu"}, rows);
-  for (auto& t : res["tenants"]) {
-    auto dropped = t["agent"].value("dropped_events", uint64_t{0});
+  print_table(
+      std::cout,
+      {"tenant", "tier", "phase", "connected", "gpu", "util", "memory", "temp", "models/slices", "problems"},
+      rows);
+  for (const auto& t : tenants) {
+    const json& d = at(at(t, "agent"), "dropped_events");
+    auto dropped = d.is_number_unsigned() ? d.get<uint64_t>() : 0;
     if (dropped > 0)
       std::cout << "\n"
-                << t.value("name", "") << ": its agent dropped " << dropped
+                << cell(text(t, "name"), 64) << ": its agent dropped " << dropped
                 << " event(s) that the coordinator never received (its spool was full, or a "
                    "record in it was damaged)\n";
   }
@@ -134,7 +193,10 @@ void warn_if_ca_expires_soon(const GlobalOptions& g) {
 }  // namespace
 
 void add_status_command(CLI::App& app, Context& ctx) {
-  auto* cmd = app.add_subcommand("status", "Tenants, their agents and what they report");
+  auto* cmd = app.add_subcommand(
+      "status",
+      "Tenants at a glance: phase, GPU utilization, memory, temperature, models or "
+      "slices, problems");
   auto out = std::make_shared<OutputFormat>(OutputFormat::table);
   add_output_option(*cmd, *out);
   set_examples(*cmd, {{"factory status", "one line per tenant"},

@@ -51,6 +51,7 @@ void FeedState::forget(const std::string& tenant) {
     for (auto it = counts->lower_bound({tenant, ""});
          it != counts->end() && it->first.first == tenant;)
       it = counts->erase(it);
+  health_samples_.erase(tenant);
 }
 
 void FeedState::count_rejected(const std::string& tenant, const std::string& reason,
@@ -72,6 +73,48 @@ FeedState::TenantCounts FeedState::rejected() const {
 FeedState::TenantCounts FeedState::over_quota() const {
   std::lock_guard lk(mu_);
   return over_quota_;
+}
+
+void FeedState::count_health_sample(const std::string& tenant) {
+  std::lock_guard lk(mu_);
+  ++health_samples_[tenant];
+}
+
+std::map<std::string, std::uint64_t> FeedState::health_samples() const {
+  std::lock_guard lk(mu_);
+  return health_samples_;
+}
+
+void FeedState::count_event(const std::string& kind) {
+  // The kinds the agent sends; a label per made-up kind would let an agent
+  // grow the metrics without bound.
+  static const char* const known[] = {"progress", "plan",          "diagnosis",
+                                      "health",   "journal_reset", "synthetic"};
+  std::string k = "other";
+  for (const char* x : known)
+    if (kind == x) k = x;
+  std::lock_guard lk(mu_);
+  ++events_by_kind_[k];
+}
+
+std::map<std::string, std::uint64_t> FeedState::events_by_kind() const {
+  std::lock_guard lk(mu_);
+  return events_by_kind_;
+}
+
+void FeedState::observe_step(const std::string& tier, const std::string& kind,
+                             const std::string& result, double seconds) {
+  std::lock_guard lk(mu_);
+  auto& s = steps_.series[{tier, kind, result}];
+  for (size_t i = 0; i < StepDurations::kBuckets.size(); ++i)
+    if (seconds <= StepDurations::kBuckets[i]) ++s.buckets[i];
+  ++s.count;
+  s.sum += seconds;
+}
+
+StepDurations FeedState::step_durations() const {
+  std::lock_guard lk(mu_);
+  return steps_;
 }
 
 std::optional<AgentPresence> FeedState::presence(const std::string& tenant) const {

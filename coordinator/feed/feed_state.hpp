@@ -4,6 +4,7 @@
 // happen, from any io thread; the feed only reads them (tenant_view.hpp,
 // metrics.hpp). In memory only: after a restart every agent counts as
 // disconnected until its hello. Thread-safe.
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -44,6 +45,21 @@ struct AgentCounters {
   std::atomic<std::uint64_t> store_failures{0};
 };
 
+// A Prometheus histogram of plan step durations, per tier, step kind and
+// result (succeeded | failed).
+struct StepDurations {
+  // Upper bounds in seconds: a quick check to the hour a model pull may take.
+  static constexpr std::array<double, 12> kBuckets = {1,   5,   15,   30,   60,   120,
+                                                      300, 600, 1200, 1800, 3600, 7200};
+  struct Series {
+    std::array<std::uint64_t, kBuckets.size()> buckets{};  // cumulative, as exposed
+    std::uint64_t count = 0;
+    double sum = 0;
+  };
+  // (tier, kind, result) -> series
+  std::map<std::array<std::string, 3>, Series> series;
+};
+
 class FeedState {
  public:
   // The agent said hello: it is the tenant's one connected agent now.
@@ -60,7 +76,8 @@ class FeedState {
   void forget(const std::string& tenant);
 
   // What the agents module did not keep of a tenant's messages, by reason
-  // (coordinator/agents/messages.hpp): factory_agent_messages_rejected_total.
+  // (coordinator/agents/messages.hpp, a health field out of range, a message
+  // over its rate): factory_agent_messages_rejected_total.
   void count_rejected(const std::string& tenant, const std::string& reason, std::uint64_t n = 1);
   // Messages refused because the tenant was over a quota, by quota:
   // factory_agent_quota_refusals_total.
@@ -68,6 +85,16 @@ class FeedState {
   using TenantCounts = std::map<std::pair<std::string, std::string>, std::uint64_t>;
   TenantCounts rejected() const;
   TenantCounts over_quota() const;
+  // A health sample taken in as the tenant's latest.
+  void count_health_sample(const std::string& tenant);
+  std::map<std::string, std::uint64_t> health_samples() const;
+  // An event stored, by its kind (progress, plan, ...; anything else "other").
+  void count_event(const std::string& kind);
+  std::map<std::string, std::uint64_t> events_by_kind() const;
+  // A plan step that finished after `seconds`.
+  void observe_step(const std::string& tier, const std::string& kind, const std::string& result,
+                    double seconds);
+  StepDurations step_durations() const;
 
   // nullopt when no agent of the tenant connected since the coordinator started.
   std::optional<AgentPresence> presence(const std::string& tenant) const;
@@ -81,6 +108,9 @@ class FeedState {
   mutable std::mutex mu_;
   std::map<std::string, AgentPresence> presence_;
   TenantCounts rejected_, over_quota_;
+  std::map<std::string, std::uint64_t> health_samples_;
+  std::map<std::string, std::uint64_t> events_by_kind_;
+  StepDurations steps_;
   AgentCounters counters_;
 };
 

@@ -1,42 +1,253 @@
 #include "coordinator/feed/metrics.hpp"
 
+#include <cmath>
+#include <iomanip>
 #include <map>
 #include <sstream>
 
+#include "common/durations.hpp"
+
 namespace factory::feed {
 
-std::string render_metrics(const store::Store& store, const FeedState& state) {
+namespace {
+
+using nlohmann::json;
+
+// A label value in the text format: backslash, double quote and newline
+// escaped. Guest strings reach here only after the health sample's checks
+// (no control characters), but the format is kept whatever arrives.
+std::string esc(const std::string& v) {
+  std::string out;
+  out.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
+  }
+  return out;
+}
+
+std::string num(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   std::ostringstream o;
-  auto gauge = [&](const char* name, const char* help) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
-  };
+  o << std::setprecision(15) << v;
+  return o.str();
+}
+
+class Exposition {
+ public:
+  void family(const char* name, const char* type, const char* help) {
+    o_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  }
+  // labels: already rendered `k="v",...` (may be empty).
+  void sample(const std::string& name, const std::string& labels, double v) {
+    o_ << name;
+    if (!labels.empty()) o_ << "{" << labels << "}";
+    o_ << " " << num(v) << "\n";
+  }
+  std::string str() const { return o_.str(); }
+
+ private:
+  std::ostringstream o_;
+};
+
+std::string labels(std::initializer_list<std::pair<const char*, std::string>> kv) {
+  std::string out;
+  for (const auto& [k, v] : kv)
+    out += (out.empty() ? "" : ",") + std::string(k) + "=\"" + esc(v) + "\"";
+  return out;
+}
+
+const json& field(const json& j, const char* key) {
+  static const json null;
+  return j.is_object() && j.contains(key) ? j[key] : null;
+}
+
+std::string text(const json& j, const char* key) {
+  const json& v = field(j, key);
+  return v.is_string() ? v.get<std::string>() : std::string();
+}
+
+// The GPU series, named and labelled as NVIDIA's dcgm-exporter writes them
+// (its default counters, etc/default-counters.csv), so the dashboards made
+// for it work on Factory's tenants; `tenant` and `tier` say whose GPU it is.
+struct DcgmSeries {
+  const char* name;
+  const char* key;  // in the health sample's GPU
+  const char* help;
+};
+constexpr DcgmSeries kDcgm[] = {
+    {"DCGM_FI_DEV_GPU_UTIL", "utilization_percent", "GPU utilization (in %)."},
+    {"DCGM_FI_DEV_MEM_COPY_UTIL", "memory_utilization_percent", "Memory utilization (in %)."},
+    {"DCGM_FI_DEV_FB_USED", "memory_used_mib", "Framebuffer memory used (in MiB)."},
+    {"DCGM_FI_DEV_FB_FREE", "memory_free_mib", "Framebuffer memory free (in MiB)."},
+    {"DCGM_FI_DEV_FB_RESERVED", "memory_reserved_mib", "Framebuffer memory reserved (in MiB)."},
+    {"DCGM_FI_DEV_GPU_TEMP", "temperature_c", "GPU temperature (in C)."},
+    {"DCGM_FI_DEV_MEMORY_TEMP", "memory_temperature_c", "Memory temperature (in C)."},
+    {"DCGM_FI_DEV_POWER_USAGE", "power_draw_w", "Power draw (in W)."},
+    {"DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", "SM clock frequency (in MHz)."},
+    {"DCGM_FI_DEV_MEM_CLOCK", "memory_clock_mhz", "Memory clock frequency (in MHz)."},
+};
+
+struct TenantHealth {
+  std::string tenant, tier;
+  json health;
+};
+
+std::string gpu_labels(const TenantHealth& t, const json& g) {
+  const json& minor = field(g, "minor_number");
+  int index = field(g, "index").is_number_integer() ? field(g, "index").get<int>() : 0;
+  // dcgm-exporter's `device` is the card's /dev node name.
+  std::string device =
+      "nvidia" + std::to_string(minor.is_number_integer() ? minor.get<int>() : index);
+  return labels({{"gpu", std::to_string(index)},
+                 {"UUID", text(g, "uuid")},
+                 {"pci_bus_id", text(g, "pci_bus_id")},
+                 {"device", device},
+                 {"modelName", text(g, "name")},
+                 {"hostname", text(t.health, "hostname")},
+                 {"tenant", t.tenant},
+                 {"tier", t.tier}});
+}
+
+void render_gpus(Exposition& x, const std::vector<TenantHealth>& all) {
+  for (const auto& s : kDcgm) {
+    x.family(s.name, "gauge", s.help);
+    for (const auto& t : all)
+      for (const auto& g : field(field(t.health, "gpu"), "gpus")) {
+        const json& v = field(g, s.key);
+        if (v.is_number()) x.sample(s.name, gpu_labels(t, g), v.get<double>());
+      }
+  }
+}
+
+void render_tenant_health(Exposition& x, const std::vector<TenantHealth>& all) {
+  x.family("factory_tenant_gpus", "gauge", "GPUs the tenant's guest sees (its latest health).");
+  for (const auto& t : all)
+    x.sample("factory_tenant_gpus", labels({{"tenant", t.tenant}, {"tier", t.tier}}),
+             static_cast<double>(field(field(t.health, "gpu"), "gpus").size()));
+  x.family("factory_tenant_health_timestamp_seconds", "gauge",
+           "When the coordinator received the tenant's latest health sample (Unix time).");
+  for (const auto& t : all)
+    if (auto at = parse_rfc3339(text(t.health, "received_at")))
+      x.sample("factory_tenant_health_timestamp_seconds", labels({{"tenant", t.tenant}}),
+               std::chrono::duration<double>(at->time_since_epoch()).count());
+  x.family("factory_tenant_allocatable_gpus", "gauge",
+           "Allocatable GPUs (HAMi's slices) the tenant's own cluster advertises, summed over its "
+           "nodes.");
+  for (const auto& t : all) {
+    const json& k = field(t.health, "k8s");
+    std::string l =
+        labels({{"tenant", t.tenant}, {"tier", t.tier}, {"resource", text(k, "resource")}});
+    if (field(k, "allocatable").is_number())
+      x.sample("factory_tenant_allocatable_gpus", l, field(k, "allocatable").get<double>());
+  }
+  x.family("factory_tenant_capacity_gpus", "gauge",
+           "GPU capacity the tenant's own cluster advertises, summed over its nodes.");
+  for (const auto& t : all) {
+    const json& k = field(t.health, "k8s");
+    std::string l =
+        labels({{"tenant", t.tenant}, {"tier", t.tier}, {"resource", text(k, "resource")}});
+    if (field(k, "capacity").is_number())
+      x.sample("factory_tenant_capacity_gpus", l, field(k, "capacity").get<double>());
+  }
+  x.family("factory_ollama_models_loaded", "gauge", "Models the tenant's Ollama has loaded.");
+  for (const auto& t : all)
+    if (field(t.health, "ollama").is_object())
+      x.sample("factory_ollama_models_loaded", labels({{"tenant", t.tenant}, {"tier", t.tier}}),
+               static_cast<double>(field(field(t.health, "ollama"), "models").size()));
+  x.family("factory_ollama_model_gpu_ratio", "gauge",
+           "Share of a loaded Ollama model on the GPU (size_vram / size; 1 = all of it).");
+  for (const auto& t : all)
+    for (const auto& m : field(field(t.health, "ollama"), "models")) {
+      double size = field(m, "size").is_number() ? field(m, "size").get<double>() : 0;
+      double vram = field(m, "size_vram").is_number() ? field(m, "size_vram").get<double>() : 0;
+      x.sample("factory_ollama_model_gpu_ratio",
+               labels({{"tenant", t.tenant}, {"tier", t.tier}, {"model", text(m, "name")}}),
+               size > 0 ? vram / size : 0);
+    }
+}
+
+void render_step_durations(Exposition& x, const StepDurations& d) {
+  x.family("factory_plan_step_duration_seconds", "histogram",
+           "How long plan steps took on the guest, from started to succeeded or failed.");
+  for (const auto& [key, s] : d.series) {
+    std::string l = labels({{"tier", key[0]}, {"kind", key[1]}, {"result", key[2]}});
+    for (size_t i = 0; i < StepDurations::kBuckets.size(); ++i)
+      x.sample("factory_plan_step_duration_seconds_bucket",
+               l + ",le=\"" + num(StepDurations::kBuckets[i]) + "\"",
+               static_cast<double>(s.buckets[i]));
+    x.sample("factory_plan_step_duration_seconds_bucket", l + ",le=\"+Inf\"",
+             static_cast<double>(s.count));
+    x.sample("factory_plan_step_duration_seconds_sum", l, s.sum);
+    x.sample("factory_plan_step_duration_seconds_count", l, static_cast<double>(s.count));
+  }
+}
+
+}  // namespace
+
+std::string render_metrics(const store::Store& store, const FeedState& state) {
+  Exposition x;
   auto counter = [&](const char* name, const char* help, uint64_t v) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
-      << name << " " << v << "\n";
+    x.family(name, "counter", help);
+    x.sample(name, "", static_cast<double>(v));
   };
-  gauge("factory_agents_connected", "Agents connected to this coordinator now.");
-  o << "factory_agents_connected " << state.connected_count() << "\n";
+  x.family("factory_agents_connected", "gauge", "Agents connected to this coordinator now.");
+  x.sample("factory_agents_connected", "", static_cast<double>(state.connected_count()));
   std::map<std::string, int> phases;
   for (auto p : {"pending", "enrolled", "provisioning", "ready", "failed"}) phases[p] = 0;
   auto tenants = store.list_tenants();
   for (auto& t : tenants) phases[t.phase]++;
-  gauge("factory_tenants", "Tenants by lifecycle phase.");
-  for (auto& [p, n] : phases) o << "factory_tenants{phase=\"" << p << "\"} " << n << "\n";
+  x.family("factory_tenants", "gauge", "Tenants by lifecycle phase.");
+  for (auto& [p, n] : phases) x.sample("factory_tenants", labels({{"phase", p}}), n);
   auto presence = state.all();
-  gauge("factory_tenant_agent_connected", "1 when the tenant's agent is connected.");
+  x.family("factory_tenant_agent_connected", "gauge", "1 when the tenant's agent is connected.");
   for (auto& t : tenants) {
     auto it = presence.find(t.name);
-    o << "factory_tenant_agent_connected{tenant=\"" << t.name << "\"} "
-      << (it != presence.end() && it->second.connected ? 1 : 0) << "\n";
+    x.sample("factory_tenant_agent_connected", labels({{"tenant", t.name}}),
+             it != presence.end() && it->second.connected ? 1 : 0);
   }
-  gauge("factory_agent_spool_dropped_events",
-        "Events the tenant's agent dropped because its spool was full (its last heartbeat).");
+  x.family("factory_agent_spool_dropped_events", "gauge",
+           "Events the tenant's agent dropped because its spool was full (its last heartbeat).");
   for (auto& t : tenants) {
     auto it = presence.find(t.name);
-    o << "factory_agent_spool_dropped_events{tenant=\"" << t.name << "\"} "
-      << (it != presence.end() ? it->second.dropped_events : 0) << "\n";
+    x.sample("factory_agent_spool_dropped_events", labels({{"tenant", t.name}}),
+             static_cast<double>(it != presence.end() ? it->second.dropped_events : 0));
   }
+
+  std::vector<TenantHealth> health;
+  for (auto& t : tenants)
+    if (auto h = store.get_health(t.name)) health.push_back({t.name, t.tier, std::move(*h)});
+  render_gpus(x, health);
+  render_tenant_health(x, health);
+  render_step_durations(x, state.step_durations());
+
   const AgentCounters& m = state.counters();
+  x.family("factory_enrollments_total", "counter", "Agent enrollments, by result.");
+  x.sample("factory_enrollments_total", labels({{"result", "accepted"}}),
+           static_cast<double>(m.enrollments_accepted.load()));
+  x.sample("factory_enrollments_total", labels({{"result", "refused"}}),
+           static_cast<double>(m.enrollments_refused.load()));
+  x.family("factory_events_ingested_total", "counter", "Agent events stored, by kind.");
+  for (const auto& [kind, n] : state.events_by_kind())
+    x.sample("factory_events_ingested_total", labels({{"kind", kind}}), static_cast<double>(n));
+  x.family("factory_health_samples_total", "counter",
+           "Health samples taken in as the tenant's latest.");
+  for (const auto& [tenant, n] : state.health_samples())
+    x.sample("factory_health_samples_total", labels({{"tenant", tenant}}), static_cast<double>(n));
+  x.family("factory_agent_messages_rejected_total", "counter",
+           "Parts of agents' messages dropped (a field out of its bounds, a message over its "
+           "rate), by tenant and reason.");
+  for (const auto& [key, n] : state.rejected())
+    x.sample("factory_agent_messages_rejected_total",
+             labels({{"tenant", key.first}, {"reason", key.second}}), static_cast<double>(n));
+
   counter("factory_enrollments_accepted_total", "Agent enrollments accepted.",
           m.enrollments_accepted);
   counter("factory_enrollments_refused_total", "Agent enrollments refused (bad token or CSR).",
@@ -54,27 +265,17 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
   counter("factory_store_failures_total",
           "Agent events the store could not write (the session was closed; the agent resends).",
           m.store_failures);
-  // Per tenant: what its agent sent that was not kept, and what a quota
-  // refused. Tenant names are DNS labels and reasons a fixed set, so the
-  // label values need no escaping; only series that counted something appear.
-  auto per_tenant = [&](const char* name, const char* help, const char* label,
-                        const FeedState::TenantCounts& counts) {
-    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n";
-    for (auto& [key, n] : counts)
-      o << name << "{tenant=\"" << key.first << "\"," << label << "=\"" << key.second << "\"} " << n
-        << "\n";
-  };
-  per_tenant("factory_agent_messages_rejected_total",
-             "Agent messages or fields not kept (refused or dropped), by reason.", "reason",
-             state.rejected());
-  per_tenant("factory_agent_quota_refusals_total",
-             "Agent messages refused because the tenant was over a quota (agents.quota).", "quota",
-             state.over_quota());
+  x.family("factory_agent_quota_refusals_total", "counter",
+           "Agent messages refused because the tenant was over a quota (agents.quota), by "
+           "tenant and quota.");
+  for (const auto& [key, n] : state.over_quota())
+    x.sample("factory_agent_quota_refusals_total",
+             labels({{"tenant", key.first}, {"quota", key.second}}), static_cast<double>(n));
   counter("factory_events_expired_total",
           "Stored agent events dropped by retention, oldest first (agents.quota.max_events_stored, "
           "max_event_age).",
           store.stats().events_expired);
-  return o.str();
+  return x.str();
 }
 
 }  // namespace factory::feed

@@ -30,8 +30,41 @@ nlohmann::json TenantView::tenant(const store::TenantRecord& t) const {
                       {"phase", t.phase}, {"created_at", t.created_at},
                       {"agent", agent},   {"events_stored", store_.event_count(t.name)}};
   for (auto& [k, v] : t.status.items()) j[k] = v;
+  // Health is the store's latest sample; a record written before health
+  // was state may still hold an old copy, which is not it.
+  auto health = store_.get_health(t.name);
+  j["health"] = health ? *health : nlohmann::json(nullptr);
+  if (!j.contains("diagnoses")) j["diagnoses"] = nlohmann::json::object();
+  j["active_diagnoses"] = active_diagnoses(t.status, j["health"]);
   if (!t.spec.empty()) j["spec"] = t.spec;
   return j;
+}
+
+nlohmann::json active_diagnoses(const nlohmann::json& status, const nlohmann::json& health) {
+  nlohmann::json out = nlohmann::json::array();
+  auto add = [&](const nlohmann::json& d, const std::string& source, const std::string& step) {
+    if (!d.is_object() || !d.contains("code") || !d["code"].is_string()) return;
+    nlohmann::json a = {{"code", d["code"]},
+                        {"summary", d.value("summary", "")},
+                        {"fix", d.value("fix", "")},
+                        {"details", d.value("details", nlohmann::json::object())},
+                        {"source", source}};
+    if (!step.empty()) a["step"] = step;
+    out.push_back(std::move(a));
+  };
+  if (status.is_object() && status.contains("plan") && status["plan"].is_object()) {
+    const auto& steps = status["plan"].value("steps", nlohmann::json::object());
+    if (steps.is_object())
+      for (const auto& [id, s] : steps.items())
+        if (s.is_object() && s.value("state", "") == "failed" && s.contains("diagnosis"))
+          add(s["diagnosis"], "plan", id);
+  }
+  if (health.is_object())
+    for (const char* section : {"gpu", "ollama", "k8s"})
+      if (health.contains(section) && health[section].is_object())
+        for (const auto& d : health[section].value("diagnoses", nlohmann::json::array()))
+          add(d, "health", "");
+  return out;
 }
 
 nlohmann::json TenantView::tenants() const {

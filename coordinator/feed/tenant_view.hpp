@@ -1,8 +1,19 @@
 #pragma once
 // The tenants as the status feed shows them: `GET /v1/tenants` (and so
 // `factory status -o json`), and the record part of `GET /v1/tenants/{name}`.
-// Each is its stored record (spec, phase, derived status) with its agent's
-// live presence laid over the identity the store keeps.
+// The field names are an interface (README.md, "The status feed"):
+//
+//   name, tier, phase, created_at, spec?
+//   plan?            (once the agent reported one) {hash, tier, state, steps_done, steps_total,
+//   message?,
+//                     failed_step?, steps: {id: {state, attempt, message?, ...}}}
+//   agent            the connection: {connected, state, version, hostname, ...}
+//   health           the latest sample (common/health_sample.hpp) with
+//                    received_at, or null before the first
+//   active_diagnoses what is wrong now: [{code, summary, fix, details,
+//                    source: "plan"|"health", step?}]
+//   diagnoses        diagnosis events by code, as the agent sent them
+//   events_stored
 #include <nlohmann/json.hpp>
 
 #include "coordinator/feed/feed_state.hpp"
@@ -22,5 +33,9 @@ class TenantView {
   const store::Store& store_;
   const FeedState& state_;
 };
+
+// What is wrong with the tenant now: the diagnosis of each step whose latest
+// state is failed, then those of its latest health sample.
+nlohmann::json active_diagnoses(const nlohmann::json& status, const nlohmann::json& health);
 
 }  // namespace factory::feed

@@ -203,6 +203,20 @@ Status KubeClient::remove(const Kind& kind, const std::string& ns, const std::st
   return {};
 }
 
+Result<WatchEvent> parse_watch_line(std::string_view line) {
+  auto ev = json::parse(line, nullptr, false);
+  if (ev.is_discarded() || !ev.is_object())
+    return Error(Errc::protocol, "the server sent a line that is not a JSON event");
+  auto type = ev.find("type");
+  if (type == ev.end() || !type->is_string())
+    return Error(Errc::protocol, "the server sent an event without a type");
+  auto obj = ev.find("object");
+  if (obj == ev.end() || !obj->is_object())
+    return Error(Errc::protocol, "the server sent a " + type->get<std::string>().substr(0, 32) +
+                                     " event without an object");
+  return WatchEvent{type->get<std::string>(), std::move(*obj)};
+}
+
 Status KubeClient::watch(const Kind& kind, const std::string& ns, const WatchOptions& opts,
                          const std::function<bool(const WatchEvent&)>& on_event) {
   using Clock = std::chrono::steady_clock;
@@ -282,25 +296,28 @@ Status KubeClient::watch(const Kind& kind, const std::string& ns, const WatchOpt
     Status stream_error;
     auto on_line = [&](const std::string& line) -> bool {
       if (line.empty()) return true;
-      auto ev = json::parse(line, nullptr, false);
-      if (ev.is_discarded() || !ev.is_object()) {
-        stream_error = Error(Errc::protocol, "watch " + what + ": the server sent a line that is "
-                                                           "not a JSON event");
+      auto ev = parse_watch_line(line);
+      if (!ev) {
+        stream_error = Error(Errc::protocol, "watch " + what + ": " + ev.error().message);
         return false;
       }
-      std::string type = ev.value("type", "");
-      const json& obj = ev.contains("object") ? ev["object"] : json::object();
+      const std::string& type = ev->type;
+      const json& obj = ev->object;
       if (type == "BOOKMARK") {
         if (auto v = meta(obj, "resourceVersion"); !v.empty()) rv = v;
         return true;
       }
       if (type == "ERROR") {
-        if (obj.value("code", 0) == 410) {
+        // A metav1.Status; its code is an integer when the server is sane.
+        const int code = obj.contains("code") && obj["code"].is_number_integer()
+                             ? obj["code"].get<int>()
+                             : 500;
+        if (code == 410) {
           gone = true;
           return false;
         }
         RequestInfo info{"watch", *r, list_ns, "", access_.server};
-        stream_error = status_error(obj.value("code", 500), obj.dump(), info);
+        stream_error = status_error(code, obj.dump(), info);
         return false;
       }
       if (type != "ADDED" && type != "MODIFIED" && type != "DELETED") return true;  // newer types

@@ -8,6 +8,7 @@
 // (see status_error.hpp), or "cannot reach the Kubernetes API at ...".
 #include <chrono>
 #include <functional>
+#include <string_view>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -43,6 +44,11 @@ struct WatchEvent {
   std::string type;  // ADDED, MODIFIED, DELETED
   json object;
 };
+
+// One line of a watch stream ({"type": ..., "object": {...}}), checked for
+// that shape: Errc::protocol when it is not (the line is the API server's,
+// and a broken proxy in front of it can send anything).
+Result<WatchEvent> parse_watch_line(std::string_view line);
 
 struct WatchOptions {
   std::string label_selector;

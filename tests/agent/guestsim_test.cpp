@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <sstream>
 
 #include "tests/guestsim/guest_sim.hpp"
 
@@ -83,6 +84,29 @@ TEST(GuestSim, H200AnswersWithTheRealMachinesOutput) {
   auto bad = sim.sh({"nvidia-smi", "--query-gpu=name,bogus", "--format=csv"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("Field \"bogus\" is not a valid field to query."), std::string::npos);
+  // -q -d MEMORY: the memory blocks of the same kind of machine's `nvidia-smi -q`,
+  // each line as captured.
+  std::string q = slurp(fixtures_dir() / "h200-passthrough-vm/2026-12-01/nvidia-smi-q.txt");
+  auto mem = sim.sh({"nvidia-smi", "-q", "-d", "MEMORY"});
+  ASSERT_EQ(mem.exit_code, 0) << mem.output;
+  std::istringstream lines(mem.output);
+  size_t at = 0;
+  for (std::string l; std::getline(lines, l);) {
+    at = q.find(l + "\n", at);
+    ASSERT_NE(at, std::string::npos) << "not in the capture, or out of order: " << l;
+  }
+  EXPECT_NE(mem.output.find("    FB Memory Usage\n        Total                                    "
+                            "      : 143771 MiB\n"
+                            "        Reserved                                       : 616 MiB\n"),
+            std::string::npos)
+      << mem.output;
+  EXPECT_NE(mem.output.find("    BAR1 Memory Usage"), std::string::npos);
+  EXPECT_EQ(mem.output.find("Utilization"), std::string::npos) << "only the memory blocks";
+  // No compute process on the captured H200.
+  auto apps = sim.sh({"nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+                      "--format=csv,noheader,nounits"});
+  EXPECT_EQ(apps.exit_code, 0);
+  EXPECT_EQ(apps.output, "");
 }
 
 TEST(GuestSim, RebootChangesTheBootIdAndRestartsEnabledServices) {

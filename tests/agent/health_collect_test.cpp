@@ -1,10 +1,16 @@
 // collect_gpu_health / collect_ollama_health on the simulated guest
 // (tests/guestsim; its nvidia-smi answers with the real captures). NVML is
-// absent here and under every simulated root, so these exercise the
-// nvidia-smi fallbacks; NVML itself is tested in health_parsers_test.
+// absent under every simulated root unless a test puts the stand-in there
+// (fake_nvml.hpp), so most of these exercise the nvidia-smi fallbacks; NVML
+// itself is tested in health_parsers_test. And the deadlines: a collector
+// that hangs is a diagnosis, never a wait.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "agent/health/gpu_health.hpp"
+#include "agent/health/report.hpp"
+#include "tests/agent/fake_nvml.hpp"
 #include "tests/agent/step_harness.hpp"
 #include "tests/guestsim/guest_sim.hpp"
 
@@ -22,6 +28,13 @@ class Health : public ::testing::Test {
   void TearDown() override {
     path_.reset();
     sim_.reset();
+  }
+  // How often a stand-in ran (its lines in the simulator's call log).
+  int calls_of(const std::string& name) const {
+    std::ifstream in(sim_->root() / ".guestsim/log/calls.log");
+    int n = 0;
+    for (std::string line; std::getline(in, line);) n += line.rfind(name + " ", 0) == 0;
+    return n;
   }
   static std::vector<std::string> codes(const json& j) {
     std::vector<std::string> out;
@@ -51,6 +64,35 @@ TEST_F(Health, H200ThroughNvidiaSmi) {
   EXPECT_EQ(g["temperature_c"], 39);
   EXPECT_EQ(g["utilization_percent"], 0);
   EXPECT_FALSE(h.contains("diagnoses"));
+  // The full query: every figure the captures hold.
+  EXPECT_EQ(g["memory_reserved_mib"], 616);
+  EXPECT_EQ(g["memory_free_mib"], 143156);
+  EXPECT_EQ(g["memory_temperature_c"], 39);
+  EXPECT_EQ(g["power_draw_w"], 128.51);
+  EXPECT_EQ(g["power_limit_w"], 700.0);
+  EXPECT_EQ(g["sm_clock_mhz"], 1980);
+  EXPECT_EQ(g["memory_clock_mhz"], 3201);
+  EXPECT_EQ(g["pstate"], "P0");
+  EXPECT_EQ(g["ecc_errors_uncorrected_volatile"], 0);
+  EXPECT_EQ(g["mig_mode"], "Disabled");
+  EXPECT_EQ(g["processes"], json::array());
+}
+
+TEST_F(Health, H200ThroughNvmlWhenTheDriverHasIt) {
+  // Built before the guest's PATH (which has no compiler) is in force.
+  auto so = agent::build_fake_nvml(dir_.path(), agent::fake_nvml_source());
+  make("h200");
+  agent::install_fake_nvml(sim_->root(), so);
+  json h = agent::collect_gpu_health(sim_->env());
+  EXPECT_EQ(h["source"], "nvml") << h.dump(2);
+  EXPECT_EQ(h["cuda_driver_version"], "13.0");
+  EXPECT_EQ(h["gpus"][0]["memory_used_mib"], 0);
+  // The real NVML's bytes, rounded up as nvidia-smi prints them (truncating
+  // them gave 615 and 143155 where nvidia-smi said 616 and 143156).
+  EXPECT_EQ(h["gpus"][0]["memory_reserved_mib"], 616);
+  EXPECT_EQ(h["gpus"][0]["memory_free_mib"], 143156);
+  EXPECT_EQ(h["gpus"][0]["memory_total_mib"], 143771);
+  EXPECT_EQ(calls_of("nvidia-smi"), 0) << "NVML answered: nvidia-smi is not run";
 }
 
 TEST_F(Health, RunbookL4AfterTheDriverStep) {
@@ -80,6 +122,12 @@ TEST_F(Health, RunbookL4AfterTheDriverStep) {
   EXPECT_EQ(h["gpus"][0]["name"], "NVIDIA L4");
   EXPECT_EQ(h["gpus"][0]["memory_total_mib"], 23034);
   EXPECT_EQ(h["gpus"][0]["temperature_c"], 47);
+  EXPECT_EQ(h["gpus"][0]["pstate"], "P8");
+  EXPECT_EQ(h["gpus"][0]["power_draw_w"], 17.0);
+  // What no capture of the L4 shows stays unknown.
+  EXPECT_TRUE(h["gpus"][0]["memory_reserved_mib"].is_null());
+  EXPECT_TRUE(h["gpus"][0]["sm_clock_mhz"].is_null());
+  EXPECT_TRUE(h["gpus"][0]["mig_mode"].is_null());
 }
 
 TEST_F(Health, GpuOperatorGuestGoesThroughTheDriverRoot) {
@@ -94,13 +142,90 @@ TEST_F(Health, GpuOperatorGuestGoesThroughTheDriverRoot) {
   EXPECT_NE(h["diagnoses"][0]["fix"].get<std::string>().find("chroot"), std::string::npos);
 }
 
-TEST_F(Health, NoCardNoNvidiaSmi) {
+TEST_F(Health, NoCardIsAHealthStateWithItsDiagnosis) {
   make("none");
   json h = agent::collect_gpu_health(sim_->env());
   EXPECT_EQ(h["source"], "none");
   EXPECT_TRUE(h["gpus"].empty());
   EXPECT_TRUE(h["driver_version"].is_null());
-  EXPECT_EQ(codes(h), std::vector<std::string>{"nvidia_smi_not_on_path"});
+  // The card never reached the guest: that, not the missing nvidia-smi, is
+  // what an admin must fix (on the host).
+  EXPECT_EQ(codes(h), std::vector<std::string>{"gpu_not_on_pci_bus"});
+}
+
+TEST_F(Health, NoDriverLoadedSaysWhy) {
+  make("l4");
+  sim_->set_knob("bar0", "");
+  StepHarness drv(sim_->env(), catalog_step("gpu-vm", "nvidia-driver"));
+  ASSERT_EQ(drv.apply().kind, agent::StepOutcome::Kind::reboot_required);
+  sim_->reboot();
+  json h = agent::collect_gpu_health(sim_->env());
+  EXPECT_EQ(h["source"], "none") << h.dump(2);
+  auto c = codes(h);
+  EXPECT_NE(std::find(c.begin(), c.end(), "gpu_bar0_unmapped"), c.end()) << h.dump(2);
+}
+
+TEST_F(Health, WedgedNvidiaSmiIsADiagnosisWithinTheDeadline) {
+  make("h200");
+  sim_->set_knob("nvidia_smi_hang", "30");
+  agent::HealthDeadlines d;
+  d.gpu = std::chrono::milliseconds(1500);
+  agent::HealthProbe probe(sim_->env(), d);
+  auto t0 = std::chrono::steady_clock::now();
+  auto h = probe.sample({});
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, std::chrono::seconds(5)) << "the sample waited for nvidia-smi";
+  EXPECT_EQ(h.gpu.source, "none");
+  ASSERT_FALSE(h.gpu.diagnoses.empty()) << h.to_json().dump(2);
+  EXPECT_EQ(h.gpu.diagnoses[0].code, "health_collector_hung");
+  EXPECT_NE(h.gpu.diagnoses[0].fix.find("Xid"), std::string::npos);
+}
+
+// A driver wedged inside NVML blocks the call itself: nothing can kill it,
+// so the probe stops waiting at the deadline, reports it, and does not pile
+// up another stuck thread at the next sample.
+TEST_F(Health, HungNvmlIsNeverWaitedOnAndNotStartedTwice) {
+  auto so = agent::build_fake_nvml(dir_.path(), agent::fake_nvml_source("", "sleep(30);"));
+  make("h200");
+  agent::install_fake_nvml(sim_->root(), so);
+  agent::HealthDeadlines d;
+  d.gpu = std::chrono::milliseconds(500);
+  agent::HealthProbe probe(sim_->env(), d);
+  for (int i = 0; i < 3; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto h = probe.sample({});
+    auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_LT(took, std::chrono::seconds(2)) << "sample " << i;
+    ASSERT_EQ(h.gpu.diagnoses.size(), 1u) << h.to_json().dump(2);
+    EXPECT_EQ(h.gpu.diagnoses[0].code, "health_collector_hung");
+    EXPECT_EQ(h.gpu.diagnoses[0].details["collector"], "gpu");
+    EXPECT_TRUE(h.gpu.gpus.empty());
+  }
+  EXPECT_EQ(calls_of("nvidia-smi"), 0) << "the stuck run was not started again";
+}
+
+TEST_F(Health, OllamaModelWithContextLengthAndExpiry) {
+  make("l4");
+  StepHarness drv(sim_->env(), catalog_step("gpu-vm", "nvidia-driver"));
+  ASSERT_EQ(drv.apply().kind, agent::StepOutcome::Kind::reboot_required);
+  sim_->reboot();
+  StepHarness inst(sim_->env(), catalog_step("gpu-vm", "ollama"));
+  ASSERT_TRUE(inst.apply().ok());
+  ASSERT_TRUE(inst.verify().ok());
+  StepHarness model(sim_->env(), catalog_step("gpu-vm", "model-llama3.2:1b"));
+  ASSERT_TRUE(model.apply().ok());
+  ASSERT_TRUE(model.verify().ok());  // loads it
+  json o = agent::collect_ollama_health(sim_->env());
+  ASSERT_EQ(o["models"].size(), 1u) << o.dump(2);
+  EXPECT_EQ(o["models"][0]["context_length"], 4096);
+  EXPECT_TRUE(o["models"][0]["expires_at"].is_string());
+  // nvidia-smi sees the model's runner as a compute process on the L4.
+  json g = agent::collect_gpu_health(sim_->env());
+  ASSERT_EQ(g["gpus"][0]["processes"].size(), 1u) << g.dump(2);
+  EXPECT_EQ(g["gpus"][0]["processes"][0]["pid"], 29211);
+  EXPECT_EQ(g["gpus"][0]["processes"][0]["used_memory_mib"], 1662);
+  EXPECT_EQ(g["gpus"][0]["memory_used_mib"], 1670);
+  EXPECT_EQ(g["gpus"][0]["pstate"], "P0");
 }
 
 TEST_F(Health, OllamaNotAnswering) {

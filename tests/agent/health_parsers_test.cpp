@@ -10,6 +10,7 @@
 
 #include "agent/guest/nvidia_smi.hpp"
 #include "agent/health/nvml.hpp"
+#include "tests/agent/fake_nvml.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace factory::agent {
@@ -80,16 +81,101 @@ TEST(NvidiaSmiCsv, WrongValueCountIsAnError) {
   auto r = parse_nvidia_smi_csv("NVIDIA L4, 23034\n", nvidia_smi_query_fields());
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, Errc::protocol);
-  EXPECT_NE(r.error().message.find("expected 9"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("expected 20"), std::string::npos) << r.error().message;
 }
 
 TEST(NvidiaSmiCsv, OurQueryArguments) {
   auto args = nvidia_smi_query_args();
   ASSERT_EQ(args.size(), 2u);
   EXPECT_EQ(args[0],
+            "--query-gpu=index,name,uuid,pci.bus_id,driver_version,memory.total,memory.reserved,"
+            "memory.used,memory.free,utilization.gpu,utilization.memory,temperature.gpu,"
+            "temperature.memory,power.draw,power.limit,clocks.sm,clocks.mem,pstate,"
+            "ecc.errors.uncorrected.volatile.total,mig.mode.current");
+  EXPECT_EQ(args[1], "--format=csv,noheader,nounits");
+  // What an nvidia-smi that refuses the full list is asked instead.
+  EXPECT_EQ(nvidia_smi_query_args(nvidia_smi_basic_query_fields())[0],
             "--query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,driver_version,"
             "temperature.gpu,utilization.gpu");
-  EXPECT_EQ(args[1], "--format=csv,noheader,nounits");
+}
+
+TEST(NvidiaSmiCsv, DeviceCaptureWithHeaderHasEveryFigure) {
+  // h200-passthrough-vm/2026-12-01: --format=csv with units, 20 fields,
+  // clocks under the header's names (clocks.current.sm) and N/A fabric.
+  auto r = parse_nvidia_smi_csv_with_header(
+      slurp(fixtures_dir() / "h200-passthrough-vm/2026-12-01/nvidia-smi-query-gpu.csv"));
+  ASSERT_TRUE(r) << r.error().message;
+  EXPECT_EQ(r->driver_version, "580.159.04");
+  ASSERT_EQ(r->gpus.size(), 1u);
+  const auto& g = r->gpus[0];
+  EXPECT_EQ(g.uuid, "GPU-93c19784-9a89-60fe-0a12-f2f7720f62a2");
+  EXPECT_EQ(g.memory_total_mib, 143771u);
+  EXPECT_EQ(g.memory_used_mib, 0u);
+  EXPECT_EQ(g.memory_free_mib, 143156u);
+  EXPECT_FALSE(g.memory_reserved_mib) << "not asked in that capture";
+  EXPECT_EQ(g.utilization_percent, 0);
+  EXPECT_EQ(g.memory_utilization_percent, 0);
+  EXPECT_EQ(g.temperature_c, 35);
+  EXPECT_EQ(g.memory_temperature_c, 33);
+  EXPECT_DOUBLE_EQ(g.power_draw_w.value_or(0), 121.85);
+  EXPECT_DOUBLE_EQ(g.power_limit_w.value_or(0), 700.0);
+  EXPECT_EQ(g.sm_clock_mhz, 525);
+  EXPECT_EQ(g.memory_clock_mhz, 3201);
+  EXPECT_EQ(g.pstate, "P0");
+  EXPECT_EQ(g.ecc_errors_uncorrected_volatile, 0u);
+  EXPECT_EQ(g.mig_mode, "Disabled");
+}
+
+TEST(NvidiaSmiComputeApps, ProcessesGoToTheirGpu) {
+  std::vector<GpuReading> gpus(2);
+  gpus[0].uuid = "GPU-a";
+  gpus[1].uuid = "GPU-b";
+  apply_nvidia_smi_compute_apps(
+      "GPU-b, 29211, /usr/local/lib/ollama/llama-server, 1662\n"
+      "GPU-a, 7, python3 train.py --lr=1,2, 300\n"
+      "GPU-a, [N/A], ghost, 1\n"
+      "garbage\n",
+      gpus);
+  ASSERT_EQ(gpus[1].processes.size(), 1u);
+  EXPECT_EQ(gpus[1].processes[0].pid, 29211u);
+  EXPECT_EQ(gpus[1].processes[0].name, "/usr/local/lib/ollama/llama-server");
+  EXPECT_EQ(gpus[1].processes[0].used_memory_mib, 1662u);
+  ASSERT_EQ(gpus[0].processes.size(), 1u);
+  EXPECT_EQ(gpus[0].processes[0].name, "python3 train.py --lr=1,2") << "commas in a name";
+
+  // The third-party H200 under load (its query asked for more columns
+  // first: the last four are ours).
+  std::vector<GpuReading> h200(1);
+  h200[0].uuid = "GPU-00000000-0000-0000-0000-000000000000";
+  std::istringstream in(capture_section("load :: query-compute-apps (per-process)"));
+  std::string ours;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("2026/", 0) != 0) continue;
+    size_t at = 0;
+    for (int i = 0; i < 4; ++i) at = line.find(", ", at) + 2;
+    ours += line.substr(at) + "\n";
+  }
+  apply_nvidia_smi_compute_apps(ours, h200);
+  ASSERT_EQ(h200[0].processes.size(), 3u);
+  EXPECT_EQ(h200[0].processes[2].pid, 10309u);
+  EXPECT_EQ(h200[0].processes[2].name, "./gpu_burn");
+  EXPECT_EQ(h200[0].processes[2].used_memory_mib, 28234u);
+}
+
+TEST(NvidiaSmiQMemory, FbMemoryOfTheDeviceCapture) {
+  // `nvidia-smi -q` on the H200 VM: Used 0 MiB with Reserved 616 MiB apart.
+  auto m = parse_nvidia_smi_q_memory(
+      slurp(fixtures_dir() / "h200-passthrough-vm/2026-12-01/nvidia-smi-q.txt"));
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0].total, 143771u);
+  EXPECT_EQ(m[0].reserved, 616u);
+  EXPECT_EQ(m[0].used, 0u);
+  EXPECT_EQ(m[0].free, 143156u);
+  // The BAR1 block that follows is not the frame buffer.
+  auto third = parse_nvidia_smi_q_memory(capture_section("idle :: query (-q)"));
+  ASSERT_EQ(third.size(), 1u);
+  EXPECT_EQ(third[0].reserved, 614u);
+  EXPECT_EQ(third[0].free, 143158u);
 }
 
 TEST(NvidiaSmiCsv, ThirdPartyH200WithHeaderIdleAndLoad) {
@@ -127,6 +213,20 @@ TEST(NvidiaSmiXml, H200Capture) {
   EXPECT_EQ(g.memory_used_mib, 0u);
   EXPECT_EQ(g.temperature_c, 39);
   EXPECT_EQ(g.utilization_percent, 0);
+  // Every figure the sample has, as the same machine's XML gives it.
+  EXPECT_EQ(r->cuda_driver_version, "13.0");
+  EXPECT_EQ(g.minor_number, 0);
+  EXPECT_EQ(g.memory_reserved_mib, 616u);
+  EXPECT_EQ(g.memory_free_mib, 143156u);
+  EXPECT_EQ(g.memory_temperature_c, 39);
+  EXPECT_DOUBLE_EQ(g.power_draw_w.value_or(0), 128.50);
+  EXPECT_DOUBLE_EQ(g.power_limit_w.value_or(0), 700.0);
+  EXPECT_EQ(g.sm_clock_mhz, 1980);
+  EXPECT_EQ(g.memory_clock_mhz, 3201);
+  EXPECT_EQ(g.pstate, "P0");
+  EXPECT_EQ(g.ecc_errors_uncorrected_volatile, 0u);
+  EXPECT_EQ(g.mig_mode, "Disabled");
+  EXPECT_TRUE(g.processes.empty());
 }
 
 TEST(NvidiaSmiXml, GarbageIsAProtocolError) {
@@ -149,6 +249,11 @@ TEST(NvidiaSmiTable, RunbookL4IdleKmdHeader) {
   EXPECT_EQ(r->gpus[0].memory_used_mib, 0u);
   EXPECT_EQ(r->gpus[0].temperature_c, 47);
   EXPECT_EQ(r->gpus[0].utilization_percent, 0);
+  // "P8             17W /   72W"; the newer header's "CUDA UMD Version: 13.4".
+  EXPECT_EQ(r->gpus[0].pstate, "P8");
+  EXPECT_DOUBLE_EQ(r->gpus[0].power_draw_w.value_or(0), 17);
+  EXPECT_DOUBLE_EQ(r->gpus[0].power_limit_w.value_or(0), 72);
+  EXPECT_EQ(r->cuda_driver_version, "13.4");
 }
 
 TEST(NvidiaSmiTable, RunbookL4WithOllamaLoadedStopsAtProcesses) {
@@ -176,6 +281,9 @@ TEST(NvidiaSmiTable, H200DriverVersionHeader) {
   ASSERT_EQ(r->gpus.size(), 1u);
   EXPECT_EQ(r->gpus[0].name, "NVIDIA H200");
   EXPECT_EQ(r->gpus[0].memory_total_mib, 143771u);
+  EXPECT_EQ(r->cuda_driver_version, "13.0");
+  EXPECT_EQ(r->gpus[0].pstate, "P0");
+  EXPECT_DOUBLE_EQ(r->gpus[0].power_draw_w.value_or(0), 128);
 
   auto load = parse_nvidia_smi_table(capture_section("load :: nvidia-smi (default table)"));
   ASSERT_TRUE(load) << load.error().message;
@@ -231,42 +339,9 @@ TEST(Nvml, RealRootUsesTheDynamicLoader) {
   EXPECT_EQ(cands[0], "libnvidia-ml.so.1");
 }
 
-// A stand-in libnvidia-ml.so.1 compiled here (C, the nvml.h layouts typed
-// out independently of nvml.cpp), answering with the real H200 VM's values
-// (h200-passthrough-vm/: driver 580.159.04, 150754820096 bytes from
-// host-facts.txt's pynvml reading, 39 C).
-const char* kFakeNvml = R"C(
-#include <string.h>
-typedef struct { unsigned long long total, free, used; } mem_t;
-typedef struct { char busIdLegacy[16]; unsigned int domain, bus, device, pciDeviceId, pciSubSystemId; char busId[32]; } pci_t;
-typedef struct { unsigned int gpu, memory; } util_t;
-static int inited;
-int nvmlInit_v2(void) { inited = 1; return 0; }
-int nvmlShutdown(void) { inited = 0; return 0; }
-const char* nvmlErrorString(int r) { return r ? "Unknown Error" : "Success"; }
-int nvmlDeviceGetCount_v2(unsigned int* n) { if (!inited) return 1; *n = 1; return 0; }
-int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void** d) { if (i) return 2; *d = (void*)0x1; return 0; }
-int nvmlDeviceGetName(void* d, char* b, unsigned int n) { strncpy(b, "NVIDIA H200", n); return 0; }
-int nvmlDeviceGetUUID(void* d, char* b, unsigned int n) { strncpy(b, "GPU-0108b095-397f-7583-e087-ade158522fa2", n); return 0; }
-int nvmlDeviceGetMemoryInfo(void* d, mem_t* m) { m->total = 150754820096ULL; m->used = 0; m->free = m->total; return 0; }
-int nvmlSystemGetDriverVersion(char* b, unsigned int n) { strncpy(b, "580.159.04", n); return 0; }
-int nvmlDeviceGetPciInfo_v3(void* d, pci_t* p) { memset(p, 0, sizeof *p); strcpy(p->busId, "00000000:00:06.0"); p->pciDeviceId = 0x233510DE; return 0; }
-int nvmlDeviceGetTemperature(void* d, int s, unsigned int* t) { *t = 39; return 0; }
-int nvmlDeviceGetUtilizationRates(void* d, util_t* u) { u->gpu = 0; u->memory = 0; return 0; }
-)C";
-
-std::string build_fake_nvml(const std::filesystem::path& dir, const std::string& source) {
-  auto src = dir / "fake_nvml.c";
-  std::ofstream(src) << source;
-  auto so = dir / "libnvidia-ml.so.1";
-  auto r = factory::testing::run({"cc", "-shared", "-fPIC", "-o", so.string(), src.string()});
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  return so.string();
-}
-
 TEST(Nvml, ReadsThroughAStandInLibrary) {
   factory::testing::TempDir dir("nvml");
-  auto so = build_fake_nvml(dir.path(), kFakeNvml);
+  auto so = build_fake_nvml(dir.path(), fake_nvml_source());
   auto lib = NvmlLibrary::load({(dir.path() / "absent.so").string(), so});
   ASSERT_TRUE(lib) << lib.error().message;
   EXPECT_EQ((*lib)->path(), so);
@@ -274,12 +349,39 @@ TEST(Nvml, ReadsThroughAStandInLibrary) {
   ASSERT_TRUE(r) << r.error().message;
   EXPECT_EQ(r->source, "nvml");
   EXPECT_EQ(r->driver_version, "580.159.04");
+  EXPECT_EQ(r->cuda_driver_version, "13.0");
   ASSERT_EQ(r->gpus.size(), 1u);
-  EXPECT_EQ(r->gpus[0].name, "NVIDIA H200");
-  EXPECT_EQ(r->gpus[0].uuid, "GPU-0108b095-397f-7583-e087-ade158522fa2");
-  EXPECT_EQ(r->gpus[0].pci_bus_id, "00000000:00:06.0");
-  EXPECT_EQ(r->gpus[0].memory_total_mib, 143771u);  // 150754820096 / 2^20
-  EXPECT_EQ(r->gpus[0].temperature_c, 39);
+  const auto& g = r->gpus[0];
+  EXPECT_EQ(g.name, "NVIDIA H200");
+  EXPECT_EQ(g.uuid, "GPU-93c19784-9a89-60fe-0a12-f2f7720f62a2");
+  EXPECT_EQ(g.pci_bus_id, "00000000:00:06.0");
+  EXPECT_EQ(g.minor_number, 0);
+  // nvidia-smi -q's FB Memory Usage: Total 143771, Reserved 616, Used 0, Free 143156.
+  EXPECT_EQ(g.memory_total_mib, 143771u);
+  EXPECT_EQ(g.memory_reserved_mib, 616u);
+  EXPECT_EQ(g.memory_used_mib, 0u);
+  EXPECT_EQ(g.memory_free_mib, 143156u);
+  EXPECT_EQ(g.temperature_c, 35);
+  EXPECT_EQ(g.memory_temperature_c, 33);
+  EXPECT_EQ(g.utilization_percent, 0);
+  EXPECT_EQ(g.memory_utilization_percent, 0);
+  EXPECT_DOUBLE_EQ(g.power_draw_w.value_or(0), 121.85);
+  EXPECT_DOUBLE_EQ(g.power_limit_w.value_or(0), 700);
+  EXPECT_EQ(g.sm_clock_mhz, 525);
+  EXPECT_EQ(g.memory_clock_mhz, 3201);
+  EXPECT_EQ(g.pstate, "P0");
+  EXPECT_EQ(g.ecc_errors_uncorrected_volatile, 0u);
+  EXPECT_EQ(g.mig_mode, "Disabled");
+  ASSERT_EQ(g.processes.size(), 1u);
+  EXPECT_EQ(g.processes[0].pid, 4242u);
+  EXPECT_EQ(g.processes[0].name, "python3");
+  EXPECT_EQ(g.processes[0].used_memory_mib, 1024u);
+
+  // The bytes behind the MiB, for the device check.
+  nlohmann::json raw;
+  ASSERT_TRUE((*lib)->read(&raw));
+  EXPECT_EQ(raw[0]["memory"]["memory_v2_bytes"]["reserved"], 616ULL * 1048576 + 4096);
+  EXPECT_EQ(raw[0]["memory"]["memory_v1_bytes"]["total"], 143771ULL * 1048576);
 
   // Under a simulated root, the library is found in the root's lib directory.
   GuestEnv env;
@@ -291,12 +393,30 @@ TEST(Nvml, ReadsThroughAStandInLibrary) {
   EXPECT_EQ(via_root->gpus.size(), 1u);
 }
 
+// A driver older than R510 has no v2 memory info: used is v1's (reserved
+// in it, as that driver's nvidia-smi showed it) and reserved stays unknown,
+// never guessed; the figures such a driver lacks stay unknown too.
+TEST(Nvml, WithoutV2MemoryInfoReservedIsUnknownNotGuessed) {
+  factory::testing::TempDir dir("nvml");
+  std::string src = fake_nvml_source("int nvmlDeviceGetMemoryInfo_v2");
+  auto at = src.find("int nvmlDeviceGetFieldValues");
+  src.erase(at, src.find('\n', at) - at);
+  auto lib = NvmlLibrary::load({build_fake_nvml(dir.path(), src)});
+  ASSERT_TRUE(lib) << lib.error().message;
+  auto r = (*lib)->read();
+  ASSERT_TRUE(r) << r.error().message;
+  const auto& g = r->gpus.at(0);
+  EXPECT_EQ(g.memory_total_mib, 143771u);
+  EXPECT_EQ(g.memory_used_mib, 615u) << "v1: what the old agent reported";
+  EXPECT_FALSE(g.memory_reserved_mib);
+  EXPECT_EQ(g.memory_free_mib, 143155u);
+  EXPECT_FALSE(g.memory_temperature_c);
+  EXPECT_EQ(g.temperature_c, 35);
+}
+
 TEST(Nvml, MissingSymbolIsNamed) {
   factory::testing::TempDir dir("nvml");
-  std::string partial = kFakeNvml;
-  auto at = partial.find("int nvmlDeviceGetPciInfo_v3");
-  partial.erase(at, partial.find('\n', at) - at);
-  auto so = build_fake_nvml(dir.path(), partial);
+  auto so = build_fake_nvml(dir.path(), fake_nvml_source("int nvmlDeviceGetPciInfo_v3"));
   auto lib = NvmlLibrary::load({so});
   ASSERT_FALSE(lib);
   EXPECT_EQ(lib.error().code, Errc::failed_precondition);

@@ -1,7 +1,10 @@
-// Health on its own schedule (agent/health/scheduler.hpp): it reports every
-// interval and at once when asked, with what its scope says; and wired as the
-// service runs it (agent/cli/runtime.hpp), it keeps reporting while a plan
-// step runs, which the plan runner's thread could not do while it ran the step.
+// Health on its own schedule (agent/health/scheduler.hpp): it samples every
+// interval, sends a sample when it changed or every few intervals anyway
+// (change.hpp), and at once when asked; wired as the service runs it
+// (agent/cli/runtime.hpp), it keeps sampling while a plan step runs for
+// minutes, with --link-only too, and takes its collectors from the plan's
+// health section, never from the plan's steps. Health is not an event: the
+// spool sees none of it.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -9,6 +12,7 @@
 #include <thread>
 
 #include "agent/cli/runtime.hpp"
+#include "agent/health/change.hpp"
 #include "agent/health/scheduler.hpp"
 #include "agent/link/spool.hpp"
 #include "common/catalog.hpp"
@@ -21,6 +25,26 @@ namespace {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
+// What a sink received, thread-safe.
+struct Received {
+  std::mutex mu;
+  std::vector<proto::HealthSample> samples;
+  agent::HealthScheduler::Sink sink() {
+    return [this](const proto::HealthSample& s) {
+      std::lock_guard lk(mu);
+      samples.push_back(s);
+    };
+  }
+  size_t size() {
+    std::lock_guard lk(mu);
+    return samples.size();
+  }
+  proto::HealthSample last() {
+    std::lock_guard lk(mu);
+    return samples.back();
+  }
+};
+
 class HealthSchedule : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -32,11 +56,10 @@ class HealthSchedule : public ::testing::Test {
     sim_.reset();
   }
 
-  std::vector<json> health_events(agent::EventSpool& spool) {
-    std::vector<json> out;
-    for (const auto& e : spool.pending_after(0, 10000))
-      if (e.body.value("kind", "") == "health") out.push_back(e.body);
-    return out;
+  size_t health_events(agent::EventSpool& spool) {
+    size_t n = 0;
+    for (const auto& e : spool.pending_after(0, 10000)) n += e.body.value("kind", "") == "health";
+    return n;
   }
 
   TempDir dir_{"health-schedule"};
@@ -44,102 +67,200 @@ class HealthSchedule : public ::testing::Test {
   std::unique_ptr<GuestSim::PathScope> path_;
 };
 
-TEST_F(HealthSchedule, ReportsEveryIntervalWithItsScopesCollectorsAndFields) {
-  std::mutex mu;
-  std::vector<json> reports;
+TEST_F(HealthSchedule, SendsAtOnceThenOnChangeOrEveryFewIntervals) {
+  Received got;
   int asked = 0;
+  std::mutex mu;
+  agent::HealthScheduleOptions o;
+  o.interval = 50ms;
+  o.max_quiet = 4;
   agent::HealthScheduler health(
-      sim_->env(), 50ms,
+      sim_->env(), o,
       [&] {
         std::lock_guard lk(mu);
         ++asked;
-        return agent::HealthScheduler::Scope{{/*ollama=*/false, /*k8s=*/false},
-                                             {{"plan_hash", "h-" + std::to_string(asked)}}};
+        return agent::HealthScheduler::Scope{{}, "plan-1"};
       },
-      [&](json r) {
-        std::lock_guard lk(mu);
-        reports.push_back(std::move(r));
-      });
+      got.sink());
   health.start();
-  ASSERT_TRUE(eventually(
-      [&] {
-        std::lock_guard lk(mu);
-        return reports.size() >= 3;
-      },
-      60s));
+  ASSERT_TRUE(eventually([&] { return health.counts().sampled >= 12; }, 60s));
   health.stop();
+  auto c = health.counts();
+  // The captured H200 never changes: the first sample, then one every 4.
+  EXPECT_GE(c.sent, 3u);
+  EXPECT_LE(c.sent, c.sampled / 4 + 2) << c.sampled << " sampled";
+  EXPECT_EQ(got.size(), c.sent);
+  auto s = got.last();
+  EXPECT_EQ(s.gpu.driver_version, "580.159.04");
+  EXPECT_EQ(s.plan_hash, "plan-1");
+  EXPECT_EQ(s.hostname, "vm") << "the guest's /etc/hostname";
+  EXPECT_FALSE(s.ollama);
+  EXPECT_FALSE(s.k8s);
   std::lock_guard lk(mu);
-  for (size_t i = 0; i < reports.size(); ++i) {
-    EXPECT_EQ(reports[i]["kind"], "health");
-    EXPECT_EQ(reports[i]["gpu"]["driver_version"], "580.159.04") << reports[i].dump(2);
-    EXPECT_FALSE(reports[i].contains("ollama"));
-    EXPECT_FALSE(reports[i].contains("k8s"));
-    // The scope is asked again for every report.
-    EXPECT_EQ(reports[i]["plan_hash"], "h-" + std::to_string(i + 1));
-  }
+  EXPECT_GE(asked, 12) << "the scope is asked before every sample";
 }
 
-TEST_F(HealthSchedule, ReportNowDoesNotWaitForTheInterval) {
-  std::mutex mu;
-  std::vector<json> reports;
-  agent::HealthScheduler health(
-      sim_->env(), std::chrono::hours(1), [] { return agent::HealthScheduler::Scope{}; },
-      [&](json r) {
-        std::lock_guard lk(mu);
-        reports.push_back(std::move(r));
-      });
+TEST_F(HealthSchedule, ReportNowSendsEvenWhenNothingChanged) {
+  Received got;
+  agent::HealthScheduleOptions o;
+  o.interval = std::chrono::hours(1);
+  agent::HealthScheduler health(sim_->env(), o, nullptr, got.sink());
   health.start();
-  // Nothing before the first interval...
+  // The first sample comes at once, not an interval later...
+  ASSERT_TRUE(eventually([&] { return got.size() == 1; }, 60s));
   std::this_thread::sleep_for(200ms);
-  {
-    std::lock_guard lk(mu);
-    EXPECT_TRUE(reports.empty());
-  }
-  // ...unless asked.
+  EXPECT_EQ(got.size(), 1u);
+  // ...and another whenever asked.
   health.report_now();
-  EXPECT_TRUE(eventually(
-      [&] {
-        std::lock_guard lk(mu);
-        return reports.size() == 1;
-      },
-      60s));
+  EXPECT_TRUE(eventually([&] { return got.size() == 2; }, 60s));
 }
 
-TEST_F(HealthSchedule, HealthFlowsWhileAPlanStepRuns) {
+TEST(HealthChange, ThresholdsKeepNoiseOut) {
+  proto::HealthSample a;
+  a.time = "t1";
+  proto::GpuSample g;
+  g.name = "NVIDIA H200";
+  g.memory_total_mib = 143771;
+  g.memory_used_mib = 0;
+  g.utilization_percent = 0;
+  g.temperature_c = 35;
+  g.power_draw_w = 121.0;
+  g.power_limit_w = 700;
+  g.sm_clock_mhz = 1980;
+  g.pstate = "P0";
+  a.gpu.gpus.push_back(g);
+  proto::HealthSample b = a;
+  b.time = "t2";
+  EXPECT_FALSE(agent::health_changed(a, b)) << "only the time differs";
+  b.gpu.gpus[0].temperature_c = 37;
+  b.gpu.gpus[0].utilization_percent = 5;
+  b.gpu.gpus[0].power_draw_w = 140.0;
+  b.gpu.gpus[0].memory_used_mib = 1000;  // < 1% of 143771
+  b.gpu.gpus[0].sm_clock_mhz = 1900;
+  EXPECT_FALSE(agent::health_changed(a, b)) << "all within the thresholds";
+  auto moved = [&](auto change) {
+    proto::HealthSample c = a;
+    change(c);
+    return agent::health_changed(a, c);
+  };
+  EXPECT_TRUE(moved([](auto& c) { c.gpu.gpus[0].temperature_c = 38; }));
+  EXPECT_TRUE(moved([](auto& c) { c.gpu.gpus[0].utilization_percent = 10; }));
+  EXPECT_TRUE(moved([](auto& c) { c.gpu.gpus[0].memory_used_mib = 2000; }));
+  EXPECT_TRUE(moved([](auto& c) { c.gpu.gpus[0].power_draw_w = 160.0; }));
+  EXPECT_TRUE(moved([](auto& c) { c.gpu.gpus[0].sm_clock_mhz = 345; }));
+  EXPECT_TRUE(moved([](auto& c) { c.gpu.gpus[0].temperature_c.reset(); }));
+  EXPECT_TRUE(moved([](auto& c) { c.gpu.gpus[0].pstate = "P8"; }));
+  EXPECT_TRUE(moved([](auto& c) { c.gpu.gpus.push_back(c.gpu.gpus[0]); }));
+  EXPECT_TRUE(moved([](auto& c) { c.gpu.diagnoses.push_back({"x", "y", "z", {}}); }));
+  EXPECT_TRUE(moved([](auto& c) { c.ollama = proto::OllamaSection{}; }));
+  EXPECT_TRUE(moved([](auto& c) {
+    proto::GpuProcessSample p;
+    p.pid = 7;
+    c.gpu.gpus[0].processes.push_back(p);
+  }));
+}
+
+// The acceptance: a plan step runs for minutes (it would run for ten), and
+// health keeps flowing beside it on its own short interval.
+TEST_F(HealthSchedule, HealthFlowsWhileAPlanStepRunsForMinutes) {
   TempDir spool_dir("spool");
   auto spool = agent::EventSpool::open(spool_dir.path(), 1000);
   ASSERT_TRUE(spool) << spool.error().message;
-  // A step that runs until the test lets it finish.
+  // A step that runs until the test lets it finish (at most 10 minutes).
   json plan = {{"tier", "t"},
+               {"health", {{"ollama", false}, {"k8s", nullptr}}},
                {"steps",
                 {{{"id", "wait"},
                   {"kind", "script"},
-                  {"params", {{"run", "while [ ! -f \"$FACTORY_ROOT/go\" ]; do sleep 0.05; done"}}},
-                  {"timeout_seconds", 300},
+                  {"params",
+                   {{"run",
+                     "i=0; while [ ! -f \"$FACTORY_ROOT/go\" ] && [ $i -lt 6000 ]; do "
+                     "sleep 0.1; i=$((i+1)); done"}}},
+                  {"timeout_seconds", 900},
                   {"retries", 0}}}}};
   agent::AgentRuntimeOptions options;
-  options.health_interval = 100ms;
+  options.health.interval = 100ms;
+  options.health.max_quiet = 1;  // every sample sent: the test counts them
   options.reboot = [] { return ok_status(); };
   agent::AgentRuntime runtime(sim_->env(), **spool, options);
+  Received got;
+  runtime.set_health_sink(got.sink());
   runtime.start();
-  runtime.plan().submit_plan({{"plan", plan}});
+  runtime.on_plan({{"plan", plan}});
 
   auto step_state = [&] {
     auto steps = runtime.plan().status().value("steps", json::array());
     return steps.empty() ? std::string() : steps[0].value("state", "");
   };
   ASSERT_TRUE(eventually([&] { return step_state() == "running"; }, 60s));
-  size_t before = health_events(**spool).size();
-  ASSERT_TRUE(eventually([&] { return health_events(**spool).size() >= before + 2; }, 60s));
-  EXPECT_EQ(step_state(), "running");
-  auto during = health_events(**spool).back();
-  EXPECT_EQ(during["plan_hash"], catalog::plan_hash(plan)) << during.dump(2);
-  EXPECT_EQ(during["gpu"]["driver_version"], "580.159.04");
+  size_t before = got.size();
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(eventually([&] { return got.size() >= before + 10; }, 60s));
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_EQ(step_state(), "running") << "the step is still under way";
+  EXPECT_LT(took, 10s) << "ten samples at 100 ms took " << took.count();
+  auto during = got.last();
+  EXPECT_EQ(during.plan_hash, catalog::plan_hash(plan));
+  EXPECT_EQ(during.gpu.driver_version, "580.159.04");
+  // State, not history: nothing of it went to the durable spool.
+  EXPECT_EQ(health_events(**spool), 0u);
 
   std::ofstream(sim_->root() / "go") << "go\n";
   EXPECT_TRUE(
       eventually([&] { return runtime.plan().summary()["plan_state"] == "succeeded"; }, 60s));
   runtime.stop();
+}
+
+TEST_F(HealthSchedule, LinkOnlyStillSamplesAndTakesTheCollectorsFromThePlan) {
+  TempDir spool_dir("spool");
+  auto spool = agent::EventSpool::open(spool_dir.path(), 1000);
+  ASSERT_TRUE(spool) << spool.error().message;
+  agent::AgentRuntimeOptions options;
+  options.run_plan = false;
+  options.health.interval = 100ms;
+  options.health.max_quiet = 1;
+  Received got;
+  {
+    agent::AgentRuntime runtime(sim_->env(), **spool, options);
+    EXPECT_FALSE(runtime.runs_plans());
+    runtime.set_health_sink(got.sink());
+    runtime.start();
+    ASSERT_TRUE(eventually([&] { return got.size() >= 2; }, 60s));
+    EXPECT_FALSE(got.last().ollama) << "no plan yet: the GPU only";
+    // The gpu-vm tier's plan says Ollama; its steps are not what decides.
+    auto cat = catalog::builtin();
+    ASSERT_TRUE(cat);
+    json plan = cat->find("gpu-vm")->plan();
+    runtime.on_plan({{"hash", catalog::plan_hash(plan)}, {"plan", plan}});
+    ASSERT_TRUE(eventually([&] { return got.last().ollama.has_value(); }, 60s));
+    EXPECT_EQ(got.last().ollama->diagnoses.at(0).code, "ollama_not_answering");
+    EXPECT_EQ(runtime.heartbeat_fields(), json::object());
+    runtime.stop();
+  }
+  EXPECT_EQ((*spool)->last_id(), 0u) << "link-only runs no plan: no events at all";
+  // The collectors are kept: after a restart (a reboot) they hold before
+  // any plan arrives.
+  agent::AgentRuntime again(sim_->env(), **spool, options);
+  EXPECT_TRUE(again.collectors().ollama);
+  EXPECT_FALSE(again.collectors().k8s);
+}
+
+TEST_F(HealthSchedule, StepKindsNoLongerChooseTheCollectors) {
+  TempDir spool_dir("spool");
+  auto spool = agent::EventSpool::open(spool_dir.path(), 1000);
+  ASSERT_TRUE(spool);
+  agent::AgentRuntimeOptions options;
+  options.run_plan = false;
+  agent::AgentRuntime runtime(sim_->env(), **spool, options);
+  // A plan whose steps install Ollama and RKE2 but whose tier says nothing
+  // of health: the GPU only.
+  json plan = {{"tier", "x"},
+               {"steps",
+                {{{"id", "o"}, {"kind", "ollama_install"}, {"params", json::object()}},
+                 {{"id", "r"}, {"kind", "rke2"}, {"params", json::object()}}}}};
+  runtime.on_plan({{"plan", plan}});
+  EXPECT_FALSE(runtime.collectors().ollama);
+  EXPECT_FALSE(runtime.collectors().k8s);
 }
 
 }  // namespace

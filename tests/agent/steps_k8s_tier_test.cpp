@@ -9,6 +9,8 @@
 // and the runbook's two test pods show HAMi's 1 GiB limits.
 #include <gtest/gtest.h>
 
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -195,33 +197,41 @@ TEST_F(GpuK8sTier, WithoutTheLabelStepTheTierStopsAtTheWaitWithHamiPodsPending) 
   EXPECT_EQ(health["diagnoses"][0]["code"], "hami_pods_pending");
 }
 
-TEST_F(GpuK8sTier, ThePlanRunnersHealthReportCarriesTheGuestCluster) {
+TEST_F(GpuK8sTier, HealthCarriesTheGuestClusterAsTheTierSays) {
   make();
   TempDir spool_dir("spool");
   auto spool = agent::EventSpool::open(spool_dir.path(), 1000);
   ASSERT_TRUE(spool) << spool.error().message;
+  std::mutex mu;
+  std::optional<proto::HealthSample> last;
   {
-    agent::AgentRuntime runtime(sim_->env(), **spool,
-                                {std::chrono::hours(1), no_sleep(), [] { return ok_status(); }});
+    agent::AgentRuntimeOptions options;
+    options.health.interval = std::chrono::hours(1);  // the plan's end asks for one
+    options.engine = no_sleep();
+    options.reboot = [] { return ok_status(); };
+    agent::AgentRuntime runtime(sim_->env(), **spool, options);
+    runtime.set_health_sink([&](const proto::HealthSample& s) {
+      std::lock_guard lk(mu);
+      last = s;
+    });
     runtime.start();
-    runtime.plan().submit_plan({{"plan", k8s_plan()}});
+    runtime.on_plan({{"plan", k8s_plan()}});
     bool reported = eventually(
         [&] {
-          for (const auto& e : (*spool)->pending_after(0, 10000))
-            if (e.body.value("kind", "") == "health" && e.body.contains("k8s")) return true;
-          return false;
+          std::lock_guard lk(mu);
+          return last && last->k8s && last->k8s->allocatable.value_or(0) == 10;
         },
         120s, 100ms);
     runtime.stop();
     ASSERT_TRUE(reported) << runtime.plan().summary().dump(2);
   }
-  json health;
-  for (const auto& e : (*spool)->pending_after(0, 10000))
-    if (e.body.value("kind", "") == "health") health = e.body;
+  std::lock_guard lk(mu);
+  json health = last->to_json();
   EXPECT_EQ(health["k8s"]["allocatable"], 10) << health.dump(2);
   EXPECT_EQ(health["k8s"]["resource"], "nvidia.com/gpu");
   EXPECT_EQ(health["gpu"]["driver_version"], "580.126.20") << health.dump(2);
-  EXPECT_FALSE(health.contains("ollama"));
+  EXPECT_EQ(health["gpu"]["via"], "chroot " + (sim_->root() / "run/nvidia/driver").string());
+  EXPECT_FALSE(health.contains("ollama")) << "the gpu-k8s tier's health section has no Ollama";
 }
 
 }  // namespace

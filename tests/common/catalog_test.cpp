@@ -269,7 +269,7 @@ TEST(Catalog, ErrorsNameTheTierStepAndKey) {
   EXPECT_EQ(error_of(replace(m, "    settings:", "    setings:")),
             "catalog test.yaml: tier 'mini': unknown key 'setings' (known: name, description, "
             "cost, vm, versions, "
-            "settings, steps)");
+            "settings, steps, health)");
   EXPECT_EQ(error_of(replace(m, "version: 1", "version: 2")),
             "catalog test.yaml: unsupported catalog version 2 (this factory reads version 1)");
   EXPECT_NE(error_of("version: 1\ntiers: [\n").find("catalog test.yaml: invalid YAML at line"),
@@ -361,4 +361,53 @@ TEST(Catalog, ShowDocumentCarriesThePlanHash) {
   EXPECT_EQ(doc["steps"][1]["timeout"], "20m");
   EXPECT_EQ(doc["versions"]["hami"], "2.10.0");
   EXPECT_EQ(doc["vm"]["gpus"], 1);
+}
+
+// Which health collectors run is the tier's to say, carried in its plan.
+TEST(Catalog, HealthSectionIsCarriedInThePlan) {
+  auto c = cat::builtin();
+  ASSERT_TRUE(c) << c.error().message;
+  json vm = c->find("gpu-vm")->plan();
+  EXPECT_EQ(vm["health"], json({{"ollama", true}, {"k8s", nullptr}}));
+  json k8s = c->find("gpu-k8s")->plan();
+  EXPECT_EQ(
+      k8s["health"],
+      json({{"ollama", false},
+            {"k8s",
+             {{"resource", "nvidia.com/gpu"}, {"kubeconfig", "/etc/rancher/rke2/rke2.yaml"}}}}))
+      << "${settings.kubeconfig} is resolved";
+  // `catalog show` shows it too.
+  EXPECT_EQ(c->find("gpu-vm")->to_json()["health"], vm["health"]);
+
+  // A tier without one reports the GPU only, and its plan (and hash) does not change.
+  auto mini = cat::parse(kMini, "test.yaml");
+  ASSERT_TRUE(mini) << mini.error().message;
+  EXPECT_FALSE(mini->find("mini")->plan().contains("health"));
+  auto with = cat::parse(replace(kMini, "    steps:\n", "    health: {k8s: true}\n    steps:\n"),
+                         "test.yaml");
+  ASSERT_TRUE(with) << with.error().message;
+  EXPECT_EQ(with->find("mini")->plan()["health"]["k8s"]["resource"], "nvidia.com/gpu");
+  EXPECT_NE(cat::plan_hash(with->find("mini")->plan()), cat::plan_hash(mini->find("mini")->plan()));
+}
+
+TEST(Catalog, HealthSectionErrorsNameTheKey) {
+  auto with = [](const std::string& section) {
+    return replace(kMini, "    steps:\n", "    health: " + section + "\n    steps:\n");
+  };
+  EXPECT_EQ(error_of(with("{olama: true}")),
+            "catalog test.yaml: tier 'mini': health: unknown key 'olama' (known: ollama, k8s)");
+  EXPECT_EQ(error_of(with("{ollama: yes please}")),
+            "catalog test.yaml: tier 'mini': health.ollama: must be true or false");
+  EXPECT_EQ(error_of(with("{k8s: {resource: gpus}}")),
+            "catalog test.yaml: tier 'mini': health.k8s.resource: 'gpus' is not a resource name "
+            "like nvidia.com/gpu");
+  EXPECT_EQ(error_of(with("{k8s: {kubeconfig: rke2.yaml}}")),
+            "catalog test.yaml: tier 'mini': health.k8s.kubeconfig: must be an absolute path in "
+            "the guest");
+  EXPECT_EQ(error_of(with("{k8s: 3}")),
+            "catalog test.yaml: tier 'mini': health.k8s: must be true, false or a map with "
+            "resource and kubeconfig");
+  EXPECT_EQ(error_of(with("{k8s: {kubeconfig: \"${settings.kube}\"}}")),
+            "catalog test.yaml: tier 'mini': health.k8s.kubeconfig: unknown reference "
+            "${settings.kube} (known: settings.count)");
 }

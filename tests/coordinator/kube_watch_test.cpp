@@ -246,3 +246,21 @@ TEST(KubeWatch, ForbiddenWatchIsNotRetried) {
 
 }  // namespace
 }  // namespace factory::kube
+
+// A line of the wrong shape (a broken proxy, a buggy server) is a protocol
+// error that ends the watch with its reason; before parse_watch_line an
+// ERROR whose object was not an object, or a type that was not a string,
+// threw nlohmann's type_error out of watch().
+TEST(KubeWatch, ALineOfTheWrongShapeIsAProtocolErrorNotAnException) {
+  using factory::kube::parse_watch_line;
+  for (const char* line : {R"({"type":"ERROR","object":5})", R"({"type":7,"object":{}})",
+                           R"({"type":"ADDED"})", R"([1,2])", "not json"}) {
+    auto ev = parse_watch_line(line);
+    ASSERT_FALSE(ev) << line;
+    EXPECT_EQ(ev.error().code, factory::Errc::protocol) << line;
+  }
+  auto ok = parse_watch_line(R"({"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}})");
+  ASSERT_TRUE(ok) << ok.error().message;
+  EXPECT_EQ(ok->type, "BOOKMARK");
+  EXPECT_EQ(ok->object["metadata"]["resourceVersion"], "9");
+}

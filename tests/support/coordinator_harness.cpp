@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/atomic_file.hpp"
+#include "common/net/http_client.hpp"
 #include "common/pki.hpp"
 
 namespace factory::testing {
@@ -165,6 +166,34 @@ std::vector<nlohmann::json> CoordinatorHarness::stored_events(const std::string&
   return out;
 }
 
+std::string CoordinatorHarness::metrics() {
+  auto ca = read_file(state_ / "ca.crt");
+  EXPECT_TRUE(ca) << "no CA yet";
+  if (!ca) return "";
+  net::TlsClientOptions tls;
+  tls.ca_pem = *ca;
+  net::HttpClient client(tls);
+  net::HttpRequest req;
+  req.url = "https://127.0.0.1:" + std::to_string(api_port_) + "/metrics";
+  auto r = client.request(req);
+  EXPECT_TRUE(r) << r.error().message;
+  if (!r) return "";
+  EXPECT_EQ(r->status, 200);
+  return r->body;
+}
+
+std::map<std::string, nlohmann::json> CoordinatorHarness::stored_health() const {
+  std::map<std::string, nlohmann::json> out;
+  Db d(state_ / "store" / "factory.db", false);
+  if (!d.db) return out;
+  sqlite3_stmt* s = nullptr;
+  sqlite3_prepare_v2(d.db, "SELECT tenant, sample FROM health", -1, &s, nullptr);
+  while (sqlite3_step(s) == SQLITE_ROW)
+    out[column_text(s, 0)] = nlohmann::json::parse(column_text(s, 1), nullptr, false);
+  sqlite3_finalize(s);
+  return out;
+}
+
 std::optional<nlohmann::json> CoordinatorHarness::stored_record(const std::string& tenant) const {
   Db d(state_ / "store" / "factory.db", false);
   if (!d.db) return std::nullopt;
@@ -221,6 +250,17 @@ AgentProcess::AgentProcess(CoordinatorHarness& h, const nlohmann::json& token, A
            "debug",
            "--heartbeat",
            "1"};
+  fs::path root = o.root;
+  std::string path = o.path_env;
+  if (root.empty()) {
+    root = h.dir() / (o.state_dir_name + ".root");
+    path = (h.dir() / (o.state_dir_name + ".path")).string();
+    fs::create_directories(root);
+    fs::create_directories(path);
+  }
+  argv_.push_back("--root");
+  argv_.push_back(root.string());
+  if (!path.empty()) env_["PATH"] = path;
   argv_.insert(argv_.end(), o.extra_args.begin(), o.extra_args.end());
   env_ = std::move(o.env);
   restart();

@@ -61,6 +61,11 @@ class CoordinatorHarness {
   // Runs SQL on the coordinator's database while it is down: for tests that
   // make the store fail (a trigger that refuses a write, as a failing disk would).
   void exec_sql(const std::string& sql);
+  // The rows of the database's health table: the latest sample of each
+  // tenant, as the store saved it (coalesced: one row per tenant).
+  std::map<std::string, nlohmann::json> stored_health() const;
+  // GET /metrics (public).
+  std::string metrics();
 
  private:
   std::filesystem::path dir_, state_;
@@ -75,6 +80,11 @@ struct AgentOptions {
   std::vector<std::string> extra_args;
   bool pin_wrong_ca = false;
   std::map<std::string, std::string> env;  // added to the agent's environment
+  // The guest the agent reports on. Empty: an empty directory of its own,
+  // with an empty PATH, so health (which samples at once) reads nothing of
+  // the machine the tests run on and runs none of its commands.
+  std::filesystem::path root;
+  std::string path_env;  // PATH for the agent (with root: the guest's, e.g. GuestSim::path())
 };
 
 // Starts `factory-agent` enrolling with the token of a create_token() answer.

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -12,8 +13,6 @@
 #include <random>
 #include <sstream>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 extern char** environ;
 
@@ -77,6 +76,27 @@ CommandResult run(const std::vector<std::string>& argv, std::chrono::millisecond
     return {};
   }
   return *r;
+}
+
+std::string promtool_complaints(const std::string& metrics) {
+  CommandSpec check;
+  check.argv = {"promtool", "check", "metrics"};
+  check.stdin_data = metrics;
+  auto r = run_command(check);
+  if (!r) return "promtool (Debian's prometheus package) is needed: " + r.error().message;
+  if (r->exit_code == 0) return "";
+  // Exit 3 is lint only (1 would be an exposition it cannot parse).
+  std::string rest;
+  std::istringstream in(r->output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    bool dcgm_label = r->exit_code == 3 && line.rfind("DCGM_FI_DEV_", 0) == 0 &&
+                      line.find("label names should be written in 'snake_case' not 'camelCase'") !=
+                          std::string::npos;
+    if (!dcgm_label) rest += line + "\n";
+  }
+  if (rest.empty() && r->exit_code != 3) rest = "promtool " + r->describe() + "\n";
+  return rest;
 }
 
 bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout,

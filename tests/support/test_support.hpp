@@ -53,6 +53,14 @@ CommandResult run(const std::vector<std::string>& argv,
                   std::chrono::milliseconds timeout = std::chrono::seconds(60),
                   const std::map<std::string, std::string>& env = {});
 
+// `promtool check metrics` (Debian's prometheus package) on an exposition:
+// "" when it has nothing to say, else what it said. The one lint it is
+// allowed is on the DCGM series' `modelName` label: dcgm-exporter's own
+// name, camelCase, which promtool's style check flags on dcgm-exporter's
+// output too, and which the dashboards made for it select on. Anything else
+// (a parse error, another lint) is returned.
+std::string promtool_complaints(const std::string& metrics);
+
 // Polls until pred() is true or the timeout passes.
 bool eventually(const std::function<bool()>& pred,
                 std::chrono::milliseconds timeout = std::chrono::seconds(10),

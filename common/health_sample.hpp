@@ -1,0 +1,202 @@
+#pragma once
+// One health sample: what a guest's GPU, its Ollama and its own cluster are
+// doing now, as the agent sends it in a `health` frame (protocol.hpp) and the
+// coordinator keeps it as the tenant's latest health. Health is state, not
+// history: a sample replaces the one before, and one lost in an outage is
+// superseded by the next, so it is never spooled nor stored as an event.
+//
+// Both sides use these types: the agent's collectors fill them and send
+// to_json(); the coordinator reads a frame's body back with
+// parse_health_sample(), which trusts nothing. Every string has a length
+// cap and may hold no control characters (a terminal escape in a GPU name
+// is an attack, not a typo), every list a size cap, every number a range.
+// A field that breaks its rule is dropped (read as unknown) and counted by
+// reason; the rest of the sample is kept.
+//
+// JSON (unknown values are null; keys marked ? only when they apply):
+//   {"time": RFC 3339 (the agent's clock), "hostname", "plan_hash"?,
+//    "gpu": {"source": "nvml"|"nvidia-smi"|"none", "driver_version",
+//            "cuda_driver_version", "via"?, "error"?, "diagnoses"?,
+//            "gpus": [{"index", "name", "uuid", "pci_bus_id", "minor_number",
+//                      "memory_total_mib", "memory_used_mib", "memory_free_mib",
+//                      "memory_reserved_mib", "utilization_percent",
+//                      "memory_utilization_percent", "temperature_c",
+//                      "memory_temperature_c", "power_draw_w", "power_limit_w",
+//                      "sm_clock_mhz", "memory_clock_mhz", "pstate",
+//                      "ecc_errors_uncorrected_volatile", "mig_mode",
+//                      "processes": [{"pid", "name", "used_memory_mib"}]}]},
+//    "ollama"?: {"version", "models": [{"name", "size", "size_vram",
+//                "gpu_percent", "context_length", "expires_at"}], "error"?, "diagnoses"?},
+//    "k8s"?: {"resource", "allocatable", "capacity",
+//             "nodes": [{"name", "ready", "allocatable", "capacity", "gpu_label"}],
+//             "pods": [{"namespace", "name", "phase", "status", "node", "gpus",
+//                       "gpumem_mib", "gpumem_percentage"}], "error"?, "diagnoses"?}}
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace factory::proto {
+
+// The caps the coordinator enforces (and the agent keeps to when it builds
+// a sample, so its own samples never lose a field).
+namespace health_limits {
+inline constexpr std::size_t kName = 128;      // GPU, model, node, pod, process names
+inline constexpr std::size_t kShort = 64;      // versions, uuid, bus id, codes, states
+inline constexpr std::size_t kText = 512;      // errors, summaries, fixes
+inline constexpr std::size_t kDetails = 2048;  // a diagnosis's details, serialized
+inline constexpr std::size_t kGpus = 16;
+inline constexpr std::size_t kProcesses = 64;  // per GPU
+inline constexpr std::size_t kModels = 32;
+inline constexpr std::size_t kNodes = 16;
+inline constexpr std::size_t kPods = 128;
+inline constexpr std::size_t kDiagnoses = 16;  // per section
+// A sample's JSON, well inside the protocol's 64 KiB frame cap.
+inline constexpr std::size_t kSampleBytes = 48 * 1024;
+}  // namespace health_limits
+
+struct DiagnosisSample {
+  std::string code;  // [a-z][a-z0-9_]*: monitoring keys on it
+  std::string summary;
+  std::string fix;
+  nlohmann::json details = nlohmann::json::object();
+  nlohmann::json to_json() const;
+};
+
+struct GpuProcessSample {
+  std::uint32_t pid = 0;
+  std::string name;
+  std::optional<std::uint64_t> used_memory_mib;
+  nlohmann::json to_json() const;
+};
+
+struct GpuSample {
+  int index = 0;
+  std::string name;                 // "NVIDIA H200"
+  std::string uuid;                 // "GPU-0108b095-..."
+  std::string pci_bus_id;           // "00000000:00:06.0" (nvidia-smi's 8-digit domain)
+  std::optional<int> minor_number;  // /dev/nvidia<minor>
+  // MiB as nvidia-smi prints them. used excludes reserved (NVML's v2 memory
+  // info); total = reserved + used + free, give or take rounding.
+  std::optional<std::uint64_t> memory_total_mib;
+  std::optional<std::uint64_t> memory_used_mib;
+  std::optional<std::uint64_t> memory_free_mib;
+  std::optional<std::uint64_t> memory_reserved_mib;
+  std::optional<int> utilization_percent;         // GPU busy, 0..100
+  std::optional<int> memory_utilization_percent;  // memory controller busy, 0..100
+  std::optional<int> temperature_c;
+  std::optional<int> memory_temperature_c;
+  std::optional<double> power_draw_w;
+  std::optional<double> power_limit_w;
+  std::optional<int> sm_clock_mhz;
+  std::optional<int> memory_clock_mhz;
+  std::string pstate;  // "P0".."P15"; "" unknown
+  std::optional<std::uint64_t> ecc_errors_uncorrected_volatile;
+  std::string mig_mode;  // "Enabled" | "Disabled" as nvidia-smi writes it; "" unknown / no MIG
+  std::vector<GpuProcessSample> processes;  // compute processes using it
+
+  nlohmann::json to_json() const;
+};
+
+struct GpuSection {
+  std::string source = "none";  // "nvml" | "nvidia-smi" | "none"
+  std::string driver_version;
+  std::string cuda_driver_version;  // "13.0"
+  std::string via;                  // "chroot /run/nvidia/driver" when read that way
+  std::vector<GpuSample> gpus;
+  std::string error;  // why nothing could be read (source "none")
+  std::vector<DiagnosisSample> diagnoses;
+  nlohmann::json to_json() const;
+};
+
+struct OllamaModelSample {
+  std::string name;
+  std::uint64_t size = 0;       // bytes the loaded model takes
+  std::uint64_t size_vram = 0;  // of which on the GPU
+  int gpu_percent = 0;          // as `ollama ps` rounds it
+  std::optional<std::int64_t> context_length;
+  std::string expires_at;  // RFC 3339, as Ollama writes it
+  nlohmann::json to_json() const;
+};
+
+struct OllamaSection {
+  std::string version;  // "" when the API does not answer
+  std::vector<OllamaModelSample> models;
+  std::string error;
+  std::vector<DiagnosisSample> diagnoses;
+  nlohmann::json to_json() const;
+};
+
+struct K8sNodeSample {
+  std::string name;
+  bool ready = false;
+  std::optional<std::int64_t> allocatable;  // of the section's resource
+  std::optional<std::int64_t> capacity;
+  std::string gpu_label;  // the node's `gpu` label (HAMi schedules on gpu=on)
+  nlohmann::json to_json() const;
+};
+
+struct K8sPodSample {
+  std::string ns, name, phase, status, node;
+  std::optional<std::int64_t> gpus;               // its nvidia.com/gpu limit
+  std::optional<std::int64_t> gpumem_mib;         // HAMi's nvidia.com/gpumem
+  std::optional<std::int64_t> gpumem_percentage;  // nvidia.com/gpumem-percentage
+  nlohmann::json to_json() const;
+};
+
+struct K8sSection {
+  std::string resource = "nvidia.com/gpu";
+  std::optional<std::int64_t> allocatable;  // summed over the nodes; null: none advertised
+  std::optional<std::int64_t> capacity;
+  std::vector<K8sNodeSample> nodes;
+  std::vector<K8sPodSample> pods;  // pods with a HAMi memory limit
+  std::string error;
+  std::vector<DiagnosisSample> diagnoses;
+  nlohmann::json to_json() const;
+};
+
+struct HealthSample {
+  std::string time;  // when the agent sampled, RFC 3339 on its clock
+  std::string hostname;
+  std::string plan_hash;
+  GpuSection gpu;
+  std::optional<OllamaSection> ollama;
+  std::optional<K8sSection> k8s;
+
+  nlohmann::json to_json() const;
+  // Every diagnosis of every section, in order.
+  std::vector<const DiagnosisSample*> all_diagnoses() const;
+};
+
+// What parse_health_sample dropped, by reason: "bad_type", "out_of_range",
+// "too_long", "bad_text" (control characters, or a code that is not one),
+// "too_many" (a list cut to its cap), "bad_message" (the body is no object).
+struct HealthRejects {
+  std::map<std::string, std::uint64_t> by_reason;
+  std::vector<std::string> fields;  // the first few dropped fields, for the log
+  void add(const std::string& reason, const std::string& field);
+  bool empty() const { return by_reason.empty(); }
+};
+
+// A health frame's body, from a stranger: never throws; what breaks a rule
+// is dropped and counted in `rejects`.
+HealthSample parse_health_sample(const nlohmann::json& body, HealthRejects& rejects);
+
+// What the agent does to its own sample before it sends it: every string cut
+// to its cap (at a UTF-8 character boundary) with control characters and
+// bytes that are not UTF-8 replaced by '?', every list cut to its cap (and,
+// should the whole still exceed kSampleBytes, the per-process and per-pod
+// lists and diagnosis details dropped first), so
+// nothing it reads from the guest (a process name, a kernel log line in a
+// diagnosis) makes the coordinator drop a field, or the JSON unprintable.
+void make_sendable(HealthSample& sample);
+// One string as make_sendable leaves it.
+std::string clip_text(const std::string& s, std::size_t max);
+
+// A string as it may appear in a sample: true when it has no control
+// characters (C0, DEL, C1) and is at most max bytes.
+bool is_clean_text(const std::string& s, std::size_t max);
+
+}  // namespace factory::proto

@@ -1,0 +1,202 @@
+// The health sample (common/health_sample.hpp): what the agent sends reads
+// back the same; what a hostile guest sends is cut down to what the rules
+// allow, field by field, with every drop counted by reason.
+#include "common/health_sample.hpp"
+
+#include <gtest/gtest.h>
+
+namespace proto = factory::proto;
+using nlohmann::json;
+
+namespace {
+
+proto::HealthSample h200_sample() {
+  proto::HealthSample h;
+  h.time = "2026-12-01T10:00:00Z";
+  h.hostname = "vm";
+  h.plan_hash = std::string(64, 'a');
+  h.gpu.source = "nvml";
+  h.gpu.driver_version = "580.159.04";
+  h.gpu.cuda_driver_version = "13.0";
+  proto::GpuSample g;
+  g.name = "NVIDIA H200";
+  g.uuid = "GPU-93c19784-9a89-60fe-0a12-f2f7720f62a2";
+  g.pci_bus_id = "00000000:00:06.0";
+  g.minor_number = 0;
+  g.memory_total_mib = 143771;
+  g.memory_reserved_mib = 616;
+  g.memory_used_mib = 0;
+  g.memory_free_mib = 143156;
+  g.utilization_percent = 0;
+  g.memory_utilization_percent = 0;
+  g.temperature_c = 35;
+  g.memory_temperature_c = 33;
+  g.power_draw_w = 121.85;
+  g.power_limit_w = 700;
+  g.sm_clock_mhz = 525;
+  g.memory_clock_mhz = 3201;
+  g.pstate = "P0";
+  g.ecc_errors_uncorrected_volatile = 0;
+  g.mig_mode = "Disabled";
+  proto::GpuProcessSample p;
+  p.pid = 4242;
+  p.name = "/usr/bin/python3";
+  p.used_memory_mib = 1024;
+  g.processes.push_back(p);
+  h.gpu.gpus.push_back(g);
+  proto::OllamaSection o;
+  o.version = "0.40.2";
+  o.models.push_back({"llama3.2:1b", 2000, 2000, 100, 4096, "2026-12-01T10:05:00Z"});
+  h.ollama = o;
+  return h;
+}
+
+json roundtrip(const json& in, proto::HealthRejects& rejects) {
+  return proto::parse_health_sample(in, rejects).to_json();
+}
+
+}  // namespace
+
+TEST(HealthSample, WhatTheAgentSendsReadsBackTheSame) {
+  json sent = h200_sample().to_json();
+  proto::HealthRejects rejects;
+  EXPECT_EQ(roundtrip(sent, rejects), sent);
+  EXPECT_TRUE(rejects.empty());
+  // Unknown keys are a newer agent's: ignored, not counted.
+  json newer = sent;
+  newer["gpu"]["gpus"][0]["fan_percent"] = 30;
+  newer["thermals"] = {{"x", 1}};
+  EXPECT_EQ(roundtrip(newer, rejects), sent);
+  EXPECT_TRUE(rejects.empty());
+  // Unknown values stay unknown (null), never zero.
+  EXPECT_TRUE(sent["gpu"]["gpus"][0].contains("memory_reserved_mib"));
+  proto::HealthSample blank;
+  json b = blank.to_json();
+  EXPECT_EQ(b["gpu"]["source"], "none");
+  EXPECT_TRUE(b["gpu"]["driver_version"].is_null());
+  EXPECT_FALSE(b.contains("ollama"));
+}
+
+TEST(HealthSample, BadFieldsAreDroppedAndCountedByReason) {
+  json in = h200_sample().to_json();
+  auto& g = in["gpu"]["gpus"][0];
+  g["utilization_percent"] = 250;                 // out_of_range
+  g["temperature_c"] = "hot";                     // bad_type
+  g["name"] = "NVIDIA \x1b]2;pwned\x07 H200";     // bad_text: a terminal escape
+  g["uuid"] = std::string(200, 'u');              // too_long
+  g["memory_used_mib"] = -5;                      // out_of_range
+  g["power_draw_w"] = 1e9;                        // out_of_range
+  g["pstate"] = "P99";                            // out_of_range
+  g["mig_mode"] = "Sometimes";                    // out_of_range
+  in["ollama"]["models"][0]["size_vram"] = 5000;  // more on the GPU than the model: capped
+  in["gpu"]["diagnoses"] =
+      json::array({{{"code", "Not A Code!"}, {"summary", "x"}},
+                   {{"code", "ok_code"}, {"summary", "fine"}, {"fix", "none"}}});
+  proto::HealthRejects rejects;
+  proto::HealthSample h = proto::parse_health_sample(in, rejects);
+  const auto& r = h.gpu.gpus.at(0);
+  EXPECT_FALSE(r.utilization_percent);
+  EXPECT_FALSE(r.temperature_c);
+  EXPECT_EQ(r.name, "");
+  EXPECT_EQ(r.uuid, "");
+  EXPECT_FALSE(r.memory_used_mib);
+  EXPECT_FALSE(r.power_draw_w);
+  EXPECT_EQ(r.pstate, "");
+  EXPECT_EQ(r.mig_mode, "");
+  // What was fine is kept.
+  EXPECT_EQ(r.memory_total_mib, 143771u);
+  EXPECT_EQ(r.memory_reserved_mib, 616u);
+  EXPECT_EQ(r.pci_bus_id, "00000000:00:06.0");
+  EXPECT_EQ(h.ollama->models.at(0).size_vram, 2000u);
+  ASSERT_EQ(h.gpu.diagnoses.size(), 1u);
+  EXPECT_EQ(h.gpu.diagnoses[0].code, "ok_code");
+  EXPECT_EQ(rejects.by_reason["out_of_range"], 6u);
+  EXPECT_EQ(rejects.by_reason["bad_type"], 1u);
+  EXPECT_EQ(rejects.by_reason["bad_text"], 2u);
+  EXPECT_EQ(rejects.by_reason["too_long"], 1u);
+  ASSERT_FALSE(rejects.fields.empty());
+  EXPECT_EQ(rejects.fields[0], "health.gpu.gpus[0].name (bad_text)");
+  // Nothing of the guest's text reaches the names of the fields dropped.
+  for (const auto& f : rejects.fields) EXPECT_EQ(f.find("pwned"), std::string::npos) << f;
+}
+
+TEST(HealthSample, ListsAreCutToTheirCaps) {
+  json in = h200_sample().to_json();
+  json gpus = json::array();
+  for (int i = 0; i < 40; ++i) {
+    json g = in["gpu"]["gpus"][0];
+    g["index"] = i % 64;
+    gpus.push_back(g);
+  }
+  gpus.push_back("not a gpu");
+  in["gpu"]["gpus"] = gpus;
+  json procs = json::array();
+  for (int i = 1; i <= 500; ++i) procs.push_back({{"pid", i}, {"name", "p"}});
+  in["gpu"]["gpus"][0]["processes"] = procs;
+  proto::HealthRejects rejects;
+  auto h = proto::parse_health_sample(in, rejects);
+  EXPECT_EQ(h.gpu.gpus.size(), proto::health_limits::kGpus);
+  EXPECT_EQ(h.gpu.gpus[0].processes.size(), proto::health_limits::kProcesses);
+  EXPECT_EQ(rejects.by_reason["too_many"], 2u);
+}
+
+TEST(HealthSample, WhatIsNotASampleIsRejectedWhole) {
+  proto::HealthRejects rejects;
+  proto::parse_health_sample(json::array({1, 2}), rejects);
+  EXPECT_EQ(rejects.by_reason["bad_message"], 1u);
+  proto::HealthRejects r2;
+  auto h = proto::parse_health_sample({{"gpu", "everything is fine"}, {"k8s", 7}}, r2);
+  EXPECT_EQ(r2.by_reason["bad_type"], 2u);
+  EXPECT_EQ(h.gpu.source, "none");
+  EXPECT_FALSE(h.k8s);
+}
+
+TEST(HealthSample, TheAgentClipsItsOwnSampleToWhatIsAccepted) {
+  proto::HealthSample h = h200_sample();
+  // A process name with a control character and cut inside a UTF-8 character.
+  std::string name = "worker\x01" + std::string(200, 'x') + "\xc3\xa9";
+  h.gpu.gpus[0].processes[0].name = name;
+  h.gpu.gpus[0].name = std::string(127, 'n') + "\xc3\xa9";  // 129 bytes: the é would be cut
+  h.gpu.error = "bad byte \xff here";
+  for (int i = 0; i < 100; ++i)
+    h.gpu.diagnoses.push_back({"code_" + std::to_string(i), "s", "f", {}});
+  proto::make_sendable(h);
+  EXPECT_EQ(h.gpu.gpus[0].name, std::string(127, 'n'));
+  EXPECT_EQ(h.gpu.gpus[0].processes[0].name.substr(0, 8), "worker?x");
+  EXPECT_EQ(h.gpu.error, "bad byte ? here");
+  EXPECT_EQ(h.gpu.diagnoses.size(), proto::health_limits::kDiagnoses);
+  proto::HealthRejects rejects;
+  proto::parse_health_sample(h.to_json(), rejects);
+  EXPECT_TRUE(rejects.empty()) << rejects.fields.size();
+
+  // Too big for a frame: the per-process lists go first.
+  proto::HealthSample big = h200_sample();
+  for (int g = 1; g < 16; ++g) big.gpu.gpus.push_back(big.gpu.gpus[0]);
+  proto::GpuProcessSample p;
+  p.name.assign(120, 'p');
+  p.used_memory_mib = 1;
+  for (auto& g : big.gpu.gpus)
+    for (int i = 0; i < 63; ++i) {
+      p.pid = static_cast<uint32_t>(i + 10);
+      g.processes.push_back(p);
+    }
+  ASSERT_GT(big.to_json().dump().size(), proto::health_limits::kSampleBytes);
+  proto::make_sendable(big);
+  EXPECT_LE(big.to_json().dump().size(), proto::health_limits::kSampleBytes);
+  EXPECT_EQ(big.gpu.gpus.size(), 16u);
+  EXPECT_TRUE(big.gpu.gpus[0].processes.empty());
+  EXPECT_EQ(big.gpu.gpus[0].memory_reserved_mib, 616u);
+}
+
+TEST(HealthSample, CleanTextRefusesControlCharacters) {
+  EXPECT_TRUE(proto::is_clean_text("NVIDIA H200", 64));
+  EXPECT_TRUE(proto::is_clean_text("llama3.2:1b é", 64));
+  EXPECT_FALSE(proto::is_clean_text("a\nb", 64));
+  EXPECT_FALSE(proto::is_clean_text("a\x1b[31mb", 64));
+  EXPECT_FALSE(proto::is_clean_text("a\x7f", 64));
+  EXPECT_FALSE(
+      proto::is_clean_text("a\xc2\x9b"
+                           "31m",
+                           64));  // C1 CSI
+  EXPECT_FALSE(proto::is_clean_text(std::string(65, 'a'), 64));
+}
