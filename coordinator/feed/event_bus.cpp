@@ -71,9 +71,14 @@ std::uint64_t EventBus::publish(const std::string& type, const std::string& tena
     }
     cur->second.last_sent = e.id;
   }
+  const std::uint64_t id = e.id;
+  ring_bytes_ += bytes.size();
   ring_.push_back(std::move(e));
-  while (ring_.size() > opts_.history) ring_.pop_front();
-  return ring_.back().id;
+  while (ring_.size() > 1 && (ring_.size() > opts_.history || ring_bytes_ > opts_.history_bytes)) {
+    ring_bytes_ -= format_sse(ring_.front()).size();
+    ring_.pop_front();
+  }
+  return id;
 }
 
 bool EventBus::deliver(Sub& s, const std::string& bytes) {

@@ -49,6 +49,9 @@ class EventSink {
 
 struct EventBusOptions {
   std::size_t history = 4096;  // events kept for Last-Event-ID
+  // ... and no more bytes than this, so that a reader's whole replay fits
+  // in its stream queue (the API server's is twice this).
+  std::size_t history_bytes = 4 << 20;
   std::size_t max_subscribers = 256;
   std::chrono::milliseconds heartbeat{std::chrono::seconds(15)};
   // 0: the time the bus is made, in microseconds since the epoch.
@@ -110,6 +113,7 @@ class EventBus {
   mutable std::mutex mu_;
   std::uint64_t next_id_;
   std::deque<FeedEvent> ring_;
+  std::size_t ring_bytes_ = 0;
   std::map<std::uint64_t, Sub> subs_;
   std::uint64_t next_handle_ = 1;
   BusStats stats_;

@@ -133,6 +133,21 @@ TEST(EventBus, AnIdTheRingNoLongerHoldsGetsAResetNotAGap) {
   EXPECT_NE(future->all().find("\"unknown_id\""), std::string::npos);
 }
 
+TEST(EventBus, TheRingIsBoundedInBytesToo) {
+  EventBusOptions o = opts(1000);
+  o.history_bytes = 2000;
+  EventBus bus(o);
+  for (int i = 0; i < 20; ++i) bus.publish("health", "t1", {{"pad", std::string(300, 'x')}});
+  // 100..119 published; about five of ~380 bytes fit in 2000.
+  auto r = std::make_shared<Reader>();
+  bus.subscribe(r, "", 110);
+  EXPECT_NE(r->all().find("event: reset"), std::string::npos) << "110 is no longer held";
+  auto late = std::make_shared<Reader>();
+  auto s = bus.subscribe(late, "", 115);
+  EXPECT_EQ(s.replayed, 4u);
+  EXPECT_EQ(late->all().find("event: reset"), std::string::npos);
+}
+
 TEST(EventBus, ASlowReaderIsDroppedWithALastEventAndTheOthersGoOn) {
   EventBus bus(opts());
   auto slow = std::make_shared<Reader>(3);  // the retry line and two events

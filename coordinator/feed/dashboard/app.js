@@ -222,7 +222,12 @@ function connect() {
   if (source) source.close();
   source = new EventSource('/v1/events');
   source.addEventListener('open', () => { setLive(true, 'live'); reload(); });
-  source.addEventListener('error', () => setLive(false, 'reconnecting'));
+  source.addEventListener('error', () => {
+    setLive(false, 'reconnecting');
+    // EventSource retries by itself unless the answer was an error (the
+    // session ended, the coordinator restarted and forgot it): then ask.
+    if (source.readyState === EventSource.CLOSED) setTimeout(start, 3000);
+  });
   for (const type of ['health', 'agent', 'phase', 'progress', 'plan', 'diagnosis'])
     source.addEventListener(type, (ev) => onEvent(type, ev));
   source.addEventListener('reset', () => reload());
@@ -230,7 +235,13 @@ function connect() {
 }
 
 async function start() {
-  const r = await api('/v1/session');
+  let r;
+  try {
+    r = await api('/v1/session');
+  } catch (e) {
+    setLive(false, 'coordinator unreachable; retrying');
+    return setTimeout(start, 3000);
+  }
   if (r.status === 401 || r.status === 403) return showSignIn('');
   document.getElementById('signin').hidden = true;
   document.getElementById('signout').hidden = false;
