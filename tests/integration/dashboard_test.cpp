@@ -109,7 +109,7 @@ TEST(Dashboard, ShowsTwoTenantsLiveInChromiumAndAGuestsMarkupAsText) {
 
   const auto png = dir.path() / "dashboard.png";
   const auto log = dir.path() / "probe.log";
-  Process probe({"node", (source_dir() / "tests/support/dashboard_probe.js").string(),
+  Process probe({"/usr/bin/node", (source_dir() / "tests/support/dashboard_probe.js").string(),
                  "https://127.0.0.1:" + std::to_string(h.api_port()) + "/", token_file.string(),
                  png.string(), "2", "87%"},
                 log, {{"NODE_PATH", "/usr/share/nodejs"}});

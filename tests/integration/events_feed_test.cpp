@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "common/atomic_file.hpp"
 #include "common/net/http_client.hpp"
 #include "tests/integration/own_agent.hpp"
 #include "tests/support/coordinator_harness.hpp"
@@ -315,7 +316,7 @@ TEST_F(EventsFeed, StatusWatchRedrawsOnEvents) {
                                    "--watch"};
   Process watch(argv, dir_.path() / "watch.log", h_->env());
   ASSERT_TRUE(eventually(
-      [&] { return slurp(dir_.path() / "watch.log").find("tenant") != std::string::npos; }, 10s))
+      [&] { return slurp(dir_.path() / "watch.log").find("TENANT") != std::string::npos; }, 10s))
       << slurp(dir_.path() / "watch.log");
   auto s = a.session();
   ASSERT_TRUE(s);
@@ -324,8 +325,8 @@ TEST_F(EventsFeed, StatusWatchRedrawsOnEvents) {
       [&] { return slurp(dir_.path() / "watch.log").find("77%") != std::string::npos; }, 10s))
       << slurp(dir_.path() / "watch.log");
   const std::string out = slurp(dir_.path() / "watch.log");
-  EXPECT_EQ(out.find("tenant"), out.rfind("tenant ")) << "the header once, then changed rows\n"
-                                                      << out;
+  EXPECT_EQ(out.find("TENANT"), out.rfind("TENANT")) << "the header once, then changed rows\n"
+                                                     << out;
   EXPECT_EQ(out.find("\x1b["), std::string::npos) << "no screen control into a file";
   watch.stop();
 }

@@ -38,10 +38,14 @@ browser = spawn('chromium', ['--headless=new', '--no-sandbox', '--disable-gpu', 
   '--user-data-dir=' + profile, 'about:blank'], { stdio: ['ignore', 'ignore', 'pipe'] });
 browser.on('exit', (c) => fail('chromium exited (' + c + ')'));
 let err = '';
+let started = false;
 browser.stderr.on('data', (d) => {
   err += d;
   const m = err.match(/DevTools listening on (ws:\/\/[^\s]+)/);
-  if (m && !err.started) { err.started = true; drive(m[1]).catch((e) => fail(String(e && e.stack || e))); }
+  if (m && !started) {
+    started = true;
+    drive(m[1]).catch((e) => fail(String((e && e.stack) || e)));
+  }
 });
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
