@@ -130,7 +130,7 @@ Status read_keys(const nlohmann::json& doc, const std::string& path, Coordinator
   auto api = top->section("api");
   if (!api) return api.error();
   for (auto st : {api->read("listen", c.api_listen), api->read("metrics_public", c.metrics_public),
-                  api->done()})
+                  read_duration(*api, "events_heartbeat", c.events_heartbeat), api->done()})
     if (!st.ok()) return st;
 
   auto tokens = top->section("tokens");

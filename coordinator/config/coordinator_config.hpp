@@ -29,6 +29,7 @@
 //     metrics_public: false            # true: GET /metrics without the bearer token (it
 //                                      # names every tenant: open it only to a trusted
 //                                      # network's Prometheus)
+//     events_heartbeat: 15s            # a comment line on every GET /v1/events stream
 //   tokens:
 //     default_ttl: 1h                  # `factory token create` without --ttl
 //     tenant_ttl: 24h                  # the token in a tenant VM's user-data: the VM
@@ -98,6 +99,7 @@ struct CoordinatorConfig {
   std::chrono::seconds quota_max_event_age{std::chrono::hours(24 * 90)};
   std::string api_listen = "127.0.0.1:8444";
   bool metrics_public = false;
+  std::chrono::seconds events_heartbeat{15};
   std::chrono::seconds token_default_ttl{std::chrono::hours(1)};
   std::chrono::seconds token_tenant_ttl{std::chrono::hours(24)};
   std::string kube_kubeconfig;  // resolved against the config file's folder

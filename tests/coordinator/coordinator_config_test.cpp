@@ -1,8 +1,8 @@
 #include "coordinator/config/coordinator_config.hpp"
 
-#include <fstream>
-
 #include <gtest/gtest.h>
+
+#include <fstream>
 
 #include "coordinator/agents/projection.hpp"
 #include "coordinator/api/router.hpp"
@@ -28,7 +28,8 @@ TEST(CoordinatorConfig, ReadsKeysAndRefusesUnknownOnes) {
   auto p = dir.path() / "c.yaml";
   {
     std::ofstream f(p);
-    f << "state_dir: /tmp/x\nagents:\n  listen: '[::1]:9443'\n  cert_ttl: 2h\napi:\n  listen: 127.0.0.2:9444\n";
+    f << "state_dir: /tmp/x\nagents:\n  listen: '[::1]:9443'\n  cert_ttl: 2h\napi:\n  listen: "
+         "127.0.0.2:9444\n";
   }
   auto c = coordinator::load_coordinator_config(p.string(), true);
   ASSERT_TRUE(c.ok()) << c.error().message;
@@ -47,15 +48,17 @@ TEST(CoordinatorConfig, ReadsKeysAndRefusesUnknownOnes) {
     f << "agents:\n  listen: nowhere\n";
   }
   EXPECT_FALSE(coordinator::load_coordinator_config(p.string(), true).ok());
-  EXPECT_FALSE(coordinator::load_coordinator_config((dir.path() / "missing.yaml").string(), true).ok());
+  EXPECT_FALSE(
+      coordinator::load_coordinator_config((dir.path() / "missing.yaml").string(), true).ok());
 }
 
 TEST(Router, MatchesParamsAndRequiresTheToken) {
   WorkerPool workers(1);
   coordinator::ApiRouter r("secret-token-secret-token-secret-token", workers);
-  r.add("GET", "/v1/tenants/{name}", [](const net::HttpRequestIn&, const coordinator::PathParams& p) {
-    return net::HttpResponseOut::json(200, p.at("name"));
-  });
+  r.add("GET", "/v1/tenants/{name}",
+        [](const net::HttpRequestIn&, const coordinator::PathParams& p) {
+          return net::HttpResponseOut::json(200, p.at("name"));
+        });
   r.add("GET", "/healthz", [](auto&, auto&) { return net::HttpResponseOut::json(200, "ok"); },
         {.public_route = true});
   net::HttpRequestIn req;
@@ -113,6 +116,7 @@ TEST(CoordinatorConfig, QuotasAndMetricsHaveDefaultsAndRanges) {
   EXPECT_EQ(c->quota_max_events_stored, 10000u);
   EXPECT_EQ(c->quota_max_event_age, std::chrono::hours(24 * 90));
   EXPECT_FALSE(c->metrics_public);
+  EXPECT_EQ(c->events_heartbeat, std::chrono::seconds(15));
 
   auto p = dir.path() / "c.yaml";
   auto load = [&](const std::string& text) {
@@ -121,7 +125,8 @@ TEST(CoordinatorConfig, QuotasAndMetricsHaveDefaultsAndRanges) {
   };
   c = load(
       "agents:\n  quota:\n    events_per_second: 20\n    event_burst: 40\n    bytes_per_day: "
-      "1Gi\n    max_events_stored: 50\n    max_event_age: 7d\napi:\n  metrics_public: true\n");
+      "1Gi\n    max_events_stored: 50\n    max_event_age: 7d\napi:\n  metrics_public: true\n"
+      "  events_heartbeat: 5s\n");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->quota_events_per_second, 20);
   EXPECT_EQ(c->quota_event_burst, 40);
@@ -129,6 +134,7 @@ TEST(CoordinatorConfig, QuotasAndMetricsHaveDefaultsAndRanges) {
   EXPECT_EQ(c->quota_max_events_stored, 50u);
   EXPECT_EQ(c->quota_max_event_age, std::chrono::hours(24 * 7));
   EXPECT_TRUE(c->metrics_public);
+  EXPECT_EQ(c->events_heartbeat, std::chrono::seconds(5));
   EXPECT_EQ(load("agents:\n  quota:\n    bytes_per_day: 33554432\n")->quota_bytes_per_day,
             32u << 20);
   for (auto [text, want] : std::vector<std::pair<std::string, std::string>>{
