@@ -48,7 +48,6 @@ class CoordinatorHarness {
   int api_port() const { return api_port_; }
   std::string ca_sha256();
   std::string log() const { return proc_.log(); }
-  int pid() const { return proc_.pid(); }
   std::string admin_token() const;
   // Every event stored for a tenant, oldest first, as
   // {"agent_id", "id", "received_at", "event"}: read from the coordinator's
