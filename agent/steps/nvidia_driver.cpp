@@ -228,11 +228,14 @@ class NvidiaDriver final : public Step {
     return one_line(r->output);
   }
 
-  // The pinned packages not yet held.
+  // The pinned packages dpkg has installed but not held. (A driver that
+  // came some other way, as with the H200 image's, has nothing to hold.)
   std::vector<std::string> unheld() const {
     std::vector<std::string> out;
-    for (const auto& pkg : p_.packages)
-      if (!dpkg_package(pkg).held) out.push_back(pkg);
+    for (const auto& pkg : p_.packages) {
+      auto st = dpkg_package(pkg);
+      if (st.installed && !st.held) out.push_back(pkg);
+    }
     return out;
   }
 

@@ -130,8 +130,10 @@ TEST(AgentMessages, TheGuestClustersRangesAreTypedAndEveryRangeMustRead) {
   EXPECT_TRUE(rejected(h.rejected, "ranges.around.range", RejectReason::bad_format));
   EXPECT_TRUE(rejected(h.rejected, "ranges.around.owner", RejectReason::unknown_field));
   EXPECT_TRUE(rejected(h.rejected, "ranges.extra", RejectReason::unknown_field));
-  auto m = decode_event(
-      {{"id", 5}, {"kind", "progress"}, {"step", "rke2"}, {"ranges", {{"cluster-dns", "1.2.3.4"}}}});
+  auto m = decode_event({{"id", 5},
+                         {"kind", "progress"},
+                         {"step", "rke2"},
+                         {"ranges", {{"cluster-dns", "1.2.3.4"}}}});
   EXPECT_TRUE(rejected(m.rejected, "ranges.cluster-cidr", RejectReason::missing));
 }
 
