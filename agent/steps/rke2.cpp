@@ -22,6 +22,7 @@ namespace {
 
 constexpr const char* kConfigPath = "/etc/rancher/rke2/config.yaml";
 const char* const kRangeKeys[] = {"cluster-cidr", "service-cidr", "cluster-dns"};
+constexpr const char* kConfigHeader = "# Written by factory-agent (plan step rke2).";
 
 struct Rke2Params {
   std::string version;
@@ -209,10 +210,23 @@ class Rke2 final : public Step {
  private:
   // Chosen ranges are kept in the step state: once RKE2 runs, the guest's
   // routes hold its own pod network, and a second look must not move them.
+  // Without the step state (a check from another state directory, a lost
+  // one), the config.yaml this step wrote says what was chosen.
   bool ranges_known(const StepContext& ctx) {
     if (p_.fixed) return true;
     json st = load_step_state(ctx).value("ranges", json());
-    if (!st.is_object()) return false;
+    if (!st.is_object()) {
+      auto text = read_file(ctx.env.path(kConfigPath));
+      if (!text || text->rfind(kConfigHeader, 0) != 0) return false;
+      auto j = parse_yaml(*text, kConfigPath);
+      if (!j || !j->is_object()) return false;
+      for (const char* k : kRangeKeys)
+        if (!j->contains(k) || !(*j)[k].is_string()) return false;
+      st = *j;
+      ranges::Chosen c{st["cluster-cidr"].get<std::string>(), st["service-cidr"].get<std::string>(),
+                       st["cluster-dns"].get<std::string>()};
+      if (!ranges::check_fixed(c, p_.avoid).ok()) return false;
+    }
     set_ranges(
         {st.value("cluster-cidr", ""), st.value("service-cidr", ""), st.value("cluster-dns", "")});
     return true;
