@@ -32,7 +32,8 @@ struct Rig {
     EXPECT_TRUE(s.ok());
     store = std::move(*s);
     enrollment =
-        std::make_unique<Enrollment>(*store, *ca, *tokens, counters, std::chrono::hours(1));
+        std::make_unique<Enrollment>(*store, *ca, *tokens, counters, std::chrono::hours(1),
+                                              std::chrono::hours(24 * 90));
   }
   ~Rig() { store->close(); }
 };

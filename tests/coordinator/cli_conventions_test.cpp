@@ -287,8 +287,9 @@ TEST(CliConventions, ConfigKeysAreCheckedAtEveryDepthAndNamedByPath) {
   const std::vector<Case> cases = {
       {"stat_dir: /x\n", "unknown key 'stat_dir'"},
       {"agents:\n  listn: 127.0.0.1:1\n",
-       "unknown key 'agents.listn' (known: listen, binary, idle_timeout, cert_ttl)"},
-      {"api:\n  lissen: 127.0.0.1:1\n", "unknown key 'api.lissen' (known: listen)"},
+       "unknown key 'agents.listn' (known: listen, binary, idle_timeout, cert_ttl, renewal_grace, "
+       "quota)"},
+      {"api:\n  lissen: 127.0.0.1:1\n", "unknown key 'api.lissen' (known: listen, metrics_public)"},
       {"tokens:\n  default_tll: 1h\n", "unknown key 'tokens.default_tll'"},
       {"kube:\n  namspace: x\n", "unknown key 'kube.namspace'"},
       {"threads:\n  iox: 2\n", "unknown key 'threads.iox' (known: io, workers)"},

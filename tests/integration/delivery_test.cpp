@@ -118,6 +118,8 @@ TEST(Delivery, EventsTheAgentHadToDropShowInStatusAndMetrics) {
   factory::net::HttpRequest req;
   req.method = "GET";
   req.url = "https://127.0.0.1:" + std::to_string(h.api_port()) + "/metrics";
+  // /metrics takes the admin token unless api.metrics_public opens it.
+  req.headers["Authorization"] = "Bearer " + h.admin_token();
   auto res = http.request(req);
   ASSERT_TRUE(res.ok()) << res.error().message;
   EXPECT_NE(res->body.find("factory_agent_spool_dropped_events{tenant=\"t1\"} 24"),
