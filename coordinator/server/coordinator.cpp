@@ -183,6 +183,8 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   to.agent_binary_sha256 = p.agent_sha256;
   to.agent_binary_path = p.agent_binary;
   to.ca_pem = p.ca->certificate_pem();
+  to.guest_ranges_avoid = c->cfg_.guest_ranges_avoid;
+  to.guest_ranges_pool = c->cfg_.guest_ranges_pool;
   std::unique_ptr<tenants::VmProvider> provider;
   if (c->cfg_.provider == "qemu") {
     const QemuSettings& q = c->cfg_.qemu;

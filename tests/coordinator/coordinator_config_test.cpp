@@ -153,3 +153,40 @@ TEST(CoordinatorConfig, QuotasAndMetricsHaveDefaultsAndRanges) {
     EXPECT_NE(r.error().message.find(want), std::string::npos) << r.error().message;
   }
 }
+
+TEST(CoordinatorConfig, GuestRangesAvoidAndPool) {
+  TempDir dir("cfg");
+  auto c = coordinator::load_coordinator_config((dir.path() / "absent.yaml").string(), false);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->guest_ranges_avoid.empty());
+  EXPECT_EQ(c->guest_ranges_pool.blocks, ranges::Pool::default_blocks());
+
+  auto p = dir.path() / "c.yaml";
+  auto load = [&](const std::string& text) {
+    std::ofstream(p) << text;
+    return coordinator::load_coordinator_config(p.string(), true);
+  };
+  c = load(
+      "guest_ranges:\n  avoid: [192.168.0.0/16, 'fd00:10::/48']\n  pool: [172.20.0.0/14]\n"
+      "  pod_prefix: 17\n  dns_offset: 53\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  ASSERT_EQ(c->guest_ranges_avoid.size(), 2u);
+  EXPECT_EQ(c->guest_ranges_avoid[0].range, "192.168.0.0/16");
+  EXPECT_EQ(c->guest_ranges_avoid[0].source, "guest_ranges.avoid in the coordinator config");
+  EXPECT_EQ(c->guest_ranges_pool.blocks, std::vector<std::string>{"172.20.0.0/14"});
+  EXPECT_EQ(c->guest_ranges_pool.pod_prefix, 17);
+  EXPECT_EQ(c->guest_ranges_pool.dns_offset, 53);
+  auto err = [&](const std::string& text) {
+    auto r = load(text);
+    return r.ok() ? std::string("ok") : r.error().message;
+  };
+  EXPECT_EQ(err("guest_ranges:\n  avoid: [10.0.0.0/33]\n"),
+            p.string() + ": guest_ranges.avoid: invalid prefix length in '10.0.0.0/33' (0 to 32)");
+  EXPECT_EQ(err("guest_ranges:\n  pool: [10.52.0.0/14, 'fd00::/48']\n"),
+            p.string() +
+                ": guest_ranges.pool[1]: fd00::/48 is IPv6: the guest cluster is IPv4 "
+                "only (RKE2 single-stack)");
+  EXPECT_EQ(err("guest_ranges:\n  pod_prefix: 4\n"),
+            p.string() + ": guest_ranges.pod_prefix: must be 8 to 28, got 4");
+  EXPECT_NE(err("guest_ranges:\n  size: 16\n").find("size"), std::string::npos);
+}
