@@ -58,8 +58,8 @@ void add_serve_command(CLI::App& app, Context& ctx) {
       if (!c) return fail(c.error());
       if (auto st = (*c)->start(); !st.ok()) return fail(st.error());
       (*c)->run();
-      // Everything the coordinator keeps is durable the moment it is written
-      // (fsync'd files), so nothing is left to flush but the log. Exit here
+      // run() returned with the store closed (its queue and the latest
+      // health written), so nothing is left to flush but the log. Exit here
       // rather than tear down live sessions inside the io_context's
       // destructor, where their sockets would outlive the reactor.
       spdlog::info("stopped");

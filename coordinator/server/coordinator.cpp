@@ -464,6 +464,12 @@ void Coordinator::run() {
     stop();
   });
   net_->pool->run();
+  // The io threads are done. What the store's writer still holds (events
+  // queued behind the last batch, the coalesced latest health of every
+  // tenant) is written now: the caller may end the process without running
+  // the destructors (cli/serve_command.cpp).
+  if (parts_->workers) parts_->workers->stop();
+  if (parts_->store) parts_->store->close();
 }
 
 void Coordinator::stop() {

@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-CommandResult run_check(const GuestSim& sim, const fs::path& out) {
+factory::CommandResult run_check(const GuestSim& sim, const fs::path& out) {
   return run({"/bin/bash", (source_dir() / "scripts/h200-health-check.sh").string(), out.string()},
              std::chrono::seconds(60),
              {{"PATH", sim.path()},
