@@ -9,6 +9,7 @@
 
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
+#include "common/pins.hpp"
 #include "common/step_params.hpp"
 #include "common/validation.hpp"
 #include "common/yaml_json.hpp"
@@ -437,6 +438,8 @@ json Tier::to_json() const {
           {"versions", versions},
           {"settings", settings},
           {"plan_hash", plan_hash(plan())},
+          // Every version the steps depend on, and those left unpinned (pins.hpp).
+          {"pins", pins_json(tier_pins(*this))},
           {"health", health ? health->to_plan_json() : json(nullptr)},
           {"steps", steps_json}};
 }

@@ -4,6 +4,7 @@
 #include <regex>
 
 #include "common/cidr.hpp"
+#include "common/cluster_ranges.hpp"
 #include "common/durations.hpp"
 #include "common/validation.hpp"
 
@@ -129,18 +130,34 @@ Status check_ollama_install(const json& p, const std::string& where) {
   return url_param(p, "install_url", where, true);
 }
 
-// The guest cluster's own ranges must parse, not overlap each other, and
-// hold the DNS service's address.
+// The guest cluster's own ranges: either all three fixed (they must parse,
+// not overlap each other, and hold the DNS service's address) or none, and
+// then the agent picks them (common/cluster_ranges.hpp) around `ranges`: what
+// the coordinator read of the host, and the pool to pick from.
 Status check_rke2(const json& p, const std::string& where) {
   if (auto s = url_param(p, "install_url", where, true); !s) return s;
   const json& c = p["config"];
   std::string cw = where + ".config";
+  int fixed = 0;
   for (const char* k : {"cluster-cidr", "service-cidr", "cluster-dns"})
-    if (!c.contains(k) || !c[k].is_string())
-      return bad(
-          cw,
-          std::string("'") + k +
-              "' is required: the guest cluster needs ranges that cannot clash with the host's");
+    if (c.contains(k)) {
+      if (!c[k].is_string()) return bad(cw + "." + k, "must be a string, got " + type_name(c[k]));
+      ++fixed;
+    }
+  if (fixed != 0 && fixed != 3)
+    return bad(cw,
+               "set all of cluster-cidr, service-cidr and cluster-dns, or none (they are then "
+               "chosen around the host cluster's ranges)");
+  if (p.contains("ranges")) {
+    const json& r = p["ranges"];
+    std::string rw = where + ".ranges";
+    if (auto s = validation::only_keys(r, {"avoid", "pool"}, rw); !s) return s;
+    if (r.contains("avoid"))
+      if (auto f = ranges::facts_from_json(r["avoid"], rw + ".avoid"); !f) return f.error();
+    if (r.contains("pool"))
+      if (auto pl = ranges::pool_from_json(r["pool"], rw + ".pool"); !pl) return pl.error();
+  }
+  if (fixed == 0) return ok_status();
   return check_cluster_ranges(c["cluster-cidr"].get<std::string>(),
                               c["service-cidr"].get<std::string>(),
                               c["cluster-dns"].get<std::string>(), cw);
@@ -277,7 +294,9 @@ const std::vector<StepKindSchema>& step_kind_schemas() {
         {"service", T::string, false, "rke2-server"},
         {"kubeconfig", T::string, false, kRke2Kubeconfig},
         {"bin_dir", T::string, false, "/var/lib/rancher/rke2/bin"},
-        {"config", T::object, true}},
+        {"config", T::object, false, json::object()},
+        // The coordinator's, never the catalog's: {avoid: [{range, source}], pool}.
+        {"ranges", T::object, false}},
        check_rke2,
        catalog_check_rke2},
       {"helm_release",
@@ -292,7 +311,10 @@ const std::vector<StepKindSchema>& step_kind_schemas() {
         {"kubeconfig", T::string, false, kRke2Kubeconfig},
         {"helm_installer", T::string, false,
          "https://raw.githubusercontent.com/helm/helm/main/scripts/get-helm-4"},
-        {"values", T::object, false, json::object()}},
+        {"values", T::object, false, json::object()},
+        // The NVIDIA driver the chart's driver container must run (the GPU
+        // Operator's driver.version): verified in its nvidia-smi.
+        {"driver_version", T::string, false}},
        check_helm_release},
       {"node_label",
        {{"labels", T::string_map, true},

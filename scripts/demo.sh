@@ -12,7 +12,10 @@
 # machines (tests/guestsim/).
 #
 # Writes build/demo/: status.json (the final `factory status -o json`),
-# tenant-1.json, tenant-2.json, metrics.txt, and the logs. Exits 0 only when every tenant is
+# tenants.json (GET /v1/tenants), tenant-1.json, tenant-2.json, metrics.txt,
+# events.txt (GET /v1/events for the whole run), dashboard.png (the dashboard
+# in headless Chromium; skipped, saying so, where chromium is not installed),
+# and the logs. Exits 0 only when every tenant is
 # ready, and leaves no process running.
 set -euo pipefail
 
@@ -92,6 +95,12 @@ say "factory serve (agents on wss://127.0.0.1:$agents_port, API on https://127.0
 "$factory" serve "${cfg[@]}" > "$out/coordinator.log" 2>&1 &
 pids+=($!)
 wait_for 20 "$factory" "${cfg[@]}" status || { echo "factory serve did not start:"; cat "$out/coordinator.log"; exit 1; }
+api_curl() { curl -s --cacert "$work/state/ca.crt" -H "Authorization: Bearer $(cat "$work/state/admin.token")" "$@"; }
+
+# The status feed's live stream, read for the whole run: every agent
+# connect, health change, step and phase as it happens.
+api_curl -N "https://127.0.0.1:$api_port/v1/events" > "$out/events.txt" &
+pids+=($!)
 
 say "Simulated VMs: when KubeVirt reports a VMI Running, boot a simulated L4 guest and run its user-data [simulated]"
 "$py" tests/guestsim/vm_runner.py --kubeconfig "$kubeconfig" --work "$work/guests" \
@@ -150,8 +159,18 @@ say "factory status"
 "$factory" "${cfg[@]}" tenant show tenant-1 -o json > "$out/tenant-1.json"
 "$factory" "${cfg[@]}" tenant show tenant-2 -o json > "$out/tenant-2.json"
 # /metrics takes the admin token like the rest of the API (api.metrics_public opens it).
-curl -s --cacert "$work/state/ca.crt" -H "Authorization: Bearer $(cat "$work/state/admin.token")" \
-  "https://127.0.0.1:$api_port/metrics" > "$out/metrics.txt"
+api_curl "https://127.0.0.1:$api_port/metrics" > "$out/metrics.txt"
+api_curl "https://127.0.0.1:$api_port/v1/tenants" > "$out/tenants.json"
+
+say "The dashboard at https://127.0.0.1:$api_port/ (headless Chromium, signed in with the admin token)"
+if command -v chromium >/dev/null 2>&1 && command -v node >/dev/null 2>&1 && [ -d /usr/share/nodejs/ws ]; then
+  NODE_PATH=/usr/share/nodejs node tests/support/dashboard_probe.js "https://127.0.0.1:$api_port/" \
+    "$work/state/admin.token" "$out/dashboard.png" 2 > "$out/dashboard-probe.log" 2>&1 \
+    && echo "build/demo/dashboard.png" \
+    || { echo "the dashboard did not load in Chromium:"; cat "$out/dashboard-probe.log"; exit 1; }
+else
+  echo "skipping build/demo/dashboard.png: chromium (and node with node-ws) is not installed; scripts/install-deps.sh --test installs them"
+fi
 for g in "$work"/guests/*/; do
   n="$(basename "$g")"
   cp "$g/agent.log" "$out/$n-agent.log" 2>/dev/null || true

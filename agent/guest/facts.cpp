@@ -127,7 +127,10 @@ PackageState parse_dpkg_status(const std::string& out) {
     else if (line.rfind("Version:", 0) == 0)
       st.version = trim(line.substr(8));
   }
-  st.installed = st.status == "install ok installed";
+  // dpkg's Status is "<selection> <flag> <state>": a held package is
+  // "hold ok installed", installed all the same.
+  st.installed = st.status == "install ok installed" || st.status == "hold ok installed";
+  st.held = st.status.rfind("hold ", 0) == 0;
   return st;
 }
 

@@ -46,7 +46,8 @@ std::string boot_id(const GuestEnv& env);
 
 // What `dpkg -s NAME` says about a package.
 struct PackageState {
-  bool installed = false;  // Status: install ok installed
+  bool installed = false;  // Status: install ok installed, or hold ok installed
+  bool held = false;       // Status: hold ...: `apt-mark hold` keeps apt from changing it
   std::string status;      // the Status line's value, e.g. "install ok half-configured"
   std::string version;
 };

@@ -1,9 +1,11 @@
 #include "agent/steps/helm_release.hpp"
 
+#include <algorithm>
 #include <thread>
 
 #include "agent/diagnose/k8s.hpp"
 #include "agent/guest/cluster.hpp"
+#include "agent/guest/nvidia_smi.hpp"
 #include "agent/steps/step_util.hpp"
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
@@ -28,6 +30,7 @@ struct HelmParams {
   std::string kubeconfig;
   std::string helm_installer;
   json values;
+  std::string driver_version;  // "" none to check
 };
 
 struct ReleaseState {
@@ -179,9 +182,16 @@ class HelmRelease final : public Step {
   StepOutcome verify(StepContext& ctx) override {
     auto st = release_state(ctx);
     if (!st) return StepOutcome::failure(st.error().message);
-    if (in_place(*st))
-      return StepOutcome::success("release " + p_.release + " in " + p_.ns + ": " + st->status +
-                                  ", chart " + p_.chart + " " + st->chart_version);
+    if (in_place(*st)) {
+      std::string msg = "release " + p_.release + " in " + p_.ns + ": " + st->status + ", chart " +
+                        p_.chart + " " + st->chart_version;
+      if (!p_.driver_version.empty()) {
+        auto d = wait_driver(ctx);
+        if (!d.ok()) return d;
+        msg += "; " + d.message;
+      }
+      return StepOutcome::success(msg);
+    }
     if (!st->found) return failed(ctx, "release: not found", "");
     if (st->status != "deployed") return failed(ctx, "", "");
     if (!same_chart_version(st->chart_version, p_.version))
@@ -192,6 +202,33 @@ class HelmRelease final : public Step {
   }
 
  private:
+  // The chart's driver container, through its root as the host sees it
+  // (/run/nvidia/driver: the runbook's `chroot /run/nvidia/driver
+  // nvidia-smi`): its nvidia-smi must report the pinned driver. The
+  // container takes minutes to build and load the module: waited for.
+  StepOutcome wait_driver(StepContext& ctx) const {
+    const std::string root = ctx.env.path("/run/nvidia/driver").string();
+    auto give_up = std::min(ctx.deadline, std::chrono::steady_clock::now() + 10min);
+    std::string last;
+    ProgressLimiter limiter(30s);
+    while (true) {
+      auto smi = query_nvidia_smi({"chroot", root}, time_left(ctx, 60s));
+      if (smi && smi->driver_version == p_.driver_version && !smi->gpus.empty())
+        return StepOutcome::success("driver " + p_.driver_version +
+                                    " in the driver container (nvidia-smi)");
+      last = smi ? "nvidia-smi in " + root + " reports driver " + smi->driver_version
+                 : "nvidia-smi in " + root + ": " + smi.error().message;
+      if (limiter.due())
+        emit_progress(ctx, {{"state", "progress"},
+                            {"message", "waiting for the driver container's driver " +
+                                            p_.driver_version + ": " + last}});
+      if (std::chrono::steady_clock::now() + 2s >= give_up)
+        return StepOutcome::failure("the GPU Operator's driver is not the pinned " +
+                                    p_.driver_version + ": " + last);
+      std::this_thread::sleep_for(2s);
+    }
+  }
+
   bool in_place(const ReleaseState& st) const {
     return st.found && st.status == "deployed" &&
            same_chart_version(st.chart_version, p_.version) && st.values == p_.values;
@@ -322,6 +359,7 @@ Result<std::unique_ptr<Step>> make_helm_release(const StepSpec& spec) {
   // The schema checked that it parses.
   p.wait_timeout = *parse_duration((*j)["wait_timeout"].get<std::string>());
   p.values = (*j)["values"];
+  if (j->contains("driver_version")) p.driver_version = (*j)["driver_version"].get<std::string>();
   return std::unique_ptr<Step>(new HelmRelease(std::move(p)));
 }
 

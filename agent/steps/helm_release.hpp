@@ -13,6 +13,9 @@
 //   helm_installer:   https://raw.githubusercontent.com/helm/helm/main/scripts/get-helm-4
 //                     (default) run with bash when helm is not on PATH
 //   values:           {...}        written as YAML to <state_dir>/helm/<release>.values.yaml (0600)
+//   driver_version:   "580.126.20" (optional) the NVIDIA driver the chart's driver container
+//                     must run (the GPU Operator's values driver.version): verify waits (up to
+//                     10 minutes) for nvidia-smi under /run/nvidia/driver to report it
 //
 // check:  `helm status` says deployed, at the pinned chart version, and
 //         `helm get values -o json` equals `values` (the cluster itself is

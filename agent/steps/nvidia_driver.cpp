@@ -64,7 +64,8 @@ class NvidiaDriver final : public Step {
     for (const auto& g : gpus)
       if (g.driver != "nvidia") return false;
     auto smi = query_nvidia_smi({}, time_left(ctx, 60s));
-    return smi && smi->driver_version == p_.version && !smi->gpus.empty();
+    if (!smi || smi->driver_version != p_.version || smi->gpus.empty()) return false;
+    return unheld().empty();
   }
 
   StepOutcome apply(StepContext& ctx) override {
@@ -98,6 +99,13 @@ class NvidiaDriver final : public Step {
       if (!st.installed || st.version != p_.package_version) need.push_back(pkg);
     }
     if (!need.empty()) {
+      // The hold is released only here, by a plan whose pin differs from
+      // what is installed: nothing else may move the driver.
+      std::vector<std::string> held;
+      for (const auto& pkg : need)
+        if (dpkg_package(pkg).held) held.push_back(pkg);
+      if (!held.empty())
+        if (auto out = apt_mark(ctx, "unhold", held); !out.ok()) return out;
       progress(ctx,
                "installing the NVIDIA driver " + p_.package_version + " (DKMS builds the module)");
       if (auto out = apt(ctx, {"update"}, *kernel); !out.ok()) return out;
@@ -105,6 +113,12 @@ class NvidiaDriver final : public Step {
       for (const auto& pkg : need) args.push_back(pkg + "=" + p_.package_version);
       if (auto out = apt(ctx, args, *kernel); !out.ok()) return out;
     }
+
+    // 3b. Held at the pin, so an unattended upgrade cannot move the driver
+    //     under the running module (the packages the catalog names: their
+    //     exact-version dependencies keep the rest).
+    if (auto h = unheld(); !h.empty())
+      if (auto out = apt_mark(ctx, "hold", h); !out.ok()) return out;
 
     // Remember the boot the driver was installed in: after the reboot a
     // module that still does not load is a diagnosis, not another reboot.
@@ -163,13 +177,18 @@ class NvidiaDriver final : public Step {
                   std::all_of(smi->gpus.begin(), smi->gpus.end(), [](const GpuReading& g) {
                     return g.memory_total_mib.value_or(0) > 0;
                   });
+    std::vector<std::string> loose = unheld();
+    if (obs.module_loaded && bound && listed && obs.smi_version == p_.version && !loose.empty())
+      return StepOutcome::failure("driver " + p_.version + " loaded but " + command_line(loose) +
+                                  " not held (apt-mark hold): an upgrade could move it");
     if (obs.module_loaded && bound && listed && obs.smi_version == p_.version) {
       std::string what;
       for (const auto& g : smi->gpus)
         what += (what.empty() ? "" : ", ") + g.name + " (" + std::to_string(*g.memory_total_mib) +
                 " MiB) at " + g.pci_bus_id;
       return StepOutcome::success("driver " + p_.version +
-                                  " loaded, Kernel driver in use: nvidia; " + what);
+                                  " loaded, Kernel driver in use: nvidia; " + what + "; " +
+                                  command_line(p_.packages) + " held at " + p_.package_version);
     }
 
     auto d = diagnose_gpu_driver(obs);
@@ -207,6 +226,28 @@ class NvidiaDriver final : public Step {
     if (!r) return r.error();
     if (!r->ok()) return Error(Errc::failed_precondition, "uname -r " + r->describe());
     return one_line(r->output);
+  }
+
+  // The pinned packages dpkg has installed but not held. (A driver that
+  // came some other way, as with the H200 image's, has nothing to hold.)
+  std::vector<std::string> unheld() const {
+    std::vector<std::string> out;
+    for (const auto& pkg : p_.packages) {
+      auto st = dpkg_package(pkg);
+      if (st.installed && !st.held) out.push_back(pkg);
+    }
+    return out;
+  }
+
+  StepOutcome apt_mark(StepContext& ctx, const std::string& verb,
+                       const std::vector<std::string>& pkgs) {
+    std::vector<std::string> argv = {"apt-mark", verb};
+    argv.insert(argv.end(), pkgs.begin(), pkgs.end());
+    auto r = run_in_step(ctx, argv, 2min, kAptEnv);
+    if (!r) return StepOutcome::failure("apt-mark: " + r.error().message);
+    if (!r->ok())
+      return StepOutcome::failure(command_line(argv) + " " + r->describe(), r->tail(20));
+    return StepOutcome::success();
   }
 
   StepOutcome apt(StepContext& ctx, const std::vector<std::string>& args,

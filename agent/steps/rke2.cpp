@@ -7,8 +7,10 @@
 #include "agent/diagnose/k8s.hpp"
 #include "agent/guest/cluster.hpp"
 #include "agent/guest/dns.hpp"
+#include "agent/guest/network.hpp"
 #include "agent/steps/step_util.hpp"
 #include "common/atomic_file.hpp"
+#include "common/cluster_ranges.hpp"
 #include "common/yaml_json.hpp"
 
 namespace factory::agent::steps {
@@ -20,6 +22,7 @@ namespace {
 
 constexpr const char* kConfigPath = "/etc/rancher/rke2/config.yaml";
 const char* const kRangeKeys[] = {"cluster-cidr", "service-cidr", "cluster-dns"};
+constexpr const char* kConfigHeader = "# Written by factory-agent (plan step rke2).";
 
 struct Rke2Params {
   std::string version;
@@ -28,8 +31,51 @@ struct Rke2Params {
   std::string kubeconfig;
   std::string bin_dir;
   json config;
-  ClusterRanges ranges;
+  ClusterRanges ranges;             // fixed, or chosen (empty until then)
+  bool fixed = false;               // the plan fixes them: checked, never moved
+  std::vector<ranges::Fact> avoid;  // the host's, as the coordinator read them
+  ranges::Pool pool;
 };
+
+// Interfaces the guest cluster's own network makes once RKE2 runs (canal's
+// cni0 and flannel.1, calico's, cilium's, kube-proxy's IPVS dummy): their
+// routes are the guest cluster's ranges themselves, not something to avoid.
+bool cluster_interface(const std::string& source) {
+  static const char* const own[] = {"cni",   "flannel", "cali", "vxlan.calico", "tunl",
+                                    "kube-", "cilium",  "veth", "nodelocaldns"};
+  const std::string prefix = "guest route on ";
+  if (source.rfind(prefix, 0) != 0) return false;
+  std::string iface = source.substr(prefix.size());
+  for (const char* o : own)
+    if (iface.rfind(o, 0) == 0) return true;
+  return false;
+}
+
+// What the ranges must avoid: the host's (from the plan) and what the guest
+// sees of its own networks now.
+std::vector<ranges::Fact> facts_now(const GuestEnv& env, const std::vector<ranges::Fact>& host) {
+  std::vector<ranges::Fact> all = host;
+  for (auto& f : guest_network_facts(env))
+    if (!cluster_interface(f.source)) all.push_back(std::move(f));
+  // DHCP's DNS server is the host cluster's DNS Service under KubeVirt: the
+  // range around it is the host's service range, whether or not the
+  // coordinator could read it (the rule diagnose_cidr_plan applies).
+  for (const auto& dns : guest_dns_servers(env)) {
+    std::string around = assumed_host_service_range(dns);
+    if (around.ends_with("/16"))
+      all.push_back(
+          {around, "the host cluster's service range, assumed around guest DNS server " + dns});
+  }
+  return all;
+}
+
+json ranges_report(const ClusterRanges& r, const std::vector<ranges::Fact>& around) {
+  json a = ranges::to_json(around);
+  return {{"cluster-cidr", r.cluster_cidr},
+          {"service-cidr", r.service_cidr},
+          {"cluster-dns", r.cluster_dns},
+          {"around", a}};
+}
 
 // A value as the config file compares it: strings as they are, other
 // scalars in their JSON spelling ("true", "10").
@@ -68,6 +114,7 @@ class Rke2 final : public Step {
   explicit Rke2(Rke2Params p) : p_(std::move(p)) {}
 
   Result<bool> check(StepContext& ctx) override {
+    if (!ranges_known(ctx)) return false;
     if (!config_matches(ctx.env)) return false;
     if (installed_version(ctx) != p_.version) return false;
     if (!service_active(ctx)) return false;
@@ -76,10 +123,14 @@ class Rke2 final : public Step {
 
   StepOutcome apply(StepContext& ctx) override {
     // Nothing is touched before the ranges are known to be safe.
-    if (auto v = validate_ranges(p_.ranges); !v)
-      return StepOutcome::failure("params.config: " + v.error().message);
     auto dns = guest_dns_servers(ctx.env);
-    if (auto d = diagnose_cidr_plan(p_.ranges, dns)) return StepOutcome::failure(d->summary, {}, d);
+    if (p_.fixed) {
+      if (auto v = validate_ranges(p_.ranges); !v)
+        return StepOutcome::failure("params.config: " + v.error().message);
+      if (auto d = diagnose_cidr_plan(p_.ranges, dns))
+        return StepOutcome::failure(d->summary, {}, d);
+    }
+    if (auto picked = pick_ranges(ctx); !picked.ok()) return picked;
 
     bool changed = false;
     if (!config_matches(ctx.env)) {
@@ -110,7 +161,9 @@ class Rke2 final : public Step {
         return StepOutcome::failure(
             "the RKE2 install script finished but `rke2 --version` reports '" + installed +
             "', not " + p_.version);
-      if (auto s = save_step_state(ctx, {{"installed", p_.version}}); !s)
+      json state = load_step_state(ctx);
+      state["installed"] = p_.version;
+      if (auto s = save_step_state(ctx, state); !s)
         return StepOutcome::failure("cannot record the install: " + s.error().message);
       changed = true;
     }
@@ -139,6 +192,8 @@ class Rke2 final : public Step {
   }
 
   StepOutcome verify(StepContext& ctx) override {
+    if (!ranges_known(ctx))
+      return StepOutcome::failure("the guest cluster's ranges were never chosen (no step state)");
     auto give_up = std::min(ctx.deadline, std::chrono::steady_clock::now() + 2min);
     auto ready = wait_ready(ctx, give_up);
     if (!ready.ready) return not_ready(ctx, ready, guest_dns_servers(ctx.env));
@@ -153,6 +208,77 @@ class Rke2 final : public Step {
   }
 
  private:
+  // Chosen ranges are kept in the step state: once RKE2 runs, the guest's
+  // routes hold its own pod network, and a second look must not move them.
+  // Without the step state (a check from another state directory, a lost
+  // one), the config.yaml this step wrote says what was chosen.
+  bool ranges_known(const StepContext& ctx) {
+    if (p_.fixed) return true;
+    json st = load_step_state(ctx).value("ranges", json());
+    if (!st.is_object()) {
+      auto text = read_file(ctx.env.path(kConfigPath));
+      if (!text || text->rfind(kConfigHeader, 0) != 0) return false;
+      auto j = parse_yaml(*text, kConfigPath);
+      if (!j || !j->is_object()) return false;
+      for (const char* k : kRangeKeys)
+        if (!j->contains(k) || !(*j)[k].is_string()) return false;
+      st = *j;
+      ranges::Chosen c{st["cluster-cidr"].get<std::string>(), st["service-cidr"].get<std::string>(),
+                       st["cluster-dns"].get<std::string>()};
+      if (!ranges::check_fixed(c, p_.avoid).ok()) return false;
+    }
+    set_ranges(
+        {st.value("cluster-cidr", ""), st.value("service-cidr", ""), st.value("cluster-dns", "")});
+    return true;
+  }
+
+  void set_ranges(const ClusterRanges& r) {
+    p_.ranges = r;
+    p_.config["cluster-cidr"] = r.cluster_cidr;
+    p_.config["service-cidr"] = r.service_cidr;
+    p_.config["cluster-dns"] = r.cluster_dns;
+  }
+
+  // The ranges checked (fixed) or chosen (else) against the host's and the
+  // guest's networks, and reported with what they were picked around.
+  StepOutcome pick_ranges(StepContext& ctx) {
+    auto facts = facts_now(ctx.env, p_.avoid);
+    auto clash = [&](const std::string& why) {
+      Diagnosis d;
+      d.code = "guest_cidr_clash";
+      d.summary = "the guest cluster's ranges clash with a network that exists: " + why;
+      d.fix = p_.fixed ? "change cluster-cidr / service-cidr / cluster-dns in the catalog, or "
+                         "leave them out so they are chosen, then `factory tenant retry`"
+                       : "add a free block to guest_ranges.pool in the coordinator's config, "
+                         "then `factory tenant retry`";
+      d.details = {{"around", ranges::to_json(facts)}};
+      return StepOutcome::failure(d.summary, {}, d);
+    };
+    if (p_.fixed) {
+      ranges::Chosen c{p_.ranges.cluster_cidr, p_.ranges.service_cidr, p_.ranges.cluster_dns};
+      if (auto s = ranges::check_fixed(c, facts); !s.ok()) return clash(s.error().message);
+    } else if (ranges_known(ctx)) {
+      // Chosen before (a retry, a reboot): kept unless the host's own ranges
+      // moved onto them since.
+      ranges::Chosen c{p_.ranges.cluster_cidr, p_.ranges.service_cidr, p_.ranges.cluster_dns};
+      if (auto s = ranges::check_fixed(c, p_.avoid); !s.ok()) return clash(s.error().message);
+    } else {
+      auto c = ranges::choose(facts, p_.pool);
+      if (!c) return clash(c.error().message);
+      set_ranges({c->cluster_cidr, c->service_cidr, c->cluster_dns});
+      json state = load_step_state(ctx);
+      state["ranges"] = ranges::to_json(*c);
+      if (auto s = save_step_state(ctx, state); !s)
+        return StepOutcome::failure("cannot record the chosen ranges: " + s.error().message);
+    }
+    emit_progress(ctx, {{"state", "progress"},
+                        {"message", "guest cluster ranges: pods " + p_.ranges.cluster_cidr +
+                                        ", services " + p_.ranges.service_cidr + ", DNS " +
+                                        p_.ranges.cluster_dns + (p_.fixed ? " (fixed)" : "")},
+                        {"ranges", ranges_report(p_.ranges, facts)}});
+    return StepOutcome::success();
+  }
+
   bool config_matches(const GuestEnv& env) const {
     auto text = read_file(env.path(kConfigPath));
     if (!text) return false;
@@ -288,9 +414,24 @@ Result<std::unique_ptr<Step>> make_rke2(const StepSpec& spec) {
   p.kubeconfig = (*j)["kubeconfig"].get<std::string>();
   p.bin_dir = (*j)["bin_dir"].get<std::string>();
   p.config = (*j)["config"];
-  p.ranges = {p.config["cluster-cidr"].get<std::string>(),
-              p.config["service-cidr"].get<std::string>(),
-              p.config["cluster-dns"].get<std::string>()};
+  p.fixed = p.config.contains("cluster-cidr");
+  if (p.fixed)
+    p.ranges = {p.config["cluster-cidr"].get<std::string>(),
+                p.config["service-cidr"].get<std::string>(),
+                p.config["cluster-dns"].get<std::string>()};
+  if (j->contains("ranges")) {
+    const json& r = (*j)["ranges"];
+    if (r.contains("avoid")) {
+      auto f = ranges::facts_from_json(r["avoid"], "params.ranges.avoid");
+      if (!f) return f.error();
+      p.avoid = *f;
+    }
+    if (r.contains("pool")) {
+      auto pl = ranges::pool_from_json(r["pool"], "params.ranges.pool");
+      if (!pl) return pl.error();
+      p.pool = *pl;
+    }
+  }
   return std::unique_ptr<Step>(new Rke2(std::move(p)));
 }
 

@@ -10,9 +10,19 @@
 //   service:     rke2-server                 (default) the systemd unit
 //   kubeconfig:  /etc/rancher/rke2/rke2.yaml (default) what the server writes
 //   bin_dir:     /var/lib/rancher/rke2/bin   (default) where RKE2 puts its kubectl
-//   config:      {cluster-cidr, service-cidr, cluster-dns, ...}
+//   config:      {cluster-cidr, service-cidr, cluster-dns, ...} (default {})
 //                written to /etc/rancher/rke2/config.yaml, the three ranges
-//                first in the runbook's order, other keys after them
+//                first in the runbook's order, other keys after them. The
+//                three are all fixed or all left out: then they are chosen.
+//   ranges:      {avoid: [{range, source}], pool} (the coordinator's): the
+//                host cluster's ranges and where to pick from
+//
+// Ranges: the guest's own networks (routes, DHCP's DNS servers, KubeVirt's
+// masquerade network: guest/network.hpp) are added to `avoid`; fixed ranges
+// are checked against all of it, else the first free ones of the pool are
+// chosen (common/cluster_ranges.hpp), kept in the step state (once RKE2 runs
+// its own pod network shows among the routes) and reported in a progress
+// event's `ranges` with what they were chosen around.
 //
 // check:  config.yaml holds the planned values, `rke2 --version` reports
 //         `version`, the service is active and every node is Ready.

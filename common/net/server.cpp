@@ -350,7 +350,7 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   void queue_stream_head(int status, const std::string& content_type,
                          const std::map<std::string, std::string>& headers);  // any thread
   void begin_stream();
-  bool queue_stream_chunk(std::string chunk);  // any thread
+  bool queue_stream_chunk(std::string chunk, bool past_limit = false);  // any thread
   void finish_stream(bool keep_alive);
   bool gone() const { return gone_.load(); }
   void set_on_gone(std::function<void()> f) { on_gone_ = std::move(f); }
@@ -480,6 +480,11 @@ class Exchange : public HttpExchange {
   void end() override {
     if (!streaming_ || ended_.exchange(true)) return;
     asio::post(conn_->io(), [c = conn_, keep = keep_alive_] { c->finish_stream(keep); });
+  }
+  void end_with(std::string last) override {
+    if (!streaming_ || ended_.exchange(true)) return;
+    conn_->queue_stream_chunk(std::move(last), true);
+    asio::post(conn_->io(), [c = conn_] { c->finish_stream(false); });
   }
   bool gone() const override { return conn_->gone(); }
   void on_gone(std::function<void()> f) override {
@@ -838,7 +843,7 @@ void Conn::begin_stream() {
   pump();
 }
 
-bool Conn::queue_stream_chunk(std::string chunk) {
+bool Conn::queue_stream_chunk(std::string chunk, bool past_limit) {
   if (chunk.empty()) return true;
   char size_line[24];
   int n = std::snprintf(size_line, sizeof size_line, "%zx\r\n", chunk.size());
@@ -849,7 +854,7 @@ bool Conn::queue_stream_chunk(std::string chunk) {
   {
     std::lock_guard lk(out_mu_);
     if (closing_output_ || gone_) return false;
-    if (out_bytes_ + framed.size() > srv_->opts.max_stream_queue) return false;
+    if (!past_limit && out_bytes_ + framed.size() > srv_->opts.max_stream_queue) return false;
     out_bytes_ += framed.size();
     out_.push_back({std::move(framed), nullptr, 0});
     if (!flush_posted_) post = flush_posted_ = true;

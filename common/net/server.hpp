@@ -126,6 +126,10 @@ class HttpExchange {
                             std::map<std::string, std::string> headers = {}) = 0;
   virtual bool write(std::string chunk) = 0;
   virtual void end() = 0;
+  // Queues `last` past max_stream_queue, then ends the stream and the
+  // connection: how a reader that fell behind is told it is dropped. The
+  // request timeout bounds how long a reader that reads nothing keeps it.
+  virtual void end_with(std::string last) = 0;
   virtual bool gone() const = 0;
   // Called once, on the connection's io thread, when the client goes away
   // before the response or stream ended.

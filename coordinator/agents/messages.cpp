@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <set>
 
+#include "common/cluster_ranges.hpp"
 #include "common/durations.hpp"
 
 namespace factory::coordinator {
@@ -299,6 +300,15 @@ void put(json& j, const char* key, const std::optional<N>& v) {
 
 }  // namespace
 
+json GuestRangesReport::to_json() const {
+  json a = json::array();
+  for (const auto& [range, source] : around) a.push_back({{"range", range}, {"source", source}});
+  return {{"cluster-cidr", cluster_cidr},
+          {"service-cidr", service_cidr},
+          {"cluster-dns", cluster_dns},
+          {"around", a}};
+}
+
 json AgentDiagnosis::to_json() const {
   json j = {{"code", code}, {"summary", summary}, {"fix", fix}};
   if (!details.empty()) j["details"] = details;
@@ -388,6 +398,42 @@ Decoded<RenewRequest> decode_renew(const json& body) {
 
 namespace {
 
+// Every range must read as one (an agent's garbage is not shown as a range).
+bool is_range(const std::string& s) {
+  return ranges::IpPrefix::parse(s).ok();
+}
+
+std::optional<GuestRangesReport> read_ranges(const json& r, std::vector<Rejection>& rej) {
+  Fields f(r, rej, "ranges");
+  GuestRangesReport g;
+  auto pods = f.matching("cluster-cidr", 64, is_range);
+  auto svcs = f.matching("service-cidr", 64, is_range);
+  auto dns = f.matching("cluster-dns", 64, is_range);
+  if (const json* a = f.get("around")) {
+    if (!a->is_array()) {
+      f.reject("around", RejectReason::wrong_type);
+    } else if (a->size() > limits::kRangesAround) {
+      f.reject("around", RejectReason::too_long);
+    } else {
+      for (const auto& e : *a) {
+        Fields ef(e, rej, "ranges.around");
+        auto range = ef.matching("range", 64, is_range);
+        auto source = ef.text("source", limits::kName * 4);
+        ef.finish();
+        if (range && source) g.around.emplace_back(*range, *source);
+      }
+    }
+  }
+  f.finish();
+  for (const char* key : {"cluster-cidr", "service-cidr", "cluster-dns"})
+    if (!r.contains(key)) f.reject(key, RejectReason::missing);
+  if (!pods || !svcs || !dns) return std::nullopt;
+  g.cluster_cidr = *pods;
+  g.service_cidr = *svcs;
+  g.cluster_dns = *dns;
+  return g;
+}
+
 ProgressEvent read_progress(Fields& f, std::vector<Rejection>& rej) {
   ProgressEvent p;
   p.plan_hash = f.matching("plan_hash", limits::kPlanHash, is_hex);
@@ -409,6 +455,12 @@ ProgressEvent read_progress(Fields& f, std::vector<Rejection>& rej) {
   p.total = f.count("total", limits::kCount);
   p.allocatable = f.count("allocatable", limits::kCount);
   p.expected = f.count("expected", limits::kCount);
+  if (const json* r = f.get("ranges")) {
+    if (!r->is_object())
+      f.reject("ranges", RejectReason::wrong_type);
+    else
+      p.ranges = read_ranges(*r, rej);
+  }
   return p;
 }
 
@@ -526,6 +578,7 @@ json AgentEvent::to_json() const {
           put(j, "total", b.total);
           put(j, "allocatable", b.allocatable);
           put(j, "expected", b.expected);
+          if (b.ranges) j["ranges"] = b.ranges->to_json();
         } else if constexpr (std::is_same_v<T, PlanEvent>) {
           put(j, "plan_hash", b.plan_hash);
           put(j, "tier", b.tier);

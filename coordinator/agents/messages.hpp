@@ -40,6 +40,7 @@ inline constexpr std::size_t kToken = 256;
 inline constexpr std::size_t kCsr = 6144;                   // a P-256 CSR is about 500 bytes of PEM
 inline constexpr std::uint64_t kCount = 1'000'000'000'000;  // counters (events, bytes)
 inline constexpr std::uint64_t kSteps = 1024;               // steps in a plan
+inline constexpr std::size_t kRangesAround = 256;  // ranges a guest cluster was picked around
 inline constexpr std::uint64_t kAttempts = 1'000'000;
 // Free-form JSON (a health report, a diagnosis's details, an event kind
 // this coordinator does not know yet): bounded in depth, width and strings.
@@ -117,8 +118,16 @@ struct AgentDiagnosis {
   nlohmann::json to_json() const;
 };
 
+// The guest cluster's ranges as an rke2 step chose them, and what it chose
+// them around: {"cluster-cidr","service-cidr","cluster-dns","around":[{range,source}]}.
+struct GuestRangesReport {
+  std::string cluster_cidr, service_cidr, cluster_dns;
+  std::vector<std::pair<std::string, std::string>> around;  // range, source
+  nlohmann::json to_json() const;
+};
+
 // {"kind":"progress","plan_hash","step","state","attempt","message","output_tail",
-//  "diagnosis","percent","completed","total","allocatable","expected"}
+//  "diagnosis","percent","completed","total","allocatable","expected","ranges"}
 struct ProgressEvent {
   std::string step;
   std::optional<std::string> plan_hash, state, message, output_tail;
@@ -126,6 +135,7 @@ struct ProgressEvent {
   std::optional<AgentDiagnosis> diagnosis;
   std::optional<double> percent;  // 0-100
   std::optional<std::uint64_t> completed, total, allocatable, expected;
+  std::optional<GuestRangesReport> ranges;
 };
 // {"kind":"plan","plan_hash","tier","state","steps_total","steps_done","message","failed_step"}
 struct PlanEvent {

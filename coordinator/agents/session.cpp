@@ -313,6 +313,7 @@ void AgentSession::handle_event(const proto::Envelope& env) {
           self->ctx_.feed.count_event(body.value("kind", ""));
           if (r->record && body.value("kind", "") == "progress")
             observe_step_duration(self->ctx_.feed, self->ctx_, *r->record, body);
+          self->ctx_.feed.event_stored(self->tenant_, body, r->record ? &*r->record : nullptr);
         } else {
           ++self->ctx_.feed.counters().events_duplicate;
         }
@@ -345,8 +346,10 @@ void AgentSession::handle_heartbeat(const proto::Envelope& env) {
 
 void AgentSession::handle_health(const nlohmann::json& body) {
   // Not acknowledged: health is state, and the next sample supersedes this one.
-  if (auto kept = ctx_.ingestion.health(tenant_, body))
+  if (auto kept = ctx_.ingestion.health(tenant_, body)) {
+    ctx_.feed.health_changed(tenant_, *kept);
     ctx_.store.put_health(tenant_, std::move(*kept));
+  }
 }
 
 void AgentSession::handle_renew(const proto::Envelope& env) {

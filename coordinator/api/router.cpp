@@ -2,8 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "common/pki.hpp"
-
 namespace factory::coordinator {
 
 std::vector<std::string> split_path(const std::string& path) {
@@ -53,13 +51,38 @@ const ApiRouter::Route* ApiRouter::match(const net::HttpRequestIn& req, const ne
     if (!r.options.public_route) {
       std::string auth = req.header("authorization");
       const std::string prefix = "Bearer ";
-      if (auth.rfind(prefix, 0) != 0 ||
-          !pki::secure_equals(auth.substr(prefix.size()), admin_token_)) {
+      Access access = Access::none;
+      bool by_cookie = false;
+      if (auth.rfind(prefix, 0) == 0) {
+        access = auth_.bearer(std::string_view(auth).substr(prefix.size()));
+      } else if (auth.empty()) {
+        access = auth_.session(session_cookie(req));
+        by_cookie = access != Access::none;
+      }
+      if (access == Access::none) {
         spdlog::warn("api: unauthenticated {} {} from {}", req.method, req.path, peer.remote);
         refusal = net::HttpResponseOut::error(
             401, "unauthenticated",
             "missing or wrong admin token (the coordinator's <state_dir>/admin.token)");
         return nullptr;
+      }
+      if (access != Access::admin || by_cookie) {
+        if (!r.options.read_only || req.method != "GET") {
+          refusal = net::HttpResponseOut::error(
+              403, "forbidden",
+              std::string(by_cookie ? "a dashboard session" : "a read-only token") +
+                  " may only read the status feed (GET of /v1/tenants, /v1/events, /metrics); " +
+                  req.method + " " + req.path + " needs the admin token");
+          return nullptr;
+        }
+        if (by_cookie && !same_origin(req)) {
+          spdlog::warn("api: cross-origin {} {} from {} (Origin {})", req.method, req.path,
+                       peer.remote, req.header("origin"));
+          refusal = net::HttpResponseOut::error(
+              403, "cross_origin",
+              "a dashboard session is good only on the coordinator's own page");
+          return nullptr;
+        }
       }
     }
     params = std::move(p);

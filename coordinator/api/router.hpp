@@ -1,7 +1,9 @@
 #pragma once
 // Routes of the admin API and status feed. Modules add their routes at
 // start-up; every route but the explicitly public ones needs the admin
-// token (Authorization: Bearer ...), compared in constant time.
+// token (Authorization: Bearer ...), compared in constant time. A route
+// marked read_only may also be read (GET) with a read-only token or a
+// dashboard session cookie from this origin (auth.hpp).
 //
 // Where a route runs: a route that answers from memory runs on the io
 // thread that read the request; one marked `blocking` (it calls Kubernetes,
@@ -17,6 +19,7 @@
 
 #include "common/net/server.hpp"
 #include "common/worker_pool.hpp"
+#include "coordinator/api/auth.hpp"
 
 namespace factory::coordinator {
 
@@ -28,12 +31,15 @@ using StreamHandler = std::function<void(std::shared_ptr<net::HttpExchange>, con
 struct RouteOptions {
   bool public_route = false;  // no token needed
   bool blocking = false;      // runs on the worker pool
+  // GET of the status feed: read-only tokens and dashboard sessions may call it.
+  bool read_only = false;
 };
 
 class ApiRouter {
  public:
   ApiRouter(std::string admin_token, WorkerPool& workers)
-      : admin_token_(std::move(admin_token)), workers_(workers) {}
+      : auth_(std::move(admin_token)), workers_(workers) {}
+  ApiAuth& auth() { return auth_; }
   // pattern: "/v1/tenants/{name}"; a {param} matches one path segment.
   void add(const std::string& method, const std::string& pattern, RouteHandler h,
            RouteOptions o = {});
@@ -55,7 +61,7 @@ class ApiRouter {
   // The route for a request, or the error to answer with.
   const Route* match(const net::HttpRequestIn& req, const net::PeerInfo& peer, PathParams& params,
                      net::HttpResponseOut& refusal) const;
-  std::string admin_token_;
+  ApiAuth auth_;
   WorkerPool& workers_;
   std::vector<Route> routes_;
 };

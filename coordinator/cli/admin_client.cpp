@@ -76,6 +76,87 @@ Result<nlohmann::json> AdminClient::call(const std::string& method, const std::s
   return j;
 }
 
+Status AdminClient::follow(const std::string& path, const std::string& last_event_id,
+                           const std::function<void()>& on_open,
+                           const std::function<bool(const ServerEvent&)>& on_event) const {
+  net::TlsClientOptions tls;
+  tls.ca_pem = ca_pem_;
+  net::HttpClient http(tls);
+  net::HttpRequest req;
+  req.url = base_ + path;
+  req.headers["Authorization"] = "Bearer " + token_;
+  req.headers["Accept"] = "text/event-stream";
+  if (!last_event_id.empty()) req.headers["Last-Event-ID"] = last_event_id;
+  // An idle limit: the coordinator sends a heartbeat every api.events_heartbeat.
+  req.timeout = std::chrono::seconds(90);
+  int status = 0;
+  std::string error_body, buf;
+  ServerEvent ev;
+  bool stopped = false;
+  auto res = http.stream(
+      req,
+      [&](std::string_view chunk) {
+        if (status != 200) {
+          error_body.append(chunk);
+          return error_body.size() < 64 * 1024;
+        }
+        buf.append(chunk);
+        for (std::size_t nl; (nl = buf.find('\n')) != std::string::npos;) {
+          std::string line = buf.substr(0, nl);
+          buf.erase(0, nl + 1);
+          if (!line.empty() && line.back() == '\r') line.pop_back();
+          if (line.empty()) {
+            // A blank line ends an event (one without data is not dispatched).
+            if (!ev.data.empty() || !ev.type.empty())
+              if (!on_event(ev)) {
+                stopped = true;
+                return false;
+              }
+            ev.type.clear();
+            ev.data.clear();
+            continue;
+          }
+          if (line[0] == ':') continue;
+          auto colon = line.find(':');
+          std::string field = line.substr(0, colon), value;
+          if (colon != std::string::npos) {
+            value = line.substr(colon + 1);
+            if (!value.empty() && value[0] == ' ') value.erase(0, 1);
+          }
+          if (field == "id")
+            ev.id = value;
+          else if (field == "event")
+            ev.type = value;
+          else if (field == "data")
+            ev.data += (ev.data.empty() ? "" : "\n") + value;
+        }
+        return true;
+      },
+      [&](const net::HttpResponse& head) {
+        status = head.status;
+        if (status == 200 && on_open) on_open();
+        return true;
+      });
+  if (stopped) return {};
+  if (status != 0 && status != 200) {
+    auto j = nlohmann::json::parse(error_body, nullptr, false);
+    std::string msg = "HTTP " + std::to_string(status);
+    if (!j.is_discarded() && j.contains("error")) msg = j["error"].value("message", msg);
+    return Error(status == 401   ? Errc::unauthenticated
+                 : status == 403 ? Errc::permission_denied
+                                 : Errc::unavailable,
+                 msg);
+  }
+  if (!res) {
+    Error e = res.error();
+    if (status == 0 && (e.code == Errc::unavailable || e.code == Errc::timeout))
+      e.message = "cannot reach the coordinator API at " + e.message +
+                  " (is `factory serve` running with this config?)";
+    return e;
+  }
+  return {};
+}
+
 Result<nlohmann::json> call_coordinator(const GlobalOptions& g, const std::string& method,
                                         const std::string& path, const nlohmann::json& body) {
   auto client = AdminClient::from(g);

@@ -20,6 +20,19 @@ class AdminClient {
   // error message as one line.
   Result<nlohmann::json> call(const std::string& method, const std::string& path,
                               const nlohmann::json& body = nullptr) const;
+  // One Server-Sent Event (GET /v1/events): comments and heartbeats are
+  // not events.
+  struct ServerEvent {
+    std::string id, type, data;
+  };
+  // Follows `path` as an event stream, resuming after last_event_id when it
+  // is not empty: on_open once the coordinator accepted it, on_event for
+  // each event until it returns false. Ends with the stream: ok when
+  // on_event stopped it or the coordinator ended it (a dropped reader, a
+  // restart), else why it broke.
+  Status follow(const std::string& path, const std::string& last_event_id,
+                const std::function<void()>& on_open,
+                const std::function<bool(const ServerEvent&)>& on_event) const;
   const coordinator::CoordinatorConfig& config() const { return cfg_; }
   const std::string& base_url() const { return base_; }
 

@@ -3,12 +3,16 @@
 // connected, what its GPU is doing (utilization, memory used of total,
 // temperature), what the tier made of it (models on the GPU or allocatable
 // slices) and what is wrong.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
+#include <thread>
 
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
@@ -138,25 +142,32 @@ std::string phase(const json& t) {
   return ph.empty() ? "-" : ph;
 }
 
-void print_status(const json& res) {
+const std::vector<std::string> kHeaders = {"tenant",        "tier",    "phase",  "connected",
+                                           "gpu",           "util",    "memory", "temp",
+                                           "models/slices", "problems"};
+
+std::vector<std::vector<std::string>> status_rows(const json& res) {
   std::vector<std::vector<std::string>> rows;
   const json& tenants = at(res, "tenants");
-  if (!tenants.is_array()) return;
+  if (!tenants.is_array()) return rows;
   for (const auto& t : tenants) {
     const json& h = at(t, "health");
     GpuCells g = gpu_cells(h);
     rows.push_back({text(t, "name"), text(t, "tier").empty() ? "-" : text(t, "tier"), phase(t),
                     connected(t), g.name, g.util, g.memory, g.temp, workload(h), problems(t)});
   }
+  return rows;
+}
+
+void print_status(const json& res) {
+  auto rows = status_rows(res);
+  const json& tenants = at(res, "tenants");
   if (rows.empty()) {
     std::cout << "No tenants yet. Create one with `factory tenant create` or `factory token "
                  "create`.\n";
     return;
   }
-  print_table(
-      std::cout,
-      {"tenant", "tier", "phase", "connected", "gpu", "util", "memory", "temp", "models/slices", "problems"},
-      rows);
+  print_table(std::cout, kHeaders, rows);
   for (const auto& t : tenants) {
     const json& d = at(at(t, "agent"), "dropped_events");
     auto dropped = d.is_number_unsigned() ? d.get<uint64_t>() : 0;
@@ -167,6 +178,72 @@ void print_status(const json& res) {
                    "record in it was damaged)\n";
   }
 }
+
+// `factory status --watch`: the table, then again whenever GET /v1/events
+// says something changed. On a terminal the screen is redrawn; into a pipe
+// only the rows that changed are printed, as `kubectl get -w` does. Runs
+// until interrupted; a stream that ends (the coordinator restarting, a
+// reader dropped for falling behind) is resumed from the last event.
+int watch_status(const GlobalOptions& g) {
+  auto client = AdminClient::from(g);
+  if (!client) return fail(client.error());
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  std::map<std::string, std::vector<std::string>> shown;
+  bool first = true;
+  auto refresh = [&]() -> Status {
+    auto res = client->call("GET", "/v1/tenants");
+    if (!res) return res.error();
+    if (tty) {
+      std::cout << "\x1b[H\x1b[2J";
+      print_status(*res);
+      std::cout << std::flush;
+      return {};
+    }
+    auto rows = status_rows(*res);
+    std::vector<std::vector<std::string>> changed;
+    for (const auto& r : rows) {
+      auto& before = shown[r[0]];
+      if (before != r) changed.push_back(r);
+      before = r;
+    }
+    if (first) {
+      print_status(*res);
+    } else if (!changed.empty()) {
+      // The header was printed once, at the top.
+      std::ostringstream os;
+      print_table(os, kHeaders, changed);
+      std::string t = os.str();
+      std::cout << t.substr(t.find('\n') + 1);
+    }
+    first = false;
+    std::cout << std::flush;
+    return {};
+  };
+  std::string last_id;
+  for (int failures = 0;;) {
+    Status fetched;
+    auto st = client->follow(
+        "/v1/events", last_id, [&] { fetched = refresh(); },
+        [&](const AdminClient::ServerEvent& e) {
+          if (!e.id.empty()) last_id = e.id;
+          if (e.type == "dropped") return true;  // the stream ends next; resumed below
+          fetched = refresh();
+          return fetched.ok();
+        });
+    if (!fetched.ok()) return fail(fetched.error());
+    if (!st.ok() &&
+        (st.error().code == Errc::unauthenticated || st.error().code == Errc::permission_denied))
+      return fail(st.error());
+    if (st.ok()) failures = 0;
+    if (!st.ok() && ++failures == 1)
+      std::cerr << "factory: the event stream broke (" << st.error().message << "); reconnecting\n";
+    std::this_thread::sleep_for(std::chrono::seconds(std::min(failures + 1, 5)));
+  }
+}
+
+}  // namespace
+
+namespace {
 
 // The CA every agent pins and every admin client verifies against: nothing
 // renews it, so its end is announced well before it comes (on stderr, so
@@ -198,14 +275,22 @@ void add_status_command(CLI::App& app, Context& ctx) {
       "Tenants at a glance: phase, GPU utilization, memory, temperature, models or "
       "slices, problems");
   auto out = std::make_shared<OutputFormat>(OutputFormat::table);
+  auto watch = std::make_shared<bool>(false);
   add_output_option(*cmd, *out);
+  cmd->add_flag("-w,--watch", *watch,
+                "Keep watching: redraw whenever a tenant changes (GET /v1/events), like kubectl "
+                "get -w");
   set_examples(*cmd, {{"factory status", "one line per tenant"},
                       {"factory status -o json", "what the API answers, for scripts"},
+                      {"factory status --watch", "redrawn as tenants change"},
                       {"FACTORY_SERVER=https://coord:8444 factory status",
                        "another coordinator (with FACTORY_TOKEN_FILE)"}});
-  cmd->callback([&ctx, out] {
-    ctx.run = [&ctx, out] {
+  cmd->callback([&ctx, out, watch] {
+    if (*watch && *out != OutputFormat::table)
+      throw CLI::ValidationError("--watch", "draws the table; it takes no -o");
+    ctx.run = [&ctx, out, watch] {
       warn_if_ca_expires_soon(ctx.global);
+      if (*watch) return watch_status(ctx.global);
       return list_from_coordinator(ctx.global, "/v1/tenants", *out, print_status);
     };
   });

@@ -349,6 +349,42 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
       row("Cards:", g + " (vfio-pci)");
     }
   }
+  if (spec.contains("guest_ranges") && spec["guest_ranges"].is_object()) {
+    // The guest cluster's ranges and what they were picked around: what the
+    // agent chose when it has reported, else what the coordinator planned.
+    const json& gr = spec["guest_ranges"];
+    json reported;
+    for (const auto& st : t.value("plan_steps", json::array()))
+      if (st.contains("ranges") && st["ranges"].is_object()) reported = st["ranges"];
+    const json r = reported.is_object() ? reported : gr.value("planned", json::object());
+    std::string how = reported.is_object()
+                          ? (gr.value("fixed", false) ? "fixed by the catalog, checked by the agent"
+                                                      : "chosen by the agent")
+                      : gr.value("fixed", false)
+                          ? "fixed by the catalog, checked against the host"
+                          : "planned around the host; the agent adds the guest's own networks";
+    row("Ranges:", "pods " + str(r, "cluster-cidr") + ", services " + str(r, "service-cidr") +
+                       ", DNS " + str(r, "cluster-dns") + " (" + how + ")");
+    const json around = reported.is_object() ? reported.value("around", json::array())
+                                             : gr.value("avoid", json::array());
+    bool first = true;
+    for (const auto& f : around) {
+      row(first ? "Around:" : "", str(f, "range") + "  " + str(f, "source"));
+      first = false;
+    }
+    if (first) row("Around:", "nothing seen");
+  }
+  // What the tier pins, and what it leaves to whatever is newest.
+  if (t.contains("pins") && t["pins"].is_array()) {
+    bool first = true;
+    for (const auto& p : t["pins"]) {
+      std::string v = p.value("pinned", false) ? str(p, "what") + " " + str(p, "version")
+                                               : str(p, "what") + ": UNPINNED";
+      if (!str(p, "note").empty()) v += " (" + str(p, "note") + ")";
+      row(first ? "Pins:" : "", v);
+      first = false;
+    }
+  }
   if (t.contains("kube") && !str(t["kube"], "error").empty())
     row("Error:", str(t["kube"], "error"));
   const json& a = t["agent"];

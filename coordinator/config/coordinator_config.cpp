@@ -104,6 +104,47 @@ Status read_quota(validation::ConfigMap& q, CoordinatorConfig& c) {
   return q.done();
 }
 
+// guest_ranges: every range parsed here, so a typo stops `factory serve`
+// instead of a tenant's create.
+Status read_guest_ranges(validation::ConfigMap& g, CoordinatorConfig& c) {
+  if (const nlohmann::json* v = g.take("avoid")) {
+    if (!v->is_array()) return g.wrong_type("avoid", "a list of ranges like 192.168.0.0/16");
+    for (const auto& r : *v) {
+      if (!r.is_string()) return g.wrong_type("avoid", "a list of ranges like 192.168.0.0/16");
+      auto p = ranges::IpPrefix::parse(r.get<std::string>());
+      if (!p) return g.bad_value("avoid", p.error().message);
+      c.guest_ranges_avoid.push_back(
+          {r.get<std::string>(), "guest_ranges.avoid in the coordinator config"});
+    }
+  }
+  ranges::Pool& pool = c.guest_ranges_pool;
+  if (const nlohmann::json* v = g.take("pool")) {
+    auto want = [&] { return g.wrong_type("pool", "a list of IPv4 ranges like 10.52.0.0/14"); };
+    if (!v->is_array()) return want();
+    pool.blocks.clear();
+    for (const auto& b : *v) {
+      if (!b.is_string()) return want();
+      pool.blocks.push_back(b.get<std::string>());
+    }
+  }
+  for (auto [k, out] : {std::pair{"pod_prefix", &pool.pod_prefix},
+                        {"service_prefix", &pool.service_prefix},
+                        {"dns_offset", &pool.dns_offset}})
+    if (const nlohmann::json* v = g.take(k)) {
+      if (!v->is_number_integer() || v->get<std::int64_t>() < 0 || v->get<std::int64_t>() > 1 << 24)
+        return g.wrong_type(k, "a whole number");
+      *out = v->get<int>();
+    }
+  if (auto st = pool.check(); !st.ok()) {
+    // "blocks[1]: ..." is the file's "pool[1]: ...".
+    std::string m = st.error().message;
+    if (m.rfind("blocks", 0) == 0) m = "pool" + m.substr(6);
+    auto colon = m.find(": ");
+    return g.bad_value(m.substr(0, colon).c_str(), m.substr(colon + 2));
+  }
+  return g.done();
+}
+
 // Every key of the file, read strictly (validation::ConfigMap): the layout
 // below is the one coordinator_config.hpp documents.
 Status read_keys(const nlohmann::json& doc, const std::string& path, CoordinatorConfig& c) {
@@ -130,7 +171,7 @@ Status read_keys(const nlohmann::json& doc, const std::string& path, Coordinator
   auto api = top->section("api");
   if (!api) return api.error();
   for (auto st : {api->read("listen", c.api_listen), api->read("metrics_public", c.metrics_public),
-                  api->done()})
+                  read_duration(*api, "events_heartbeat", c.events_heartbeat), api->done()})
     if (!st.ok()) return st;
 
   auto tokens = top->section("tokens");
@@ -141,8 +182,8 @@ Status read_keys(const nlohmann::json& doc, const std::string& path, Coordinator
 
   auto kube = top->section("kube");
   if (!kube) return kube.error();
-  for (auto st : {kube->read("kubeconfig", c.kube_kubeconfig), kube->read("context", c.kube_context),
-                  kube->read("namespace", c.kube_namespace),
+  for (auto st : {kube->read("kubeconfig", c.kube_kubeconfig),
+                  kube->read("context", c.kube_context), kube->read("namespace", c.kube_namespace),
                   read_duration(*kube, "request_timeout", c.kube_request_timeout), kube->done()})
     if (!st.ok()) return st;
 
@@ -151,25 +192,28 @@ Status read_keys(const nlohmann::json& doc, const std::string& path, Coordinator
     return top->bad_value("provider", "want kubevirt or qemu (got " + c.provider + ")");
   auto qemu = top->section("qemu");
   if (!qemu) return qemu.error();
-  for (auto st : {qemu->read("binary", c.qemu.binary), qemu->read("img", c.qemu.img),
-                  qemu->read("base_image", c.qemu.base_image),
-                  qemu->read("vms_dir", c.qemu.vms_dir), qemu->read("accel", c.qemu.accel),
-                  qemu->read("supervisor", c.qemu.supervisor),
-                  qemu->read("ssh_listen", c.qemu.ssh_listen), qemu->done()})
+  for (auto st :
+       {qemu->read("binary", c.qemu.binary), qemu->read("img", c.qemu.img),
+        qemu->read("base_image", c.qemu.base_image), qemu->read("vms_dir", c.qemu.vms_dir),
+        qemu->read("accel", c.qemu.accel), qemu->read("supervisor", c.qemu.supervisor),
+        qemu->read("ssh_listen", c.qemu.ssh_listen), qemu->done()})
     if (!st.ok()) return st;
   if (c.qemu.accel != "auto" && c.qemu.accel != "kvm" && c.qemu.accel != "tcg")
     return qemu->bad_value("accel", "want auto, kvm or tcg (got " + c.qemu.accel + ")");
-  if (c.qemu.supervisor != "auto" && c.qemu.supervisor != "systemd" &&
-      c.qemu.supervisor != "child")
+  if (c.qemu.supervisor != "auto" && c.qemu.supervisor != "systemd" && c.qemu.supervisor != "child")
     return qemu->bad_value("supervisor",
                            "want auto, systemd or child (got " + c.qemu.supervisor + ")");
   if (c.qemu.binary.empty() || c.qemu.img.empty())
     return qemu->bad_value("binary", "qemu.binary and qemu.img must not be empty");
 
+  auto guest_ranges = top->section("guest_ranges");
+  if (!guest_ranges) return guest_ranges.error();
+  if (auto st = read_guest_ranges(*guest_ranges, c); !st.ok()) return st;
+
   auto threads = top->section("threads");
   if (!threads) return threads.error();
-  for (auto st : {threads->read("io", c.io_threads, 64), threads->read("workers", c.worker_threads, 64),
-                  threads->done()})
+  for (auto st : {threads->read("io", c.io_threads, 64),
+                  threads->read("workers", c.worker_threads, 64), threads->done()})
     if (!st.ok()) return st;
 
   return top->done();

@@ -29,6 +29,7 @@
 //     metrics_public: false            # true: GET /metrics without the bearer token (it
 //                                      # names every tenant: open it only to a trusted
 //                                      # network's Prometheus)
+//     events_heartbeat: 15s            # a comment line on every GET /v1/events stream
 //   tokens:
 //     default_ttl: 1h                  # `factory token create` without --ttl
 //     tenant_ttl: 24h                  # the token in a tenant VM's user-data: the VM
@@ -59,13 +60,27 @@
 //                                      # core, at most 4)
 //     workers: 4                       # threads for what may wait: Kubernetes
 //                                      # calls, signatures, disk syncs
+//   guest_ranges:                      # a gpu-k8s guest cluster's own ranges
+//     avoid: []                        # ranges the host's API does not show that the
+//                                      # guest must not use (an overlay's pool such as
+//                                      # Calico's 192.168.0.0/16, a routed office LAN);
+//                                      # the host cluster's node pod ranges, Services
+//                                      # and ServiceCIDRs are read from its API
+//     pool: [10.52.0.0/14, 10.56.0.0/13, 10.64.0.0/10, 172.16.0.0/12]
+//                                      # where pod and service ranges are picked, first
+//                                      # free first (IPv4: the guest is single-stack)
+//     pod_prefix: 16                   # the size of each
+//     service_prefix: 16
+//     dns_offset: 10                   # the DNS Service's address in the service range
 //   catalog: ""                        # catalog file ("" = the built-in one);
 //                                      # relative to this file's folder
 //   log_level: info
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "common/cluster_ranges.hpp"
 #include "common/error.hpp"
 
 namespace factory::coordinator {
@@ -98,6 +113,7 @@ struct CoordinatorConfig {
   std::chrono::seconds quota_max_event_age{std::chrono::hours(24 * 90)};
   std::string api_listen = "127.0.0.1:8444";
   bool metrics_public = false;
+  std::chrono::seconds events_heartbeat{15};
   std::chrono::seconds token_default_ttl{std::chrono::hours(1)};
   std::chrono::seconds token_tenant_ttl{std::chrono::hours(24)};
   std::string kube_kubeconfig;  // resolved against the config file's folder
@@ -108,6 +124,10 @@ struct CoordinatorConfig {
   std::size_t worker_threads = 4;
   std::string provider = "kubevirt";  // or "qemu"
   QemuSettings qemu;
+  // guest_ranges: what gpu-k8s guests pick their ranges around, besides
+  // what the host cluster's API shows, and where they pick them.
+  std::vector<ranges::Fact> guest_ranges_avoid;
+  ranges::Pool guest_ranges_pool;
   std::string catalog;  // as written; catalog::load_configured resolves it
   std::string log_level = "info";
   std::string source;  // the file it came from, for messages

@@ -2,18 +2,29 @@
 
 #include <algorithm>
 
+#include "coordinator/feed/tenant_view.hpp"
+
 namespace factory::feed {
 
 void FeedState::agent_connected(const std::string& tenant, AgentPresence presence) {
   presence.connected = true;
   presence.disconnect.clear();
   presence.disconnect_detail.clear();
-  std::lock_guard lk(mu_);
+  std::unique_lock lk(mu_);
   auto& p = presence_[tenant];
   // The spool counters carry over: the agent reports them again soon.
   presence.dropped_events = p.dropped_events;
   presence.pending_events = p.pending_events;
-  p = std::move(presence);
+  p = presence;
+  lk.unlock();
+  bus_.publish("agent", tenant,
+               {{"connected", true},
+                {"state", "connected"},
+                {"agent_id", presence.agent_id},
+                {"version", presence.version},
+                {"hostname", presence.hostname},
+                {"remote_address", presence.remote},
+                {"connected_since", presence.connected_since}});
 }
 
 void FeedState::agent_seen(const std::string& tenant, const std::string& at) {
@@ -32,7 +43,7 @@ void FeedState::agent_spool(const std::string& tenant, std::uint64_t pending,
 
 void FeedState::agent_disconnected(const std::string& tenant, const std::string& at,
                                    const std::string& how, const std::string& detail) {
-  std::lock_guard lk(mu_);
+  std::unique_lock lk(mu_);
   // Only an agent that is on show: after forget() (the tenant was deleted
   // while its connection was closing) nothing comes back.
   auto it = presence_.find(tenant);
@@ -42,6 +53,50 @@ void FeedState::agent_disconnected(const std::string& tenant, const std::string&
   p.last_seen = at;
   p.disconnect = how;
   p.disconnect_detail = detail;
+  lk.unlock();
+  bus_.publish("agent", tenant,
+               {{"connected", false}, {"state", how}, {"detail", detail}, {"last_seen", at}});
+}
+
+void FeedState::health_changed(const std::string& tenant, const nlohmann::json& sample) {
+  bus_.publish("health", tenant,
+               {{"health", sample}, {"diagnoses", active_diagnoses(nlohmann::json(), sample)}});
+}
+
+void FeedState::phase_now(const std::string& tenant, const std::string& phase) {
+  if (phase.empty()) return;
+  {
+    std::lock_guard lk(mu_);
+    auto& last = phases_[tenant];
+    if (last == phase) return;
+    last = phase;
+  }
+  bus_.publish("phase", tenant, {{"phase", phase}});
+}
+
+void FeedState::event_stored(const std::string& tenant, const nlohmann::json& event,
+                             const store::TenantRecord* after) {
+  const std::string kind = event.value("kind", "");
+  nlohmann::json plan;
+  if (after && after->status.contains("plan") && after->status["plan"].is_object()) {
+    // Where the plan is (state, steps_done, steps_total) without every
+    // step's record, which the progress event itself updates.
+    plan = after->status["plan"];
+    plan.erase("steps");
+  }
+  if (kind == "progress" || kind == "plan") {
+    nlohmann::json d = event;
+    d.erase("kind");
+    d.erase("id");
+    if (!plan.is_null()) d["plan"] = plan;
+    bus_.publish(kind, tenant, std::move(d));
+  } else if (kind == "diagnosis") {
+    nlohmann::json d = event;
+    d.erase("kind");
+    d.erase("id");
+    bus_.publish("diagnosis", tenant, std::move(d));
+  }
+  if (after) phase_now(tenant, after->phase);
 }
 
 void FeedState::forget(const std::string& tenant) {
@@ -52,6 +107,7 @@ void FeedState::forget(const std::string& tenant) {
          it != counts->end() && it->first.first == tenant;)
       it = counts->erase(it);
   health_samples_.erase(tenant);
+  phases_.erase(tenant);
 }
 
 void FeedState::count_rejected(const std::string& tenant, const std::string& reason,

@@ -13,6 +13,9 @@
 #include <string>
 #include <utility>
 
+#include "coordinator/feed/event_bus.hpp"
+#include "coordinator/store/store.hpp"
+
 namespace factory::feed {
 
 // A tenant's agent as the coordinator sees it now.
@@ -62,6 +65,8 @@ struct StepDurations {
 
 class FeedState {
  public:
+  explicit FeedState(EventBusOptions bus = {}) : bus_(bus) {}
+
   // The agent said hello: it is the tenant's one connected agent now.
   void agent_connected(const std::string& tenant, AgentPresence presence);
   // It sent something (an event, a heartbeat) at `at`.
@@ -71,6 +76,18 @@ class FeedState {
   // Its connection ended at `at`, for `how` (see AgentPresence::disconnect).
   void agent_disconnected(const std::string& tenant, const std::string& at, const std::string& how,
                           const std::string& detail);
+  // A health sample taken in as the tenant's latest: a `health` event with
+  // it and the diagnoses it makes active.
+  void health_changed(const std::string& tenant, const nlohmann::json& sample);
+  // An agent event stored (on the store's writer): a `progress`, `plan` or
+  // `diagnosis` event, and a `phase` event when `after` (the record as the
+  // event left it, when it changed) has a new phase.
+  void event_stored(const std::string& tenant, const nlohmann::json& event,
+                    const store::TenantRecord* after);
+  // A phase the tenant has now (set outside the agents' events: a new
+  // tenant, an enrollment); published when it differs from the last one.
+  void phase_now(const std::string& tenant, const std::string& phase);
+
   // The tenant is gone: nothing about its agent is shown any more (its
   // counters below go too). A disconnect reported after this adds nothing.
   void forget(const std::string& tenant);
@@ -101,6 +118,10 @@ class FeedState {
   std::map<std::string, AgentPresence> all() const;
   std::size_t connected_count() const;
 
+  // What GET /v1/events streams.
+  EventBus& bus() { return bus_; }
+  const EventBus& bus() const { return bus_; }
+
   AgentCounters& counters() { return counters_; }
   const AgentCounters& counters() const { return counters_; }
 
@@ -112,6 +133,8 @@ class FeedState {
   std::map<std::string, std::uint64_t> events_by_kind_;
   StepDurations steps_;
   AgentCounters counters_;
+  std::map<std::string, std::string> phases_;  // the last phase published, per tenant
+  EventBus bus_;
 };
 
 }  // namespace factory::feed

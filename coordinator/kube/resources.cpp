@@ -12,6 +12,7 @@ const std::vector<Resource>& known_resources() {
       {"", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", true},
       {"", "v1", "Pod", "pods", true},
       {"coordination.k8s.io", "v1", "Lease", "leases", true},
+      {"networking.k8s.io", "v1", "ServiceCIDR", "servicecidrs", false},
       {"kubevirt.io", "v1", "KubeVirt", "kubevirts", true},
       {"kubevirt.io", "v1", "VirtualMachine", "virtualmachines", true},
       {"kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances", true},
@@ -23,8 +24,8 @@ const std::vector<Resource>& known_resources() {
 Result<Resource> resource_for(const Kind& kind) {
   for (const auto& r : known_resources())
     if (r.kind == kind.kind && r.api_version() == kind.api_version) return r;
-  return Error(Errc::not_found, "factory does not know the Kubernetes kind " + kind.api_version +
-                                    "/" + kind.kind);
+  return Error(Errc::not_found,
+               "factory does not know the Kubernetes kind " + kind.api_version + "/" + kind.kind);
 }
 
 std::string Resource::base_path() const {

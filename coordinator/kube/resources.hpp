@@ -23,6 +23,8 @@ inline const Kind kConfigMap{"v1", "ConfigMap"};
 inline const Kind kPersistentVolumeClaim{"v1", "PersistentVolumeClaim"};
 inline const Kind kPod{"v1", "Pod"};
 inline const Kind kLease{"coordination.k8s.io/v1", "Lease"};
+// Kubernetes 1.33 and later (v1beta1 from 1.31): the cluster's service ranges.
+inline const Kind kServiceCIDR{"networking.k8s.io/v1", "ServiceCIDR"};
 inline const Kind kKubeVirt{"kubevirt.io/v1", "KubeVirt"};
 inline const Kind kVirtualMachine{"kubevirt.io/v1", "VirtualMachine"};
 inline const Kind kVirtualMachineInstance{"kubevirt.io/v1", "VirtualMachineInstance"};

@@ -82,6 +82,10 @@ class QemuProvider : public tenants::VmProvider {
   Result<std::vector<tenants::VmObject>> destroy(const std::string& tenant,
                                                  const std::string& ns) override;
   Result<tenants::VmObservation> observe(const std::string& tenant, const std::string& ns) override;
+  // No host cluster: only the user-mode network every guest is put on.
+  Result<std::vector<ranges::Fact>> host_ranges() override {
+    return std::vector<ranges::Fact>{{"10.0.2.0/24", "QEMU user-mode network (-netdev user)"}};
+  }
   std::string user_data_location(const tenants::VmSpec& spec) const override {
     return vm_dir(spec.name) + "/user-data on the coordinator's host";
   }

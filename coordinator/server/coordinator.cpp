@@ -146,7 +146,9 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   if (!store) return store.error();
   p.store = std::move(*store);
   p.workers = std::make_unique<WorkerPool>(c->cfg_.worker_threads);
-  p.feed = std::make_unique<feed::StatusFeed>(*p.store);
+  feed::EventBusOptions bus;
+  bus.heartbeat = c->cfg_.events_heartbeat;
+  p.feed = std::make_unique<feed::StatusFeed>(*p.store, bus);
   AgentServiceOptions ao;
   ao.cert_ttl = c->cfg_.agent_cert_ttl;
   ao.renewal_grace = c->cfg_.agent_renewal_grace;
@@ -157,6 +159,8 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
       std::make_unique<AgentService>(*p.store, *p.ca, *p.tokens, p.feed->state(), *p.workers, ao);
   p.agent_control = std::make_unique<AgentsForTenants>(*p.agents);
   p.router = std::make_unique<ApiRouter>(*admin, *p.workers);
+  if (auto st = p.router->auth().load((fs::path(dir) / kApiTokensFile).string()); !st.ok())
+    return st.error();
   p.agent_binary =
       c->cfg_.agent_binary.empty() ? self_dir() + "/factory-agent" : c->cfg_.agent_binary;
   if (auto bin = read_file(p.agent_binary)) {
@@ -179,6 +183,8 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   to.agent_binary_sha256 = p.agent_sha256;
   to.agent_binary_path = p.agent_binary;
   to.ca_pem = p.ca->certificate_pem();
+  to.guest_ranges_avoid = c->cfg_.guest_ranges_avoid;
+  to.guest_ranges_pool = c->cfg_.guest_ranges_pool;
   std::unique_ptr<tenants::VmProvider> provider;
   if (c->cfg_.provider == "qemu") {
     const QemuSettings& q = c->cfg_.qemu;
@@ -274,6 +280,33 @@ void Coordinator::install_core_routes() {
                                201);
         },
         {.blocking = true});
+  // Read-only API tokens: GET of the status feed and the dashboard, nothing else.
+  r.add("POST", "/v1/api-tokens",
+        [&p](const net::HttpRequestIn& req, auto&) {
+          auto body = nlohmann::json::parse(req.body.empty() ? "{}" : req.body, nullptr, false);
+          const bool wanted = !body.is_discarded() && body.is_object() &&
+                              body.size() == (body.contains("access") ? 1u : 0u) &&
+                              (!body.contains("access") || body["access"] == "read-only");
+          if (!wanted)
+            return net::HttpResponseOut::error(
+                400, "invalid_argument",
+                "want {\"access\": \"read-only\"} (the only kind there is)");
+          auto t = p.router->auth().create_read_only_token();
+          if (!t) return net::HttpResponseOut::error(500, "internal", t.error().message);
+          spdlog::info("api: created read-only API token {}", t->id);
+          return json_response({{"id", t->id},
+                                {"token", t->token},
+                                {"access", "read-only"},
+                                {"created_at", t->created_at}},
+                               201);
+        },
+        {.blocking = true});
+  r.add("GET", "/v1/api-tokens", [&p](auto&, auto&) {
+    nlohmann::json list = nlohmann::json::array();
+    for (auto& t : p.router->auth().read_only_tokens())
+      list.push_back({{"id", t.id}, {"access", "read-only"}, {"created_at", t.created_at}});
+    return json_response({{"api_tokens", list}});
+  });
   r.add("GET", "/v1/tokens", [&p](auto&, auto&) {
     nlohmann::json list = nlohmann::json::array();
     for (auto& t : p.tokens->list())
@@ -351,6 +384,9 @@ Status Coordinator::start() {
   po.listen = cfg_.api_listen;
   po.tls = tls;
   po.name = "api";
+  // A GET /v1/events reader's whole replay (the bus keeps at most 4 MiB of
+  // history) fits in its queue; past this it is too slow and is dropped.
+  po.max_stream_queue = 8 << 20;
   net_->api = std::make_unique<net::Server>(*net_->pool, po);
   net_->api->on_http(
       [&p](std::shared_ptr<net::HttpExchange> x) { p.router->handle(std::move(x)); });
@@ -431,6 +467,8 @@ void Coordinator::run() {
 }
 
 void Coordinator::stop() {
+  // Every event stream ends with a word, and the heartbeats stop.
+  if (parts_ && parts_->feed) parts_->feed->state().bus().close();
   if (net_->agents) net_->agents->stop();
   if (net_->api) net_->api->stop();
   // A moment for the close frames to go out, then the io threads end.

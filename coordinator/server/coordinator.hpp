@@ -17,6 +17,8 @@ namespace factory::coordinator {
 
 inline constexpr const char* kAdminTokenFile = "admin.token";
 inline constexpr const char* kTokenBookFile = "tokens.json";
+// Read-only API tokens, hashed (`factory token create --read-only`).
+inline constexpr const char* kApiTokensFile = "api-tokens.json";
 // The TLS certificate both listeners serve, and how often its age is checked:
 // a comparison with the wall clock, so often, since an expired serving
 // certificate turns every agent and admin away until the next check (a

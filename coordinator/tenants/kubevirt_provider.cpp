@@ -4,6 +4,8 @@
 
 #include <filesystem>
 
+#include "coordinator/tenants/host_ranges.hpp"
+
 namespace factory::tenants {
 
 using nlohmann::json;
@@ -179,6 +181,17 @@ Result<kube::KubeClient> KubeVirtProvider::client() const {
   auto access = kube::resolve_access(access_);
   if (!access) return access.error().with_context("Kubernetes access (coordinator config kube:)");
   return kube::KubeClient(std::move(*access), timeout_);
+}
+
+Result<std::vector<ranges::Fact>> KubeVirtProvider::host_ranges() {
+  auto c = client();
+  if (!c) return c.error();
+  auto facts = read_host_ranges(*c);
+  if (!facts) return facts;
+  // The VM's interface is bound with masquerade (objects.cpp): the guest
+  // sits on this network inside its pod.
+  facts->push_back({"10.0.2.0/24", "KubeVirt masquerade network (the VM's interface binding)"});
+  return facts;
 }
 
 Status KubeVirtProvider::preflight(VmSpec& spec) {

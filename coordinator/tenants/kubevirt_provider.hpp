@@ -52,6 +52,7 @@ class KubeVirtProvider : public VmProvider {
   std::vector<std::pair<VmObject, Error>> remove(const std::vector<VmObject>& objects) override;
   Result<std::vector<VmObject>> destroy(const std::string& tenant, const std::string& ns) override;
   Result<VmObservation> observe(const std::string& tenant, const std::string& ns) override;
+  Result<std::vector<ranges::Fact>> host_ranges() override;
   std::string user_data_location(const VmSpec& spec) const override {
     return "Secret " + spec.ns + "/" + cloud_init_secret_name(spec.name);
   }

@@ -2,7 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "common/durations.hpp"
+#include "common/pins.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
 
@@ -108,7 +111,45 @@ std::optional<json> TenantService::plan_for(const store::TenantRecord& t) const 
     return std::nullopt;
   }
   json plan = catalog::plan_for(*tier);
+  // The host's ranges read at create travel to the agent in its rke2 step,
+  // which adds the guest's own and picks (or checks the catalog's).
+  if (const json* gr = t.spec.contains("guest_ranges") ? &t.spec["guest_ranges"] : nullptr)
+    for (auto& step : plan["steps"])
+      if (step.value("kind", "") == "rke2")
+        step["params"]["ranges"] = {{"avoid", gr->value("avoid", json::array())},
+                                    {"pool", gr->value("pool", json::object())}};
   return json{{"hash", catalog::plan_hash(plan)}, {"plan", plan}};
+}
+
+Result<json> TenantService::guest_ranges_for(const catalog::Tier& tier) {
+  auto rke2 = std::find_if(tier.steps.begin(), tier.steps.end(),
+                           [](const catalog::StepDef& s) { return s.kind == "rke2"; });
+  if (rke2 == tier.steps.end()) return json();
+  auto host = provider_->host_ranges();
+  if (!host)
+    return host.error().with_context("choosing tier " + tier.name +
+                                     "'s guest cluster ranges around the host's");
+  std::vector<ranges::Fact> facts = *host;
+  facts.insert(facts.end(), opts_.guest_ranges_avoid.begin(), opts_.guest_ranges_avoid.end());
+  const json config = rke2->params.value("config", json::object());
+  bool fixed = config.contains("cluster-cidr");
+  ranges::Chosen planned;
+  if (fixed) {
+    planned = {config.value("cluster-cidr", ""), config.value("service-cidr", ""),
+               config.value("cluster-dns", "")};
+    if (auto st = ranges::check_fixed(planned, facts); !st.ok())
+      return Error(Errc::failed_precondition,
+                   "tier " + tier.name + " step '" + rke2->id +
+                       "' fixes the guest cluster's ranges: " + st.error().message);
+  } else {
+    auto c = ranges::choose(facts, opts_.guest_ranges_pool);
+    if (!c) return c.error().with_context("tier " + tier.name + "'s guest cluster ranges");
+    planned = *c;
+  }
+  return json{{"avoid", ranges::to_json(facts)},
+              {"pool", ranges::to_json(opts_.guest_ranges_pool)},
+              {"planned", ranges::to_json(planned)},
+              {"fixed", fixed}};
 }
 
 Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
@@ -164,6 +205,15 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
                      "install the agent");
   if (auto st = validate_cloud_init_params(params); !st.ok()) return st.error();
   if (auto st = provider_->preflight(vm); !st.ok()) return st.error();
+  // An interrupted create keeps what it read: its agent may hold the plan.
+  json guest_ranges;
+  if (existing && existing->spec.contains("guest_ranges")) {
+    guest_ranges = existing->spec["guest_ranges"];
+  } else if (const catalog::Tier* tier = catalog_.find(vm.tier)) {
+    auto gr = guest_ranges_for(*tier);
+    if (!gr) return gr.error();
+    guest_ranges = *gr;
+  }
 
   const bool record_is_new = !existing;
   store::TenantRecord rec = existing.value_or(store::TenantRecord{});
@@ -174,6 +224,7 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
   rec.tier = vm.tier;
   rec.phase = "creating";
   rec.spec = spec_json(vm, effective);
+  if (!guest_ranges.is_null()) rec.spec["guest_ranges"] = guest_ranges;
   json kube_status = rec.status.value("kube", json::object());
   kube_status["state"] = "creating";
   kube_status["namespace"] = vm.ns;
@@ -380,6 +431,8 @@ Result<json> TenantService::show(const std::string& name) {
     events.push_back({{"id", e.id}, {"received_at", e.received_at}, {"event", e.event}});
   j["recent_events"] = events;
   j["plan_steps"] = plan_steps(*rec);
+  if (const catalog::Tier* tier = catalog_.find(rec->tier))
+    j["pins"] = catalog::pins_json(catalog::tier_pins(*tier));
   if (has_vm(*rec)) {
     auto obs = provider_->observe(name, record_namespace(*rec, opts_.default_namespace));
     // The record stands on its own: a cluster that does not answer is shown, not fatal.

@@ -31,6 +31,7 @@
 #include <string>
 
 #include "common/catalog.hpp"
+#include "common/cluster_ranges.hpp"
 #include "common/error.hpp"
 #include "coordinator/api/router.hpp"
 #include "coordinator/enroll/tokens.hpp"
@@ -53,6 +54,11 @@ struct TenantServiceOptions {
   std::string agent_binary_sha256;  // the agent's hash; "" when there is no binary to serve
   std::string agent_binary_path;    // the file served, for the message when it is missing
   std::string ca_pem;               // the coordinator CA the agent pins
+  // A guest cluster's ranges (tiers with an rke2 step): what the host's API
+  // does not show that they must avoid (guest_ranges.avoid in the config),
+  // and where they are picked (cluster_ranges.hpp).
+  std::vector<ranges::Fact> guest_ranges_avoid;
+  ranges::Pool guest_ranges_pool;
 };
 
 // What the service works with, all owned by the server and outliving it.
@@ -100,6 +106,12 @@ class TenantService {
   Status rollback(store::TenantRecord& rec, bool record_is_new, const std::string& token_id,
                   const std::vector<VmObject>& created, const Error& cause);
   nlohmann::json plan_steps(const store::TenantRecord& t) const;
+  // For a tier with an rke2 step: {"avoid": facts, "pool", "planned": the
+  // ranges the agent will get unless the guest's own networks move it,
+  // "fixed": whether the catalog fixes them}; null for other tiers. Reads the
+  // host cluster (a worker thread's call). Refuses a catalog's fixed ranges
+  // that clash, naming the clash.
+  Result<nlohmann::json> guest_ranges_for(const catalog::Tier& tier);
 
   TenantServiceDeps deps_;
   catalog::Catalog catalog_;

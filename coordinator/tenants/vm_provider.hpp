@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cluster_ranges.hpp"
 #include "common/error.hpp"
 #include "coordinator/tenants/objects.hpp"
 
@@ -75,6 +76,11 @@ class VmProvider {
                                                 const std::string& ns) = 0;
 
   virtual Result<VmObservation> observe(const std::string& tenant, const std::string& ns) = 0;
+
+  // What the host's own cluster network uses, for a guest cluster to pick
+  // its ranges around (cluster_ranges.hpp). KubeVirt: read from the host
+  // cluster's API (host_ranges.hpp). A provider with no host cluster has none.
+  virtual Result<std::vector<ranges::Fact>> host_ranges() = 0;
 
   // Where the VM's user-data (and so the ubuntu password) is kept, as the
   // admin would look for it: "Secret tenants/tenant-1-cloud-init".

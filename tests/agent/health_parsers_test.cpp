@@ -380,8 +380,8 @@ TEST(Nvml, ReadsThroughAStandInLibrary) {
   // The bytes behind the MiB, for the device check.
   nlohmann::json raw;
   ASSERT_TRUE((*lib)->read(&raw));
-  EXPECT_EQ(raw[0]["memory"]["memory_v2_bytes"]["reserved"], 616ULL * 1048576 + 4096);
-  EXPECT_EQ(raw[0]["memory"]["memory_v1_bytes"]["total"], 143771ULL * 1048576);
+  EXPECT_EQ(raw[0]["memory"]["memory_v2_bytes"]["reserved"], 644939776ULL);
+  EXPECT_EQ(raw[0]["memory"]["memory_v1_bytes"]["total"], 150754820096ULL);
 
   // Under a simulated root, the library is found in the root's lib directory.
   GuestEnv env;
@@ -407,9 +407,11 @@ TEST(Nvml, WithoutV2MemoryInfoReservedIsUnknownNotGuessed) {
   ASSERT_TRUE(r) << r.error().message;
   const auto& g = r->gpus.at(0);
   EXPECT_EQ(g.memory_total_mib, 143771u);
-  EXPECT_EQ(g.memory_used_mib, 615u) << "v1: what the old agent reported";
+  // v1 counts the reserved 644939776 B as used (the old agent truncated it
+  // to 615; rounded up as nvidia-smi rounds, 616).
+  EXPECT_EQ(g.memory_used_mib, 616u) << "v1: reserved counted as used";
   EXPECT_FALSE(g.memory_reserved_mib);
-  EXPECT_EQ(g.memory_free_mib, 143155u);
+  EXPECT_EQ(g.memory_free_mib, 143156u);
   EXPECT_FALSE(g.memory_temperature_c);
   EXPECT_EQ(g.temperature_c, 35);
 }

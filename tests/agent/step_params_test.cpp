@@ -134,8 +134,30 @@ TEST(StepParams, TheAgentRefusesWhatTheCatalogRefusesInTheSameWords) {
        "params.install_url: must be an https:// URL, got 'http://ollama.com/install.sh'"},
       {"gpu-k8s", "gpu-operator", [](json& p) { p["wait_timeout"] = "soon"; },
        "params.wait_timeout: invalid duration 'soon' (use e.g. 90s, 30m, 1h, 7d)"},
-      {"gpu-k8s", "rke2", [](json& p) { p["config"]["cluster-dns"] = "10.54.0.10"; },
+      {"gpu-k8s", "rke2",
+       [](json& p) {
+         p["config"] = {{"cluster-cidr", "10.52.0.0/16"},
+                        {"service-cidr", "10.53.0.0/16"},
+                        {"cluster-dns", "10.54.0.10"}};
+       },
        "params.config.cluster-dns: 10.54.0.10 is outside service-cidr 10.53.0.0/16"},
+      {"gpu-k8s", "rke2",
+       [](json& p) {
+         p["config"] = {{"cluster-cidr", "10.52.0.0/16"}};
+       },
+       "params.config: set all of cluster-cidr, service-cidr and cluster-dns, or none (they "
+       "are then chosen around the host cluster's ranges)"},
+      {"gpu-k8s", "rke2",
+       [](json& p) {
+         p["ranges"] = {{"avoid", {{{"range", "10.42.0.0/33"}, {"source", "x"}}}}};
+       },
+       "params.ranges.avoid[0].range: invalid prefix length in '10.42.0.0/33' (0 to 32)"},
+      {"gpu-k8s", "rke2",
+       [](json& p) {
+         p["ranges"] = {{"pool", {{"blocks", {"fd00::/48"}}}}};
+       },
+       "params.ranges.pool.blocks[0]: fd00::/48 is IPv6: the guest cluster is IPv4 only (RKE2 "
+       "single-stack)"},
       {"gpu-k8s", "gpus-allocatable", [](json& p) { p["count"] = 0; },
        "params.count: must be at least 1"},
       {"gpu-k8s", "label-gpu-node", [](json& p) { p["nodes"] = json::array(); },

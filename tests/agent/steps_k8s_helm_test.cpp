@@ -100,7 +100,8 @@ TEST_F(HelmStep, GpuOperatorInstallsHelmThenThePinnedChartWithTheCatalogsValues)
 TEST_F(HelmStep, ChangedValuesMakeTheReleaseStaleAndApplyUpgradesIt) {
   done("gpu-operator");
   auto spec = catalog_step("gpu-k8s", "gpu-operator");
-  spec.params["values"]["driver"] = {{"version", "580.126.20"}};
+  // (driver.version is the catalog's pin already: another value changes.)
+  spec.params["values"]["dcgmExporter"] = {{"enabled", false}};
   auto h = step(spec);
   auto c = h.check();
   ASSERT_TRUE(c);
@@ -112,6 +113,7 @@ TEST_F(HelmStep, ChangedValuesMakeTheReleaseStaleAndApplyUpgradesIt) {
   EXPECT_EQ(sim_->counter("helm.get"), 1);
   auto status = helm_json({"status", "gpu-operator", "-n", "gpu-operator"});
   EXPECT_EQ(status["version"], 2);
+  EXPECT_EQ(status["config"]["dcgmExporter"]["enabled"], false);
   EXPECT_EQ(status["config"]["driver"]["version"], "580.126.20");
 }
 
@@ -238,6 +240,26 @@ TEST_F(HelmStep, AReleaseStillPendingUnderARunningHelmIsNotTouched) {
   EXPECT_EQ(a.diagnosis->details["status"], "pending-upgrade");
   EXPECT_EQ(sim_->counter("helm.rollback.gpu-operator"), 0);
   EXPECT_EQ(sim_->counter("helm.install.gpu-operator"), 1);
+}
+
+TEST_F(HelmStep, TheOperatorsDriverMustBeThePinnedOne) {
+  done("rke2");
+  auto spec = catalog_step("gpu-k8s", "gpu-operator");
+  ASSERT_EQ(spec.params["driver_version"], "580.126.20");
+  ASSERT_EQ(spec.params["values"]["driver"]["version"], "580.126.20");
+  // A pin the driver container does not run (the simulator has only the
+  // runbook's 580.126.20): the release deploys, the check in its nvidia-smi fails.
+  spec.params["driver_version"] = "580.159.04";
+  spec.params["values"]["driver"]["version"] = "580.159.04";
+  auto h = step(spec);
+  auto a = h.apply();
+  ASSERT_TRUE(a.ok()) << describe(a);
+  auto v = h.verify(std::chrono::seconds(6));
+  ASSERT_FALSE(v.ok()) << describe(v);
+  EXPECT_TRUE(contains(v.message,
+                       "the GPU Operator's driver is not the pinned 580.159.04: "
+                       "nvidia-smi in "))
+      << v.message;
 }
 
 TEST_F(HelmStep, NoClusterYetSaysSo) {

@@ -25,11 +25,14 @@ const char* kRunbookConfig =
     "service-cidr: 10.53.0.0/16\n"
     "cluster-dns: 10.53.0.10\n";
 
-TEST(Rke2Config, TheRunbooksKeysInItsOrderThenTheRestQuotedWhereYamlWouldRetypeThem) {
-  auto spec = catalog_step("gpu-k8s", "rke2");
-  EXPECT_EQ(agent::steps::render_rke2_config(spec.params["config"]), kRunbookConfig);
+const nlohmann::json kRunbookRanges = {{"cluster-cidr", "10.52.0.0/16"},
+                                       {"service-cidr", "10.53.0.0/16"},
+                                       {"cluster-dns", "10.53.0.10"}};
 
-  nlohmann::json more = spec.params["config"];
+TEST(Rke2Config, TheRunbooksKeysInItsOrderThenTheRestQuotedWhereYamlWouldRetypeThem) {
+  EXPECT_EQ(agent::steps::render_rke2_config(kRunbookRanges), kRunbookConfig);
+
+  nlohmann::json more = kRunbookRanges;
   more["write-kubeconfig-mode"] = "0644";  // would read back as a number
   more["disable"] = nlohmann::json::array({"rke2-ingress-nginx"});
   more["selinux"] = "on";  // YAML 1.1 (Go) reads a plain on as true
@@ -199,6 +202,67 @@ TEST_F(Rke2Step, ACutDownloadIsADownloadFailure) {
   ASSERT_TRUE(a.diagnosis) << describe(a);
   EXPECT_EQ(a.diagnosis->code, "download_failed");
   EXPECT_TRUE(contains(a.output_tail, "curl: (18)")) << a.output_tail;
+  EXPECT_EQ(sim_->counter("rke2.install"), 0);
+}
+
+TEST_F(Rke2Step, AHostOn10_52And10_53GetsRangesOverlappingNeitherAndTheyAreKept) {
+  make("1");
+  // What the coordinator read of such a host, as the plan carries it.
+  auto spec = catalog_step("gpu-k8s", "rke2");
+  spec.params["ranges"] = {
+      {"avoid",
+       {{{"range", "10.52.0.0/24"}, {"source", "host node utho spec.podCIDRs"}},
+        {{"range", "10.53.0.1"}, {"source", "host Service default/kubernetes ClusterIP"}},
+        {{"range", "10.53.0.10"}, {"source", "host DNS Service kube-system/kube-dns ClusterIP"}}}},
+      {"pool", {{"blocks", {"10.52.0.0/14"}}}}};
+  auto h = step(spec);
+  auto a = h.apply();
+  ASSERT_TRUE(a.ok()) << describe(a);
+  std::string conf = slurp(sim_->root() / "etc/rancher/rke2/config.yaml");
+  EXPECT_TRUE(contains(conf,
+                       "cluster-cidr: 10.54.0.0/16\nservice-cidr: 10.55.0.0/16\n"
+                       "cluster-dns: 10.55.0.10\n"))
+      << conf;
+  EXPECT_EQ(agent::rke2_running_service_cidr(sim_->env()).value_or(""), "10.55.0.0/16");
+  nlohmann::json reported;
+  for (const auto& e : h.events)
+    if (e.contains("ranges")) reported = e["ranges"];
+  ASSERT_TRUE(reported.is_object());
+  EXPECT_EQ(reported["cluster-cidr"], "10.54.0.0/16");
+  EXPECT_EQ(reported["around"][0], nlohmann::json({{"range", "10.52.0.0/24"},
+                                                   {"source", "host node utho spec.podCIDRs"}}));
+
+  // Once RKE2 runs its pod network shows among the guest's routes (canal's
+  // cni0): a second look keeps the choice instead of moving off its own range.
+  ASSERT_TRUE(write_file_atomic(sim_->root() / "proc/net/route",
+                                slurp(sim_->root() / "proc/net/route") +
+                                    "cni0\t0000360A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n",
+                                0644));
+  auto again = step(spec);
+  auto c = again.check();
+  ASSERT_TRUE(c);
+  EXPECT_TRUE(*c);
+  EXPECT_TRUE(again.apply().ok());
+  EXPECT_EQ(slurp(sim_->root() / "etc/rancher/rke2/config.yaml"), conf);
+  EXPECT_EQ(sim_->counter("rke2.install"), 1);
+}
+
+TEST_F(Rke2Step, FixedRangesThatClashWithTheHostAreRefusedNamingTheClash) {
+  make();
+  auto spec = catalog_step("gpu-k8s", "rke2");
+  spec.params["config"] = kRunbookRanges;
+  spec.params["ranges"] = {
+      {"avoid",
+       {{{"range", "10.53.0.10"}, {"source", "host DNS Service kube-system/kube-dns ClusterIP"}}}}};
+  auto a = step(spec).apply();
+  ASSERT_FALSE(a.ok());
+  ASSERT_TRUE(a.diagnosis) << describe(a);
+  EXPECT_EQ(a.diagnosis->code, "guest_cidr_clash");
+  EXPECT_TRUE(contains(a.diagnosis->summary,
+                       "service-cidr 10.53.0.0/16 overlaps 10.53.0.10 (host DNS Service "
+                       "kube-system/kube-dns ClusterIP)"))
+      << a.diagnosis->summary;
+  EXPECT_FALSE(std::filesystem::exists(sim_->root() / "etc/rancher/rke2/config.yaml"));
   EXPECT_EQ(sim_->counter("rke2.install"), 0);
 }
 

@@ -112,6 +112,28 @@ TEST_F(GpuK8sTier, RunbookTenant2EndToEndThroughThePlanEngine) {
   EXPECT_EQ(ids, (std::vector<std::string>{"gpu-present", "rke2", "gpu-operator", "label-gpu-node",
                                            "hami", "gpus-allocatable"}));
 
+  // The ranges, chosen around the guest's networks (the runbook's guest got
+  // the host's DNS 10.43.0.10 from DHCP): the runbook's, and reported.
+  std::string conf = slurp(sim_->root() / "etc/rancher/rke2/config.yaml");
+  EXPECT_TRUE(contains(conf,
+                       "cluster-cidr: 10.52.0.0/16\nservice-cidr: 10.53.0.0/16\n"
+                       "cluster-dns: 10.53.0.10\n"))
+      << conf;
+  json reported;
+  for (const auto& e : events)
+    if (e.value("step", "") == "rke2" && e.contains("ranges")) reported = e["ranges"];
+  ASSERT_TRUE(reported.is_object()) << "the rke2 step reports its ranges";
+  EXPECT_EQ(reported["service-cidr"], "10.53.0.0/16");
+  bool around_dns = false;
+  for (const auto& f : reported["around"])
+    around_dns |=
+        f["range"] == "10.43.0.10" && f["source"] == "guest DNS server (resolv.conf, from DHCP)";
+  EXPECT_TRUE(around_dns) << reported.dump(2);
+  // The operator's driver at the catalog's pin, seen in its container's nvidia-smi.
+  EXPECT_TRUE(contains(status["steps"][2].value("message", ""),
+                       "driver 580.126.20 in the driver container (nvidia-smi)"))
+      << status["steps"][2].dump(2);
+
   // Every effect once.
   EXPECT_EQ(sim_->counter("rke2.install"), 1);
   EXPECT_EQ(sim_->counter("helm.get"), 1);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "agent/guest/facts.hpp"
+#include "common/atomic_file.hpp"
 #include "tests/agent/step_harness.hpp"
 #include "tests/guestsim/guest_sim.hpp"
 
@@ -147,6 +148,62 @@ TEST_F(NvidiaDriverStep, FreshGuestInstallsOnceRebootsOnceAndVerifies) {
   EXPECT_EQ(sim_->counter("apt-get.install.nvidia-headless-open"), 1);
   EXPECT_EQ(sim_->counter("apt-get.install.nvidia-dkms-open"), 1);
   EXPECT_EQ(sim_->counter("dkms.build"), 1);
+
+  // Held at the pin, once: an unattended upgrade cannot move it.
+  EXPECT_EQ(sim_->counter("apt-mark.hold.nvidia-headless-open"), 1);
+  EXPECT_EQ(sim_->counter("apt-mark.hold.nvidia-persistenced"), 1);
+  EXPECT_EQ(sim_->sh({"apt-mark", "showhold"}).output,
+            "nvidia-headless-open\nnvidia-persistenced\n");
+  EXPECT_NE(v.message.find("nvidia-headless-open nvidia-persistenced held at 615.71.09-1ubuntu1"),
+            std::string::npos)
+      << v.message;
+  auto s = agent::dpkg_package("nvidia-headless-open");
+  EXPECT_TRUE(s.installed && s.held) << s.status;
+}
+
+TEST_F(NvidiaDriverStep, AnUnheldDriverIsHeldAndOnlyThePlanReleasesIt) {
+  make("l4");
+  auto h = driver();
+  ASSERT_EQ(h.apply().kind, StepOutcome::Kind::reboot_required);
+  ASSERT_EQ(sim_->reboot().exit_code, 0);
+  ASSERT_TRUE(h.verify().ok());
+  // Someone released it by hand: the step is not done until it is held again.
+  ASSERT_EQ(sim_->sh({"apt-mark", "unhold", "nvidia-persistenced"}).exit_code, 0);
+  auto c = h.check();
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(*c);
+  auto v = h.verify();
+  EXPECT_EQ(v.kind, StepOutcome::Kind::failed);
+  EXPECT_NE(v.message.find("nvidia-persistenced not held (apt-mark hold)"), std::string::npos)
+      << v.message;
+  auto a = h.apply();
+  EXPECT_TRUE(a.ok()) << describe(a);
+  EXPECT_EQ(sim_->counter("apt-mark.hold.nvidia-persistenced"), 2);
+  EXPECT_EQ(sim_->counter("apt-get.install.nvidia-headless-open"), 1) << "nothing reinstalled";
+  EXPECT_TRUE(*h.check());
+}
+
+TEST_F(NvidiaDriverStep, APlanThatChangesThePinReleasesTheHoldAndHoldsTheNewOne) {
+  make("l4");
+  auto h = driver();
+  ASSERT_EQ(h.apply().kind, StepOutcome::Kind::reboot_required);
+  // As if an older pin had been installed and held: apt refuses to move it...
+  ASSERT_TRUE(write_file_atomic(sim_->root() / ".guestsim/state/dpkg/nvidia-headless-open",
+                                "Status: hold ok installed\nVersion: 615.00.00-1ubuntu1\n", 0644));
+  auto moved = sim_->sh({"apt-get", "install", "-y", "nvidia-headless-open"});
+  EXPECT_EQ(moved.exit_code, 100);
+  EXPECT_NE(moved.output.find("E: Held packages were changed and -y was used without "
+                              "--allow-change-held-packages."),
+            std::string::npos)
+      << moved.output;
+  // ...and the plan, whose pin differs, releases it, installs and holds again.
+  auto a = h.apply();
+  EXPECT_EQ(a.kind, StepOutcome::Kind::reboot_required) << describe(a);
+  EXPECT_EQ(sim_->counter("apt-mark.unhold.nvidia-headless-open"), 1);
+  EXPECT_EQ(sim_->counter("apt-mark.hold.nvidia-headless-open"), 2);
+  auto st = agent::dpkg_package("nvidia-headless-open");
+  EXPECT_EQ(st.version, "615.71.09-1ubuntu1");
+  EXPECT_TRUE(st.held) << st.status;
 }
 
 TEST_F(NvidiaDriverStep, NetworkRepository) {

@@ -138,9 +138,9 @@ TEST(Catalog, GpuK8sMatchesTheRunbook) {
   json plan = t->plan();
   const json& rke2 = (*step_by_id(plan, "rke2"))["params"];
   EXPECT_EQ(rke2["version"], "v1.36.4+rke2r1");
-  EXPECT_EQ(rke2["config"], json({{"cluster-cidr", "10.52.0.0/16"},
-                                  {"service-cidr", "10.53.0.0/16"},
-                                  {"cluster-dns", "10.53.0.10"}}));
+  // Chosen per tenant around the host's ranges (common/cluster_ranges.hpp).
+  EXPECT_EQ(rke2["config"], json::object());
+  EXPECT_FALSE(rke2.contains("ranges")) << "the coordinator adds the host's, per tenant";
   const json& op = (*step_by_id(plan, "gpu-operator"))["params"];
   EXPECT_EQ(op["version"], "v26.3.2");
   EXPECT_EQ(op["values"]["devicePlugin"]["enabled"], false);
@@ -289,7 +289,17 @@ TEST(Catalog, ErrorsNameTheTierStepAndKey) {
 }
 
 TEST(Catalog, Rke2RangesMustNotClashWithTheHostCluster) {
-  std::string k8s = std::string(cat::builtin_yaml());
+  // A catalog that fixes the ranges instead of having them chosen.
+  std::string k8s =
+      replace(std::string(cat::builtin_yaml()), "          config: {}\n",
+              "          config:\n            cluster-cidr: ${settings.cluster_cidr}\n"
+              "            service-cidr: ${settings.service_cidr}\n"
+              "            cluster-dns: ${settings.cluster_dns}\n");
+  k8s = replace(k8s, "      split_count:",
+                "      cluster_cidr: 10.52.0.0/16\n      service_cidr: 10.53.0.0/16\n"
+                "      cluster_dns: 10.53.0.10\n      split_count:");
+  auto fixed = cat::parse(k8s, "test.yaml");
+  ASSERT_TRUE(fixed.ok()) << fixed.error().message;
   // RKE2's default service range: the runbook's DNS clash.
   EXPECT_EQ(error_of(replace(k8s, "service_cidr: 10.53.0.0/16", "service_cidr: 10.43.0.0/16")),
             "catalog test.yaml: tier 'gpu-k8s': step 'rke2': params.config.service-cidr: "

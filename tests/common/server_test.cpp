@@ -335,6 +335,48 @@ TEST_F(ServerTest, AStreamToAReaderThatNeverReadsStopsAcceptingWrites) {
   EXPECT_TRUE(refused);
 }
 
+// What the status feed does with a reader that fell behind: the queue is
+// bounded, and the reader is dropped with one last event past the bound,
+// which it reads once it reads again; then the stream ends and the
+// connection closes.
+TEST_F(ServerTest, ASlowReaderIsDroppedWithALastEventPastTheBound) {
+  std::shared_ptr<HttpExchange> held;
+  std::mutex mu;
+  http_ = [&](std::shared_ptr<HttpExchange> x) {
+    x->start_stream(200, "text/event-stream");
+    std::lock_guard lk(mu);
+    held = x;
+  };
+  auto o = options();
+  o.max_stream_queue = 64 * 1024;
+  start(o);
+  auto c = connect();
+  ASSERT_TRUE(c->write(get("/v1/events")).ok());
+  ASSERT_TRUE(factory::testing::eventually([&] {
+    std::lock_guard lk(mu);
+    return held != nullptr;
+  }));
+  std::string chunk(32 * 1024, 'x');
+  int written = 0;
+  bool refused = false;
+  for (; written < 20000 && !refused; ++written) {
+    std::lock_guard lk(mu);
+    refused = !held->write(chunk);
+  }
+  ASSERT_TRUE(refused);
+  {
+    std::lock_guard lk(mu);
+    held->end_with("event: dropped\ndata: {\"reason\":\"slow_reader\"}\n\n");
+    EXPECT_FALSE(held->write("data: after\n\n")) << "nothing more after the last event";
+  }
+  // The reader reads again: everything queued, then the last event, then
+  // the chunked body's end.
+  auto all = c->read_until("slow_reader\"}\n\n\r\n0\r\n\r\n", 20s);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  EXPECT_EQ(all->find("data: after"), std::string::npos);
+  EXPECT_TRUE(c->wait_closed(5s)) << "a dropped reader's connection closes";
+}
+
 TEST_F(ServerTest, WebsocketEchoesAndReportsThePeersCloseWithItsReason) {
   auto rec = std::make_shared<Recorder>();
   ws_ = [&](const HttpRequestIn& in, const PeerInfo&) -> std::shared_ptr<WsHandler> {

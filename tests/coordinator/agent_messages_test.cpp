@@ -105,6 +105,38 @@ TEST(AgentMessages, AnEventNeedsAnIdAndAKind) {
   }
 }
 
+TEST(AgentMessages, TheGuestClustersRangesAreTypedAndEveryRangeMustRead) {
+  json ranges = {{"cluster-cidr", "10.54.0.0/16"},
+                 {"service-cidr", "10.55.0.0/16"},
+                 {"cluster-dns", "10.55.0.10"},
+                 {"around",
+                  {{{"range", "10.52.0.0/24"}, {"source", "host node utho spec.podCIDRs"}},
+                   {{"range", "fd00:10:43::a"}, {"source", "guest DNS server"}}}}};
+  json body = {{"id", 3}, {"kind", "progress"}, {"step", "rke2"}, {"ranges", ranges}};
+  auto d = decode_event(body);
+  ASSERT_TRUE(d.value) << d.refusal;
+  EXPECT_TRUE(d.rejected.empty()) << ::testing::PrintToString(reasons_of(d.rejected));
+  EXPECT_EQ(d.value->to_json(), body);
+
+  json bad = ranges;
+  bad["cluster-cidr"] = "10.54.0.0/33";
+  bad["around"][0]["range"] = "\x1b[2J";
+  bad["around"][1]["owner"] = "someone";
+  bad["extra"] = 1;
+  auto h = decode_event({{"id", 4}, {"kind", "progress"}, {"step", "rke2"}, {"ranges", bad}});
+  ASSERT_TRUE(h.value);
+  EXPECT_FALSE(h.value->to_json().contains("ranges")) << "a report with a bad range is not shown";
+  EXPECT_TRUE(rejected(h.rejected, "ranges.cluster-cidr", RejectReason::bad_format));
+  EXPECT_TRUE(rejected(h.rejected, "ranges.around.range", RejectReason::bad_format));
+  EXPECT_TRUE(rejected(h.rejected, "ranges.around.owner", RejectReason::unknown_field));
+  EXPECT_TRUE(rejected(h.rejected, "ranges.extra", RejectReason::unknown_field));
+  auto m = decode_event({{"id", 5},
+                         {"kind", "progress"},
+                         {"step", "rke2"},
+                         {"ranges", {{"cluster-dns", "1.2.3.4"}}}});
+  EXPECT_TRUE(rejected(m.rejected, "ranges.cluster-cidr", RejectReason::missing));
+}
+
 TEST(AgentMessages, ProgressEventsAreTypedAndBounded) {
   json body = {{"id", 12},
                {"kind", "progress"},

@@ -289,7 +289,7 @@ TEST(CliConventions, ConfigKeysAreCheckedAtEveryDepthAndNamedByPath) {
       {"agents:\n  listn: 127.0.0.1:1\n",
        "unknown key 'agents.listn' (known: listen, binary, idle_timeout, cert_ttl, renewal_grace, "
        "quota)"},
-      {"api:\n  lissen: 127.0.0.1:1\n", "unknown key 'api.lissen' (known: listen, metrics_public)"},
+      {"api:\n  lissen: 127.0.0.1:1\n", "unknown key 'api.lissen' (known: listen, metrics_public, events_heartbeat)"},
       {"tokens:\n  default_tll: 1h\n", "unknown key 'tokens.default_tll'"},
       {"kube:\n  namspace: x\n", "unknown key 'kube.namspace'"},
       {"threads:\n  iox: 2\n", "unknown key 'threads.iox' (known: io, workers)"},

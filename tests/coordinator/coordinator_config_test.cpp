@@ -1,8 +1,8 @@
 #include "coordinator/config/coordinator_config.hpp"
 
-#include <fstream>
-
 #include <gtest/gtest.h>
+
+#include <fstream>
 
 #include "coordinator/agents/projection.hpp"
 #include "coordinator/api/router.hpp"
@@ -28,7 +28,8 @@ TEST(CoordinatorConfig, ReadsKeysAndRefusesUnknownOnes) {
   auto p = dir.path() / "c.yaml";
   {
     std::ofstream f(p);
-    f << "state_dir: /tmp/x\nagents:\n  listen: '[::1]:9443'\n  cert_ttl: 2h\napi:\n  listen: 127.0.0.2:9444\n";
+    f << "state_dir: /tmp/x\nagents:\n  listen: '[::1]:9443'\n  cert_ttl: 2h\napi:\n  listen: "
+         "127.0.0.2:9444\n";
   }
   auto c = coordinator::load_coordinator_config(p.string(), true);
   ASSERT_TRUE(c.ok()) << c.error().message;
@@ -47,15 +48,17 @@ TEST(CoordinatorConfig, ReadsKeysAndRefusesUnknownOnes) {
     f << "agents:\n  listen: nowhere\n";
   }
   EXPECT_FALSE(coordinator::load_coordinator_config(p.string(), true).ok());
-  EXPECT_FALSE(coordinator::load_coordinator_config((dir.path() / "missing.yaml").string(), true).ok());
+  EXPECT_FALSE(
+      coordinator::load_coordinator_config((dir.path() / "missing.yaml").string(), true).ok());
 }
 
 TEST(Router, MatchesParamsAndRequiresTheToken) {
   WorkerPool workers(1);
   coordinator::ApiRouter r("secret-token-secret-token-secret-token", workers);
-  r.add("GET", "/v1/tenants/{name}", [](const net::HttpRequestIn&, const coordinator::PathParams& p) {
-    return net::HttpResponseOut::json(200, p.at("name"));
-  });
+  r.add("GET", "/v1/tenants/{name}",
+        [](const net::HttpRequestIn&, const coordinator::PathParams& p) {
+          return net::HttpResponseOut::json(200, p.at("name"));
+        });
   r.add("GET", "/healthz", [](auto&, auto&) { return net::HttpResponseOut::json(200, "ok"); },
         {.public_route = true});
   net::HttpRequestIn req;
@@ -97,9 +100,12 @@ TEST(StatusProjection, EventsDriveThePhase) {
   EXPECT_EQ(t.status["plan"]["steps"]["nvidia-driver"]["state"], "reboot_requested");
   EXPECT_TRUE(coordinator::project_event(t, ev({{"kind", "plan"}, {"state", "succeeded"}})));
   EXPECT_EQ(t.phase, "ready");
-  EXPECT_TRUE(
+  // Health is state, kept as the tenant's latest sample by the store
+  // (put_health), not history in the record: an old agent's health event
+  // changes nothing here.
+  EXPECT_FALSE(
       coordinator::project_event(t, ev({{"kind", "health"}, {"gpu", {{"source", "nvml"}}}})));
-  EXPECT_EQ(t.status["health"]["gpu"]["source"], "nvml");
+  EXPECT_FALSE(t.status.contains("health"));
   EXPECT_FALSE(coordinator::project_event(t, ev({{"kind", "synthetic"}})));
 }
 
@@ -113,6 +119,7 @@ TEST(CoordinatorConfig, QuotasAndMetricsHaveDefaultsAndRanges) {
   EXPECT_EQ(c->quota_max_events_stored, 10000u);
   EXPECT_EQ(c->quota_max_event_age, std::chrono::hours(24 * 90));
   EXPECT_FALSE(c->metrics_public);
+  EXPECT_EQ(c->events_heartbeat, std::chrono::seconds(15));
 
   auto p = dir.path() / "c.yaml";
   auto load = [&](const std::string& text) {
@@ -121,7 +128,8 @@ TEST(CoordinatorConfig, QuotasAndMetricsHaveDefaultsAndRanges) {
   };
   c = load(
       "agents:\n  quota:\n    events_per_second: 20\n    event_burst: 40\n    bytes_per_day: "
-      "1Gi\n    max_events_stored: 50\n    max_event_age: 7d\napi:\n  metrics_public: true\n");
+      "1Gi\n    max_events_stored: 50\n    max_event_age: 7d\napi:\n  metrics_public: true\n"
+      "  events_heartbeat: 5s\n");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->quota_events_per_second, 20);
   EXPECT_EQ(c->quota_event_burst, 40);
@@ -129,6 +137,7 @@ TEST(CoordinatorConfig, QuotasAndMetricsHaveDefaultsAndRanges) {
   EXPECT_EQ(c->quota_max_events_stored, 50u);
   EXPECT_EQ(c->quota_max_event_age, std::chrono::hours(24 * 7));
   EXPECT_TRUE(c->metrics_public);
+  EXPECT_EQ(c->events_heartbeat, std::chrono::seconds(5));
   EXPECT_EQ(load("agents:\n  quota:\n    bytes_per_day: 33554432\n")->quota_bytes_per_day,
             32u << 20);
   for (auto [text, want] : std::vector<std::pair<std::string, std::string>>{
@@ -146,4 +155,41 @@ TEST(CoordinatorConfig, QuotasAndMetricsHaveDefaultsAndRanges) {
     ASSERT_FALSE(r.ok()) << text;
     EXPECT_NE(r.error().message.find(want), std::string::npos) << r.error().message;
   }
+}
+
+TEST(CoordinatorConfig, GuestRangesAvoidAndPool) {
+  TempDir dir("cfg");
+  auto c = coordinator::load_coordinator_config((dir.path() / "absent.yaml").string(), false);
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->guest_ranges_avoid.empty());
+  EXPECT_EQ(c->guest_ranges_pool.blocks, ranges::Pool::default_blocks());
+
+  auto p = dir.path() / "c.yaml";
+  auto load = [&](const std::string& text) {
+    std::ofstream(p) << text;
+    return coordinator::load_coordinator_config(p.string(), true);
+  };
+  c = load(
+      "guest_ranges:\n  avoid: [192.168.0.0/16, 'fd00:10::/48']\n  pool: [172.20.0.0/14]\n"
+      "  pod_prefix: 17\n  dns_offset: 53\n");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  ASSERT_EQ(c->guest_ranges_avoid.size(), 2u);
+  EXPECT_EQ(c->guest_ranges_avoid[0].range, "192.168.0.0/16");
+  EXPECT_EQ(c->guest_ranges_avoid[0].source, "guest_ranges.avoid in the coordinator config");
+  EXPECT_EQ(c->guest_ranges_pool.blocks, std::vector<std::string>{"172.20.0.0/14"});
+  EXPECT_EQ(c->guest_ranges_pool.pod_prefix, 17);
+  EXPECT_EQ(c->guest_ranges_pool.dns_offset, 53);
+  auto err = [&](const std::string& text) {
+    auto r = load(text);
+    return r.ok() ? std::string("ok") : r.error().message;
+  };
+  EXPECT_EQ(err("guest_ranges:\n  avoid: [10.0.0.0/33]\n"),
+            p.string() + ": guest_ranges.avoid: invalid prefix length in '10.0.0.0/33' (0 to 32)");
+  EXPECT_EQ(err("guest_ranges:\n  pool: [10.52.0.0/14, 'fd00::/48']\n"),
+            p.string() +
+                ": guest_ranges.pool[1]: fd00::/48 is IPv6: the guest cluster is IPv4 "
+                "only (RKE2 single-stack)");
+  EXPECT_EQ(err("guest_ranges:\n  pod_prefix: 4\n"),
+            p.string() + ": guest_ranges.pod_prefix: must be 8 to 28, got 4");
+  EXPECT_NE(err("guest_ranges:\n  size: 16\n").find("size"), std::string::npos);
 }

@@ -35,6 +35,16 @@ reason Unschedulable, "0/1 nodes are available: 1 Insufficient <resource>",
 and the VM's printableStatus is ErrorUnschedulable, as with KubeVirt.
 Deleting the VM deletes its VMI and DataVolumes (ownerReferences).
 
+PLAYS THE HOST CLUSTER'S NETWORK: the Node has spec.podCIDR(s) (--pod-cidr,
+default RKE2's first node slice 10.42.0.0/24) and an InternalIP; the service
+range (--service-cidr, default RKE2's 10.43.0.0/16) holds the `kubernetes`
+Service at its first address and the cluster DNS Service at its tenth
+(--dns-service, default RKE2's kube-system/rke2-coredns-rke2-coredns; kubeadm
+and k3s call it kube-system/kube-dns), labelled k8s-app=kube-dns as all
+three label it; new Services get ClusterIPs from that range. The
+networking.k8s.io ServiceCIDR kind is not served (as on Kubernetes before
+1.33 without the beta API): python3-kubernetes has no model to check it by.
+
 DOES NOT: persist anything, run admission webhooks beyond the schemas,
 track managedFields or detect apply conflicts between field managers (apply
 merges maps and replaces lists), implement strategic merge patch or JSON
@@ -48,6 +58,8 @@ Usage:
       [--token T] [--forbid VERB:RESOURCE[:NAMESPACE]] [--drop-watch-after N]
       [--seed FILE.yaml] [--no-kubevirt-cr] [--no-group cdi.kubevirt.io]
       [--bookmark-interval S] [--device-plugin-delay S]
+      [--pod-cidr 10.42.0.0/24] [--service-cidr 10.43.0.0/16] [--node-ip IP]
+      [--dns-service kube-system/kube-dns]
 
 It writes into --pki-dir: ca.crt (the cluster CA), admin.crt / admin.key (a
 client certificate it accepts), token (a bearer token it accepts) and
@@ -68,6 +80,7 @@ import argparse
 import base64
 import copy
 import datetime
+import ipaddress
 import json
 import os
 import re
@@ -361,7 +374,10 @@ def check_service(store, obj, old):
     spec = obj.setdefault("spec", {})
     if old is not None and (old.get("spec") or {}).get("clusterIP"):
         spec["clusterIP"] = old["spec"]["clusterIP"]
-    spec.setdefault("clusterIP", "10.43.%d.%d" % (store.rv // 250 % 250, store.rv % 250 + 1))
+    if not spec.get("clusterIP"):
+        net = ipaddress.ip_network(store.args.service_cidr, strict=False)
+        # Above the kubernetes (1st) and DNS (10th) Services' addresses.
+        spec["clusterIP"] = str(net[100 + store.rv % (net.num_addresses - 200)])
     if spec.get("type") not in ("NodePort", "LoadBalancer"):
         return
     mine = obj["metadata"]["namespace"] + "/" + obj["metadata"]["name"]
@@ -1056,15 +1072,36 @@ def seed(store, args):
     for ns in ("default", "kube-system", "kubevirt"):
         add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
              "status": {"phase": "Active"}})
+    svc_net = ipaddress.ip_network(args.service_cidr, strict=False)
     add({"apiVersion": "v1", "kind": "Node",
          "metadata": {"name": args.node_name, "labels": {
              "kubernetes.io/hostname": args.node_name, "kubevirt.io/schedulable": "true"}},
-         "status": {"capacity": {"cpu": "64", "memory": "263842456Ki", "pods": "110",
+         "spec": {"podCIDR": args.pod_cidr, "podCIDRs": [args.pod_cidr]},
+         "status": {"addresses": [{"type": "InternalIP", "address": args.node_ip},
+                                  {"type": "Hostname", "address": args.node_name}],
+                    "capacity": {"cpu": "64", "memory": "263842456Ki", "pods": "110",
                                  "devices.kubevirt.io/kvm": "1k"},
                     "allocatable": {"cpu": "64", "memory": "263740056Ki", "pods": "110",
                                     "devices.kubevirt.io/kvm": "1k"},
                     "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                     "message": "kubelet is posting ready status"}]}})
+    add({"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": "kubernetes", "namespace": "default",
+                      "labels": {"component": "apiserver", "provider": "kubernetes"}},
+         "spec": {"type": "ClusterIP", "clusterIP": str(svc_net[1]),
+                  "clusterIPs": [str(svc_net[1])],
+                  "ports": [{"name": "https", "port": 443, "protocol": "TCP",
+                             "targetPort": 6443}]}})
+    dns_ns, _, dns_name = args.dns_service.partition("/")
+    add({"apiVersion": "v1", "kind": "Service",
+         "metadata": {"name": dns_name, "namespace": dns_ns,
+                      "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},
+         "spec": {"type": "ClusterIP", "clusterIP": str(svc_net[10]),
+                  "clusterIPs": [str(svc_net[10])],
+                  "selector": {"k8s-app": "kube-dns"},
+                  "ports": [{"name": "udp-53", "port": 53, "protocol": "UDP", "targetPort": 53},
+                            {"name": "tcp-53", "port": 53, "protocol": "TCP",
+                             "targetPort": 53}]}})
     if not args.no_kubevirt_cr:
         # The runbook's CR before any allowlist (kubevirt/kubevirt-cr.yaml).
         add({"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
@@ -1136,6 +1173,12 @@ def main():
     p.add_argument("--bookmark-interval", type=float, default=1.0)
     p.add_argument("--device-plugin-delay", type=float, default=0.3)
     p.add_argument("--node-name", default="utho")
+    p.add_argument("--node-ip", default="192.168.122.10", help="the Node's InternalIP")
+    p.add_argument("--pod-cidr", default="10.42.0.0/24", help="the Node's spec.podCIDR")
+    p.add_argument("--service-cidr", default="10.43.0.0/16",
+                   help="ClusterIPs: kubernetes at the 1st address, DNS at the 10th")
+    p.add_argument("--dns-service", default="kube-system/rke2-coredns-rke2-coredns",
+                   help="NAMESPACE/NAME of the cluster DNS Service")
     p.add_argument("--vfio-cards", action="append", help="VENDOR:DEVICE=COUNT on vfio-pci")
     p.add_argument("--host-root", help="a sysfs tree to count vfio-pci cards in")
     p.add_argument("--seed", action="append", help="YAML objects to start with")

@@ -239,6 +239,31 @@ if [ -n "${DNS_SERVERS:-}" ]; then
   echo "${DNS_SEARCH:-}" > "$G/state/resolved/domains"
 fi
 
+# The routes the kernel holds, as /proc/net/route lists them (profiles that
+# say: ROUTES="IFACE DEST/PREFIX GATEWAY FLAGS METRIC;...", FLAGS in hex as the
+# kernel prints them: 0003 up+gateway, 0001 up, 0005 up+host): addresses in
+# memory order, which on x86 reads back to front (10.0.2.0 is 0002000A).
+kernel_hex() { # a.b.c.d -> DDCCBBAA
+  local IFS=.; set -- $1; printf '%02X%02X%02X%02X' "$4" "$3" "$2" "$1"
+}
+mask_hex() { # prefix -> the mask, in the same order
+  local n=$1 m=0 i
+  for i in $(seq 1 32); do m=$(( (m << 1) | (i <= n ? 1 : 0) )); done
+  kernel_hex "$(( (m >> 24) & 255 )).$(( (m >> 16) & 255 )).$(( (m >> 8) & 255 )).$(( m & 255 ))"
+}
+if [ -n "${ROUTES:-}" ]; then
+  mkdir -p "$root/proc/net"
+  {
+    # Every line padded to 127 columns, as the kernel's seq_printf("%-127s\n").
+    printf '%-127s\n' "$(printf 'Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT')"
+    echo "$ROUTES" | tr ';' '\n' | while read -r iface dest gw flags metric; do
+      [ -n "$iface" ] || continue
+      printf '%-127s\n' "$(printf '%s\t%s\t%s\t%s\t0\t0\t%s\t%s\t0\t0\t0' "$iface" \
+        "$(kernel_hex "${dest%/*}")" "$(kernel_hex "$gw")" "$flags" "$metric" "$(mask_hex "${dest#*/}")")"
+    done
+  } > "$root/proc/net/route"
+fi
+
 # What a fresh Ubuntu cloud image has installed (of what the plan touches).
 pkg() { printf 'Status: install ok installed\nVersion: %s\n' "$2" > "$G/state/dpkg/$1"; }
 pkg ca-certificates 20240203

@@ -26,7 +26,8 @@ What it models, all of it state under <root>/.guestsim/state/{k8s,helm}/:
     timeout);
   - the GPU Operator release does at once what its DaemonSets do over a few
     minutes on a real guest: the driver container loads nvidia 580.126.20
-    (the profile's DRIVER_VERSION), nvidia-smi appears under
+    (the profile's DRIVER_VERSION; a values driver.version other than that
+    loads nothing, there being no capture of another), nvidia-smi appears under
     /run/nvidia/driver, the toolkit writes /run/nvidia/validations/toolkit-ready,
     the RuntimeClass nvidia exists, NFD labels the node
     nvidia.com/gpu.present=true; its own device plugin runs unless the values
@@ -700,6 +701,12 @@ def operator_effects():
     if not fns:
         return
     version = profile("DRIVER_VERSION") or "580.126.20"
+    # The chart's driver.version picks the driver container's image. Only
+    # the profile's driver has captures here: another version loads nothing
+    # (its nvidia-smi could only be made up).
+    wanted = get_in(deployed_chart("gpu-operator")["values"], ["driver", "version"], None)
+    if wanted is not None and str(wanted) != version:
+        return
     if not module_loaded():
         os.makedirs(rootp("/sys/module/nvidia"), exist_ok=True)
         write_text(rootp("/sys/module/nvidia/version"), version + "\n")

@@ -86,7 +86,8 @@ struct TenantOfTier {
 AgentOptions in_guest(const GuestSim& g, std::vector<std::string> extra = {},
                       std::map<std::string, std::string> env = {}) {
   AgentOptions o;
-  o.extra_args = {"--root", g.root().string(), "--ollama-url", g.ollama_url()};
+  o.root = g.root();
+  o.extra_args = {"--ollama-url", g.ollama_url()};
   o.extra_args.insert(o.extra_args.end(), extra.begin(), extra.end());
   o.env = std::move(env);
   o.env["PATH"] = g.path();

@@ -92,6 +92,38 @@ TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
                          "model=\"llama3.2:1b\"} 1"),
             std::string::npos)
       << metrics;
+  // The status feed as the demo recorded it: GET /v1/tenants, the event
+  // stream of the whole run, and the dashboard in Chromium.
+  auto tenants = nlohmann::json::parse(slurp(dir.path() / "tenants.json"));
+  ASSERT_EQ(tenants["tenants"].size(), 2u);
+  EXPECT_TRUE(tenants["tenants"][0]["health"].is_object());
+  EXPECT_TRUE(tenants["tenants"][1]["health"].is_object());
+  const std::string events = slurp(dir.path() / "events.txt");
+  for (const std::string t : {"tenant-1", "tenant-2"}) {
+    bool connect = false, health = false, ready = false;
+    std::istringstream in(events);
+    std::string type;
+    for (std::string l; std::getline(in, l);) {
+      if (l.rfind("event: ", 0) == 0) type = l.substr(7);
+      if (l.rfind("data: ", 0) != 0) continue;
+      auto d = nlohmann::json::parse(l.substr(6), nullptr, false);
+      if (d.is_discarded() || d.value("tenant", "") != t) continue;
+      connect |= type == "agent" && d.value("connected", false);
+      health |= type == "health";
+      ready |= type == "phase" && d.value("phase", "") == "ready";
+    }
+    EXPECT_TRUE(connect && health && ready) << t << ": connect " << connect << ", health " << health
+                                            << ", ready " << ready << "\n"
+                                            << events.substr(0, 4000);
+  }
+  if (run({"/bin/sh", "-c", "command -v chromium"}).exit_code == 0) {
+    const std::string png = slurp(dir.path() / "dashboard.png");
+    EXPECT_GT(png.size(), 10000u) << slurp(dir.path() / "dashboard-probe.log");
+    EXPECT_EQ(png.substr(1, 3), "PNG");
+  } else {
+    EXPECT_NE(r.output.find("skipping build/demo/dashboard.png: chromium"), std::string::npos)
+        << r.output;
+  }
   // No process of the run is left behind.
   auto ps = run({"/bin/sh", "-c", "ps -eo args | grep -F '" + dir.path().string() + "' | grep -v grep || true"});
   EXPECT_EQ(ps.output, "") << "left running:\n" << ps.output;

@@ -28,7 +28,7 @@ TEST_F(Tenants, AStoppedClusterSlowsOnlyTheCommandsThatNeedIt) {
                 {"ca_sha256", h.ca_sha256()}};
   fs::create_directories(dir_ / "guest-root");
   AgentOptions o;
-  o.extra_args = {"--root", (dir_ / "guest-root").string()};
+  o.root = dir_ / "guest-root";
   AgentProcess agent(h, token, o);
   ASSERT_TRUE(eventually([&] { return h.agent_connected("tenant-1"); }, 20s)) << agent.log();
   const std::string since = (*h.tenant("tenant-1"))["agent"].value("connected_since", "");

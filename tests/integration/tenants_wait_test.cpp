@@ -35,7 +35,7 @@ TEST_F(Tenants, CreateWaitFollowsTheAgentsPlanToItsFailureAndRetryReachesTheAgen
                 {"ca_sha256", h.ca_sha256()}};
   fs::create_directories(dir_ / "guest-root");
   AgentOptions o;
-  o.extra_args = {"--root", (dir_ / "guest-root").string()};
+  o.root = dir_ / "guest-root";
   AgentProcess agent(h, token, o);
 
   ASSERT_TRUE(eventually([&] { return !waiter.running(); }, 60s))

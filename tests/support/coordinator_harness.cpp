@@ -175,6 +175,8 @@ std::string CoordinatorHarness::metrics() {
   net::HttpClient client(tls);
   net::HttpRequest req;
   req.url = "https://127.0.0.1:" + std::to_string(api_port_) + "/metrics";
+  // /metrics takes the admin token unless api.metrics_public opens it.
+  req.headers["Authorization"] = "Bearer " + admin_token();
   auto r = client.request(req);
   EXPECT_TRUE(r) << r.error().message;
   if (!r) return "";
@@ -260,9 +262,10 @@ AgentProcess::AgentProcess(CoordinatorHarness& h, const nlohmann::json& token, A
   }
   argv_.push_back("--root");
   argv_.push_back(root.string());
-  if (!path.empty()) env_["PATH"] = path;
   argv_.insert(argv_.end(), o.extra_args.begin(), o.extra_args.end());
   env_ = std::move(o.env);
+  // A PATH the caller put in env wins (a guest simulator's).
+  if (!path.empty() && !env_.count("PATH")) env_["PATH"] = path;
   restart();
 }
 

@@ -59,14 +59,19 @@ gs_knob() {
 }
 
 # Packages: state/dpkg/<name> holds dpkg's Status and Version.
-gs_pkg_status() {   # prints "install ok installed" or nothing
+gs_pkg_status() {   # prints "install ok installed" ("hold ok installed" when held) or nothing
   [ -f "$GS_STATE/dpkg/$1" ] && sed -n 's/^Status: //p' "$GS_STATE/dpkg/$1"
 }
 gs_pkg_version() {
   [ -f "$GS_STATE/dpkg/$1" ] && sed -n 's/^Version: //p' "$GS_STATE/dpkg/$1"
 }
-gs_pkg_installed() {
-  [ "$(gs_pkg_status "$1")" = "install ok installed" ]
+gs_pkg_installed() {   # held or not
+  case "$(gs_pkg_status "$1")" in "install ok installed"|"hold ok installed") return 0 ;; esac
+  return 1
+}
+gs_pkg_held() {
+  case "$(gs_pkg_status "$1")" in "hold "*) return 0 ;; esac
+  return 1
 }
 gs_pkg_set() {     # name version status
   mkdir -p "$GS_STATE/dpkg"

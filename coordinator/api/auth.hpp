@@ -1,0 +1,90 @@
+#pragma once
+// Who may call the admin API: the admin token (every route), read-only API
+// tokens (GET of the status feed: tenants, events, metrics, the dashboard),
+// and the dashboard's sessions, which a browser gets by signing in with
+// either token and keeps in an HttpOnly, Secure, SameSite=Strict cookie. A
+// session reads what a read-only token reads, whichever token opened it: a
+// cookie rides along with requests the user did not mean, so it never
+// carries the right to change anything.
+//
+// Read-only tokens are kept as SHA-256 hashes in a 0600 file; the token
+// itself is printed once. Sessions live in memory (a restart signs everyone
+// out). Thread-safe; every check is a hash and a map lookup (no waiting on
+// an io thread); creating a token writes the file (call it from a worker).
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/net/server.hpp"
+
+namespace factory::coordinator {
+
+enum class Access { none, read_only, admin };
+const char* access_name(Access a);  // "none" | "read-only" | "admin"
+
+inline constexpr const char* kSessionCookie = "factory_session";
+
+struct ReadOnlyToken {
+  std::string id, created_at;
+};
+
+struct IssuedToken {
+  std::string id, token, created_at;
+};
+
+class ApiAuth {
+ public:
+  explicit ApiAuth(std::string admin_token) : admin_(std::move(admin_token)) {}
+
+  // Read-only tokens from `path` (absent: none yet); new ones are saved there.
+  Status load(std::string path);
+  Result<IssuedToken> create_read_only_token();
+  std::vector<ReadOnlyToken> read_only_tokens() const;
+
+  // What an Authorization: Bearer token may do.
+  Access bearer(std::string_view token) const;
+
+  struct Session {
+    std::string cookie_value;
+    Access opened_with = Access::none;
+    std::chrono::system_clock::time_point expires_at;
+  };
+  // A new session for a valid token (nullopt: the token is not one).
+  std::optional<Session> sign_in(std::string_view token);
+  // The access a session cookie's value grants: read_only or none.
+  Access session(std::string_view cookie_value) const;
+  void sign_out(std::string_view cookie_value);
+
+  static constexpr std::chrono::hours kSessionLife{12};
+  static constexpr std::size_t kMaxSessions = 1024;
+
+ private:
+  Status save_locked() const;
+  std::string admin_;
+  mutable std::mutex mu_;
+  std::string path_;
+  struct Stored {
+    std::string id, sha256, created_at;
+  };
+  std::vector<Stored> tokens_;
+  // sha256 of the cookie value -> session, so the map holds no usable secret.
+  std::map<std::string, Session> sessions_;
+};
+
+// The value of the session cookie in a request ("" when none).
+std::string session_cookie(const net::HttpRequestIn& req);
+// Set-Cookie for a session, and the one that ends it.
+std::string session_set_cookie(const ApiAuth::Session& s);
+std::string session_clear_cookie();
+// False when a browser says the request comes from another site: an Origin
+// that is not this server's own (its Host), or Sec-Fetch-Site cross-site.
+// A request with neither header (curl, a same-origin GET) passes.
+bool same_origin(const net::HttpRequestIn& req);
+
+}  // namespace factory::coordinator

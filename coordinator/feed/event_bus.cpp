@@ -1,0 +1,183 @@
+#include "coordinator/feed/event_bus.hpp"
+
+#include "common/durations.hpp"
+
+namespace factory::feed {
+
+std::string format_sse(const FeedEvent& e) {
+  // data is one line of JSON (nlohmann escapes every newline), so one
+  // `data:` line carries it whole.
+  return "id: " + std::to_string(e.id) + "\nevent: " + e.type + "\ndata: " + e.data + "\n\n";
+}
+
+namespace {
+
+std::uint64_t now_micros() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch())
+          .count());
+}
+
+// An event of the stream itself, not of a tenant: no id, so a reader that
+// reconnects still resumes after the last tenant event it got.
+std::string control_event(const std::string& type, const nlohmann::json& data) {
+  return "event: " + type + "\ndata: " + data.dump() + "\n\n";
+}
+
+}  // namespace
+
+EventBus::EventBus(EventBusOptions opts) : opts_(opts) {
+  next_id_ = opts_.first_id ? opts_.first_id : now_micros();
+  if (opts_.history == 0) opts_.history = 1;
+  if (opts_.heartbeat.count() > 0) heartbeats_ = std::thread([this] { heartbeat_loop(); });
+}
+
+EventBus::~EventBus() {
+  close();
+}
+
+void EventBus::close() {
+  std::map<std::uint64_t, Sub> subs;
+  {
+    std::lock_guard lk(mu_);
+    if (closed_) return;
+    closed_ = true;
+    subs.swap(subs_);
+    stats_.subscribers = 0;
+  }
+  cv_.notify_all();
+  if (heartbeats_.joinable()) heartbeats_.join();
+  for (auto& [h, s] : subs) s.sink->close_with(": the coordinator is stopping\n\n");
+}
+
+std::uint64_t EventBus::publish(const std::string& type, const std::string& tenant,
+                                nlohmann::json data) {
+  if (!data.is_object()) data = nlohmann::json{{"value", std::move(data)}};
+  data["tenant"] = tenant;
+  if (!data.contains("time")) data["time"] = format_rfc3339(Clock::now());
+  // What a guest sent may hold any bytes; an invalid UTF-8 sequence becomes
+  // U+FFFD instead of an exception on a publisher's thread.
+  std::string text = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::lock_guard lk(mu_);
+  FeedEvent e{next_id_++, type, tenant, std::move(text)};
+  ++stats_.published;
+  const std::string bytes = format_sse(e);
+  for (auto it = subs_.begin(); it != subs_.end();) {
+    auto cur = it++;
+    if (!cur->second.tenant.empty() && cur->second.tenant != tenant) continue;
+    if (!deliver(cur->second, bytes)) {
+      drop_slow(cur);
+      continue;
+    }
+    cur->second.last_sent = e.id;
+  }
+  const std::uint64_t id = e.id;
+  ring_bytes_ += bytes.size();
+  ring_.push_back(std::move(e));
+  while (ring_.size() > 1 && (ring_.size() > opts_.history || ring_bytes_ > opts_.history_bytes)) {
+    ring_bytes_ -= format_sse(ring_.front()).size();
+    ring_.pop_front();
+  }
+  return id;
+}
+
+bool EventBus::deliver(Sub& s, const std::string& bytes) {
+  return s.sink->write(bytes);
+}
+
+void EventBus::drop_slow(std::map<std::uint64_t, Sub>::iterator it) {
+  ++stats_.dropped_slow;
+  nlohmann::json why = {{"reason", "slow_reader"},
+                        {"message",
+                         "this reader fell too far behind and was dropped; reconnect with "
+                         "Last-Event-ID to resume"},
+                        {"last_event_id", std::to_string(it->second.last_sent)}};
+  it->second.sink->close_with(control_event("dropped", why));
+  subs_.erase(it);
+  stats_.subscribers = subs_.size();
+}
+
+EventBus::Subscribed EventBus::subscribe(std::shared_ptr<EventSink> sink, std::string tenant,
+                                         std::optional<std::uint64_t> after) {
+  std::lock_guard lk(mu_);
+  if (closed_ || subs_.size() >= opts_.max_subscribers) return {};
+  const std::uint64_t handle = next_handle_++;
+  auto [it, inserted] = subs_.emplace(handle, Sub{std::move(sink), std::move(tenant), 0});
+  stats_.subscribers = subs_.size();
+  Sub& s = it->second;
+  s.last_sent = after.value_or(next_id_ - 1);
+  Subscribed out{handle, 0};
+  // retry: how long a browser's EventSource waits before it reconnects.
+  if (!deliver(s, "retry: 3000\n: connected\n\n")) {
+    drop_slow(it);
+    return {};
+  }
+  if (!after) return out;
+  const std::uint64_t last = next_id_ - 1;
+  const std::uint64_t oldest = ring_.empty() ? next_id_ : ring_.front().id;
+  // Resumable: the ring still holds the event right after `after` (or
+  // nothing happened since), and `after` is an id this run gave.
+  const bool resumable = *after <= last && *after + 1 >= oldest;
+  if (!resumable) {
+    // The reader reloads the whole state; history would add nothing to it.
+    nlohmann::json why = {{"reason", *after > last ? "unknown_id" : "too_old"},
+                          {"message", "events after " + std::to_string(*after) +
+                                          " are no longer held; reload GET /v1/tenants"},
+                          {"last_event_id", std::to_string(last)}};
+    if (!deliver(s, control_event("reset", why))) {
+      drop_slow(it);
+      return {};
+    }
+    s.last_sent = last;
+    return out;
+  }
+  for (const auto& e : ring_) {
+    if (e.id <= *after) continue;
+    if (!s.tenant.empty() && e.tenant != s.tenant) continue;
+    if (!deliver(s, format_sse(e))) {
+      drop_slow(it);
+      return {};
+    }
+    s.last_sent = e.id;
+    ++out.replayed;
+  }
+  return out;
+}
+
+void EventBus::unsubscribe(std::uint64_t handle) {
+  std::lock_guard lk(mu_);
+  subs_.erase(handle);
+  stats_.subscribers = subs_.size();
+}
+
+void EventBus::heartbeat() {
+  std::lock_guard lk(mu_);
+  const std::string bytes = ": heartbeat " + format_rfc3339(Clock::now()) + "\n\n";
+  for (auto it = subs_.begin(); it != subs_.end();) {
+    auto cur = it++;
+    if (!deliver(cur->second, bytes)) drop_slow(cur);
+  }
+}
+
+void EventBus::heartbeat_loop() {
+  std::unique_lock lk(mu_);
+  while (!closed_) {
+    cv_.wait_for(lk, opts_.heartbeat, [this] { return closed_; });
+    if (closed_) return;
+    lk.unlock();
+    heartbeat();
+    lk.lock();
+  }
+}
+
+std::uint64_t EventBus::last_id() const {
+  std::lock_guard lk(mu_);
+  return next_id_ - 1;
+}
+
+BusStats EventBus::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+}  // namespace factory::feed

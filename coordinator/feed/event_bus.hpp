@@ -1,0 +1,125 @@
+#pragma once
+// The live half of the status feed: what GET /v1/events streams as
+// Server-Sent Events. The agents module publishes (through FeedState) what
+// changed: a phase, a plan's progress, a diagnosis, an agent's connection,
+// its health. Each event gets an id that grows for the life of the
+// coordinator and across restarts (the first id of a run is the start time
+// in microseconds), and the last `history` events stay in a ring, so a
+// reader that reconnects with Last-Event-ID gets exactly what it missed.
+//
+// Publishers run on io threads and the store's writer: publish() never
+// waits. It hands each subscriber its bytes through EventSink::write, which
+// only queues them (the HTTP server's bounded stream queue). A reader whose
+// queue is full is too slow: it is dropped with one last event saying so,
+// never waited for, and the others go on.
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace factory::feed {
+
+struct FeedEvent {
+  std::uint64_t id = 0;
+  std::string type;    // agent | phase | progress | plan | diagnosis | health
+  std::string tenant;  // every event is about one tenant
+  std::string data;    // one line of JSON: {"tenant", "time", ...}
+};
+
+// "id: N\nevent: TYPE\ndata: JSON\n\n"
+std::string format_sse(const FeedEvent& e);
+
+// Where a subscriber's bytes go. Both calls are thread-safe and never wait.
+class EventSink {
+ public:
+  virtual ~EventSink() = default;
+  // False: the reader is gone, or too much waits for it already.
+  virtual bool write(std::string chunk) = 0;
+  // Queues `last` whatever waits already, then ends the stream.
+  virtual void close_with(std::string last) = 0;
+};
+
+struct EventBusOptions {
+  std::size_t history = 4096;  // events kept for Last-Event-ID
+  // ... and no more bytes than this, so that a reader's whole replay fits
+  // in its stream queue (the API server's is twice this).
+  std::size_t history_bytes = 4 << 20;
+  std::size_t max_subscribers = 256;
+  std::chrono::milliseconds heartbeat{std::chrono::seconds(15)};
+  // 0: the time the bus is made, in microseconds since the epoch.
+  std::uint64_t first_id = 0;
+};
+
+struct BusStats {
+  std::uint64_t published = 0;
+  std::uint64_t subscribers = 0;
+  std::uint64_t dropped_slow = 0;  // readers dropped for not keeping up
+};
+
+class EventBus {
+ public:
+  explicit EventBus(EventBusOptions opts = {});
+  ~EventBus();
+  EventBus(const EventBus&) = delete;
+  EventBus& operator=(const EventBus&) = delete;
+
+  // Adds "tenant" and "time" to data. Returns the event's id.
+  std::uint64_t publish(const std::string& type, const std::string& tenant, nlohmann::json data);
+
+  // What subscribe() answers.
+  struct Subscribed {
+    std::uint64_t handle = 0;  // 0: refused (too many subscribers)
+    std::size_t replayed = 0;  // events sent from the ring
+  };
+  // Sends what the ring holds after `after` (a Last-Event-ID), then every
+  // new event, for one tenant ("" every tenant). When the ring no longer
+  // holds the event after `after` (the reader was away too long, or the id is
+  // of another run), a `reset` event says so first: the reader reloads
+  // GET /v1/tenants. Without `after`, only new events.
+  Subscribed subscribe(std::shared_ptr<EventSink> sink, std::string tenant,
+                       std::optional<std::uint64_t> after);
+  void unsubscribe(std::uint64_t handle);
+
+  // A comment line to every subscriber, so proxies and readers see the
+  // stream alive; the bus's own thread calls it every opts.heartbeat.
+  void heartbeat();
+
+  std::uint64_t last_id() const;
+  BusStats stats() const;
+  std::size_t max_subscribers() const { return opts_.max_subscribers; }
+  // Stops the heartbeat thread and ends every stream (the coordinator stopping).
+  void close();
+
+ private:
+  struct Sub {
+    std::shared_ptr<EventSink> sink;
+    std::string tenant;
+    std::uint64_t last_sent = 0;  // the id a reader that reconnects resumes after
+  };
+  // With mu_ held: writes or drops.
+  bool deliver(Sub& s, const std::string& bytes);
+  void drop_slow(std::map<std::uint64_t, Sub>::iterator it);
+  void heartbeat_loop();
+
+  EventBusOptions opts_;
+  mutable std::mutex mu_;
+  std::uint64_t next_id_;
+  std::deque<FeedEvent> ring_;
+  std::size_t ring_bytes_ = 0;
+  std::map<std::uint64_t, Sub> subs_;
+  std::uint64_t next_handle_ = 1;
+  BusStats stats_;
+  bool closed_ = false;
+  std::condition_variable cv_;
+  std::thread heartbeats_;
+};
+
+}  // namespace factory::feed
