@@ -89,7 +89,9 @@ Status ensure_dir(const fs::path& dir, mode_t mode) {
   return {};
 }
 
-DurableAppender::~DurableAppender() { close(); }
+DurableAppender::~DurableAppender() {
+  close();
+}
 DurableAppender::DurableAppender(DurableAppender&& o) noexcept
     : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)) {}
 DurableAppender& DurableAppender::operator=(DurableAppender&& o) noexcept {

@@ -35,7 +35,8 @@ std::string Ipv4Cidr::format_address(uint32_t a) {
 Result<Ipv4Cidr> Ipv4Cidr::parse(std::string_view text) {
   auto slash = text.find('/');
   if (slash == std::string_view::npos)
-    return Error(Errc::invalid_argument, "invalid CIDR '" + std::string(text) + "' (want a.b.c.d/n)");
+    return Error(Errc::invalid_argument,
+                 "invalid CIDR '" + std::string(text) + "' (want a.b.c.d/n)");
   auto addr = parse_address(text.substr(0, slash));
   if (!addr) return addr.error();
   int prefix = -1;
@@ -49,6 +50,8 @@ Result<Ipv4Cidr> Ipv4Cidr::parse(std::string_view text) {
   return c;
 }
 
-std::string Ipv4Cidr::str() const { return format_address(network) + "/" + std::to_string(prefix); }
+std::string Ipv4Cidr::str() const {
+  return format_address(network) + "/" + std::to_string(prefix);
+}
 
 }  // namespace factory

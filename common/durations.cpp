@@ -24,13 +24,21 @@ Result<std::chrono::seconds> parse_duration(std::string_view text) {
     int64_t unit = 1;
     if (i < text.size()) {
       switch (text[i]) {
-        case 's': unit = 1; break;
-        case 'm': unit = 60; break;
-        case 'h': unit = 3600; break;
-        case 'd': unit = 86400; break;
+        case 's':
+          unit = 1;
+          break;
+        case 'm':
+          unit = 60;
+          break;
+        case 'h':
+          unit = 3600;
+          break;
+        case 'd':
+          unit = 86400;
+          break;
         default:
-          return Error(Errc::invalid_argument, "invalid duration unit in '" + std::string(text) +
-                                                   "' (use s, m, h or d)");
+          return Error(Errc::invalid_argument,
+                       "invalid duration unit in '" + std::string(text) + "' (use s, m, h or d)");
       }
       ++i;
     } else if (any) {
@@ -46,9 +54,18 @@ std::string format_duration(std::chrono::seconds d) {
   int64_t s = d.count();
   if (s <= 0) return "0s";
   std::string out;
-  if (s >= 86400) { out += std::to_string(s / 86400) + "d"; s %= 86400; }
-  if (s >= 3600) { out += std::to_string(s / 3600) + "h"; s %= 3600; }
-  if (s >= 60) { out += std::to_string(s / 60) + "m"; s %= 60; }
+  if (s >= 86400) {
+    out += std::to_string(s / 86400) + "d";
+    s %= 86400;
+  }
+  if (s >= 3600) {
+    out += std::to_string(s / 3600) + "h";
+    s %= 3600;
+  }
+  if (s >= 60) {
+    out += std::to_string(s / 60) + "m";
+    s %= 60;
+  }
   if (s > 0 || out.empty()) out += std::to_string(s) + "s";
   return out;
 }

@@ -10,7 +10,7 @@
 namespace factory {
 
 enum class Errc {
-  invalid_argument,     // bad input from the user or a peer
+  invalid_argument,  // bad input from the user or a peer
   not_found,
   already_exists,
   conflict,             // state changed under us / precondition on version
@@ -20,7 +20,7 @@ enum class Errc {
   unavailable,          // a peer or service cannot be reached (retryable)
   timeout,
   io,
-  protocol,             // a peer spoke nonsense
+  protocol,  // a peer spoke nonsense
   internal,
 };
 
@@ -51,22 +51,37 @@ Error errno_error(const std::string& what, int err);
 template <class T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}      // NOLINT: implicit by design
   Result(Error error) : v_(std::move(error)) {}  // NOLINT
 
   bool ok() const { return v_.index() == 0; }
   explicit operator bool() const { return ok(); }
 
-  T& value() & { assert(ok()); return std::get<0>(v_); }
-  const T& value() const& { assert(ok()); return std::get<0>(v_); }
-  T&& value() && { assert(ok()); return std::get<0>(std::move(v_)); }
+  T& value() & {
+    assert(ok());
+    return std::get<0>(v_);
+  }
+  const T& value() const& {
+    assert(ok());
+    return std::get<0>(v_);
+  }
+  T&& value() && {
+    assert(ok());
+    return std::get<0>(std::move(v_));
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 
-  const Error& error() const { assert(!ok()); return std::get<1>(v_); }
-  Error& error() { assert(!ok()); return std::get<1>(v_); }
+  const Error& error() const {
+    assert(!ok());
+    return std::get<1>(v_);
+  }
+  Error& error() {
+    assert(!ok());
+    return std::get<1>(v_);
+  }
 
   T value_or(T other) const { return ok() ? std::get<0>(v_) : std::move(other); }
 
@@ -81,8 +96,14 @@ class [[nodiscard]] Result<void> {
   Result(Error error) : err_(std::move(error)), failed_(true) {}  // NOLINT
   bool ok() const { return !failed_; }
   explicit operator bool() const { return ok(); }
-  const Error& error() const { assert(failed_); return err_; }
-  Error& error() { assert(failed_); return err_; }
+  const Error& error() const {
+    assert(failed_);
+    return err_;
+  }
+  Error& error() {
+    assert(failed_);
+    return err_;
+  }
 
  private:
   Error err_;
@@ -91,6 +112,8 @@ class [[nodiscard]] Result<void> {
 
 using Status = Result<void>;
 
-inline Status ok_status() { return {}; }
+inline Status ok_status() {
+  return {};
+}
 
 }  // namespace factory

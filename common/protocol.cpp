@@ -33,7 +33,8 @@ Result<Envelope> parse(std::string_view frame) {
     return Error(Errc::protocol, "frame has no sequence number 'seq'");
   e.seq = s->get<uint64_t>();
   if (frame.size() > max_frame_bytes_for(e.type))
-    return Error(Errc::protocol, "frame of " + std::to_string(frame.size()) + " bytes exceeds the " +
+    return Error(Errc::protocol, "frame of " + std::to_string(frame.size()) +
+                                     " bytes exceeds the " +
                                      std::to_string(max_frame_bytes_for(e.type)) +
                                      "-byte cap for type '" + e.type + "'");
   if (auto a = j.find("ack"); a != j.end()) {

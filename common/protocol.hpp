@@ -18,11 +18,10 @@
 //    certificate yet) may send, a token and a CSR, and every stranger's
 //    unfinished frame is memory the coordinator holds until its deadline.
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 
@@ -36,17 +35,17 @@ inline constexpr std::string_view kAgentPath = "/v1/agent";
 
 namespace type {
 // agent -> coordinator
-inline constexpr std::string_view kEnroll = "enroll";        // {token, csr, agent_version}
-inline constexpr std::string_view kHello = "hello";          // {agent_id, agent_version, hostname}
-inline constexpr std::string_view kEvent = "event";          // {id, time, kind, ...}
-inline constexpr std::string_view kRenew = "renew";          // {csr}
-inline constexpr std::string_view kHealth = "health";        // HealthSample (health_sample.hpp)
+inline constexpr std::string_view kEnroll = "enroll";  // {token, csr, agent_version}
+inline constexpr std::string_view kHello = "hello";    // {agent_id, agent_version, hostname}
+inline constexpr std::string_view kEvent = "event";    // {id, time, kind, ...}
+inline constexpr std::string_view kRenew = "renew";    // {csr}
+inline constexpr std::string_view kHealth = "health";  // HealthSample (health_sample.hpp)
 // {pending_events, dropped_events, plan_hash?, plan_state?, steps_done?, steps_total?}
 inline constexpr std::string_view kHeartbeat = "heartbeat";
 // coordinator -> agent
-inline constexpr std::string_view kEnrolled = "enrolled";        // {tenant, certificate, ca, expires_at}
-inline constexpr std::string_view kWelcome = "welcome";          // {tenant, server_version, last_event_id}
-inline constexpr std::string_view kPlan = "plan";                // {hash, plan}
+inline constexpr std::string_view kEnrolled = "enrolled";  // {tenant, certificate, ca, expires_at}
+inline constexpr std::string_view kWelcome = "welcome";  // {tenant, server_version, last_event_id}
+inline constexpr std::string_view kPlan = "plan";        // {hash, plan}
 inline constexpr std::string_view kCertificate = "certificate";  // {certificate, expires_at}
 inline constexpr std::string_view kCommand = "command";          // {action: "retry", step?}
 // both

@@ -99,8 +99,7 @@ Result<CommandResult> run_command(const CommandSpec& spec) {
   if (commands_stopping())
     return Error(Errc::unavailable, spec.argv[0] + ": not started: the process is stopping");
   std::string exe = which(spec.argv[0]);
-  if (exe.empty())
-    return Error(Errc::not_found, spec.argv[0] + ": command not found on PATH");
+  if (exe.empty()) return Error(Errc::not_found, spec.argv[0] + ": command not found on PATH");
 
   int out_pipe[2], in_pipe[2] = {-1, -1};
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) return errno_error("pipe", errno);
@@ -130,7 +129,8 @@ Result<CommandResult> run_command(const CommandSpec& spec) {
   if (pid == 0) {
     // Child: own process group so a deadline kills the whole tree.
     ::setpgid(0, 0);
-    if (spec.stdin_data) ::dup2(in_pipe[0], 0);
+    if (spec.stdin_data)
+      ::dup2(in_pipe[0], 0);
     else {
       int devnull = ::open("/dev/null", O_RDONLY);
       ::dup2(devnull, 0);
@@ -220,8 +220,10 @@ Result<CommandResult> run_command(const CommandSpec& spec) {
   // Ended by the stop even if it exited on the SIGTERM in time: its result is
   // not the command's own verdict.
   if (terminating) res.stopped = true;
-  if (WIFEXITED(status)) res.exit_code = WEXITSTATUS(status);
-  else if (WIFSIGNALED(status)) res.signal = WTERMSIG(status);
+  if (WIFEXITED(status))
+    res.exit_code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status))
+    res.signal = WTERMSIG(status);
   if (res.exit_code == 127 && res.output.empty())
     return Error(Errc::not_found, spec.argv[0] + ": could not be executed");
   return res;
@@ -232,7 +234,8 @@ Result<CommandResult> run_checked(const CommandSpec& spec) {
   if (!r) return r;
   if (!r->ok()) {
     std::string tail = r->tail(5);
-    for (auto& c : tail) if (c == '\n') c = ' ';
+    for (auto& c : tail)
+      if (c == '\n') c = ' ';
     return Error(r->timed_out ? Errc::timeout
                  : r->stopped ? Errc::unavailable
                               : Errc::failed_precondition,

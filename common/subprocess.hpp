@@ -19,16 +19,16 @@ struct CommandSpec {
   std::optional<std::string> stdin_data;
   std::map<std::string, std::string> env;  // added to / overriding the inherited environment
   std::string cwd;
-  size_t max_output = 1 << 20;  // keep the last max_output bytes
+  size_t max_output = 1 << 20;                           // keep the last max_output bytes
   std::function<void(const std::string& line)> on_line;  // stdout and stderr lines as they come
 };
 
 struct CommandResult {
-  int exit_code = -1;        // -1 if killed by a signal or by the deadline
+  int exit_code = -1;  // -1 if killed by a signal or by the deadline
   bool timed_out = false;
   bool stopped = false;  // ended by a CommandStop: the process is stopping
   int signal = 0;
-  std::string output;        // stdout and stderr interleaved, tail-capped
+  std::string output;  // stdout and stderr interleaved, tail-capped
   bool ok() const { return exit_code == 0 && !timed_out && !stopped; }
   std::string tail(size_t lines = 20) const;
   // "exited 2", "killed by signal 9", "timed out after 30s"

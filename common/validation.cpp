@@ -90,7 +90,8 @@ Status ConfigMap::read(const char* key, std::size_t& out, std::size_t max) {
   if (!v) return {};
   // YAML's whole numbers arrive as signed integers: a negative one is out
   // of range like a too large one.
-  const bool whole = v->is_number_unsigned() || (v->is_number_integer() && v->get<std::int64_t>() >= 0);
+  const bool whole =
+      v->is_number_unsigned() || (v->is_number_integer() && v->get<std::int64_t>() >= 0);
   if (!whole || v->get<std::uint64_t>() > max)
     return wrong_type(key, "a whole number from 0 to " + std::to_string(max));
   out = static_cast<std::size_t>(v->get<std::uint64_t>());

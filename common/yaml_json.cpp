@@ -78,16 +78,30 @@ void emit(YAML::Emitter& out, const nlohmann::json& j) {
       break;
     case nlohmann::json::value_t::string: {
       const auto& s = j.get_ref<const std::string&>();
-      if (literal_keeps(s)) out << YAML::Literal << s;
-      else out << YAML::DoubleQuoted << s;
+      if (literal_keeps(s))
+        out << YAML::Literal << s;
+      else
+        out << YAML::DoubleQuoted << s;
       break;
     }
-    case nlohmann::json::value_t::boolean: out << j.get<bool>(); break;
-    case nlohmann::json::value_t::null: out << YAML::Null; break;
-    case nlohmann::json::value_t::number_integer: out << j.get<int64_t>(); break;
-    case nlohmann::json::value_t::number_unsigned: out << j.get<uint64_t>(); break;
-    case nlohmann::json::value_t::number_float: out << j.get<double>(); break;
-    default: out << YAML::Null; break;
+    case nlohmann::json::value_t::boolean:
+      out << j.get<bool>();
+      break;
+    case nlohmann::json::value_t::null:
+      out << YAML::Null;
+      break;
+    case nlohmann::json::value_t::number_integer:
+      out << j.get<int64_t>();
+      break;
+    case nlohmann::json::value_t::number_unsigned:
+      out << j.get<uint64_t>();
+      break;
+    case nlohmann::json::value_t::number_float:
+      out << j.get<double>();
+      break;
+    default:
+      out << YAML::Null;
+      break;
   }
 }
 }  // namespace
@@ -105,8 +119,10 @@ nlohmann::json yaml_to_json(const YAML::Node& node) {
       for (const auto& n : node) a.push_back(yaml_to_json(n));
       return a;
     }
-    case YAML::NodeType::Scalar: return scalar_to_json(node);
-    default: return nullptr;
+    case YAML::NodeType::Scalar:
+      return scalar_to_json(node);
+    default:
+      return nullptr;
   }
 }
 
@@ -114,8 +130,8 @@ Result<nlohmann::json> parse_yaml(const std::string& text, const std::string& wh
   try {
     return yaml_to_json(YAML::Load(text));
   } catch (const YAML::Exception& e) {
-    return Error(Errc::invalid_argument, what + ": invalid YAML at line " +
-                                             std::to_string(e.mark.line + 1) + ": " + e.msg);
+    return Error(Errc::invalid_argument,
+                 what + ": invalid YAML at line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
 }
 

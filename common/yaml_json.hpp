@@ -1,10 +1,10 @@
 #pragma once
 // YAML <-> JSON, so configs and the catalog are YAML on disk and JSON inside,
 // and every `-o yaml` output is the same document as `-o json`.
-#include <string>
+#include <yaml-cpp/yaml.h>
 
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
+#include <string>
 
 #include "common/error.hpp"
 

@@ -13,7 +13,7 @@ namespace factory::agent {
 // The link's settings (LinkOptions: coordinator_url, the CA pin, token_file,
 // state_dir, heartbeat, backoff, first-connect jitter, replay rate) and these.
 struct AgentConfig : LinkOptions {
-  std::string root = "/";                // prefix for every guest path (tests: a simulated guest)
+  std::string root = "/";  // prefix for every guest path (tests: a simulated guest)
   std::string log_level = "info";
   // Health is sampled every health_interval, whatever the plan is doing, and
   // sent when it changed or at least every health_max_quiet intervals.
@@ -23,7 +23,7 @@ struct AgentConfig : LinkOptions {
   std::chrono::milliseconds retry_delay{std::chrono::seconds(10)};
   std::string ollama_url = "http://127.0.0.1:11434";
   size_t spool_max_events = 10000;
-  bool run_plan = true;                  // false: link only (tests of the spine)
+  bool run_plan = true;  // false: link only (tests of the spine)
 };
 
 Status load_agent_config_file(const std::string& path, AgentConfig& cfg);

@@ -80,7 +80,8 @@ void print_health_table(const json& h) {
   std::string gsum = cell(gpu, "source");
   if (gpu.contains("driver_version") && gpu["driver_version"].is_string())
     gsum += ", driver " + gpu["driver_version"].get<std::string>();
-  if (gpu.contains("via") && gpu["via"].is_string()) gsum += ", via " + gpu["via"].get<std::string>();
+  if (gpu.contains("via") && gpu["via"].is_string())
+    gsum += ", via " + gpu["via"].get<std::string>();
   section("GPU", gpu, gsum);
   std::vector<std::vector<std::string>> rows;
   for (const auto& g : gpu.value("gpus", json::array()))
@@ -96,9 +97,10 @@ void print_health_table(const json& h) {
   if (h.contains("ollama")) {
     const json& o = h["ollama"];
     std::cout << "\n";
-    section("Ollama", o, o.contains("version") && o["version"].is_string()
-                             ? "version " + o["version"].get<std::string>()
-                             : "not answering");
+    section("Ollama", o,
+            o.contains("version") && o["version"].is_string()
+                ? "version " + o["version"].get<std::string>()
+                : "not answering");
     rows.clear();
     for (const auto& m : o.value("models", json::array()))
       rows.push_back({cell(m, "name"), bytes_text(m, "size"), bytes_text(m, "size_vram"),
@@ -181,8 +183,8 @@ int check_plan(const Opts& o, const nlohmann::json& plan) {
     }
     steps.push_back(row);
   }
-  nlohmann::json out = {{"tier", spec->tier}, {"plan_hash", spec->hash}, {"steps", steps},
-                        {"complete", all_done}};
+  nlohmann::json out = {
+      {"tier", spec->tier}, {"plan_hash", spec->hash}, {"steps", steps}, {"complete", all_done}};
   if (cli::print_document(std::cout, o.output, out)) return all_done ? 0 : 1;
   std::cout << "tier " << spec->tier << " (plan " << spec->hash.substr(0, 12) << ")\n";
   std::vector<std::vector<std::string>> rows;
@@ -309,7 +311,8 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
         return 2;
       }
       auto result = compare_with_nvidia_smi(doc, *smi, fields, parse_nvidia_smi_q_memory(*mem));
-      if (!cli::print_document(std::cout, o->output, result.to_json())) std::cout << result.to_text();
+      if (!cli::print_document(std::cout, o->output, result.to_json()))
+        std::cout << result.to_text();
       return result.ok() ? 0 : 1;
     };
   });
@@ -324,11 +327,12 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
   plan->add_option("--ollama-url", o->ollama_url, "Ollama's API");
   plan->add_flag("--check-only", o->check_only, "Run every step's check and verify, never apply");
   plan->add_flag("--reboot", o->reboot, "Reboot the guest when a step asks for it");
-  cli::add_output_option(*plan, o->output)->description(
-      "Output format of --check-only (default: table)");
-  cli::set_examples(
-      *plan, {{"factory-agent plan --tier gpu-vm --check-only", "which steps are done, applying nothing"},
-              {"factory-agent plan --tier gpu-vm --reboot", "run the whole plan here, rebooting as asked"}});
+  cli::add_output_option(*plan, o->output)
+      ->description("Output format of --check-only (default: table)");
+  cli::set_examples(*plan, {{"factory-agent plan --tier gpu-vm --check-only",
+                             "which steps are done, applying nothing"},
+                            {"factory-agent plan --tier gpu-vm --reboot",
+                             "run the whole plan here, rebooting as asked"}});
   plan->callback([&chosen, o] {
     chosen.run = [o] {
       auto cat = o->catalog.empty() ? catalog::builtin() : catalog::load_file(o->catalog);

@@ -1,12 +1,11 @@
 // factory-agent: provisions a guest VM at first boot and reports to the coordinator.
 #include <signal.h>
+#include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <iostream>
 #include <thread>
-
-#include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
 
 #include "agent/cli/config.hpp"
 #include "agent/cli/local_commands.hpp"
@@ -24,31 +23,41 @@ namespace {
 
 int run_agent(int argc, char** argv) {
   // Named here, so help says "Usage: factory-agent ..." however it was started.
-  CLI::App app{"factory-agent: provisions this guest as its catalog item says and reports to the "
-               "coordinator",
-               "factory-agent"};
+  CLI::App app{
+      "factory-agent: provisions this guest as its catalog item says and reports to the "
+      "coordinator",
+      "factory-agent"};
   cli::apply_conventions(app);
   app.set_version_flag("--version", std::string("factory-agent ") + FACTORY_VERSION);
   AgentConfig cfg;
   std::string config_file;
   double heartbeat_s = 0;
   app.add_option("--config", config_file, "YAML file; every flag below is also a key of it");
-  auto* url = app.add_option("--coordinator-url", cfg.coordinator_url, "wss://host:port of the coordinator");
-  auto* sha = app.add_option("--ca-sha256", cfg.ca_sha256, "SHA-256 of the coordinator CA (pins it)");
+  auto* url = app.add_option("--coordinator-url", cfg.coordinator_url,
+                             "wss://host:port of the coordinator");
+  auto* sha =
+      app.add_option("--ca-sha256", cfg.ca_sha256, "SHA-256 of the coordinator CA (pins it)");
   auto* caf = app.add_option("--ca-file", cfg.ca_file, "The coordinator CA certificate (pins it)");
-  auto* tok = app.add_option("--token-file", cfg.token_file, "One-time bootstrap token; deleted after enrollment");
-  auto* sd = app.add_option("--state-dir", cfg.state_dir, "Identity, spool and plan journal (0700)");
-  auto* root = app.add_option("--root", cfg.root, "Filesystem root of the guest (tests: a simulated guest)");
+  auto* tok = app.add_option("--token-file", cfg.token_file,
+                             "One-time bootstrap token; deleted after enrollment");
+  auto* sd =
+      app.add_option("--state-dir", cfg.state_dir, "Identity, spool and plan journal (0700)");
+  auto* root =
+      app.add_option("--root", cfg.root, "Filesystem root of the guest (tests: a simulated guest)");
   auto* ll = cli::add_log_level_option(app, cfg.log_level, "Log level (default: info)");
   auto* hb = app.add_option("--heartbeat", heartbeat_s, "Seconds between heartbeats");
   bool no_plan = false;
   app.add_flag("--link-only", no_plan, "Connect and report, but do not run plans");
   std::string ollama_url;
   size_t replay_rate = 0;
-  auto* rr = app.add_option("--replay-rate", replay_rate, "Events per second when replaying a backlog after an outage (default 200)");
+  auto* rr =
+      app.add_option("--replay-rate", replay_rate,
+                     "Events per second when replaying a backlog after an outage (default 200)");
   double retry_delay_s = -1;
-  auto* rd = app.add_option("--retry-delay", retry_delay_s, "Seconds before a failed step's next attempt (times the failures)");
-  auto* ou = app.add_option("--ollama-url", ollama_url, "Ollama's API on this guest (default http://127.0.0.1:11434)");
+  auto* rd = app.add_option("--retry-delay", retry_delay_s,
+                            "Seconds before a failed step's next attempt (times the failures)");
+  auto* ou = app.add_option("--ollama-url", ollama_url,
+                            "Ollama's API on this guest (default http://127.0.0.1:11434)");
   double health_interval_s = 0;
   auto* hi =
       app.add_option("--health-interval", health_interval_s,
@@ -117,7 +126,8 @@ int run_agent(int argc, char** argv) {
     std::cerr << "factory-agent: state dir: " << st.error().message << "\n";
     return cli::kExitError;
   }
-  auto spool = EventSpool::open(std::filesystem::path(cfg.state_dir) / "spool", cfg.spool_max_events);
+  auto spool =
+      EventSpool::open(std::filesystem::path(cfg.state_dir) / "spool", cfg.spool_max_events);
   if (!spool) {
     std::cerr << "factory-agent: " << spool.error().message << "\n";
     return cli::kExitError;
@@ -165,7 +175,8 @@ int run_agent(int argc, char** argv) {
   std::thread load;
   if (synthetic > 0) {
     load = std::thread([&] {
-      auto gap = std::chrono::microseconds(static_cast<int64_t>(1e6 / std::max(synthetic_rate, 0.001)));
+      auto gap =
+          std::chrono::microseconds(static_cast<int64_t>(1e6 / std::max(synthetic_rate, 0.001)));
       // Continues where a previous (killed) run stopped: ids are durable.
       while (!done && (*spool)->last_id() < synthetic) {
         uint64_t n = (*spool)->last_id() + 1;

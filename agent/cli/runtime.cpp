@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/steps/builtin.hpp"
-#include "common/subprocess.hpp"
 #include "common/atomic_file.hpp"
+#include "common/subprocess.hpp"
 
 namespace factory::agent {
 

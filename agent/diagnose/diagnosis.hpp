@@ -2,9 +2,8 @@
 // A diagnosis is a known failure with a name, what it means and the fix, so
 // the admin reads "the VM never received the card: ..." instead of a stack of
 // apt output. Codes are stable identifiers (monitoring keys on them).
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace factory::agent {
 

@@ -24,11 +24,11 @@ struct OllamaModel {  // /api/tags
 
 struct OllamaRunningModel {  // /api/ps
   std::string name;
-  std::uint64_t size = 0;       // bytes the loaded model takes
-  std::uint64_t size_vram = 0;  // of which on the GPU
+  std::uint64_t size = 0;                      // bytes the loaded model takes
+  std::uint64_t size_vram = 0;                 // of which on the GPU
   std::optional<std::int64_t> context_length;  // newer Ollamas report it
   std::string expires_at;                      // when keep_alive unloads it (RFC 3339)
-  int gpu_percent() const;      // as `ollama ps` rounds it
+  int gpu_percent() const;                     // as `ollama ps` rounds it
 };
 
 // One NDJSON line of a pull: {"status":"pulling 74701a8c35f6","digest":"sha256:...",

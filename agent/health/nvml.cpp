@@ -102,7 +102,9 @@ constexpr std::uint64_t kMiB = 1024ull * 1024ull;
 // said reserved 644939776 B (615.06 MiB) and free 150109880320 B
 // (143155.94 MiB); nvidia-smi printed Reserved 616 and Free 143156, where
 // truncation gave 615 and 143155.
-std::uint64_t whole_mib(std::uint64_t bytes) { return bytes / kMiB + (bytes % kMiB != 0); }
+std::uint64_t whole_mib(std::uint64_t bytes) {
+  return bytes / kMiB + (bytes % kMiB != 0);
+}
 
 }  // namespace
 

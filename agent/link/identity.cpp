@@ -43,10 +43,9 @@ Result<std::optional<AgentIdentity>> load_identity(const fs::path& state_dir) {
 }
 
 Status save_identity(const fs::path& state_dir, const AgentIdentity& id) {
-  nlohmann::json j = {{"tenant", id.tenant},   {"agent_id", id.agent_id},
-                      {"key", id.key_pem},     {"certificate", id.cert_pem},
-                      {"ca", id.ca_pem},
-                      {"obtained_at", format_rfc3339(id.obtained_at)}};
+  nlohmann::json j = {{"tenant", id.tenant}, {"agent_id", id.agent_id},
+                      {"key", id.key_pem},   {"certificate", id.cert_pem},
+                      {"ca", id.ca_pem},     {"obtained_at", format_rfc3339(id.obtained_at)}};
   return write_file_atomic(state_dir / kIdentityFile, j.dump(2), 0600);
 }
 

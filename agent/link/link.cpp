@@ -1,5 +1,6 @@
 #include "agent/link/link.hpp"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <boost/asio/as_tuple.hpp>
@@ -12,8 +13,6 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
-
-#include <spdlog/spdlog.h>
 
 #include "agent/link/identity.hpp"
 #include "common/atomic_file.hpp"
@@ -158,7 +157,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       if (!cfg.ca_sha256.empty()) {
         auto sha = pki::certificate_sha256(id.ca_pem);
         if (!sha || *sha != cfg.ca_sha256)
-          co_return Error(Errc::unauthenticated, "the CA in the enrollment answer does not match the pin");
+          co_return Error(Errc::unauthenticated,
+                          "the CA in the enrollment answer does not match the pin");
       }
       if (!pki::key_matches_certificate(id.key_pem, id.cert_pem))
         co_return Error(Errc::protocol, "the issued certificate is not for this agent's key");
@@ -302,7 +302,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       auto now = std::chrono::steady_clock::now();
       if (spool.acked() > last_sent) last_sent = spool.acked();
       if (now >= next_heartbeat) {
-        nlohmann::json hb = {{"pending_events", spool.pending()}, {"dropped_events", spool.dropped()}};
+        nlohmann::json hb = {{"pending_events", spool.pending()},
+                             {"dropped_events", spool.dropped()}};
         if (cb.heartbeat_fields) {
           // Named, not iterated as a temporary: items() only refers to it.
           nlohmann::json extra = cb.heartbeat_fields();
@@ -327,12 +328,14 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
         if (csr) {
           pending_key = *key;
           nlohmann::json renew = {{"csr", *csr}};
-          if (auto st = co_await send_frame(*ws, seq, proto::type::kRenew, std::move(renew)); !st.ok()) {
+          if (auto st = co_await send_frame(*ws, seq, proto::type::kRenew, std::move(renew));
+              !st.ok()) {
             result = st;
             break;
           }
           renew_sent = true;
-          spdlog::info("link: certificate expires {}; renewing", format_rfc3339(identity->not_after));
+          spdlog::info("link: certificate expires {}; renewing",
+                       format_rfc3339(identity->not_after));
         }
       }
       // Replay and live events: a bounded window in flight, at a bounded rate
@@ -342,7 +345,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       tokens = std::min<double>(tokens + elapsed * cfg.replay_rate_per_second,
                                 std::max<double>(cfg.replay_rate_per_second, 1));
       size_t in_flight = last_sent - std::min(last_sent, spool.acked());
-      size_t can = std::min<size_t>(window - std::min(window, in_flight), static_cast<size_t>(tokens));
+      size_t can =
+          std::min<size_t>(window - std::min(window, in_flight), static_cast<size_t>(tokens));
       bool sent_any = false;
       if (can > 0) {
         for (auto& ev : spool.pending_after(last_sent, can)) {
@@ -429,7 +433,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
         return;
       }
       pending_key.clear();
-      spdlog::info("link: certificate renewed, valid until {}", format_rfc3339(identity->not_after));
+      spdlog::info("link: certificate renewed, valid until {}",
+                   format_rfc3339(identity->not_after));
     } else if (t == proto::type::kError) {
       std::string code = env.body.value("code", "");
       std::string msg = env.body.value("message", "");
@@ -490,9 +495,10 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
           auto token = read_file(cfg.token_file);
           if (!token) {
             // read_file's message names the file: said once.
-            spdlog::error("link: not enrolled, and no bootstrap token: {}; create one with "
-                          "`factory token create --tenant NAME` and write it there",
-                          token.error().message);
+            spdlog::error(
+                "link: not enrolled, and no bootstrap token: {}; create one with "
+                "`factory token create --tenant NAME` and write it there",
+                token.error().message);
             exit_code = kExitNeedsAdmin;
             co_return;
           }
@@ -513,7 +519,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
               co_return;
             }
             auto d = backoff.next();
-            spdlog::warn("link: enrollment: {}; retrying in {} ms", enrolled.error().message, d.count());
+            spdlog::warn("link: enrollment: {}; retrying in {} ms", enrolled.error().message,
+                         d.count());
             co_await sleep_for(d);
             continue;
           }
@@ -545,8 +552,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
         }
         if (stopping) break;
         auto d = backoff.next();
-        spdlog::warn("link: {}; reconnecting in {} ms", st.ok() ? "disconnected" : st.error().message,
-                     d.count());
+        spdlog::warn("link: {}; reconnecting in {} ms",
+                     st.ok() ? "disconnected" : st.error().message, d.count());
         co_await sleep_for(d);
       } catch (const IdentityRefused& r) {
         if (!drop_refused_identity(r.message)) co_return;

@@ -8,9 +8,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "agent/link/spool.hpp"
 

@@ -1,8 +1,7 @@
 #include "agent/link/spool.hpp"
 
-#include <unistd.h>
-
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include "common/durations.hpp"
 
@@ -21,9 +20,10 @@ Result<std::unique_ptr<EventSpool>> EventSpool::open(const fs::path& dir, size_t
       s->last_id_ = j.value("last_id", s->acked_);
       s->dropped_ = j.value("dropped", uint64_t{0});
     } catch (...) {
-      spdlog::warn("spool: {} unreadable; resending everything in the log (duplicates are dropped "
-                   "by the coordinator)",
-                   (dir / "spool.acked").string());
+      spdlog::warn(
+          "spool: {} unreadable; resending everything in the log (duplicates are dropped "
+          "by the coordinator)",
+          (dir / "spool.acked").string());
     }
   }
   fs::path logp = dir / "spool.log";
@@ -119,7 +119,8 @@ Result<uint64_t> EventSpool::emit(nlohmann::json event) {
     id = last_id_ + 1;
     event["id"] = id;
     if (!event.contains("time")) event["time"] = format_rfc3339(Clock::now());
-    if (auto st = log_.append(event.dump() + "\n"); !st.ok()) return st.error().with_context("spool");
+    if (auto st = log_.append(event.dump() + "\n"); !st.ok())
+      return st.error().with_context("spool");
     last_id_ = id;
     ++lines_in_log_;
     pending_.push_back({id, std::move(event)});
@@ -177,10 +178,25 @@ Status EventSpool::compact_locked() {
   return {};
 }
 
-uint64_t EventSpool::acked() const { std::lock_guard lk(mu_); return acked_; }
-uint64_t EventSpool::last_id() const { std::lock_guard lk(mu_); return last_id_; }
-size_t EventSpool::pending() const { std::lock_guard lk(mu_); return pending_.size(); }
-uint64_t EventSpool::dropped() const { std::lock_guard lk(mu_); return dropped_; }
-void EventSpool::set_listener(std::function<void()> f) { std::lock_guard lk(mu_); listener_ = std::move(f); }
+uint64_t EventSpool::acked() const {
+  std::lock_guard lk(mu_);
+  return acked_;
+}
+uint64_t EventSpool::last_id() const {
+  std::lock_guard lk(mu_);
+  return last_id_;
+}
+size_t EventSpool::pending() const {
+  std::lock_guard lk(mu_);
+  return pending_.size();
+}
+uint64_t EventSpool::dropped() const {
+  std::lock_guard lk(mu_);
+  return dropped_;
+}
+void EventSpool::set_listener(std::function<void()> f) {
+  std::lock_guard lk(mu_);
+  listener_ = std::move(f);
+}
 
 }  // namespace factory::agent

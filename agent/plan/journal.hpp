@@ -67,7 +67,7 @@ struct JournalState {
   std::string created_at;
   std::string updated_at;
 
-  size_t steps_done() const;       // succeeded steps
+  size_t steps_done() const;  // succeeded steps
   // Everything in one document (status, tests); on disk it is split in lines.
   nlohmann::json to_json() const;
 };

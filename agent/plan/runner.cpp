@@ -93,11 +93,16 @@ void PlanRunner::loop() {
     PlanEngine::Outcome outcome = PlanEngine::Outcome::idle;
     try {
       switch (w.kind) {
-        case Work::Kind::resume: outcome = engine_->resume(); break;
-        case Work::Kind::plan: outcome = engine_->run(w.body); break;
+        case Work::Kind::resume:
+          outcome = engine_->resume();
+          break;
+        case Work::Kind::plan:
+          outcome = engine_->run(w.body);
+          break;
         case Work::Kind::retry: {
           std::optional<std::string> step;
-          if (w.body.contains("step") && w.body["step"].is_string()) step = w.body["step"].get<std::string>();
+          if (w.body.contains("step") && w.body["step"].is_string())
+            step = w.body["step"].get<std::string>();
           auto r = engine_->retry(step);
           if (!r) {
             spdlog::warn("plan: retry: {}", r.error().message);

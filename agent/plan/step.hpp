@@ -10,12 +10,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "agent/diagnose/diagnosis.hpp"
 #include "agent/guest/env.hpp"
@@ -26,11 +25,11 @@ namespace factory::agent {
 
 // One step of a plan, as the coordinator sends it (see common/catalog.hpp).
 struct StepSpec {
-  std::string id;      // unique in the plan, e.g. "nvidia-driver"
-  std::string kind;    // e.g. "nvidia_driver", "ollama_model", "script"
+  std::string id;    // unique in the plan, e.g. "nvidia-driver"
+  std::string kind;  // e.g. "nvidia_driver", "ollama_model", "script"
   nlohmann::json params = nlohmann::json::object();
   std::chrono::seconds timeout{std::chrono::minutes(30)};
-  int retries = 0;     // extra attempts after a failed apply/verify
+  int retries = 0;  // extra attempts after a failed apply/verify
 };
 
 struct StepOutcome {
@@ -45,7 +44,9 @@ struct StepOutcome {
                              std::optional<Diagnosis> d = std::nullopt) {
     return {Kind::failed, std::move(msg), std::move(tail), std::move(d)};
   }
-  static StepOutcome reboot(std::string msg) { return {Kind::reboot_required, std::move(msg), {}, {}}; }
+  static StepOutcome reboot(std::string msg) {
+    return {Kind::reboot_required, std::move(msg), {}, {}};
+  }
   bool ok() const { return kind == Kind::ok; }
 };
 
@@ -60,8 +61,8 @@ struct StepContext {
   std::chrono::steady_clock::time_point deadline;
 
   std::chrono::milliseconds remaining() const {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
+    return std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                 std::chrono::steady_clock::now());
   }
 };
 

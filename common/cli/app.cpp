@@ -150,8 +150,7 @@ CLI::Option* add_log_level_option(CLI::App& app, std::string& level,
       ->option_text(kLogLevels);
 }
 
-void set_examples(CLI::App& cmd,
-                  const std::vector<std::pair<std::string, std::string>>& examples) {
+void set_examples(CLI::App& cmd, const std::vector<std::pair<std::string, std::string>>& examples) {
   // kubectl's layout: what it does as a comment above the line to type, so
   // a long command line never squeezes its explanation.
   std::string text = "Examples:";

@@ -17,7 +17,7 @@ CLI::Option* add_output_option(CLI::App& cmd, OutputFormat& out, bool allow_tabl
   auto* opt = cmd.add_option_function<std::string>(
       "-o,--output",
       [&out](const std::string& v) {
-        out = v == "table" ? OutputFormat::table
+        out = v == "table"  ? OutputFormat::table
               : v == "json" ? OutputFormat::json
                             : OutputFormat::yaml;
       },
@@ -55,7 +55,9 @@ void print_table(std::ostream& os, const std::vector<std::string>& headers,
   for (auto& r : clean) line(r, false);
 }
 
-std::string display_text(const std::string& text) { return display::sanitize(text); }
+std::string display_text(const std::string& text) {
+  return display::sanitize(text);
+}
 
 bool print_document(std::ostream& os, OutputFormat fmt, const nlohmann::json& doc) {
   switch (fmt) {

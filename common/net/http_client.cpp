@@ -7,17 +7,12 @@
 // a fresh connection never inherits a half-read response from an earlier one.
 #include "common/net/http_client.hpp"
 
-#include "common/net/url.hpp"
-
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
 #include <algorithm>
 #include <array>
-#include <cctype>
-#include <optional>
-
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/address.hpp>
@@ -27,6 +22,10 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <boost/beast/version.hpp>
+#include <cctype>
+#include <optional>
+
+#include "common/net/url.hpp"
 
 namespace factory::net {
 
@@ -174,7 +173,10 @@ class Connection {
   // The deadline covers the whole exchange; streaming callers move it along
   // as data arrives (an idle timeout).
   void arm() { lowest().expires_at(deadline_); }
-  void extend() { deadline_ = Clock::now() + timeout_; arm(); }
+  void extend() {
+    deadline_ = Clock::now() + timeout_;
+    arm();
+  }
 
   Error io_error(const std::string& what, const boost::system::error_code& ec) const {
     if (ec == beast::error::timeout)
@@ -276,7 +278,8 @@ class Connection {
       if (ok != 1)
         return Error(Errc::invalid_argument, "cannot verify against host name '" + name + "'");
     }
-    auto ec = await([&](auto handler) { tls_->async_handshake(ssl::stream_base::client, handler); });
+    auto ec =
+        await([&](auto handler) { tls_->async_handshake(ssl::stream_base::client, handler); });
     if (!ec) return {};
     long verify = SSL_get_verify_result(ssl);
     if (!tls_opts_.insecure_skip_verify && verify != X509_V_OK) {
@@ -313,8 +316,7 @@ http::request<http::string_body> build_request(const Url& url, const HttpRequest
   r.keep_alive(false);
   for (const auto& [k, val] : req.headers) r.set(k, val);
   r.body() = req.body;
-  if (!req.body.empty() || v == http::verb::post || v == http::verb::put ||
-      v == http::verb::patch)
+  if (!req.body.empty() || v == http::verb::post || v == http::verb::put || v == http::verb::patch)
     r.prepare_payload();
   return r;
 }
@@ -420,9 +422,11 @@ Result<int> HttpClient::stream(const HttpRequest& req,
       if (ec && is_truncation(ec) && !parser.is_done()) {
         boost::system::error_code eof_ec;
         parser.put_eof(eof_ec);
-        if (!eof_ec) ec = {};
-        else return Error(Errc::unavailable,
-                          url->origin() + ": the server closed the stream mid-response");
+        if (!eof_ec)
+          ec = {};
+        else
+          return Error(Errc::unavailable,
+                       url->origin() + ": the server closed the stream mid-response");
       }
       if (ec) return conn.io_error("reading the response", ec);
       size_t n = chunk.size() - parser.get().body().size;

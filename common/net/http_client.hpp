@@ -19,13 +19,13 @@ struct TlsClientOptions {
   bool insecure_skip_verify = false;  // kubeconfig's insecure-skip-tls-verify
   std::string client_cert_pem;        // mTLS
   std::string client_key_pem;
-  std::string server_name;            // override SNI / verified host name
+  std::string server_name;  // override SNI / verified host name
 };
 
 struct HttpRequest {
   std::string method = "GET";
-  std::string url;                            // http(s)://host[:port]/path?query
-  std::map<std::string, std::string> headers; // e.g. Authorization, Content-Type
+  std::string url;                             // http(s)://host[:port]/path?query
+  std::map<std::string, std::string> headers;  // e.g. Authorization, Content-Type
   std::string body;
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
 };

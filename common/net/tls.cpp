@@ -23,8 +23,12 @@ std::string openssl_error() {
   return buf;
 }
 
-struct BioDeleter { void operator()(BIO* b) const { BIO_free(b); } };
-struct X509Deleter { void operator()(X509* x) const { X509_free(x); } };
+struct BioDeleter {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+struct X509Deleter {
+  void operator()(X509* x) const { X509_free(x); }
+};
 using X509Ptr = std::unique_ptr<X509, X509Deleter>;
 
 X509Ptr parse_cert(const std::string& pem) {
@@ -71,8 +75,7 @@ int verify_against_pin(X509_STORE_CTX* ctx, void* arg) {
 
 int pin_ex_index() {
   static const int idx = SSL_CTX_get_ex_new_index(
-      0, nullptr, nullptr, nullptr,
-      [](void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) {
+      0, nullptr, nullptr, nullptr, [](void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) {
         delete static_cast<std::string*>(ptr);
       });
   return idx;
@@ -135,7 +138,8 @@ Result<std::shared_ptr<ssl::context>> make_server_context(const TlsServerOptions
     SSL_CTX_set_verify(ctx->native_handle(), SSL_VERIFY_PEER,
                        o.accept_expired_client_certs ? verify_allowing_expired_leaf : nullptr);
     static const unsigned char kSessionContext[] = "factory-agents";
-    SSL_CTX_set_session_id_context(ctx->native_handle(), kSessionContext, sizeof kSessionContext - 1);
+    SSL_CTX_set_session_id_context(ctx->native_handle(), kSessionContext,
+                                   sizeof kSessionContext - 1);
     STACK_OF(X509_NAME)* names = sk_X509_NAME_new_null();
     for (auto& pem : pki::split_pem_certificates(o.client_ca_pem)) {
       auto c = parse_cert(pem);

@@ -34,7 +34,9 @@ struct WsClient::Impl {
 
 WsClient::WsClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 WsClient::~WsClient() = default;
-const std::string& WsClient::remote() const { return impl_->remote; }
+const std::string& WsClient::remote() const {
+  return impl_->remote;
+}
 
 awaitable<Result<std::unique_ptr<WsClient>>> WsClient::connect(WsClientOptions o) {
   auto url = parse_url(o.url);
@@ -102,8 +104,10 @@ awaitable<Result<std::unique_ptr<WsClient>>> WsClient::connect(WsClientOptions o
   if (wec) {
     if (res.result_int() != 0 && res.result_int() != 101)
       co_return Error(Errc::unavailable, "websocket upgrade at " + where + url->target +
-                                             " refused with HTTP " + std::to_string(res.result_int()));
-    co_return Error(Errc::unavailable, "websocket handshake with " + where + " failed: " + wec.message());
+                                             " refused with HTTP " +
+                                             std::to_string(res.result_int()));
+    co_return Error(Errc::unavailable,
+                    "websocket handshake with " + where + " failed: " + wec.message());
   }
   impl->ws.text(true);
   co_return std::unique_ptr<WsClient>(new WsClient(std::move(impl)));
@@ -114,8 +118,11 @@ awaitable<Result<std::string>> WsClient::read() {
   if (ec) {
     if (ec == websocket::error::closed) {
       auto r = impl_->ws.reason();
-      co_return Error(Errc::unavailable, "coordinator closed the connection" +
-                                             (r.reason.empty() ? std::string() : ": " + std::string(r.reason.data(), r.reason.size())));
+      co_return Error(
+          Errc::unavailable,
+          "coordinator closed the connection" +
+              (r.reason.empty() ? std::string()
+                                : ": " + std::string(r.reason.data(), r.reason.size())));
     }
     if (ec == beast::error::timeout)
       co_return Error(Errc::timeout, "coordinator stopped answering pings");

@@ -2,11 +2,10 @@
 // The agent's side of the websocket: wss with the coordinator's CA pinned,
 // SNI and host name verification, deadlines on every step, and a frame cap.
 // Coroutine API; Beast types stay inside ws_client.cpp.
+#include <boost/asio/awaitable.hpp>
 #include <chrono>
 #include <memory>
 #include <string>
-
-#include <boost/asio/awaitable.hpp>
 
 #include "common/error.hpp"
 #include "common/net/tls.hpp"

@@ -2,8 +2,8 @@
 
 #include <iostream>
 
-#include "common/display.hpp"
 #include "common/cli/app.hpp"
+#include "common/display.hpp"
 
 namespace factory::cli {
 

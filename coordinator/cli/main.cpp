@@ -14,10 +14,11 @@ int main(int argc, char** argv) {
   app.fallthrough();
   Context ctx;
   add_global_options(app, ctx.global);
-  set_examples(app, {{"factory serve --config /etc/factory/coordinator.yaml", "run the coordinator"},
-                     {"factory tenant create alice --tier gpu-vm --wait", "a GPU VM for alice"},
-                     {"factory status", "every tenant, its agent and its GPU"},
-                     {"factory COMMAND --help", "more about one command"}});
+  set_examples(app,
+               {{"factory serve --config /etc/factory/coordinator.yaml", "run the coordinator"},
+                {"factory tenant create alice --tier gpu-vm --wait", "a GPU VM for alice"},
+                {"factory status", "every tenant, its agent and its GPU"},
+                {"factory COMMAND --help", "more about one command"}});
 
   add_serve_command(app, ctx);
   add_token_commands(app, ctx);
@@ -28,8 +29,7 @@ int main(int argc, char** argv) {
   add_catalog_commands(app, ctx);
 
   if (auto done = parse(app, argc, argv)) return *done;
-  factory::setup_logging("factory",
-                         ctx.global.log_level.empty() ? "warn" : ctx.global.log_level);
+  factory::setup_logging("factory", ctx.global.log_level.empty() ? "warn" : ctx.global.log_level);
   if (!ctx.run) {
     std::cerr << app.help();
     return kExitUsage;

@@ -57,11 +57,10 @@ Error transport_error(const Error& e, const ClusterAccess& a) {
     case Errc::timeout:
       return Error(e.code, "cannot reach the Kubernetes API at " + e.message + " (" + hint + ")");
     case Errc::unauthenticated:
-      return Error(e.code,
-                   "cannot trust the Kubernetes API at " + e.message +
-                       (a.in_cluster ? " (is ca.crt the cluster's CA?)"
-                                     : " (is the kubeconfig's certificate-authority this "
-                                       "cluster's CA?)"));
+      return Error(e.code, "cannot trust the Kubernetes API at " + e.message +
+                               (a.in_cluster ? " (is ca.crt the cluster's CA?)"
+                                             : " (is the kubeconfig's certificate-authority this "
+                                               "cluster's CA?)"));
     case Errc::invalid_argument:
       return Error(e.code, a.source + ": " + e.message);
     default:
@@ -69,7 +68,9 @@ Error transport_error(const Error& e, const ClusterAccess& a) {
   }
 }
 
-std::string object_key(const json& obj) { return meta(obj, "namespace") + "/" + meta(obj, "name"); }
+std::string object_key(const json& obj) {
+  return meta(obj, "namespace") + "/" + meta(obj, "name");
+}
 
 }  // namespace
 
@@ -104,8 +105,8 @@ Result<json> KubeClient::call(const Call& c) {
   }
   auto doc = json::parse(resp->body, nullptr, false);
   if (doc.is_discarded())
-    return Error(Errc::protocol, "the Kubernetes API at " + access_.server +
-                                     " answered " + c.method + " " + c.path + " with non-JSON");
+    return Error(Errc::protocol, "the Kubernetes API at " + access_.server + " answered " +
+                                     c.method + " " + c.path + " with non-JSON");
   return doc;
 }
 
@@ -140,13 +141,13 @@ Result<json> KubeClient::create(const json& obj, const WriteOptions& opts) {
   auto r = resource_of(obj);
   if (!r) return r.error();
   std::string ns = namespace_of(*r, obj);
-  std::string path = r->collection_path(ns) +
-                     query({{"fieldManager", kFieldManager},
-                            {"fieldValidation", "Strict"},
-                            {"dryRun", opts.dry_run ? "All" : ""}});
+  std::string path = r->collection_path(ns) + query({{"fieldManager", kFieldManager},
+                                                     {"fieldValidation", "Strict"},
+                                                     {"dryRun", opts.dry_run ? "All" : ""}});
   json body = obj;
   if (r->namespaced) body["metadata"]["namespace"] = ns;
-  return call({"POST", {"create", *r, ns, meta(obj, "name")}, path, "application/json", body.dump()});
+  return call(
+      {"POST", {"create", *r, ns, meta(obj, "name")}, path, "application/json", body.dump()});
 }
 
 Result<json> KubeClient::update(const json& obj, const WriteOptions& opts) {
@@ -156,8 +157,8 @@ Result<json> KubeClient::update(const json& obj, const WriteOptions& opts) {
   std::string name = meta(obj, "name");
   if (name.empty()) return Error(Errc::invalid_argument, "update: the object has no metadata.name");
   std::string path = r->object_path(ns, name) + query({{"fieldManager", kFieldManager},
-                                                      {"fieldValidation", "Strict"},
-                                                      {"dryRun", opts.dry_run ? "All" : ""}});
+                                                       {"fieldValidation", "Strict"},
+                                                       {"dryRun", opts.dry_run ? "All" : ""}});
   json body = obj;
   if (r->namespaced) body["metadata"]["namespace"] = ns;
   return call({"PUT", {"update", *r, ns, name}, path, "application/json", body.dump()});
@@ -170,13 +171,14 @@ Result<json> KubeClient::apply(const json& obj, const ApplyOptions& opts) {
   std::string name = meta(obj, "name");
   if (name.empty()) return Error(Errc::invalid_argument, "apply: the object has no metadata.name");
   std::string path = r->object_path(ns, name) + query({{"fieldManager", kFieldManager},
-                                                      {"fieldValidation", "Strict"},
-                                                      {"force", opts.force ? "true" : ""},
-                                                      {"dryRun", opts.dry_run ? "All" : ""}});
+                                                       {"fieldValidation", "Strict"},
+                                                       {"force", opts.force ? "true" : ""},
+                                                       {"dryRun", opts.dry_run ? "All" : ""}});
   json body = obj;
   if (r->namespaced) body["metadata"]["namespace"] = ns;
   // JSON is YAML, so the apply patch can be sent as the JSON it already is.
-  return call({"PATCH", {"patch", *r, ns, name}, path, "application/apply-patch+yaml", body.dump()});
+  return call(
+      {"PATCH", {"patch", *r, ns, name}, path, "application/apply-patch+yaml", body.dump()});
 }
 
 Result<json> KubeClient::merge_patch(const Kind& kind, const std::string& ns,
@@ -185,20 +187,25 @@ Result<json> KubeClient::merge_patch(const Kind& kind, const std::string& ns,
   auto r = resource_for(kind);
   if (!r) return r.error();
   std::string path = r->object_path(ns, name) + query({{"fieldManager", kFieldManager},
-                                                      {"fieldValidation", "Strict"},
-                                                      {"dryRun", opts.dry_run ? "All" : ""}});
-  return call({"PATCH", {"patch", *r, r->namespaced ? ns : "", name}, path,
-               "application/merge-patch+json", patch.dump()});
+                                                       {"fieldValidation", "Strict"},
+                                                       {"dryRun", opts.dry_run ? "All" : ""}});
+  return call({"PATCH",
+               {"patch", *r, r->namespaced ? ns : "", name},
+               path,
+               "application/merge-patch+json",
+               patch.dump()});
 }
 
 Status KubeClient::remove(const Kind& kind, const std::string& ns, const std::string& name) {
   auto r = resource_for(kind);
   if (!r) return r.error();
-  json body = {{"kind", "DeleteOptions"},
-               {"apiVersion", "v1"},
-               {"propagationPolicy", "Background"}};
-  auto res = call({"DELETE", {"delete", *r, r->namespaced ? ns : "", name},
-                   r->object_path(ns, name), "application/json", body.dump()});
+  json body = {
+      {"kind", "DeleteOptions"}, {"apiVersion", "v1"}, {"propagationPolicy", "Background"}};
+  auto res = call({"DELETE",
+                   {"delete", *r, r->namespaced ? ns : "", name},
+                   r->object_path(ns, name),
+                   "application/json",
+                   body.dump()});
   if (!res) return res.error();
   return {};
 }
@@ -309,9 +316,8 @@ Status KubeClient::watch(const Kind& kind, const std::string& ns, const WatchOpt
       }
       if (type == "ERROR") {
         // A metav1.Status; its code is an integer when the server is sane.
-        const int code = obj.contains("code") && obj["code"].is_number_integer()
-                             ? obj["code"].get<int>()
-                             : 500;
+        const int code =
+            obj.contains("code") && obj["code"].is_number_integer() ? obj["code"].get<int>() : 500;
         if (code == 410) {
           gone = true;
           return false;
@@ -373,11 +379,11 @@ Status KubeClient::watch(const Kind& kind, const std::string& ns, const WatchOpt
     // Otherwise the server ended the request at timeoutSeconds: go on.
   }
   if (stop) return {};
-  return Error(Errc::timeout, "watch " + what + ": gave up after " +
-                                  std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                                                     opts.timeout)
-                                                     .count()) +
-                                  "s");
+  return Error(
+      Errc::timeout,
+      "watch " + what + ": gave up after " +
+          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(opts.timeout).count()) +
+          "s");
 }
 
 Result<KubeClient> connect(const AccessOptions& opts) {

@@ -8,10 +8,9 @@
 // (see status_error.hpp), or "cannot reach the Kubernetes API at ...".
 #include <chrono>
 #include <functional>
-#include <string_view>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
 
 #include "common/error.hpp"
 #include "coordinator/kube/kubeconfig.hpp"

@@ -1,7 +1,6 @@
 #include "coordinator/kube/kubeconfig.hpp"
 
 #include <cstdlib>
-
 #include <nlohmann/json.hpp>
 
 #include "common/atomic_file.hpp"
@@ -85,7 +84,8 @@ Result<std::string> data_or_file(const json& obj, const std::string& key, const 
 }
 
 std::string trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t'))
+  while (!s.empty() &&
+         (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t'))
     s.pop_back();
   size_t i = 0;
   while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n')) ++i;
@@ -120,26 +120,26 @@ Result<ClusterAccess> load_kubeconfig(const fs::path& file, const std::string& c
   auto doc = parse_yaml(*text, where);
   if (!doc) return doc.error();
   if (!doc->is_object() || !doc->contains("clusters"))
-    return Error(Errc::invalid_argument,
-                 where + " is not a kubeconfig (no clusters: section)");
+    return Error(Errc::invalid_argument, where + " is not a kubeconfig (no clusters: section)");
 
   std::string ctx_name = context.empty() ? str(*doc, "current-context") : context;
   if (ctx_name.empty())
-    return Error(Errc::invalid_argument, where + " has no current-context: pass --context (contexts: " +
+    return Error(Errc::invalid_argument, where +
+                                             " has no current-context: pass --context (contexts: " +
                                              names_of(doc->value("contexts", json())) + ")");
   const json* ctx = find_named(*doc, "contexts", ctx_name);
   if (!ctx)
-    return Error(Errc::invalid_argument, where + " has no context \"" + ctx_name + "\" (contexts: " +
-                                             names_of(doc->value("contexts", json())) + ")");
+    return Error(Errc::invalid_argument,
+                 where + " has no context \"" + ctx_name +
+                     "\" (contexts: " + names_of(doc->value("contexts", json())) + ")");
   const json& c = ctx->value("context", json::object());
   std::string cluster_name = str(c, "cluster");
   std::string user_name = str(c, "user");
 
   const json* cluster_entry = find_named(*doc, "clusters", cluster_name);
   if (!cluster_entry)
-    return Error(Errc::invalid_argument, where + ": context \"" + ctx_name +
-                                             "\" names cluster \"" + cluster_name +
-                                             "\", which is not in clusters:");
+    return Error(Errc::invalid_argument, where + ": context \"" + ctx_name + "\" names cluster \"" +
+                                             cluster_name + "\", which is not in clusters:");
   const json& cluster = cluster_entry->value("cluster", json::object());
   fs::path base = file.parent_path();
 
@@ -158,7 +158,8 @@ Result<ClusterAccess> load_kubeconfig(const fs::path& file, const std::string& c
     return Error(Errc::invalid_argument,
                  where + ": cluster \"" + cluster_name +
                      "\" uses proxy-url, which factory does not support: reach the API directly");
-  auto ca = data_or_file(cluster, "certificate-authority", base, where + ": cluster \"" + cluster_name + "\"");
+  auto ca = data_or_file(cluster, "certificate-authority", base,
+                         where + ": cluster \"" + cluster_name + "\"");
   if (!ca) return ca.error();
   a.tls.ca_pem = *ca;
   a.tls.insecure_skip_verify = cluster.value("insecure-skip-tls-verify", false) == true;
@@ -174,24 +175,28 @@ Result<ClusterAccess> load_kubeconfig(const fs::path& file, const std::string& c
   const std::string uwhere = where + ": user \"" + user_name + "\"";
   if (user.contains("exec"))
     return Error(Errc::invalid_argument,
-                 uwhere + " gets its credentials from an exec plugin, which factory does not run: "
-                          "give it a kubeconfig with a token or a client certificate");
+                 uwhere +
+                     " gets its credentials from an exec plugin, which factory does not run: "
+                     "give it a kubeconfig with a token or a client certificate");
   if (user.contains("auth-provider"))
     return Error(Errc::invalid_argument,
-                 uwhere + " uses an auth-provider, which factory does not support: "
-                          "give it a kubeconfig with a token or a client certificate");
+                 uwhere +
+                     " uses an auth-provider, which factory does not support: "
+                     "give it a kubeconfig with a token or a client certificate");
   if (user.contains("username") || user.contains("password"))
     return Error(Errc::invalid_argument,
-                 uwhere + " uses basic auth (username/password), which Kubernetes no longer "
-                          "accepts: use a token or a client certificate");
+                 uwhere +
+                     " uses basic auth (username/password), which Kubernetes no longer "
+                     "accepts: use a token or a client certificate");
   auto cert = data_or_file(user, "client-certificate", base, uwhere);
   if (!cert) return cert.error();
   auto key = data_or_file(user, "client-key", base, uwhere);
   if (!key) return key.error();
   if (cert->empty() != key->empty())
     return Error(Errc::invalid_argument,
-                 uwhere + " has a client certificate without its key (or a key without its "
-                          "certificate)");
+                 uwhere +
+                     " has a client certificate without its key (or a key without its "
+                     "certificate)");
   a.tls.client_cert_pem = *cert;
   a.tls.client_key_pem = *key;
   a.token = str(user, "token");
@@ -220,14 +225,15 @@ Result<ClusterAccess> load_in_cluster(const AccessEnv& env) {
   a.server = "https://" + host + ":" + env.service_port;
   auto ca = read_file(dir / "ca.crt");
   if (!ca)
-    return Error(Errc::failed_precondition,
-                 "in-cluster: cannot read " + (dir / "ca.crt").string() + ": " +
-                     ca.error().message + " (is a service account token mounted?)");
+    return Error(Errc::failed_precondition, "in-cluster: cannot read " + (dir / "ca.crt").string() +
+                                                ": " + ca.error().message +
+                                                " (is a service account token mounted?)");
   a.tls.ca_pem = *ca;
   a.token_file = (dir / "token").string();
   auto t = current_token(a);
-  if (!t) return Error(Errc::failed_precondition, "in-cluster: " + t.error().message +
-                                                      " (is automountServiceAccountToken off?)");
+  if (!t)
+    return Error(Errc::failed_precondition,
+                 "in-cluster: " + t.error().message + " (is automountServiceAccountToken off?)");
   if (auto ns = read_file(dir / "namespace"); ns && !trim(*ns).empty())
     a.default_namespace = trim(*ns);
   return a;
@@ -263,8 +269,9 @@ Result<std::string> current_token(const ClusterAccess& access) {
   if (!access.token.empty()) return access.token;
   if (access.token_file.empty()) return std::string();
   auto t = read_file(access.token_file);
-  if (!t) return Error(Errc::unauthenticated, "cannot read the token file " + access.token_file +
-                                                  ": " + t.error().message);
+  if (!t)
+    return Error(Errc::unauthenticated,
+                 "cannot read the token file " + access.token_file + ": " + t.error().message);
   std::string token = trim(*t);
   if (token.empty())
     return Error(Errc::unauthenticated, "the token file " + access.token_file + " is empty");

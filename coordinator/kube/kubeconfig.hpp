@@ -11,23 +11,23 @@
 namespace factory::kube {
 
 struct ClusterAccess {
-  std::string server;            // "https://10.0.0.1:6443", no trailing slash
-  net::TlsClientOptions tls;     // CA, client certificate, insecure-skip-tls-verify
-  std::string token;             // a static bearer token (kubeconfig `token`)
-  std::string token_file;        // read on every request: service-account tokens rotate
+  std::string server;         // "https://10.0.0.1:6443", no trailing slash
+  net::TlsClientOptions tls;  // CA, client certificate, insecure-skip-tls-verify
+  std::string token;          // a static bearer token (kubeconfig `token`)
+  std::string token_file;     // read on every request: service-account tokens rotate
   std::string default_namespace = "default";
-  std::string context;           // kubeconfig context name, or "in-cluster"
-  std::string source;            // for messages: "kubeconfig /root/.kube/config"
+  std::string context;  // kubeconfig context name, or "in-cluster"
+  std::string source;   // for messages: "kubeconfig /root/.kube/config"
   bool in_cluster = false;
 };
 
 // What the process environment contributes. Tests fill one in by hand, so no
 // test has to touch the real environment or /var/run/secrets.
 struct AccessEnv {
-  std::string kubeconfig;        // $KUBECONFIG (a colon list)
-  std::string home;              // $HOME, for ~/.kube/config
-  std::string service_host;      // $KUBERNETES_SERVICE_HOST
-  std::string service_port;      // $KUBERNETES_SERVICE_PORT
+  std::string kubeconfig;    // $KUBECONFIG (a colon list)
+  std::string home;          // $HOME, for ~/.kube/config
+  std::string service_host;  // $KUBERNETES_SERVICE_HOST
+  std::string service_port;  // $KUBERNETES_SERVICE_PORT
   // Prefix for /var/run/secrets/kubernetes.io/serviceaccount: the caller's
   // to give (a test's own tree), never read from the environment, so no
   // variable can point a running coordinator at another service account.

@@ -62,9 +62,9 @@ Error status_error(int code, const std::string& body, const RequestInfo& req) {
                        " did not accept our credentials (expired token, or a client certificate "
                        "it does not trust?)");
     case 403:
-      return Error(Errc::permission_denied,
-                   "forbidden: the coordinator's account cannot " + req.verb + " " +
-                       req.resource.qualified() + where(req) + ": grant it with RBAC (see deploy/)");
+      return Error(Errc::permission_denied, "forbidden: the coordinator's account cannot " +
+                                                req.verb + " " + req.resource.qualified() +
+                                                where(req) + ": grant it with RBAC (see deploy/)");
     case 404:
       // A 404 for the resource type itself (no such API) versus for an object.
       if (reason == "NotFound" && st.contains("details") && st["details"].contains("name"))
@@ -73,8 +73,8 @@ Error status_error(int code, const std::string& body, const RequestInfo& req) {
           (msg.empty() || msg.find("could not find the requested resource") != std::string::npos))
         return Error(Errc::not_found,
                      "the Kubernetes API at " + req.server + " does not serve " +
-                         req.resource.qualified() + " (" + req.resource.api_version() +
-                         "): is " + (req.resource.group == "cdi.kubevirt.io" ? "CDI" : "KubeVirt") +
+                         req.resource.qualified() + " (" + req.resource.api_version() + "): is " +
+                         (req.resource.group == "cdi.kubevirt.io" ? "CDI" : "KubeVirt") +
                          " installed?");
       return Error(Errc::not_found, msg.empty() ? what(req) + " not found" : msg);
     case 409:
@@ -89,8 +89,8 @@ Error status_error(int code, const std::string& body, const RequestInfo& req) {
       return Error(Errc::invalid_argument,
                    msg.empty() ? "the API server refused " + what(req) : msg);
     case 429:
-      return Error(Errc::unavailable, "the Kubernetes API at " + req.server +
-                                          " is throttling us (429): " + msg);
+      return Error(Errc::unavailable,
+                   "the Kubernetes API at " + req.server + " is throttling us (429): " + msg);
     default:
       break;
   }

@@ -12,8 +12,8 @@ namespace factory::kube {
 struct RequestInfo {
   std::string verb;  // get, list, watch, create, update, patch, delete
   Resource resource;
-  std::string ns;    // empty for cluster-scoped kinds or all namespaces
-  std::string name;  // empty for collection requests
+  std::string ns;      // empty for cluster-scoped kinds or all namespaces
+  std::string name;    // empty for collection requests
   std::string server;  // "https://10.0.0.1:6443"
 };
 

@@ -129,9 +129,9 @@ Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequ
   // first step is then expected to fail with the diagnosis that says so
   // (the real-guest test does both).
   if (req.gpus && (*req.gpus < 0 || *req.gpus > kMaxGpusPerVm))
-    return Error(Errc::invalid_argument,
-                 "--gpus " + std::to_string(*req.gpus) + " is out of range: want 0-" +
-                     std::to_string(kMaxGpusPerVm));
+    return Error(Errc::invalid_argument, "--gpus " + std::to_string(*req.gpus) +
+                                             " is out of range: want 0-" +
+                                             std::to_string(kMaxGpusPerVm));
   s.gpus = req.gpus ? *req.gpus : shape.gpus;
   s.gpu_resource = req.gpu_resource.empty() ? shape.gpu_resource : req.gpu_resource;
   if (req.ssh_node_port != 0) {

@@ -15,8 +15,8 @@ using nlohmann::json;
 namespace {
 
 factory::CommandResult health(const GuestSim& g, std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {agent_bin(), "health", "--root", g.root().string(),
-                                   "--ollama-url", g.ollama_url()};
+  std::vector<std::string> argv = {agent_bin(),       "health",       "--root",
+                                   g.root().string(), "--ollama-url", g.ollama_url()};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return run(argv, std::chrono::seconds(60), {{"PATH", g.path()}});
 }

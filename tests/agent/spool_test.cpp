@@ -13,8 +13,8 @@
 #include "tests/support/test_support.hpp"
 
 using factory::agent::EventSpool;
-using factory::testing::TempDir;
 using factory::testing::slurp;
+using factory::testing::TempDir;
 
 TEST(Spool, EmitsDurablyAndReplaysUnackedAfterReopen) {
   TempDir dir("spool");
@@ -172,7 +172,9 @@ TEST(Spool, FilesArePrivate) {
   ASSERT_TRUE((*s)->emit({{"kind", "x"}}).ok());
   ASSERT_TRUE((*s)->ack_through(1).ok());
   namespace fs = std::filesystem;
-  for (auto p : {dir.path() / "sub", dir.path() / "sub" / "spool.log", dir.path() / "sub" / "spool.acked"})
+  for (auto p :
+       {dir.path() / "sub", dir.path() / "sub" / "spool.log", dir.path() / "sub" / "spool.acked"})
     EXPECT_EQ(fs::status(p).permissions() & (fs::perms::group_all | fs::perms::others_all),
-              fs::perms::none) << p;
+              fs::perms::none)
+        << p;
 }

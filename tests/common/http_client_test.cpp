@@ -6,12 +6,12 @@
 // bodies, a peer that drops a stream, a slow peer.
 #include "common/net/http_client.hpp"
 
+#include <gtest/gtest.h>
+
 #include <chrono>
 #include <filesystem>
-#include <thread>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "common/atomic_file.hpp"
 #include "tests/support/test_support.hpp"
@@ -30,7 +30,9 @@ std::string fakes(const std::string& f) {
   return (factory::testing::source_dir() / "tests" / "fakes" / f).string();
 }
 
-std::string read(const fs::path& p) { return factory::testing::slurp(p); }
+std::string read(const fs::path& p) {
+  return factory::testing::slurp(p);
+}
 
 void pki(const std::vector<std::string>& args) {
   std::vector<std::string> argv{kPython, fakes("testpki.py")};
@@ -71,8 +73,8 @@ class HttpClientTest : public ::testing::Test {
   Server start(const std::vector<std::string>& extra, const std::string& bind = "127.0.0.1") {
     static int n = 0;
     fs::path port_file = dir_->path() / ("port-" + std::to_string(++n));
-    std::vector<std::string> argv{kPython, fakes("http_test_server.py"), "--bind", bind,
-                                  "--port-file", port_file.string()};
+    std::vector<std::string> argv{
+        kPython, fakes("http_test_server.py"), "--bind", bind, "--port-file", port_file.string()};
     argv.insert(argv.end(), extra.begin(), extra.end());
     Server s;
     s.proc = Process(argv, dir_->path() / ("server-" + std::to_string(n) + ".log"));
@@ -213,8 +215,8 @@ TEST_F(HttpClientTest, DeadlineBoundsASlowPeer) {
   auto s = start({});
   HttpClient c;
   auto t0 = std::chrono::steady_clock::now();
-  auto r = c.request({.url = "http://127.0.0.1:" + std::to_string(s.port) + "/sleep?ms=3000",
-                      .timeout = 300ms});
+  auto r = c.request(
+      {.url = "http://127.0.0.1:" + std::to_string(s.port) + "/sleep?ms=3000", .timeout = 300ms});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, Errc::timeout) << r.error().message;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
@@ -232,8 +234,8 @@ TEST_F(HttpClientTest, ConnectionRefusedNamesTheServer) {
 
 TEST_F(HttpClientTest, BadUrlsAreInvalidArguments) {
   HttpClient c;
-  for (std::string u : {"ftp://x/", "127.0.0.1:80/", "http://[::1/", "http://host:99999/",
-                        "http:///path"}) {
+  for (std::string u :
+       {"ftp://x/", "127.0.0.1:80/", "http://[::1/", "http://host:99999/", "http:///path"}) {
     auto r = c.request({.url = u});
     ASSERT_FALSE(r.ok()) << u;
     EXPECT_EQ(r.error().code, Errc::invalid_argument) << u << ": " << r.error().message;

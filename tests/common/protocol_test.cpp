@@ -29,17 +29,22 @@ TEST(Protocol, RejectsWithReasons) {
   EXPECT_EQ(why("{"), "frame is not valid JSON");
   EXPECT_EQ(why("[1]"), "frame is not a JSON object");
   EXPECT_NE(why(R"({"type":"x","seq":1})").find("no protocol version"), std::string::npos);
-  EXPECT_NE(why(R"({"v":2,"type":"x","seq":1})").find("unsupported protocol version 2"), std::string::npos);
+  EXPECT_NE(why(R"({"v":2,"type":"x","seq":1})").find("unsupported protocol version 2"),
+            std::string::npos);
   EXPECT_NE(why(R"({"v":1,"seq":1})").find("no 'type'"), std::string::npos);
   EXPECT_NE(why(R"({"v":1,"type":"x","seq":-1})").find("no sequence number"), std::string::npos);
-  EXPECT_NE(why(R"({"v":1,"type":"x","seq":1,"body":[]})").find("not an object"), std::string::npos);
-  std::string big = R"({"v":1,"type":"event","seq":1,"body":{"pad":")" + std::string(70000, 'x') + "\"}}";
+  EXPECT_NE(why(R"({"v":1,"type":"x","seq":1,"body":[]})").find("not an object"),
+            std::string::npos);
+  std::string big =
+      R"({"v":1,"type":"event","seq":1,"body":{"pad":")" + std::string(70000, 'x') + "\"}}";
   EXPECT_NE(why(big).find("65536-byte cap for type 'event'"), std::string::npos);
   // Plans may be larger than other frames.
-  std::string plan = R"({"v":1,"type":"plan","seq":1,"body":{"pad":")" + std::string(70000, 'x') + "\"}}";
+  std::string plan =
+      R"({"v":1,"type":"plan","seq":1,"body":{"pad":")" + std::string(70000, 'x') + "\"}}";
   EXPECT_EQ(why(plan), "accepted");
   // Enroll frames, what strangers send, are smaller.
-  std::string enroll = R"({"v":1,"type":"enroll","seq":1,"body":{"csr":")" + std::string(9000, 'x') + "\"}}";
+  std::string enroll =
+      R"({"v":1,"type":"enroll","seq":1,"body":{"csr":")" + std::string(9000, 'x') + "\"}}";
   EXPECT_NE(why(enroll).find("8192-byte cap for type 'enroll'"), std::string::npos);
 }
 

@@ -31,8 +31,7 @@ struct Rig {
     auto s = store::open_sqlite_store((dir / "store").string());
     EXPECT_TRUE(s.ok());
     store = std::move(*s);
-    enrollment =
-        std::make_unique<Enrollment>(*store, *ca, *tokens, counters, std::chrono::hours(1),
+    enrollment = std::make_unique<Enrollment>(*store, *ca, *tokens, counters, std::chrono::hours(1),
                                               std::chrono::hours(24 * 90));
   }
   ~Rig() { store->close(); }

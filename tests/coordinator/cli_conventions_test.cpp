@@ -89,9 +89,9 @@ TEST(CliConventions, ExitStatusIsZeroOneOrTwo) {
   expect_usage_error(fac({"tenant"}), "factory", "factory tenant");
   expect_usage_error(fac({"--config", cfg, "status", "--nope"}), "factory", "factory status");
   expect_usage_error(fac({"--config", cfg, "token", "create"}), "factory", "factory token create");
-  expect_usage_error(fac({"--config", cfg, "tenant", "create", "a", "--tier", "gpu-vm", "--gpus",
-                          "many"}),
-                     "factory", "factory tenant create");
+  expect_usage_error(
+      fac({"--config", cfg, "tenant", "create", "a", "--tier", "gpu-vm", "--gpus", "many"}),
+      "factory", "factory tenant create");
   auto missing = fac({"tenant"});
   EXPECT_NE(missing.output.find("factory: a subcommand is required"), std::string::npos)
       << missing.output;
@@ -151,8 +151,8 @@ TEST(CliConventions, SubcommandHelpShowsTheGlobalFlags) {
   EXPECT_NE(r.output.find("Usage: factory tenant create"), std::string::npos) << r.output;
   auto global = r.output.find("Global options:");
   ASSERT_NE(global, std::string::npos) << r.output;
-  for (const char* flag : {"--config", "--server", "--token-file", "--log-level",
-                           "FACTORY_CONFIG", "FACTORY_SERVER", "FACTORY_TOKEN_FILE"})
+  for (const char* flag : {"--config", "--server", "--token-file", "--log-level", "FACTORY_CONFIG",
+                           "FACTORY_SERVER", "FACTORY_TOKEN_FILE"})
     EXPECT_NE(r.output.find(flag, global), std::string::npos) << flag << "\n" << r.output;
   // A command in a group shows its group's options too.
   auto check = fac({"host", "check", "--help"});
@@ -166,23 +166,22 @@ TEST(CliConventions, SubcommandHelpShowsTheGlobalFlags) {
 }
 
 TEST(CliConventions, MainCommandsHelpHasExamples) {
-  const std::vector<std::vector<std::string>> commands = {
-      {},
-      {"serve"},
-      {"status"},
-      {"token", "create"},
-      {"tenant", "create"},
-      {"tenant", "list"},
-      {"tenant", "show"},
-      {"tenant", "delete"},
-      {"tenant", "retry"},
-      {"catalog", "list"},
-      {"catalog", "show"},
-      {"catalog", "validate"},
-      {"host", "check"},
-      {"host", "bind"},
-      {"host", "unbind"},
-      {"kubevirt", "allowlist"}};
+  const std::vector<std::vector<std::string>> commands = {{},
+                                                          {"serve"},
+                                                          {"status"},
+                                                          {"token", "create"},
+                                                          {"tenant", "create"},
+                                                          {"tenant", "list"},
+                                                          {"tenant", "show"},
+                                                          {"tenant", "delete"},
+                                                          {"tenant", "retry"},
+                                                          {"catalog", "list"},
+                                                          {"catalog", "show"},
+                                                          {"catalog", "validate"},
+                                                          {"host", "check"},
+                                                          {"host", "bind"},
+                                                          {"host", "unbind"},
+                                                          {"kubevirt", "allowlist"}};
   for (const auto& c : commands) {
     std::string name = "factory";
     for (const auto& w : c) name += " " + w;
@@ -212,8 +211,8 @@ TEST(CliConventions, EnvironmentVariablesLikeVaultAddrAndFlagsWin) {
   TempDir dir;
   const fs::path state = make_state(dir);
   const fs::path cfg = dir / "c.yaml";
-  write(cfg, "state_dir: " + state.string() + "\napi:\n  listen: 127.0.0.1:" +
-                 std::to_string(free_loopback_port()) + "\n");
+  write(cfg, "state_dir: " + state.string() +
+                 "\napi:\n  listen: 127.0.0.1:" + std::to_string(free_loopback_port()) + "\n");
   const std::string absent = (dir / "absent.yaml").string();
 
   // FACTORY_CONFIG names the config as --config does, and must exist as it must.
@@ -289,7 +288,8 @@ TEST(CliConventions, ConfigKeysAreCheckedAtEveryDepthAndNamedByPath) {
       {"agents:\n  listn: 127.0.0.1:1\n",
        "unknown key 'agents.listn' (known: listen, binary, idle_timeout, cert_ttl, renewal_grace, "
        "quota)"},
-      {"api:\n  lissen: 127.0.0.1:1\n", "unknown key 'api.lissen' (known: listen, metrics_public, events_heartbeat)"},
+      {"api:\n  lissen: 127.0.0.1:1\n",
+       "unknown key 'api.lissen' (known: listen, metrics_public, events_heartbeat)"},
       {"tokens:\n  default_tll: 1h\n", "unknown key 'tokens.default_tll'"},
       {"kube:\n  namspace: x\n", "unknown key 'kube.namspace'"},
       {"threads:\n  iox: 2\n", "unknown key 'threads.iox' (known: io, workers)"},

@@ -56,14 +56,16 @@ TEST_F(AllowlistTest, TwoL4sOnVfioPciAreAdvertisedAsTwo) {
 
   auto r = allowlist(kube, {"--host-root", tree_.root().string()});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("KubeVirt kubevirt/kubevirt: allowlisted 10DE:27B8 as nvidia.com/AD104GL_L4\n"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("KubeVirt kubevirt/kubevirt: allowlisted 10DE:27B8 as nvidia.com/AD104GL_L4\n"),
+      std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("utho  nvidia.com/AD104GL_L4: 2\n"), std::string::npos) << r.output;
 
   json cr = kubevirt_cr(kube);
-  EXPECT_EQ(cr["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"],
-            json::parse(R"([{"pciVendorSelector":"10DE:27B8","resourceName":"nvidia.com/AD104GL_L4"}])"));
+  EXPECT_EQ(
+      cr["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"],
+      json::parse(R"([{"pciVendorSelector":"10DE:27B8","resourceName":"nvidia.com/AD104GL_L4"}])"));
   // The rest of the CR is as the runbook left it.
   EXPECT_EQ(cr["spec"]["configuration"]["imagePullPolicy"], "IfNotPresent");
   EXPECT_EQ(cr["spec"]["imagePullPolicy"], "IfNotPresent");
@@ -112,8 +114,9 @@ spec:
   EXPECT_EQ(phd["pciHostDevices"], json::parse(R"([
     {"pciVendorSelector":"10DE:2335","resourceName":"nvidia.com/GH100_H200_SXM_141GB","externalResourceProvider":true},
     {"pciVendorSelector":"10DE:27B8","resourceName":"nvidia.com/AD104GL_L4"}])"));
-  EXPECT_EQ(phd["mediatedDevices"],
-            json::parse(R"([{"mdevNameSelector":"GRID T4-1Q","resourceName":"nvidia.com/GRID_T4-1Q"}])"));
+  EXPECT_EQ(
+      phd["mediatedDevices"],
+      json::parse(R"([{"mdevNameSelector":"GRID T4-1Q","resourceName":"nvidia.com/GRID_T4-1Q"}])"));
   // The foreign H200 entry is not advertised by KubeVirt itself (external provider).
   json node = kube.get("/api/v1/nodes/utho");
   EXPECT_FALSE(node["status"]["allocatable"].contains("nvidia.com/GH100_H200_SXM_141GB"));
@@ -148,7 +151,8 @@ TEST_F(AllowlistTest, DryRunChangesNothingButTheServerChecksIt) {
   json seen = kube.control("/_fake/requests", {}, "GET");
   bool dry_patch = false;
   for (const auto& q : seen["requests"])
-    if (q["method"] == "PATCH" && q["path"].get<std::string>().find("dryRun=All") != std::string::npos)
+    if (q["method"] == "PATCH" &&
+        q["path"].get<std::string>().find("dryRun=All") != std::string::npos)
       dry_patch = true;
   EXPECT_TRUE(dry_patch);
 }
@@ -162,7 +166,8 @@ TEST_F(AllowlistTest, JsonOutput) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto doc = json::parse(r.output, nullptr, false);
   ASSERT_FALSE(doc.is_discarded()) << r.output;
-  EXPECT_EQ(doc["nodes"], json::parse(R"([{"node":"utho","resource":"nvidia.com/AD104GL_L4","allocatable":2}])"));
+  EXPECT_EQ(doc["nodes"],
+            json::parse(R"([{"node":"utho","resource":"nvidia.com/AD104GL_L4","allocatable":2}])"));
   EXPECT_EQ(doc["advertised"], true);
   EXPECT_EQ(doc["models"][0]["name"], "AD104GL [L4]");
   EXPECT_EQ(doc["models"][0]["onVfioPci"], json::parse(R"(["0000:01:00.0","0000:41:00.0"])"));
@@ -177,7 +182,8 @@ TEST_F(AllowlistTest, PciIdAloneIsNamedFromPciIds) {
 }
 
 TEST(AllowlistErrors, ForbiddenPatchIsOneLine) {
-  FakeKube kube({"--forbid", "patch:kubevirts.kubevirt.io:kubevirt", "--vfio-cards", "10DE:27B8=2"});
+  FakeKube kube(
+      {"--forbid", "patch:kubevirts.kubevirt.io:kubevirt", "--vfio-cards", "10DE:27B8=2"});
   ASSERT_TRUE(kube.ok()) << kube.log();
   auto r = allowlist(kube, {"--pci-id", "10de:27b8", "--resource-name", "nvidia.com/AD104GL_L4"});
   EXPECT_NE(r.exit_code, 0);
@@ -191,9 +197,10 @@ TEST(AllowlistErrors, NoKubeVirtCr) {
   ASSERT_TRUE(kube.ok()) << kube.log();
   auto r = allowlist(kube, {"--pci-id", "10de:27b8", "--resource-name", "nvidia.com/AD104GL_L4"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_EQ(r.output,
-            "factory: no KubeVirt CR in namespace kubevirt: install KubeVirt first (runbook step 3), "
-            "or pass --namespace\n");
+  EXPECT_EQ(
+      r.output,
+      "factory: no KubeVirt CR in namespace kubevirt: install KubeVirt first (runbook step 3), "
+      "or pass --namespace\n");
 }
 
 TEST(AllowlistErrors, SameCardUnderAnotherNameIsRefused) {
@@ -216,7 +223,9 @@ spec:
                           "nvidia.com/AD104GL_L4"),
             std::string::npos)
       << r.output;
-  EXPECT_EQ(kubevirt_cr(kube)["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"].size(), 1u);
+  EXPECT_EQ(
+      kubevirt_cr(kube)["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"].size(),
+      1u);
 }
 
 TEST(AllowlistErrors, BadFlagsAreOneLine) {
@@ -225,10 +234,12 @@ TEST(AllowlistErrors, BadFlagsAreOneLine) {
   auto id = allowlist(kube, {"--pci-id", "10de-27b8", "--resource-name", "nvidia.com/x"});
   EXPECT_EQ(id.exit_code, 2);
   EXPECT_EQ(id.output,
-            "factory: --pci-id '10de-27b8' is not VENDOR:DEVICE in hex, e.g. 10de:27b8 (lspci -nn shows it)\n");
+            "factory: --pci-id '10de-27b8' is not VENDOR:DEVICE in hex, e.g. 10de:27b8 (lspci -nn "
+            "shows it)\n");
   auto name = allowlist(kube, {"--pci-id", "10de:27b8", "--resource-name", "AD104GL L4"});
   EXPECT_EQ(name.exit_code, 2);
-  EXPECT_NE(name.output.find("is not a Kubernetes resource name"), std::string::npos) << name.output;
+  EXPECT_NE(name.output.find("is not a Kubernetes resource name"), std::string::npos)
+      << name.output;
   auto alone = allowlist(kube, {"--resource-name", "nvidia.com/x"});
   EXPECT_EQ(alone.output, "factory: --resource-name needs --pci-id (the card it names)\n");
 }
@@ -236,7 +247,8 @@ TEST(AllowlistErrors, BadFlagsAreOneLine) {
 // The pieces, without the binary.
 
 TEST(AllowlistMerge, KeepsForeignEntriesAndOrder) {
-  json current = json::parse(R"([{"pciVendorSelector":"10DE:2335","resourceName":"nvidia.com/H200"}])");
+  json current =
+      json::parse(R"([{"pciVendorSelector":"10DE:2335","resourceName":"nvidia.com/H200"}])");
   auto m = model_from_flags("10de:27b8", "nvidia.com/AD104GL_L4");
   ASSERT_TRUE(m.ok());
   auto merged = merge_allowlist(current, {*m, *m});
@@ -253,7 +265,8 @@ TEST(AllowlistMerge, KeepsForeignEntriesAndOrder) {
   EXPECT_EQ(again->entries, merged->entries);
   // A lower-case selector someone else wrote still counts as the same card.
   auto lower = merge_allowlist(
-      json::parse(R"([{"pciVendorSelector":"10de:27b8","resourceName":"nvidia.com/AD104GL_L4"}])"), {*m});
+      json::parse(R"([{"pciVendorSelector":"10de:27b8","resourceName":"nvidia.com/AD104GL_L4"}])"),
+      {*m});
   ASSERT_TRUE(lower.ok());
   EXPECT_FALSE(lower->changed());
   EXPECT_TRUE(merge_allowlist(nullptr, {*m}).ok());

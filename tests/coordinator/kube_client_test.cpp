@@ -3,9 +3,9 @@
 // KubeVirt and CDI installed: real HTTPS, Status bodies shaped as the real
 // server's, objects validated against the real KubeVirt / CDI OpenAPI
 // schemas and python3-kubernetes' models.
-#include <fstream>
-
 #include <gtest/gtest.h>
+
+#include <fstream>
 
 #include "common/yaml_json.hpp"
 #include "coordinator/kube/client.hpp"
@@ -27,7 +27,8 @@ json secret(const std::string& name, const std::string& ns = "default") {
 // The runbook's tenant-1 VirtualMachine (tests/fixtures/runbook).
 json runbook_vm() {
   auto vm = load_yaml_file(
-      (factory::testing::source_dir() / "tests/fixtures/runbook/tenant-1-virtualmachine.yaml").string());
+      (factory::testing::source_dir() / "tests/fixtures/runbook/tenant-1-virtualmachine.yaml")
+          .string());
   EXPECT_TRUE(vm.ok()) << vm.error().message;
   return vm.ok() ? *vm : json();
 }
@@ -112,17 +113,19 @@ TEST_F(KubeClientTest, ForbiddenSaysWhichRightIsMissing) {
 
   auto node = client_->remove(kNode, "", "utho");
   ASSERT_FALSE(node.ok());
-  EXPECT_EQ(node.error().message,
-            "forbidden: the coordinator's account cannot delete nodes: grant it with RBAC (see deploy/)");
+  EXPECT_EQ(
+      node.error().message,
+      "forbidden: the coordinator's account cannot delete nodes: grant it with RBAC (see deploy/)");
   // Reading is still allowed.
   EXPECT_TRUE(client_->get(kKubeVirt, "kubevirt", "kubevirt").ok());
 }
 
 TEST_F(KubeClientTest, ApplyCreatesThenMergesAsFieldManagerFactory) {
-  ASSERT_TRUE(client_->create({{"apiVersion", "v1"},
-                               {"kind", "Namespace"},
-                               {"metadata", {{"name", "tenants"}}}})
-                  .ok());
+  ASSERT_TRUE(
+      client_
+          ->create(
+              {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "tenants"}}}})
+          .ok());
   json vm = runbook_vm();
   auto first = client_->apply(vm);
   ASSERT_TRUE(first.ok()) << first.error().message;
@@ -149,10 +152,11 @@ TEST_F(KubeClientTest, ApplyCreatesThenMergesAsFieldManagerFactory) {
 }
 
 TEST_F(KubeClientTest, ObjectFailingTheSchemaIsRejectedAndNotStored) {
-  ASSERT_TRUE(client_->create({{"apiVersion", "v1"},
-                               {"kind", "Namespace"},
-                               {"metadata", {{"name", "tenants"}}}})
-                  .ok());
+  ASSERT_TRUE(
+      client_
+          ->create(
+              {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "tenants"}}}})
+          .ok());
   json vm = runbook_vm();
   // A typo a real strict server refuses: deviceName spelt in lower case.
   auto& gpu = vm["spec"]["template"]["spec"]["domain"]["devices"]["gpus"][0];
@@ -174,7 +178,8 @@ TEST_F(KubeClientTest, ObjectFailingTheSchemaIsRejectedAndNotStored) {
              {"spec", {{"source", {{"http", {{"url", 42}}}}}}}};
   auto bad_dv = client_->create(dv);
   ASSERT_FALSE(bad_dv.ok());
-  EXPECT_NE(bad_dv.error().message.find("spec.source.http.url: Invalid value: 42: must be of type string"),
+  EXPECT_NE(bad_dv.error().message.find(
+                "spec.source.http.url: Invalid value: 42: must be of type string"),
             std::string::npos)
       << bad_dv.error().message;
 }
@@ -212,15 +217,16 @@ TEST_F(KubeClientTest, StaleResourceVersionIsAConflict) {
 }
 
 TEST_F(KubeClientTest, VirtualMachineRunsAndDeleteTakesItsInstanceAlong) {
-  ASSERT_TRUE(client_->create({{"apiVersion", "v1"},
-                               {"kind", "Namespace"},
-                               {"metadata", {{"name", "tenants"}}}})
-                  .ok());
+  ASSERT_TRUE(
+      client_
+          ->create(
+              {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "tenants"}}}})
+          .ok());
   // Allowlist the L4 with a PUT (this fake forbids patching the CR).
   auto cr = client_->get(kKubeVirt, "kubevirt", "kubevirt");
   ASSERT_TRUE(cr.ok());
-  (*cr)["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] =
-      json::array({{{"pciVendorSelector", "10DE:27B8"}, {"resourceName", "nvidia.com/AD104GL_L4"}}});
+  (*cr)["spec"]["configuration"]["permittedHostDevices"]["pciHostDevices"] = json::array(
+      {{{"pciVendorSelector", "10DE:27B8"}, {"resourceName", "nvidia.com/AD104GL_L4"}}});
   auto upd = client_->update(*cr);
   ASSERT_TRUE(upd.ok()) << upd.error().message;
 
@@ -239,7 +245,8 @@ TEST_F(KubeClientTest, VirtualMachineRunsAndDeleteTakesItsInstanceAlong) {
   EXPECT_TRUE(client_->get(kDataVolume, "tenants", "tenant-1-root").ok());
 
   ASSERT_TRUE(client_->remove(kVirtualMachine, "tenants", "tenant-1").ok());
-  EXPECT_EQ(client_->get(kVirtualMachineInstance, "tenants", "tenant-1").error().code, Errc::not_found);
+  EXPECT_EQ(client_->get(kVirtualMachineInstance, "tenants", "tenant-1").error().code,
+            Errc::not_found);
   EXPECT_EQ(client_->get(kDataVolume, "tenants", "tenant-1-root").error().code, Errc::not_found);
 }
 
@@ -256,7 +263,8 @@ TEST(KubeClientGroups, MissingApiGroupSaysWhatIsNotInstalled) {
                                    " does not serve datavolumes.cdi.kubevirt.io "
                                    "(cdi.kubevirt.io/v1beta1): is CDI installed?");
   // A kind Factory does not map is refused before any request.
-  auto unknown = client.get(Kind{"snapshot.kubevirt.io/v1beta1", "VirtualMachineSnapshot"}, "x", "y");
+  auto unknown =
+      client.get(Kind{"snapshot.kubevirt.io/v1beta1", "VirtualMachineSnapshot"}, "x", "y");
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.error().message.find("does not know the Kubernetes kind"), std::string::npos);
 }

@@ -2,12 +2,11 @@
 // to the fake API server (tests/fakes/kube_apiserver.py: real TLS, real
 // client-certificate and bearer-token checks) rather than by inspecting
 // fields alone.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 #include "coordinator/kube/client.hpp"
 #include "coordinator/kube/kubeconfig.hpp"
@@ -26,7 +25,8 @@ std::string b64(const std::string& in) {
   std::string out;
   size_t i = 0;
   for (; i + 2 < in.size(); i += 3) {
-    unsigned v = (unsigned char)in[i] << 16 | (unsigned char)in[i + 1] << 8 | (unsigned char)in[i + 2];
+    unsigned v =
+        (unsigned char)in[i] << 16 | (unsigned char)in[i + 1] << 8 | (unsigned char)in[i + 2];
     out += {t[v >> 18], t[(v >> 12) & 63], t[(v >> 6) & 63], t[v & 63]};
   }
   if (i + 1 == in.size()) {
@@ -82,13 +82,17 @@ TEST_F(KubeconfigTest, CertificateFilesRelativeToTheKubeconfig) {
   fs::create_directories(dir_ / "creds");
   fs::copy_file(kube_->pki("admin.crt"), dir_ / "creds/admin.crt");
   fs::copy_file(kube_->pki("admin.key"), dir_ / "creds/admin.key");
-  write(dir_ / "config", "apiVersion: v1\nkind: Config\ncurrent-context: files\n"
-                         "clusters:\n- name: c\n  cluster:\n    server: " + kube_->url() +
-                         "/\n    certificate-authority: ca.crt\n"
-                         "users:\n- name: u\n  user:\n    client-certificate: creds/admin.crt\n"
-                         "    client-key: " + (dir_ / "creds/admin.key").string() + "\n"
-                         "contexts:\n- name: files\n  context:\n    cluster: c\n    user: u\n"
-                         "    namespace: tenants\n");
+  write(dir_ / "config",
+        "apiVersion: v1\nkind: Config\ncurrent-context: files\n"
+        "clusters:\n- name: c\n  cluster:\n    server: " +
+            kube_->url() +
+            "/\n    certificate-authority: ca.crt\n"
+            "users:\n- name: u\n  user:\n    client-certificate: creds/admin.crt\n"
+            "    client-key: " +
+            (dir_ / "creds/admin.key").string() +
+            "\n"
+            "contexts:\n- name: files\n  context:\n    cluster: c\n    user: u\n"
+            "    namespace: tenants\n");
   auto a = load_kubeconfig(dir_ / "config");
   expect_works(a);
   EXPECT_EQ(a->server, kube_->url());  // trailing slash dropped
@@ -98,11 +102,12 @@ TEST_F(KubeconfigTest, CertificateFilesRelativeToTheKubeconfig) {
 TEST_F(KubeconfigTest, TokenFileIsReadOnEveryRequest) {
   write(dir_ / "token", kube_->token() + "\n");
   ::chmod((dir_ / "token").c_str(), 0600);
-  write(dir_ / "config", "apiVersion: v1\nkind: Config\ncurrent-context: tok\n"
-                         "clusters:\n- name: c\n  cluster:\n    server: " + kube_->url() +
-                         "\n    certificate-authority-data: " + b64(kube_->ca_pem()) +
-                         "\nusers:\n- name: u\n  user:\n    tokenFile: token\n"
-                         "contexts:\n- name: tok\n  context: {cluster: c, user: u}\n");
+  write(dir_ / "config",
+        "apiVersion: v1\nkind: Config\ncurrent-context: tok\n"
+        "clusters:\n- name: c\n  cluster:\n    server: " +
+            kube_->url() + "\n    certificate-authority-data: " + b64(kube_->ca_pem()) +
+            "\nusers:\n- name: u\n  user:\n    tokenFile: token\n"
+            "contexts:\n- name: tok\n  context: {cluster: c, user: u}\n");
   auto a = load_kubeconfig(dir_ / "config");
   expect_works(a);
   EXPECT_TRUE(a->tls.client_cert_pem.empty());
@@ -125,14 +130,18 @@ TEST_F(KubeconfigTest, StaticTokenAndNonCurrentContext) {
   write(dir_ / "config",
         "apiVersion: v1\nkind: Config\ncurrent-context: prod\n"
         "clusters:\n"
-        "- name: prod\n  cluster:\n    server: https://127.0.0.1:" + std::to_string(dead) +
-            "\n    certificate-authority-data: " + b64(kube_->ca_pem()) + "\n"
-        "- name: fake\n  cluster:\n    server: " + kube_->url() +
-            "\n    certificate-authority-data: " + b64(kube_->ca_pem()) + "\n"
-        "users:\n- name: u\n  user:\n    token: " + kube_->token() + "\n"
-        "contexts:\n"
-        "- name: prod\n  context: {cluster: prod, user: u}\n"
-        "- name: fake\n  context: {cluster: fake, user: u, namespace: kubevirt}\n");
+        "- name: prod\n  cluster:\n    server: https://127.0.0.1:" +
+            std::to_string(dead) + "\n    certificate-authority-data: " + b64(kube_->ca_pem()) +
+            "\n"
+            "- name: fake\n  cluster:\n    server: " +
+            kube_->url() + "\n    certificate-authority-data: " + b64(kube_->ca_pem()) +
+            "\n"
+            "users:\n- name: u\n  user:\n    token: " +
+            kube_->token() +
+            "\n"
+            "contexts:\n"
+            "- name: prod\n  context: {cluster: prod, user: u}\n"
+            "- name: fake\n  context: {cluster: fake, user: u, namespace: kubevirt}\n");
   auto other = load_kubeconfig(dir_ / "config", "fake");
   expect_works(other);
   EXPECT_EQ(other->context, "fake");
@@ -144,13 +153,14 @@ TEST_F(KubeconfigTest, StaticTokenAndNonCurrentContext) {
   auto r = KubeClient(*current).get(kNode, "", "utho");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, Errc::unavailable);
-  EXPECT_EQ(r.error().message, "cannot reach the Kubernetes API at https://127.0.0.1:" +
-                                   std::to_string(dead) +
-                                   ": connection refused (is the kubeconfig's server right?)");
+  EXPECT_EQ(r.error().message,
+            "cannot reach the Kubernetes API at https://127.0.0.1:" + std::to_string(dead) +
+                ": connection refused (is the kubeconfig's server right?)");
 }
 
 TEST_F(KubeconfigTest, InsecureSkipVerifyAndAMissingCa) {
-  std::string user = "users:\n- name: u\n  user:\n    token: " + kube_->token() + "\n"
+  std::string user = "users:\n- name: u\n  user:\n    token: " + kube_->token() +
+                     "\n"
                      "contexts:\n- name: x\n  context: {cluster: c, user: u}\n";
   write(dir_ / "insecure", "current-context: x\nclusters:\n- name: c\n  cluster:\n    server: " +
                                kube_->url() + "\n    insecure-skip-tls-verify: true\n" + user);
@@ -210,11 +220,13 @@ TEST_F(KubeconfigTest, InClusterRootComesFromTheCallerNotTheEnvironment) {
 }
 
 TEST_F(KubeconfigTest, ResolveOrderFollowsKubectl) {
-  write(dir_ / "home/.kube/config", "current-context: h\nclusters:\n- name: c\n  cluster:\n"
-                                    "    server: https://home.invalid\ncontexts:\n- name: h\n"
-                                    "  context: {cluster: c}\n");
-  write(dir_ / "env1", "current-context: e\nclusters:\n- name: c\n  cluster:\n"
-                       "    server: https://env.invalid\ncontexts:\n- name: e\n  context: {cluster: c}\n");
+  write(dir_ / "home/.kube/config",
+        "current-context: h\nclusters:\n- name: c\n  cluster:\n"
+        "    server: https://home.invalid\ncontexts:\n- name: h\n"
+        "  context: {cluster: c}\n");
+  write(dir_ / "env1",
+        "current-context: e\nclusters:\n- name: c\n  cluster:\n"
+        "    server: https://env.invalid\ncontexts:\n- name: e\n  context: {cluster: c}\n");
   AccessEnv env;
   env.home = (dir_ / "home").string();
   env.service_host = "10.43.0.1";  // in a pod too: kubeconfig still wins
@@ -255,20 +267,25 @@ TEST_F(KubeconfigTest, BrokenKubeconfigsAreOneClearLine) {
        "b", "has no context \"b\" (contexts: a)"},
       {"nocluster", cluster + "current-context: a\ncontexts:\n- name: a\n  context: {cluster: z}\n",
        "", "names cluster \"z\", which is not in clusters:"},
-      {"exec", cluster + "current-context: a\ncontexts:\n- name: a\n  context: {cluster: c, user: u}\n"
-                         "users:\n- name: u\n  user:\n    exec: {command: aws}\n",
+      {"exec",
+       cluster + "current-context: a\ncontexts:\n- name: a\n  context: {cluster: c, user: u}\n"
+                 "users:\n- name: u\n  user:\n    exec: {command: aws}\n",
        "", "exec plugin, which factory does not run"},
-      {"badb64", "current-context: a\ncontexts:\n- name: a\n  context: {cluster: c}\nclusters:\n"
-                 "- name: c\n  cluster:\n    server: https://x.invalid\n"
-                 "    certificate-authority-data: '***'\n",
+      {"badb64",
+       "current-context: a\ncontexts:\n- name: a\n  context: {cluster: c}\nclusters:\n"
+       "- name: c\n  cluster:\n    server: https://x.invalid\n"
+       "    certificate-authority-data: '***'\n",
        "", "certificate-authority-data is not valid base64"},
-      {"cafile", "current-context: a\ncontexts:\n- name: a\n  context: {cluster: c}\nclusters:\n"
-                 "- name: c\n  cluster:\n    server: https://x.invalid\n"
-                 "    certificate-authority: missing-ca.crt\n",
+      {"cafile",
+       "current-context: a\ncontexts:\n- name: a\n  context: {cluster: c}\nclusters:\n"
+       "- name: c\n  cluster:\n    server: https://x.invalid\n"
+       "    certificate-authority: missing-ca.crt\n",
        "", "certificate-authority: cannot read"},
-      {"keyless", cluster + "current-context: a\ncontexts:\n- name: a\n  context: {cluster: c, user: u}\n"
-                            "users:\n- name: u\n  user:\n    client-certificate-data: " +
-                            b64("x") + "\n",
+      {"keyless",
+       cluster +
+           "current-context: a\ncontexts:\n- name: a\n  context: {cluster: c, user: u}\n"
+           "users:\n- name: u\n  user:\n    client-certificate-data: " +
+           b64("x") + "\n",
        "", "client certificate without its key"},
   };
   for (const auto& c : cases) {
@@ -282,8 +299,9 @@ TEST_F(KubeconfigTest, BrokenKubeconfigsAreOneClearLine) {
   }
   auto missing = load_kubeconfig(dir_ / "does-not-exist");
   ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.error().message, "kubeconfig " + (dir_ / "does-not-exist").string() +
-                                         " does not exist (pass --kubeconfig FILE or set KUBECONFIG)");
+  EXPECT_EQ(missing.error().message,
+            "kubeconfig " + (dir_ / "does-not-exist").string() +
+                " does not exist (pass --kubeconfig FILE or set KUBECONFIG)");
 }
 
 }  // namespace

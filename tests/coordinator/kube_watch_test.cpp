@@ -259,7 +259,8 @@ TEST(KubeWatch, ALineOfTheWrongShapeIsAProtocolErrorNotAnException) {
     ASSERT_FALSE(ev) << line;
     EXPECT_EQ(ev.error().code, factory::Errc::protocol) << line;
   }
-  auto ok = parse_watch_line(R"({"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}})");
+  auto ok =
+      parse_watch_line(R"({"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"9"}}})");
   ASSERT_TRUE(ok) << ok.error().message;
   EXPECT_EQ(ok->type, "BOOKMARK");
   EXPECT_EQ(ok->object["metadata"]["resourceVersion"], "9");

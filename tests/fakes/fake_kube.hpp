@@ -9,10 +9,9 @@
 //   ASSERT_TRUE(kube.ok()) << kube.log();
 //   run({factory_bin(), "kubevirt", "allowlist", "--kubeconfig", kube.kubeconfig()});
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/net/http_client.hpp"
 #include "tests/support/test_support.hpp"
@@ -21,13 +20,12 @@ namespace factory::testing {
 
 class FakeKube {
  public:
-  explicit FakeKube(const std::vector<std::string>& extra_args = {})
-      : dir_("fake-kube") {
+  explicit FakeKube(const std::vector<std::string>& extra_args = {}) : dir_("fake-kube") {
     auto port_file = dir_ / "port";
     std::vector<std::string> argv{
-        "/usr/bin/python3",
-        (source_dir() / "tests" / "fakes" / "kube_apiserver.py").string(),
-        "--pki-dir", (dir_ / "pki").string(), "--port-file", port_file.string()};
+        "/usr/bin/python3", (source_dir() / "tests" / "fakes" / "kube_apiserver.py").string(),
+        "--pki-dir",        (dir_ / "pki").string(),
+        "--port-file",      port_file.string()};
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
     proc_ = Process(argv, dir_ / "apiserver.log");
     // Up when it wrote its port; given up on as soon as it exited. A fake
@@ -58,7 +56,8 @@ class FakeKube {
   std::string ca_pem() const { return slurp(pki("ca.crt")); }
 
   // POST (or DELETE) to a /_fake/ test-control endpoint; returns the body.
-  nlohmann::json control(const std::string& path, const nlohmann::json& body = nlohmann::json::object(),
+  nlohmann::json control(const std::string& path,
+                         const nlohmann::json& body = nlohmann::json::object(),
                          const std::string& method = "POST") const {
     net::HttpClient c({.ca_pem = ca_pem()});
     net::HttpRequest req;

@@ -31,8 +31,8 @@ namespace factory::testing {
 class GuestSim {
  public:
   struct Options {
-    std::string profile = "l4";  // l4 | l4-k8s | h200 | l4-gpu-operator | none
-    int ollama_port = 0;         // 0: a free loopback port
+    std::string profile = "l4";           // l4 | l4-k8s | h200 | l4-gpu-operator | none
+    int ollama_port = 0;                  // 0: a free loopback port
     std::filesystem::path fixtures = {};  // the real captures; empty: fixtures_dir()
   };
 

@@ -1,9 +1,9 @@
 // The agent runs on a stock Ubuntu 24.04 guest, not only where it was built:
 // everything but glibc is linked in, and dlopen stays available for NVML.
+#include <gtest/gtest.h>
+
 #include <set>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 #include "tests/support/test_support.hpp"
 
@@ -27,11 +27,12 @@ std::set<std::string> needed(const std::string& binary) {
 }  // namespace
 
 TEST(AgentBinary, DependsOnGlibcOnly) {
-  const std::set<std::string> glibc = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0",
-                                       "librt.so.1", "ld-linux-x86-64.so.2"};
+  const std::set<std::string> glibc = {"libc.so.6",       "libm.so.6",  "libdl.so.2",
+                                       "libpthread.so.0", "librt.so.1", "ld-linux-x86-64.so.2"};
   auto libs = needed(agent_bin());
   ASSERT_FALSE(libs.empty()) << "a dynamic executable: glibc is not linked statically";
-  for (auto& l : libs) EXPECT_TRUE(glibc.count(l)) << agent_bin() << " needs " << l << ", which a stock guest lacks";
+  for (auto& l : libs)
+    EXPECT_TRUE(glibc.count(l)) << agent_bin() << " needs " << l << ", which a stock guest lacks";
   std::string all;
   for (auto& l : libs) all += l + " ";
   std::cout << "[ figures  ] factory-agent NEEDED: " << all << "\n";
@@ -40,7 +41,8 @@ TEST(AgentBinary, DependsOnGlibcOnly) {
 TEST(AgentBinary, KeepsDlopenForNvml) {
   auto r = run({"nm", "-D", "--undefined-only", agent_bin()});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find(" dlopen"), std::string::npos) << "NVML is loaded at run time with dlopen";
+  EXPECT_NE(r.output.find(" dlopen"), std::string::npos)
+      << "NVML is loaded at run time with dlopen";
   EXPECT_EQ(r.output.find("nvml"), std::string::npos) << "no link-time dependency on NVML";
 }
 

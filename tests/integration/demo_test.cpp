@@ -112,9 +112,9 @@ TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
       health |= type == "health";
       ready |= type == "phase" && d.value("phase", "") == "ready";
     }
-    EXPECT_TRUE(connect && health && ready) << t << ": connect " << connect << ", health " << health
-                                            << ", ready " << ready << "\n"
-                                            << events.substr(0, 4000);
+    EXPECT_TRUE(connect && health && ready)
+        << t << ": connect " << connect << ", health " << health << ", ready " << ready << "\n"
+        << events.substr(0, 4000);
   }
   if (run({"/bin/sh", "-c", "command -v chromium"}).exit_code == 0) {
     const std::string png = slurp(dir.path() / "dashboard.png");
@@ -125,7 +125,8 @@ TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
         << r.output;
   }
   // No process of the run is left behind.
-  auto ps = run({"/bin/sh", "-c", "ps -eo args | grep -F '" + dir.path().string() + "' | grep -v grep || true"});
+  auto ps = run({"/bin/sh", "-c",
+                 "ps -eo args | grep -F '" + dir.path().string() + "' | grep -v grep || true"});
   EXPECT_EQ(ps.output, "") << "left running:\n" << ps.output;
 }
 

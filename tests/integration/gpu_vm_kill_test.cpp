@@ -5,11 +5,10 @@
 // reboot. Each time the plan converges to done with no effect doubled: each
 // package installed once, the guest rebooted once, each model pulled once
 // (the stand-ins count).
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "tests/guestsim/guest_sim.hpp"
 #include "tests/support/test_support.hpp"
@@ -37,7 +36,8 @@ bool called(const GuestSim& g, const std::string& needle, int after_reboots = 0)
 
 class Agent {
  public:
-  Agent(const GuestSim& g, fs::path state, fs::path log) : g_(g), state_(std::move(state)), log_(std::move(log)) {}
+  Agent(const GuestSim& g, fs::path state, fs::path log)
+      : g_(g), state_(std::move(state)), log_(std::move(log)) {}
   Process start() {
     return Process({agent_bin(), "plan", "--tier", "gpu-vm", "--root", g_.root().string(),
                     "--state-dir", state_.string(), "--ollama-url", g_.ollama_url(), "--reboot"},
@@ -56,7 +56,8 @@ class GpuVmKill : public ::testing::TestWithParam<int> {};
 TEST_P(GpuVmKill, ConvergesWithNoEffectDoubled) {
   const std::vector<KillPoint> points = {
       {"inside gpu-present", [](const GuestSim&) { return true; }},
-      {"inside nvidia-driver: apt-get update", [](const GuestSim& g) { return called(g, "Lock::Timeout=600 update"); }},
+      {"inside nvidia-driver: apt-get update",
+       [](const GuestSim& g) { return called(g, "Lock::Timeout=600 update"); }},
       {"inside nvidia-driver: the driver packages",
        [](const GuestSim& g) { return called(g, "nvidia-headless-open"); }},
       {"during the reboot: first command after boot",
@@ -81,7 +82,8 @@ TEST_P(GpuVmKill, ConvergesWithNoEffectDoubled) {
   int runs = 0;
   auto deadline = std::chrono::steady_clock::now() + 120s;
   for (;;) {
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the plan did not converge\n" << slurp(dir.path() / "agent.log");
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the plan did not converge\n"
+                                                          << slurp(dir.path() / "agent.log");
     ASSERT_LT(++runs, 12) << slurp(dir.path() / "agent.log");
     auto p = agent.start();
     if (!killed) {
@@ -97,7 +99,8 @@ TEST_P(GpuVmKill, ConvergesWithNoEffectDoubled) {
     }
     int st = p.wait();
     if (st == 0) break;  // plan succeeded
-    ASSERT_EQ(st, 128 + SIGKILL) << "only the reboot may end the agent now\n" << slurp(dir.path() / "agent.log");
+    ASSERT_EQ(st, 128 + SIGKILL) << "only the reboot may end the agent now\n"
+                                 << slurp(dir.path() / "agent.log");
   }
   EXPECT_TRUE(killed) << "the kill point was never reached";
   EXPECT_EQ(g.counter("reboot"), 1) << g.counters();

@@ -175,8 +175,7 @@ TEST(Hostile, EscapesAndBadShapesFromAGuestNeverReachTheAdminRaw) {
   EXPECT_NE(status.output.find("evil"), std::string::npos) << status.output;
   bool good_row = false;
   for (const auto& line : lines_of(status.output))
-    if (line.rfind("good ", 0) == 0)
-      good_row = line.find(" yes ") != std::string::npos;
+    if (line.rfind("good ", 0) == 0) good_row = line.find(" yes ") != std::string::npos;
   EXPECT_TRUE(good_row) << status.output;
   auto show = h.factory({"tenant", "show", "evil"});
   EXPECT_NE(show.output.find("step says \\x1b[2J"), std::string::npos) << show.output;

@@ -22,7 +22,9 @@ struct Failure {
   std::string step;       // the step that must fail
   std::string diagnosis;  // and the diagnosis it must carry
 };
-std::ostream& operator<<(std::ostream& os, const Failure& f) { return os << f.knob; }
+std::ostream& operator<<(std::ostream& os, const Failure& f) {
+  return os << f.knob;
+}
 }  // namespace
 
 class TenantRetry : public Tenants, public ::testing::WithParamInterface<Failure> {};
@@ -32,11 +34,11 @@ TEST_P(TenantRetry, FailedStepIsDiagnosedAndRetryFinishesThePlan) {
   allowlist();
   auto& h = coordinator();
   fs::path guests = dir_.path() / "guests";
-  Process runner({"/usr/bin/python3", (source_dir() / "tests/guestsim/vm_runner.py").string(),
-                  "--kubeconfig", kube_.kubeconfig(), "--work", guests.string(), "--knob", f.knob,
-                  "--agent-arg=--heartbeat", "--agent-arg=1", "--agent-arg=--retry-delay",
-                  "--agent-arg=0.2"},
-                 dir_.path() / "vm-runner.log");
+  Process runner(
+      {"/usr/bin/python3", (source_dir() / "tests/guestsim/vm_runner.py").string(), "--kubeconfig",
+       kube_.kubeconfig(), "--work", guests.string(), "--knob", f.knob, "--agent-arg=--heartbeat",
+       "--agent-arg=1", "--agent-arg=--retry-delay", "--agent-arg=0.2"},
+      dir_.path() / "vm-runner.log");
 
   auto r = create("tenant-1", "gpu-vm", {"--wait", "--timeout", "90s"});
   EXPECT_NE(r.exit_code, 0) << r.output;
@@ -51,21 +53,25 @@ TEST_P(TenantRetry, FailedStepIsDiagnosedAndRetryFinishesThePlan) {
   EXPECT_FALSE(step["diagnosis"].value("fix", "").empty());
 
   // The admin fixes the cause in the guest, then retries from the failed step.
-  fs::path knob = guests / "tenant-1" / "root" / ".guestsim" / "knobs" / f.knob.substr(0, f.knob.find('='));
+  fs::path knob =
+      guests / "tenant-1" / "root" / ".guestsim" / "knobs" / f.knob.substr(0, f.knob.find('='));
   ASSERT_TRUE(fs::exists(knob)) << knob;
   fs::remove(knob);
   auto retry = h.factory({"tenant", "retry", "tenant-1"});
   EXPECT_EQ(retry.exit_code, 0) << retry.output;
   bool ready = eventually([&] { return show("tenant-1")["phase"] == "ready"; }, 90s, 200ms);
-  EXPECT_TRUE(ready) << show("tenant-1").dump(2) << "\n" << slurp(guests / "tenant-1" / "agent.log");
+  EXPECT_TRUE(ready) << show("tenant-1").dump(2) << "\n"
+                     << slurp(guests / "tenant-1" / "agent.log");
   runner.stop();
   EXPECT_EQ(slurp(guests / "tenant-1" / "root" / ".guestsim" / "log" / "guarded.log"), "")
       << "commands reached the simulated guest's guards";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Gpuvm, TenantRetry,
-    ::testing::Values(Failure{"apt_install_fail=nvidia-headless-open", "nvidia-driver", "apt_failed"},
-                      Failure{"dkms_fail", "nvidia-driver", "dkms_build_failed"},
-                      Failure{"curl_cut", "nvidia-driver", "download_failed"},
-                      Failure{"ollama_pull_cut=50", "model-llama3.2:1b", "model_download_interrupted"}));
+INSTANTIATE_TEST_SUITE_P(Gpuvm, TenantRetry,
+                         ::testing::Values(Failure{"apt_install_fail=nvidia-headless-open",
+                                                   "nvidia-driver", "apt_failed"},
+                                           Failure{"dkms_fail", "nvidia-driver",
+                                                   "dkms_build_failed"},
+                                           Failure{"curl_cut", "nvidia-driver", "download_failed"},
+                                           Failure{"ollama_pull_cut=50", "model-llama3.2:1b",
+                                                   "model_download_interrupted"}));

@@ -2,13 +2,12 @@
 // coordinator of its state directory: another serve holds the state's lock
 // (named by its pid), or a listener's address cannot be bound.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 #include "tests/support/coordinator_harness.hpp"
 
@@ -68,9 +67,9 @@ TEST(ServeGuard, SecondServeOnTheSameStateRefusesNamingTheHoldersPid) {
 
   // Other free ports, the same state: still refused, by the lock alone.
   const fs::path other = dir / "other.yaml";
-  write(other, "state_dir: " + h.state_dir().string() + "\nagents:\n  listen: 127.0.0.1:" +
-                   std::to_string(free_loopback_port()) + "\napi:\n  listen: 127.0.0.1:" +
-                   std::to_string(free_loopback_port()) + "\n");
+  write(other, "state_dir: " + h.state_dir().string() +
+                   "\nagents:\n  listen: 127.0.0.1:" + std::to_string(free_loopback_port()) +
+                   "\napi:\n  listen: 127.0.0.1:" + std::to_string(free_loopback_port()) + "\n");
   auto moved = serve(other);
   EXPECT_EQ(moved.exit_code, 1) << moved.describe() << ": " << moved.output;
   EXPECT_NE(moved.output.find(pid), std::string::npos) << moved.output;

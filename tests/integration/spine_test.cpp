@@ -1,13 +1,12 @@
 // The spine end to end: the real `factory serve` and `factory-agent` binaries
 // on loopback with real TLS, plus Debian's wscat as a websocket peer we did
 // not write. Nothing is mocked.
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <fstream>
 #include <set>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "common/atomic_file.hpp"
 #include "common/protocol.hpp"
@@ -68,7 +67,8 @@ TEST(Spine, AgentEnrollsAndShowsConnectedWithinASecond) {
   auto t0 = std::chrono::steady_clock::now();
   AgentProcess agent(h, tok);
   bool up = eventually([&] { return h.agent_connected("t1"); }, 5s, 25ms);
-  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
   ASSERT_TRUE(up) << agent.log() << h.log();
   std::cout << "[ figures  ] agent connected " << took.count() << " ms after start\n";
   EXPECT_LE(took.count(), 1000) << "the acceptance says: connected within a second";
@@ -162,7 +162,9 @@ TEST(Spine, WscatPeerWithoutCertificateMayOnlyEnroll) {
   r = wscat(url, ca,
             {frame("enroll", 1,
                    {{"token", tok["token"]},
-                    {"csr", "-----BEGIN CERTIFICATE REQUEST-----\nnot a csr\n-----END CERTIFICATE REQUEST-----\n"}})});
+                    {"csr",
+                     "-----BEGIN CERTIFICATE REQUEST-----\nnot a csr\n-----END CERTIFICATE "
+                     "REQUEST-----\n"}})});
   EXPECT_NE(r.output.find("enrollment_refused"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("CSR"), std::string::npos) << r.output;
   AgentProcess agent(h, tok);
@@ -175,7 +177,8 @@ TEST(Spine, CertificateOfTenantACannotActAsTenantB) {
   h.start();
   AgentProcess a(h, h.create_token("tenant-a"), named("a"));
   AgentProcess b(h, h.create_token("tenant-b"), named("b"));
-  ASSERT_TRUE(eventually([&] { return h.agent_connected("tenant-a") && h.agent_connected("tenant-b"); }, 5s));
+  ASSERT_TRUE(eventually(
+      [&] { return h.agent_connected("tenant-a") && h.agent_connected("tenant-b"); }, 5s));
   auto [cert, key] = agent_cert_files(a, dir.path(), "a");
   a.proc().stop();  // wscat speaks as A from here on
   auto ca = h.state_dir() / "ca.crt";
@@ -202,7 +205,8 @@ TEST(Spine, BadFramesAreRejectedAndOtherSessionsUnaffected) {
   AgentProcess steady(h, h.create_token("steady"),
                       named("steady", {"--synthetic-events", "400", "--synthetic-rate", "200"}));
   AgentProcess rogue(h, h.create_token("rogue"), named("rogue"));
-  ASSERT_TRUE(eventually([&] { return h.agent_connected("rogue") && h.agent_connected("steady"); }, 5s));
+  ASSERT_TRUE(
+      eventually([&] { return h.agent_connected("rogue") && h.agent_connected("steady"); }, 5s));
   auto [cert, key] = agent_cert_files(rogue, dir.path(), "rogue");
   // wscat now speaks with rogue's identity; the real agent would take the
   // session back when it reconnects (the newest connection wins).
@@ -223,7 +227,8 @@ TEST(Spine, BadFramesAreRejectedAndOtherSessionsUnaffected) {
   // A frame over the 64 KiB cap is refused with the reason; the session goes on.
   std::string big = frame("event", 2, {{"id", 1}, {"kind", "x"}, {"pad", std::string(70000, 'x')}});
   r = wscat(url, ca, {frame("hello", 1, {}), big, frame("heartbeat", 3, {})}, 1.0, cert, key);
-  EXPECT_NE(r.output.find("exceeds the 65536-byte cap for type 'event'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exceeds the 65536-byte cap for type 'event'"), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("\"ack\":3"), std::string::npos) << r.output;
   EXPECT_NE(h.log().find("exceeds the 65536-byte cap"), std::string::npos);
   EXPECT_TRUE(eventually([&] { return h.stored_events("steady").size() >= 400; }, 20s))
@@ -238,14 +243,16 @@ TEST(Spine, CoordinatorCrashLosesAndDuplicatesNothing) {
   CoordinatorHarness h(dir.path());
   h.start();
   const uint64_t n = 1500;
-  AgentProcess agent(h, h.create_token("t1"),
-                     named("agent", {"--synthetic-events", std::to_string(n), "--synthetic-rate", "600"}));
+  AgentProcess agent(
+      h, h.create_token("t1"),
+      named("agent", {"--synthetic-events", std::to_string(n), "--synthetic-rate", "600"}));
   ASSERT_TRUE(eventually([&] { return h.stored_events("t1").size() > 200; }, 10s)) << agent.log();
   h.kill9();
   std::this_thread::sleep_for(700ms);  // the agent keeps emitting into its spool
   h.start();
   ASSERT_TRUE(eventually([&] { return h.stored_events("t1").size() >= n; }, 30s))
-      << "stored " << h.stored_events("t1").size() << "\n" << agent.log();
+      << "stored " << h.stored_events("t1").size() << "\n"
+      << agent.log();
   std::this_thread::sleep_for(500ms);
   auto events = h.stored_events("t1");
   EXPECT_EQ(events.size(), n) << "each event stored exactly once";
@@ -262,14 +269,16 @@ TEST(Spine, AgentCrashLosesAndDuplicatesNothing) {
   CoordinatorHarness h(dir.path());
   h.start();
   const uint64_t n = 1500;
-  AgentProcess agent(h, h.create_token("t1"),
-                     named("agent", {"--synthetic-events", std::to_string(n), "--synthetic-rate", "600"}));
+  AgentProcess agent(
+      h, h.create_token("t1"),
+      named("agent", {"--synthetic-events", std::to_string(n), "--synthetic-rate", "600"}));
   ASSERT_TRUE(eventually([&] { return h.stored_events("t1").size() > 200; }, 10s)) << agent.log();
   agent.proc().kill(SIGKILL);
   agent.proc().wait();
   agent.restart();
   ASSERT_TRUE(eventually([&] { return h.stored_events("t1").size() >= n; }, 30s))
-      << "stored " << h.stored_events("t1").size() << "\n" << agent.log();
+      << "stored " << h.stored_events("t1").size() << "\n"
+      << agent.log();
   std::this_thread::sleep_for(500ms);
   auto events = h.stored_events("t1");
   EXPECT_EQ(events.size(), n);
@@ -284,11 +293,15 @@ TEST(Spine, ReEnrollmentWorksTwiceInARow) {
   std::string last_agent_id;
   for (int round = 0; round < 3; ++round) {
     AgentProcess agent(h, h.create_token("t1"), named("agent-round-" + std::to_string(round)));
-    ASSERT_TRUE(eventually([&] {
-      auto t = h.tenant("t1");
-      return t && (*t)["agent"].value("connected", false) &&
-             (*t)["agent"].value("agent_id", "") != last_agent_id;
-    }, 5s)) << "round " << round << "\n" << agent.log();
+    ASSERT_TRUE(eventually(
+        [&] {
+          auto t = h.tenant("t1");
+          return t && (*t)["agent"].value("connected", false) &&
+                 (*t)["agent"].value("agent_id", "") != last_agent_id;
+        },
+        5s))
+        << "round " << round << "\n"
+        << agent.log();
     last_agent_id = (*h.tenant("t1"))["agent"].value("agent_id", "");
     agent.proc().stop();
   }
@@ -305,10 +318,14 @@ TEST(Spine, CertificateIsRenewedBeforeExpiry) {
   AgentProcess agent(h, h.create_token("t1"));
   ASSERT_TRUE(eventually([&] { return h.agent_connected("t1"); }, 5s));
   auto first = nlohmann::json::parse(slurp(agent.state_dir() / "identity.json"));
-  ASSERT_TRUE(eventually([&] {
-    auto now = nlohmann::json::parse(slurp(agent.state_dir() / "identity.json"), nullptr, false);
-    return !now.is_discarded() && now["certificate"] != first["certificate"];
-  }, 15s)) << agent.log();
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto now =
+            nlohmann::json::parse(slurp(agent.state_dir() / "identity.json"), nullptr, false);
+        return !now.is_discarded() && now["certificate"] != first["certificate"];
+      },
+      15s))
+      << agent.log();
   auto second = nlohmann::json::parse(slurp(agent.state_dir() / "identity.json"));
   EXPECT_NE(second["key"], first["key"]) << "a renewal uses a fresh key";
   // Past the first certificate's expiry the agent still reconnects, with the new one.
@@ -349,7 +366,8 @@ TEST(Spine, SecretsNeverAppearInLogs) {
     EXPECT_EQ(log.find("PRIVATE KEY"), std::string::npos);
   }
   EXPECT_GE(logs, 3);
-  for (auto p : {h.state_dir() / "admin.token", h.state_dir() / "ca.key", h.state_dir() / "tokens.json"}) {
+  for (auto p :
+       {h.state_dir() / "admin.token", h.state_dir() / "ca.key", h.state_dir() / "tokens.json"}) {
     auto perms = fs::status(p).permissions();
     EXPECT_EQ(perms & (fs::perms::group_all | fs::perms::others_all), fs::perms::none) << p;
   }
@@ -394,8 +412,10 @@ TEST(Spine, FrozenAgentIsDetectedByPingTimeoutAndComesBack) {
   agent.proc().kill(SIGSTOP);
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(eventually([&] { return !h.agent_connected("t1"); }, 10s)) << h.log();
-  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
-  std::cout << "[ figures  ] frozen agent dropped after " << took.count() << " ms (idle_timeout 2s)\n";
+  auto took =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  std::cout << "[ figures  ] frozen agent dropped after " << took.count()
+            << " ms (idle_timeout 2s)\n";
   agent.proc().kill(SIGCONT);
   EXPECT_TRUE(eventually([&] { return h.agent_connected("t1"); }, 20s)) << agent.log();
 }
@@ -409,15 +429,17 @@ TEST(Spine, BacklogIsReplayedAtABoundedRate) {
   const uint64_t n = 600;
   const int rate = 200;
   AgentProcess agent(h, h.create_token("t1"),
-                     named("agent", {"--synthetic-events", std::to_string(n), "--synthetic-rate", "5000",
-                                     "--replay-rate", std::to_string(rate)}));
+                     named("agent", {"--synthetic-events", std::to_string(n), "--synthetic-rate",
+                                     "5000", "--replay-rate", std::to_string(rate)}));
   ASSERT_TRUE(eventually([&] { return h.agent_connected("t1"); }, 5s));
   h.kill9();
   // The whole backlog piles up in the agent's spool while the coordinator is down.
-  ASSERT_TRUE(eventually([&] {
-    auto log = slurp(agent.state_dir() / "spool" / "spool.log");
-    return std::count(log.begin(), log.end(), '\n') >= static_cast<long>(n);
-  }, 10s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto log = slurp(agent.state_dir() / "spool" / "spool.log");
+        return std::count(log.begin(), log.end(), '\n') >= static_cast<long>(n);
+      },
+      10s));
   size_t before = h.stored_events("t1").size();
   h.start();
   auto t0 = std::chrono::steady_clock::now();

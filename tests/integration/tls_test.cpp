@@ -2,6 +2,7 @@
 // write: testssl.sh (Debian's) for the protocols offered, and openssl s_client
 // for the client-certificate request and an old-protocol handshake.
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/support/coordinator_harness.hpp"
@@ -12,8 +13,8 @@ using namespace std::chrono_literals;
 namespace {
 std::map<std::string, std::string> testssl_protocols(const TempDir& dir, int port) {
   auto json_file = dir / ("testssl-" + std::to_string(port) + ".json");
-  auto r = run({"testssl", "--quiet", "--color", "0", "--protocols", "--jsonfile", json_file.string(),
-                "127.0.0.1:" + std::to_string(port)},
+  auto r = run({"testssl", "--quiet", "--color", "0", "--protocols", "--jsonfile",
+                json_file.string(), "127.0.0.1:" + std::to_string(port)},
                120s);
   EXPECT_EQ(r.exit_code, 0) << "testssl (Debian's testssl.sh) must be installed: " << r.output;
   std::map<std::string, std::string> found;
@@ -44,14 +45,22 @@ TEST(Tls, AgentEndpointAsksForAClientCertificateFromItsCa) {
   h.start();
   std::string ca = (h.state_dir() / "ca.crt").string();
   factory::CommandSpec s;
-  s.argv = {"openssl", "s_client", "-connect", "127.0.0.1:" + std::to_string(h.agents_port()),
-            "-CAfile", ca, "-verify_return_error", "-servername", "localhost"};
+  s.argv = {"openssl",
+            "s_client",
+            "-connect",
+            "127.0.0.1:" + std::to_string(h.agents_port()),
+            "-CAfile",
+            ca,
+            "-verify_return_error",
+            "-servername",
+            "localhost"};
   s.stdin_data = "";
   s.timeout = 20s;
   auto r = factory::run_command(s);
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_NE(r->output.find("Verify return code: 0 (ok)"), std::string::npos) << r->output;
-  EXPECT_NE(r->output.find("Acceptable client certificate CA names"), std::string::npos) << r->output;
+  EXPECT_NE(r->output.find("Acceptable client certificate CA names"), std::string::npos)
+      << r->output;
   EXPECT_NE(r->output.find("factory coordinator CA"), std::string::npos) << r->output;
   EXPECT_NE(r->output.find("TLSv1.3"), std::string::npos) << r->output;
   // TLS 1.2 is refused outright.

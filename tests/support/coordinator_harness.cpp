@@ -285,8 +285,7 @@ CommandResult wscat(const std::string& url, const fs::path& ca_file,
                     const std::vector<std::string>& frames, double wait_seconds,
                     const std::string& cert_file, const std::string& key_file) {
   CommandSpec spec;
-  spec.argv = {"node", (source_dir() / "tests/support/ws_peer.js").string(), url,
-               ca_file.string()};
+  spec.argv = {"node", (source_dir() / "tests/support/ws_peer.js").string(), url, ca_file.string()};
   if (!cert_file.empty()) spec.argv.insert(spec.argv.end(), {cert_file, key_file});
   spec.argv.push_back("--");
   spec.argv.push_back(std::to_string(wait_seconds));

@@ -19,13 +19,19 @@ extern char** environ;
 namespace factory::testing {
 namespace fs = std::filesystem;
 
-fs::path source_dir() { return FACTORY_SOURCE_DIR; }
+fs::path source_dir() {
+  return FACTORY_SOURCE_DIR;
+}
 fs::path fixtures_dir() {
   if (const char* s = ::getenv("FACTORY_FIXTURES_DIR")) return s;
   return FACTORY_FIXTURES_DIR;
 }
-std::string factory_bin() { return FACTORY_BIN; }
-std::string agent_bin() { return FACTORY_AGENT_BIN; }
+std::string factory_bin() {
+  return FACTORY_BIN;
+}
+std::string agent_bin() {
+  return FACTORY_AGENT_BIN;
+}
 
 void setup_failed(const std::string& what) {
   throw SetupFailed(what);
@@ -139,7 +145,9 @@ Process::Process(const std::vector<std::string>& argv, const fs::path& log_file,
   }
 }
 
-Process::~Process() { stop(); }
+Process::~Process() {
+  stop();
+}
 
 Process::Process(Process&& o) noexcept
     : pid_(std::exchange(o.pid_, -1)), status_(o.status_), reaped_(o.reaped_), log_(o.log_) {}
@@ -196,7 +204,9 @@ void Process::stop() {
   wait();
 }
 
-std::string Process::log() const { return slurp(log_); }
+std::string Process::log() const {
+  return slurp(log_);
+}
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);

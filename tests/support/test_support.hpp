@@ -79,7 +79,7 @@ class Process {
   int pid() const { return pid_; }
   bool running();
   void kill(int sig);
-  int wait();  // exit status (128+sig if signalled)
+  int wait();   // exit status (128+sig if signalled)
   void stop();  // SIGTERM then wait, SIGKILL after 5 s
   std::string log() const;
   const std::filesystem::path& log_file() const { return log_; }
