@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "agent/guest/cluster.hpp"
@@ -37,6 +38,22 @@ struct Opts {
       "memory.total,memory.used,memory.reserved,memory.free,utilization.gpu,"
       "temperature.gpu,power.draw,clocks.sm,clocks.mem,pstate,mig.mode.current";
 };
+
+// The plan of --tier from --catalog (or the built-in catalog); on failure
+// the reason is printed and nothing is returned (a usage error, exit 2).
+std::optional<nlohmann::json> tier_plan(const Opts& o) {
+  auto cat = o.catalog.empty() ? catalog::builtin() : catalog::load_file(o.catalog);
+  if (!cat) {
+    std::cerr << "factory-agent: " << cat.error().message << "\n";
+    return std::nullopt;
+  }
+  auto p = catalog::plan_for(*cat, o.tier);
+  if (!p) {
+    std::cerr << "factory-agent: " << p.error().message << "\n";
+    return std::nullopt;
+  }
+  return std::move(*p);
+}
 
 GuestEnv env_of(const Opts& o) {
   GuestEnv e;
@@ -246,16 +263,8 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
       GuestEnv env = env_of(*o);
       HealthCollectors c;
       if (o->tier_given) {
-        auto cat = o->catalog.empty() ? catalog::builtin() : catalog::load_file(o->catalog);
-        if (!cat) {
-          std::cerr << "factory-agent: " << cat.error().message << "\n";
-          return 2;
-        }
-        auto p = catalog::plan_for(*cat, o->tier);
-        if (!p) {
-          std::cerr << "factory-agent: " << p.error().message << "\n";
-          return 2;
-        }
+        auto p = tier_plan(*o);
+        if (!p) return 2;
         c = HealthCollectors::from_plan(*p);
       } else {
         // No tier: ask Ollama, and the guest's own cluster when it has one.
@@ -335,16 +344,8 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
                              "run the whole plan here, rebooting as asked"}});
   plan->callback([&chosen, o] {
     chosen.run = [o] {
-      auto cat = o->catalog.empty() ? catalog::builtin() : catalog::load_file(o->catalog);
-      if (!cat) {
-        std::cerr << "factory-agent: " << cat.error().message << "\n";
-        return 2;
-      }
-      auto p = catalog::plan_for(*cat, o->tier);
-      if (!p) {
-        std::cerr << "factory-agent: " << p.error().message << "\n";
-        return 2;
-      }
+      auto p = tier_plan(*o);
+      if (!p) return 2;
       return o->check_only ? check_plan(*o, *p) : run_plan(*o, *p);
     };
   });

@@ -23,13 +23,7 @@ TEST_F(Tenants, AStoppedClusterSlowsOnlyTheCommandsThatNeedIt) {
   // The guest boots (as in tenants_wait_test): the real agent with the token
   // the coordinator wrote into the tenant's Secret.
   json ud = live_user_data(kube_, "tenant-1");
-  json token = {{"token", write_file_content(ud, "/etc/factory/bootstrap-token")},
-                {"coordinator_url", h.agents_url()},
-                {"ca_sha256", h.ca_sha256()}};
-  fs::create_directories(dir_ / "guest-root");
-  AgentOptions o;
-  o.root = dir_ / "guest-root";
-  AgentProcess agent(h, token, o);
+  AgentProcess agent(h, bootstrap_token_in(ud, h), on_empty_guest(dir_.path()));
   ASSERT_TRUE(eventually([&] { return h.agent_connected("tenant-1"); }, 20s)) << agent.log();
   const std::string since = (*h.tenant("tenant-1"))["agent"].value("connected_since", "");
   auto before = h.factory({"tenant", "show", "tenant-1"});

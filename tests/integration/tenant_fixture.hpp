@@ -138,6 +138,23 @@ inline std::string write_file_content(const json& user_data, const std::string& 
   return "";
 }
 
+// What the guest's agent enrolls with when it boots from this user-data:
+// the token the coordinator wrote into the tenant's Secret, for `h`.
+inline json bootstrap_token_in(const json& user_data,
+                               factory::testing::CoordinatorHarness& h) {
+  return {{"token", write_file_content(user_data, "/etc/factory/bootstrap-token")},
+          {"coordinator_url", h.agents_url()},
+          {"ca_sha256", h.ca_sha256()}};
+}
+
+// An agent on an empty guest root of its own under `dir`.
+inline factory::testing::AgentOptions on_empty_guest(const std::filesystem::path& dir) {
+  factory::testing::AgentOptions o;
+  o.root = dir / "guest-root";
+  std::filesystem::create_directories(o.root);
+  return o;
+}
+
 inline std::string password_from(const std::string& output) {
   for (const auto& l : lines(output)) {
     auto at = l.find("password of ubuntu on ");

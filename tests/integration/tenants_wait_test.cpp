@@ -30,13 +30,7 @@ TEST_F(Tenants, CreateWaitFollowsTheAgentsPlanToItsFailureAndRetryReachesTheAgen
       20s))
       << slurp(dir_ / "create-wait.log") << h.log();
   EXPECT_EQ(write_file_content(ud, "/etc/factory/ca.crt"), slurp(h.state_dir() / "ca.crt"));
-  json token = {{"token", write_file_content(ud, "/etc/factory/bootstrap-token")},
-                {"coordinator_url", h.agents_url()},
-                {"ca_sha256", h.ca_sha256()}};
-  fs::create_directories(dir_ / "guest-root");
-  AgentOptions o;
-  o.root = dir_ / "guest-root";
-  AgentProcess agent(h, token, o);
+  AgentProcess agent(h, bootstrap_token_in(ud, h), on_empty_guest(dir_.path()));
 
   ASSERT_TRUE(eventually([&] { return !waiter.running(); }, 60s))
       << slurp(dir_ / "create-wait.log") << agent.log();
