@@ -779,6 +779,8 @@ class Handler(BaseHTTPRequestHandler):
         if q.get("tailLines"):
             lines = lines[-int(q["tailLines"]):]
         body = "".join(lines).encode()
+        if q.get("limitBytes"):
+            body = body[:int(q["limitBytes"])]
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
