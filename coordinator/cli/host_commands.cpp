@@ -15,6 +15,7 @@
 #include "coordinator/host/gpu_operator.hpp"
 #include "coordinator/host/preflight.hpp"
 #include "coordinator/kube/client.hpp"
+#include "coordinator/kube/pod_log.hpp"
 
 namespace factory::cli {
 namespace {
@@ -140,6 +141,9 @@ int move_cards(const HostOptions& o, bool bind) {
 namespace op = factory::host::gpu_operator;
 using nlohmann::json;
 
+// The GPU Operator's ClusterPolicy (cluster-scoped; in the kube module's table).
+const kube::Kind kClusterPolicy{"nvidia.com/v1", "ClusterPolicy"};
+
 json gpus_doc(const op::HostHandover& h) {
   json out = json::array();
   for (const auto& g : h.gpus)
@@ -185,7 +189,7 @@ struct Reading {
 Result<Reading> read_cluster(kube::KubeClient& client, const std::string& node,
                              std::map<std::string, int>& logged_restarts) {
   Reading r;
-  auto policies = client.list(kube::kClusterPolicy, "");
+  auto policies = client.list(kClusterPolicy, "");
   if (!policies) return policies.error();
   r.obs.policy = op::read_policy(*policies);
   auto n = client.get(kube::kNode, "", node);
@@ -201,10 +205,12 @@ Result<Reading> read_cluster(kube::KubeClient& client, const std::string& node,
     // read it again only when it restarted since.
     const std::string key = p.name + "/" + p.failing->container;
     if (logged_restarts.count(key) && logged_restarts[key] == p.failing->restarts) continue;
-    auto log = client.pod_log(
-        p.ns, p.name, {.container = p.failing->container, .previous = true, .tail_lines = 20});
+    auto log =
+        kube::pod_log(client.access(), p.ns, p.name,
+                      {.container = p.failing->container, .previous = true, .tail_lines = 20});
     if (!log)
-      log = client.pod_log(p.ns, p.name, {.container = p.failing->container, .tail_lines = 20});
+      log = kube::pod_log(client.access(), p.ns, p.name,
+                          {.container = p.failing->container, .tail_lines = 20});
     if (log) r.obs.logs[key] = *log;
     logged_restarts[key] = p.failing->restarts;
   }
@@ -431,11 +437,12 @@ void add_host_commands(CLI::App& app, Context& ctx) {
       m->callback([&ctx, opts] { ctx.run = [opts] { return move_cards(*opts, false); }; });
       continue;
     }
-    m->add_option("--via", opts->via,
-                  "driverctl: bind the --pci cards here; gpu-operator: label the node "
-                  "nvidia.com/gpu.workload.config=vm-passthrough so the GPU Operator's "
-                  "vfio-manager binds EVERY GPU of the node (needs sandboxWorkloads.enabled)")
-        ->check(CLI::IsMember({"driverctl", "gpu-operator"}))
+    restrict_to(
+        m->add_option("--via", opts->via,
+                      "driverctl: bind the --pci cards here; gpu-operator: label the node "
+                      "nvidia.com/gpu.workload.config=vm-passthrough so the GPU Operator's "
+                      "vfio-manager binds EVERY GPU of the node (needs sandboxWorkloads.enabled)"),
+        {"driverctl", "gpu-operator"}, "a binding mode")
         ->capture_default_str();
     m->add_option("--node", opts->node,
                   "--via gpu-operator: this host's Kubernetes node (default: its hostname)");

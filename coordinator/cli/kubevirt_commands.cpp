@@ -191,11 +191,12 @@ void add_kubevirt_commands(CLI::App& app, Context& ctx) {
                 "Resource name for --pci-id (default: from pci.ids, as NVIDIA's device plugin "
                 "names it, e.g. nvidia.com/AD104GL_L4)");
   a->add_option("--namespace,-n", o->ns, "Namespace of the KubeVirt CR")->capture_default_str();
-  a->add_option("--via", o->via,
-                "Who advertises the cards: driverctl (virt-handler does), gpu-operator (its "
-                "device plugin does: externalResourceProvider: true), or auto (gpu-operator "
-                "when a node is labelled nvidia.com/gpu.workload.config=vm-passthrough)")
-      ->check(CLI::IsMember({"auto", "driverctl", "gpu-operator"}))
+  restrict_to(
+      a->add_option("--via", o->via,
+                    "Who advertises the cards: driverctl (virt-handler does), gpu-operator (its "
+                    "device plugin does: externalResourceProvider: true), or auto (gpu-operator "
+                    "when a node is labelled nvidia.com/gpu.workload.config=vm-passthrough)"),
+      {"auto", "driverctl", "gpu-operator"}, "a binding mode")
       ->capture_default_str();
   a->add_option("--wait-timeout", o->wait_timeout,
                 "How long to wait for a node to advertise the cards")

@@ -86,21 +86,11 @@ KubeClient::KubeClient(ClusterAccess access, std::chrono::milliseconds request_t
     : access_(std::move(access)), timeout_(request_timeout) {}
 
 Result<json> KubeClient::call(const Call& c) {
-  auto body = send(c, "application/json");
-  if (!body) return body.error();
-  auto doc = json::parse(*body, nullptr, false);
-  if (doc.is_discarded())
-    return Error(Errc::protocol, "the Kubernetes API at " + access_.server + " answered " +
-                                     c.method + " " + c.path + " with non-JSON");
-  return doc;
-}
-
-Result<std::string> KubeClient::send(const Call& c, const std::string& accept) {
   net::HttpRequest req;
   req.method = c.method;
   req.url = access_.server + c.path;
   req.timeout = timeout_;
-  req.headers["Accept"] = accept;
+  req.headers["Accept"] = "application/json";
   if (!c.content_type.empty()) req.headers["Content-Type"] = c.content_type;
   auto token = current_token(access_);
   if (!token) return token.error();
@@ -113,7 +103,11 @@ Result<std::string> KubeClient::send(const Call& c, const std::string& accept) {
     info.server = access_.server;
     return status_error(resp->status, resp->body, info);
   }
-  return std::move(resp->body);
+  auto doc = json::parse(resp->body, nullptr, false);
+  if (doc.is_discarded())
+    return Error(Errc::protocol, "the Kubernetes API at " + access_.server + " answered " +
+                                     c.method + " " + c.path + " with non-JSON");
+  return doc;
 }
 
 std::string KubeClient::namespace_of(const Resource& r, const json& obj) const {
@@ -200,21 +194,6 @@ Result<json> KubeClient::merge_patch(const Kind& kind, const std::string& ns,
                path,
                "application/merge-patch+json",
                patch.dump()});
-}
-
-Result<std::string> KubeClient::pod_log(const std::string& ns, const std::string& pod,
-                                        const LogOptions& opts) {
-  auto r = resource_for(kPod);
-  if (!r) return r.error();
-  std::string path =
-      r->object_path(ns, pod) + "/log" +
-      query({{"container", opts.container},
-             {"previous", opts.previous ? "true" : ""},
-             {"tailLines", opts.tail_lines > 0 ? std::to_string(opts.tail_lines) : ""},
-             {"limitBytes", std::to_string(opts.limit_bytes)}});
-  Resource logs = *r;
-  logs.plural = "pods/log";
-  return send({"GET", {"get", logs, ns, pod}, path, "", ""}, "text/plain");
 }
 
 Status KubeClient::remove(const Kind& kind, const std::string& ns, const std::string& name) {

@@ -64,14 +64,6 @@ struct WatchOptions {
   std::chrono::seconds max_request{std::chrono::minutes(5)};
 };
 
-// A container's log (GET .../pods/NAME/log), bounded.
-struct LogOptions {
-  std::string container;  // empty: the pod's only container
-  bool previous = false;  // the last terminated instance (a crash-looping one's reason)
-  int tail_lines = 0;     // 0: all
-  long long limit_bytes = 64 * 1024;
-};
-
 class KubeClient {
  public:
   explicit KubeClient(ClusterAccess access,
@@ -103,10 +95,6 @@ class KubeClient {
   // not_found when it was already gone.
   Status remove(const Kind& kind, const std::string& ns, const std::string& name);
 
-  // The text a container wrote (text/plain, at most opts.limit_bytes).
-  Result<std::string> pod_log(const std::string& ns, const std::string& pod,
-                              const LogOptions& opts = {});
-
   // Follows changes to a collection. on_event returns false to stop (then
   // watch returns ok). A dropped stream is resumed from the last
   // resourceVersion seen (bookmarks included); when that version has been
@@ -119,7 +107,6 @@ class KubeClient {
  private:
   struct Call;
   Result<json> call(const Call& c);
-  Result<std::string> send(const Call& c, const std::string& accept);
   std::string namespace_of(const Resource& r, const json& obj) const;
 
   ClusterAccess access_;

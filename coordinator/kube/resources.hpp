@@ -29,8 +29,6 @@ inline const Kind kKubeVirt{"kubevirt.io/v1", "KubeVirt"};
 inline const Kind kVirtualMachine{"kubevirt.io/v1", "VirtualMachine"};
 inline const Kind kVirtualMachineInstance{"kubevirt.io/v1", "VirtualMachineInstance"};
 inline const Kind kDataVolume{"cdi.kubevirt.io/v1beta1", "DataVolume"};
-// The NVIDIA GPU Operator's one cluster-wide configuration (cluster-scoped).
-inline const Kind kClusterPolicy{"nvidia.com/v1", "ClusterPolicy"};
 
 struct Resource {
   std::string group;    // "" for the core group
