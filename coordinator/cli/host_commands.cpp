@@ -190,8 +190,9 @@ Result<Reading> read_cluster(kube::KubeClient& client, const std::string& node,
                              std::map<std::string, int>& logged_restarts) {
   Reading r;
   auto policies = client.list(kClusterPolicy, "");
-  if (!policies) return policies.error();
-  r.obs.policy = op::read_policy(*policies);
+  // No such kind: the GPU Operator's CRD is not installed (no ClusterPolicy).
+  if (!policies && policies.error().code != Errc::not_found) return policies.error();
+  r.obs.policy = op::read_policy(policies ? *policies : json::object());
   auto n = client.get(kube::kNode, "", node);
   if (!n) return n.error();
   r.obs.node = std::move(*n);
