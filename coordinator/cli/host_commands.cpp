@@ -33,7 +33,7 @@ struct HostOptions {
   std::string via = "driverctl";
   std::string node;
   std::string wait_timeout = "5m";
-  std::string poll = "1s";
+  int poll_ms = 1000;
   OutputFormat bind_out = OutputFormat::table;
   kube::AccessOptions access;
 };
@@ -226,8 +226,7 @@ Result<Reading> read_cluster(kube::KubeClient& client, const std::string& node,
 int bind_via_gpu_operator(const HostOptions& o) {
   auto timeout = parse_duration(o.wait_timeout);
   if (!timeout) return fail(timeout.error().with_context("--wait-timeout"));
-  auto poll = parse_duration(o.poll);
-  if (!poll) return fail(poll.error().with_context("--poll"));
+  const auto poll = std::chrono::milliseconds(std::max(10, o.poll_ms));
   if (!o.pci.empty())
     return fail(Error(Errc::invalid_argument,
                       "--pci and --via gpu-operator do not go together: the operator binds every "
@@ -381,7 +380,7 @@ int bind_via_gpu_operator(const HostOptions& o) {
           return fail(Error(Errc::failed_precondition, m->line()));
     last = std::move(*r);
     if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(*poll);
+    std::this_thread::sleep_for(poll);
   }
   if (auto d = op::diagnose(last->obs, node)) return fail(Error(Errc::timeout, d->line()));
   return fail(Error(Errc::timeout,
@@ -451,7 +450,8 @@ void add_host_commands(CLI::App& app, Context& ctx) {
                   "--via gpu-operator: how long to wait for the sandbox validator and the "
                   "advertised GPUs")
         ->capture_default_str();
-    m->add_option("--poll", opts->poll, "How often the wait reads the cluster")->group("");
+    m->add_option("--poll-ms", opts->poll_ms, "How often the wait reads the cluster (ms)")
+        ->group("");
     add_output_option(*m, opts->bind_out);
     add_kube_flags(*m, opts->access);
     set_examples(*m, {{"factory host bind --pci 0000:01:00.0 --dry-run",

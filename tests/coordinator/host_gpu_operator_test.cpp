@@ -59,15 +59,16 @@ class GpuOperatorBindTest : public ::testing::Test {
                                   "utho",
                                   "--kubeconfig",
                                   kube.kubeconfig(),
-                                  "--poll",
-                                  "100ms",
+                                  "--poll-ms",
+                                  "100",
                                   "--wait-timeout",
                                   "30s"};
     argv.insert(argv.end(), args.begin(), args.end());
     return factory::testing::run(argv, 60s);
   }
 
-  CommandResult allowlist(const FakeKube& kube, std::vector<std::string> args = {}) {
+  CommandResult allowlist(const FakeKube& kube, std::vector<std::string> args = {},
+                          const std::string& wait = "10s") {
     std::vector<std::string> argv{factory::testing::factory_bin(),
                                   "kubevirt",
                                   "allowlist",
@@ -76,7 +77,7 @@ class GpuOperatorBindTest : public ::testing::Test {
                                   "--host-root",
                                   tree_.root().string(),
                                   "--wait-timeout",
-                                  "10s"};
+                                  wait};
     argv.insert(argv.end(), args.begin(), args.end());
     return factory::testing::run(argv, 60s);
   }
@@ -117,11 +118,12 @@ TEST_F(GpuOperatorBindTest, DryRunYamlShowsTheNodeLabelAndChangesNothing) {
   std::this_thread::sleep_for(500ms);
   EXPECT_EQ(tree_.driver(kCard1), "");
   bool dry = false;
-  for (const auto& q : kube.control("/_fake/requests", {}, "GET")["requests"])
+  json seen = kube.control("/_fake/requests", {}, "GET");
+  for (const auto& q : seen["requests"])
     dry |= q["method"] == "PATCH" &&
            q["path"].get<std::string>().find("/api/v1/nodes/utho?") == 0 &&
            q["path"].get<std::string>().find("dryRun=All") != std::string::npos;
-  EXPECT_TRUE(dry);
+  EXPECT_TRUE(dry) << seen.dump();
 }
 
 TEST_F(GpuOperatorBindTest, BindLabelsTheNodeWaitsAndAllowlistMarksTheEntryExternal) {
@@ -165,7 +167,7 @@ TEST_F(GpuOperatorBindTest, BindLabelsTheNodeWaitsAndAllowlistMarksTheEntryExter
 TEST_F(GpuOperatorBindTest, AnEntryVirtHandlerAdvertisedIsHandedToTheOperatorsPlugin) {
   without_nvidia_driver();
   FakeKube kube(operator_args());
-  auto before = allowlist(kube, {"--via", "driverctl", "--wait-timeout", "1s"});
+  auto before = allowlist(kube, {"--via", "driverctl"}, "1s");
   ASSERT_NE(before.output.find("allowlisted 10DE:27B8 as nvidia.com/AD104GL_L4\n"),
             std::string::npos)
       << before.output;
@@ -279,7 +281,7 @@ TEST_F(GpuOperatorBindTest, ResourceNameMismatchIsDiagnosedByBindAndAllowlist) {
                           "but node utho advertises nvidia.com/27b8 (2)"),
             std::string::npos)
       << r.output;
-  auto a = allowlist(kube, {"--wait-timeout", "2s"});
+  auto a = allowlist(kube, {}, "2s");
   EXPECT_EQ(a.exit_code, 1) << a.output;
   EXPECT_NE(a.output.find("the KubeVirt CR lists 10DE:27B8 as nvidia.com/AD104GL_L4, but node "
                           "utho advertises nvidia.com/27b8 (2)"),
