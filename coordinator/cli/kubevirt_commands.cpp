@@ -6,6 +6,7 @@
 #include "common/durations.hpp"
 #include "coordinator/cli/commands.hpp"
 #include "coordinator/cli/output.hpp"
+#include "coordinator/host/gpu_operator.hpp"
 #include "coordinator/host/inventory.hpp"
 #include "coordinator/host/pci.hpp"
 #include "coordinator/host/pci_ids.hpp"
@@ -28,8 +29,31 @@ struct AllowlistOptions {
   std::string pci_ids;
   std::string wait_timeout = "2m";
   bool dry_run = false;
+  std::string via = "auto";
   OutputFormat out = OutputFormat::table;
 };
+
+// Who advertises the cards: virt-handler (driverctl bound them), or the GPU
+// Operator's device plugin on nodes handed to it. auto: the operator when a
+// node carries its vm-passthrough label (`factory host bind --via
+// gpu-operator` sets it), since KubeVirt's flag is per model, cluster-wide.
+Result<std::pair<bool, std::string>> external_provider(kube::KubeClient& client,
+                                                       const std::string& via) {
+  namespace op = factory::host::gpu_operator;
+  if (via == "driverctl") return std::pair<bool, std::string>{false, "--via driverctl"};
+  if (via == "gpu-operator") return std::pair<bool, std::string>{true, "--via gpu-operator"};
+  const std::string selector =
+      std::string(op::kWorkloadLabel) + "=" + std::string(op::kVmPassthrough);
+  auto nodes = client.list(kube::kNode, "", {.label_selector = selector});
+  if (!nodes) return nodes.error();
+  std::string names;
+  for (const auto& n : (*nodes)["items"])
+    names += (names.empty() ? "" : ", ") + n["metadata"].value("name", "");
+  if (names.empty()) return std::pair<bool, std::string>{false, "no node is labelled " + selector};
+  return std::pair<bool, std::string>{
+      true, "node " + names + " " + ((*nodes)["items"].size() > 1 ? "are" : "is") + " labelled " +
+                selector + " (the GPU Operator binds and advertises its GPUs)"};
+}
 
 // The models to allowlist: from the flags, or from this host's inventory.
 Result<std::vector<GpuModel>> choose_models(const AllowlistOptions& o) {
@@ -70,6 +94,9 @@ int allowlist(const AllowlistOptions& o) {
   if (!models) return fail(models.error());
   auto client = kube::connect(o.access);
   if (!client) return fail(client.error());
+  auto mode = external_provider(*client, o.via);
+  if (!mode) return fail(mode.error());
+  for (auto& m : *models) m.external = mode->first;
 
   auto res = ensure_allowlisted(*client, o.ns, *models, o.dry_run);
   if (!res) return fail(res.error());
@@ -77,13 +104,17 @@ int allowlist(const AllowlistOptions& o) {
 
   json doc = {{"kubevirt", {{"namespace", res->cr_namespace}, {"name", res->cr_name}}},
               {"dryRun", o.dry_run},
+              {"via", mode->first ? "gpu-operator" : "driverctl"},
               {"added", res->merge.added},
+              {"madeExternal", res->merge.updated},
               {"alreadyListed", res->merge.present},
               {"warnings", res->merge.warnings},
               {"pciHostDevices", res->merge.entries}};
   json models_doc = json::array();
   for (const auto& m : *models) {
-    json jm = {{"pciVendorSelector", m.pci_vendor_selector}, {"resourceName", m.resource_name}};
+    json jm = {{"pciVendorSelector", m.pci_vendor_selector},
+               {"resourceName", m.resource_name},
+               {"externalResourceProvider", m.external}};
     if (m.from_inventory) {
       jm["name"] = m.name;
       jm["onVfioPci"] = m.on_vfio;
@@ -97,9 +128,16 @@ int allowlist(const AllowlistOptions& o) {
   if (table) {
     for (const auto& m : *models)
       if (!m.note.empty()) std::cout << "note: " << m.note << "\n";
+    if (mode->first)
+      std::cout << "advertised by the GPU Operator's device plugin: " << display_text(mode->second)
+                << "\n";
+    const std::string ext = mode->first ? " (externalResourceProvider: true)" : "";
     for (const auto& a : res->merge.added)
       std::cout << "KubeVirt " << cr << ": " << (o.dry_run ? "would allowlist " : "allowlisted ")
-                << a << "\n";
+                << a << ext << "\n";
+    for (const auto& u : res->merge.updated)
+      std::cout << "KubeVirt " << cr << ": " << (o.dry_run ? "would mark " : "marked ") << u << ext
+                << "\n";
     for (const auto& p : res->merge.present)
       std::cout << "KubeVirt " << cr << ": " << p << " already allowlisted\n";
     for (const auto& w : res->merge.warnings) std::cout << "warning: " << w << "\n";
@@ -153,6 +191,13 @@ void add_kubevirt_commands(CLI::App& app, Context& ctx) {
                 "Resource name for --pci-id (default: from pci.ids, as NVIDIA's device plugin "
                 "names it, e.g. nvidia.com/AD104GL_L4)");
   a->add_option("--namespace,-n", o->ns, "Namespace of the KubeVirt CR")->capture_default_str();
+  restrict_to(
+      a->add_option("--via", o->via,
+                    "Who advertises the cards: driverctl (virt-handler does), gpu-operator (its "
+                    "device plugin does: externalResourceProvider: true), or auto (gpu-operator "
+                    "when a node is labelled nvidia.com/gpu.workload.config=vm-passthrough)"),
+      {"auto", "driverctl", "gpu-operator"}, "a binding mode")
+      ->capture_default_str();
   a->add_option("--wait-timeout", o->wait_timeout,
                 "How long to wait for a node to advertise the cards")
       ->capture_default_str();

@@ -4,6 +4,8 @@
 #include <map>
 #include <regex>
 
+#include "coordinator/host/gpu_operator.hpp"
+
 namespace factory::kubevirt {
 
 using nlohmann::json;
@@ -107,7 +109,7 @@ Result<AllowlistMerge> merge_allowlist(const json& current, const std::vector<Gp
   out.entries = current.is_array() ? current : json::array();
   for (const auto& m : models) {
     bool listed = false;
-    for (const auto& e : out.entries) {
+    for (auto& e : out.entries) {
       if (!e.is_object()) continue;
       std::string sel = upper(e.value("pciVendorSelector", ""));
       std::string res = e.value("resourceName", "");
@@ -120,21 +122,29 @@ Result<AllowlistMerge> merge_allowlist(const json& current, const std::vector<Gp
                          "entry, or pass --resource-name " +
                          res);
       listed = true;
-      if (e.value("externalResourceProvider", false))
+      if (m.external && !e.value("externalResourceProvider", false)) {
+        e["externalResourceProvider"] = true;
+        out.updated.push_back(describe(sel, res));
+        continue;
+      }
+      if (!m.external && e.value("externalResourceProvider", false))
         out.warnings.push_back(describe(sel, res) +
                                " is left to an external device plugin (externalResourceProvider: "
                                "true): KubeVirt will not advertise it itself");
     }
     std::string d = describe(m.pci_vendor_selector, m.resource_name);
     if (listed) {
-      if (std::find(out.present.begin(), out.present.end(), d) == out.present.end())
+      if (std::find(out.present.begin(), out.present.end(), d) == out.present.end() &&
+          std::find(out.updated.begin(), out.updated.end(), d) == out.updated.end())
         out.present.push_back(d);
       continue;
     }
-    // externalResourceProvider stays unset: KubeVirt's own device plugin then
-    // advertises exactly the functions bound to vfio-pci.
-    out.entries.push_back(
-        {{"pciVendorSelector", m.pci_vendor_selector}, {"resourceName", m.resource_name}});
+    // Without externalResourceProvider, KubeVirt's own device plugin
+    // advertises exactly the functions bound to vfio-pci; with it, KubeVirt
+    // only permits what another plugin (the GPU Operator's) advertises.
+    json entry = {{"pciVendorSelector", m.pci_vendor_selector}, {"resourceName", m.resource_name}};
+    if (m.external) entry["externalResourceProvider"] = true;
+    out.entries.push_back(entry);
     out.added.push_back(d);
   }
   return out;
@@ -239,9 +249,25 @@ Result<AdvertiseReport> wait_for_advertised(kube::KubeClient& client,
       continue;
     }
     if (external) {
+      // The GPU Operator's plugin names cards from its own pci.ids: the name
+      // a node advertises may not be the one the CR lists.
+      bool mismatch = false;
+      for (const auto& [node, a] : allocatable) {
+        json n = {{"status", {{"allocatable", a}}}};
+        if (auto d = host::gpu_operator::resource_name_mismatch(
+                node, m.pci_vendor_selector, m.resource_name, host::gpu_operator::advertised(n),
+                "the KubeVirt CR")) {
+          report.problems.push_back(head + ": " + d->line());
+          mismatch = true;
+          break;
+        }
+      }
+      if (mismatch) continue;
       report.problems.push_back(head +
                                 ": the CR leaves it to an external device plugin "
-                                "(externalResourceProvider: true); is that plugin running?");
+                                "(externalResourceProvider: true) and no node advertises it: is "
+                                "the GPU Operator's sandbox device plugin running on the node "
+                                "(factory host bind --via gpu-operator waits for it)?");
       continue;
     }
     if (!m.not_on_vfio.empty()) {

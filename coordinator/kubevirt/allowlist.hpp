@@ -28,6 +28,10 @@ struct GpuModel {
   std::vector<std::string> on_vfio;      // addresses bound to vfio-pci
   std::vector<std::string> not_on_vfio;  // "0000:41:00.0 (nvidia)"
   std::string note;                      // why the resource name is a fallback, if it is
+  // Advertised by another device plugin (the GPU Operator's
+  // kubevirt-gpu-device-plugin, `factory host bind --via gpu-operator`), not
+  // by virt-handler: the entry gets externalResourceProvider: true.
+  bool external = false;
 };
 
 // The NVIDIA display functions on this host, grouped by model.
@@ -39,13 +43,17 @@ Result<GpuModel> model_from_flags(const std::string& pci_id, const std::string& 
 // Entries Factory did not make stay as they are and where they are; a model
 // already listed under the same resourceName is left alone; the same
 // selector under another resourceName is refused (KubeVirt would advertise
-// the same cards twice under two names).
+// the same cards twice under two names). An external model's entry gets
+// externalResourceProvider: true, and one already listed without it is
+// changed to have it (else virt-handler and the operator's plugin would both
+// register the resource).
 struct AllowlistMerge {
   nlohmann::json entries;             // the new pciHostDevices list
   std::vector<std::string> added;     // "10DE:27B8 as nvidia.com/AD104GL_L4"
+  std::vector<std::string> updated;   // listed before, now externalResourceProvider: true
   std::vector<std::string> present;   // already there
   std::vector<std::string> warnings;  // e.g. an entry left to an external provider
-  bool changed() const { return !added.empty(); }
+  bool changed() const { return !added.empty() || !updated.empty(); }
 };
 Result<AllowlistMerge> merge_allowlist(const nlohmann::json& current,
                                        const std::vector<GpuModel>& models);

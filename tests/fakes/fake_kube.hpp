@@ -81,6 +81,20 @@ class FakeKube {
     return nlohmann::json::parse(r->body, nullptr, false);
   }
 
+  // A raw authenticated JSON merge patch (what an admin's kubectl patch does).
+  nlohmann::json merge_patch(const std::string& path, const nlohmann::json& patch) const {
+    net::HttpClient c({.ca_pem = ca_pem()});
+    net::HttpRequest req;
+    req.method = "PATCH";
+    req.url = url() + path;
+    req.body = patch.dump();
+    req.headers["Authorization"] = "Bearer " + token();
+    req.headers["Content-Type"] = "application/merge-patch+json";
+    auto r = c.request(req);
+    if (!r) return nullptr;
+    return nlohmann::json::parse(r->body, nullptr, false);
+  }
+
  private:
   TempDir dir_;
   Process proc_;

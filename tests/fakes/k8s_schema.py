@@ -9,6 +9,11 @@ What it checks against:
   third_party/schemas/kubevirt-openapi.json (see third_party/schemas/SOURCES.md).
 - CDI kinds (cdi.kubevirt.io/v1beta1 DataVolume, ...): the real CDI OpenAPI
   document, third_party/schemas/cdi-openapi.json.
+- The GPU Operator's nvidia.com/v1 ClusterPolicy: the openAPIV3Schema of its
+  real CustomResourceDefinition,
+  third_party/schemas/gpu-operator-clusterpolicies-crd.yaml (metadata is
+  checked by the API server's rules below, as for any CRD;
+  x-kubernetes-int-or-string takes both).
 - Built-in kinds (v1 Namespace, Secret, Service, Node, ConfigMap, apps/v1
   Deployment, rbac.authorization.k8s.io/v1 ClusterRole, ...): the field lists
   and types of Debian's python3-kubernetes generated models
@@ -63,6 +68,11 @@ SCHEMAS_DIR = os.environ.get(
 OPENAPI_GROUPS = {
     "kubevirt.io": "kubevirt-openapi.json",
     "cdi.kubevirt.io": "cdi-openapi.json",
+}
+
+# Groups whose kinds come from a CustomResourceDefinition in third_party/schemas.
+CRD_GROUPS = {
+    "nvidia.com": "gpu-operator-clusterpolicies-crd.yaml",
 }
 
 FREE_FORM_SUFFIXES = (".RawExtension", ".FieldsV1", ".Patch")
@@ -139,11 +149,66 @@ def _openapi(filename):
 def load_openapi_documents():
     """Reads every OpenAPI document now, so a server that validates with them
     fails at start, naming the missing file, rather than on its first write."""
-    for filename in OPENAPI_GROUPS.values():
+    for filename in list(OPENAPI_GROUPS.values()) + list(CRD_GROUPS.values()):
         path = os.path.join(SCHEMAS_DIR, filename)
         if not os.path.isfile(path):
             raise SystemExit("k8s_schema: no OpenAPI document at %s (third_party/schemas, or $FACTORY_SCHEMAS_DIR)" % path)
-        _openapi(filename)
+        if filename in OPENAPI_GROUPS.values():
+            _openapi(filename)
+
+
+_crd_cache = {}
+
+
+def _structural(node):
+    """A CRD's openAPIV3Schema as jsonschema reads it, closed as a structural
+    schema under strict field validation is: unknown fields are errors unless
+    x-kubernetes-preserve-unknown-fields says otherwise."""
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for k, v in node.items():
+        if k == "properties":
+            out[k] = {name: _structural(p) for name, p in v.items()}
+        elif k in ("items", "additionalProperties") and isinstance(v, dict):
+            out[k] = _structural(v)
+        elif k in ("anyOf", "allOf", "oneOf"):
+            out[k] = [_structural(x) for x in v]
+        elif k.startswith("x-kubernetes-") or k in ("default", "description", "nullable"):
+            continue
+        else:
+            out[k] = v
+    if node.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+        out.pop("anyOf", None)
+        out.pop("pattern", None)  # applies to the string form only
+    if node.get("nullable") and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    if out.get("type") == "object" and "additionalProperties" not in out and \
+            not node.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+def _crd_definition(group, version, kind):
+    filename = CRD_GROUPS[group]
+    if filename not in _crd_cache:
+        with open(os.path.join(SCHEMAS_DIR, filename)) as f:
+            _crd_cache[filename] = [d for d in yaml.safe_load_all(f) if d]
+    for crd in _crd_cache[filename]:
+        spec = crd.get("spec") or {}
+        if spec.get("group") != group or (spec.get("names") or {}).get("kind") != kind:
+            continue
+        for v in spec.get("versions") or []:
+            if v.get("name") != version:
+                continue
+            schema = _structural(copy.deepcopy(v["schema"]["openAPIV3Schema"]))
+            # The API server checks ObjectMeta itself (_check_metadata below);
+            # a CRD's schema may say no more than `type: object` about it.
+            schema.setdefault("properties", {})["metadata"] = {"type": "object"}
+            name = version + "." + kind
+            return name, {name: schema}
+    return None, None
 
 
 def _openapi_definition(group, version, kind):
@@ -254,12 +319,16 @@ def schema_for(api_version, kind):
     if group in OPENAPI_GROUPS:
         name, defs = _openapi_definition(group, version, kind)
         source = OPENAPI_GROUPS[group]
+    elif group in CRD_GROUPS:
+        name, defs = _crd_definition(group, version, kind)
+        source = CRD_GROUPS[group]
     else:
         name, defs = _builtin_definition(group, version, kind)
         source = "python3-kubernetes models"
     if name is None:
-        result = (None, "no schema for %s %s in %s" % (api_version, kind,
-                                                        OPENAPI_GROUPS.get(group, "python3-kubernetes models")))
+        result = (None, "no schema for %s %s in %s" % (
+            api_version, kind,
+            OPENAPI_GROUPS.get(group) or CRD_GROUPS.get(group) or "python3-kubernetes models"))
     else:
         root = {"definitions": defs, "$ref": "#/definitions/" + name}
         result = (jsonschema.Draft4Validator(root), source + " " + name)

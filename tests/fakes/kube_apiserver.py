@@ -45,6 +45,15 @@ three label it; new Services get ClusterIPs from that range. The
 networking.k8s.io ServiceCIDR kind is not served (as on Kubernetes before
 1.33 without the beta API): python3-kubernetes has no model to check it by.
 
+PLAYS THE GPU OPERATOR (--gpu-operator sandbox|container; gpu_operator.py
+says what it models): the ClusterPolicy CR (nvidia.com/v1, checked against
+the real CRD), the node labelling that nvidia.com/gpu.workload.config drives,
+the vm-passthrough operands' pods (vfio-manager, sandbox validator, sandbox
+device plugin) with their logs (GET .../pods/NAME/log), vfio-manager binding
+the node's GPUs (in the --host-root tree), and the kubevirt-gpu-device-plugin
+advertising them on the Node under its own resource names. Pods may be
+listed with fieldSelector spec.nodeName.
+
 DOES NOT: persist anything, run admission webhooks beyond the schemas,
 track managedFields or detect apply conflicts between field managers (apply
 merges maps and replaces lists), implement strategic merge patch or JSON
@@ -60,6 +69,9 @@ Usage:
       [--bookmark-interval S] [--device-plugin-delay S]
       [--pod-cidr 10.42.0.0/24] [--service-cidr 10.43.0.0/16] [--node-ip IP]
       [--dns-service kube-system/kube-dns]
+      [--gpu-operator sandbox|container] [--node-gpus 10DE:2335=1]
+      [--host-nvidia-driver] [--vfio-bind-fails ADDR] [--plugin-pci-ids FILE]
+      [--operator-delay S]
 
 It writes into --pki-dir: ca.crt (the cluster CA), admin.crt / admin.key (a
 client certificate it accepts), token (a bearer token it accepts) and
@@ -74,6 +86,7 @@ Test-control endpoints (no auth, loopback only), under /_fake/:
   DELETE /_fake/forbid         clear those rules
   POST /_fake/vfio             {"10DE:27B8": 1}: the host's cards on vfio-pci now
   POST /_fake/gone             {"style": "event"|"http"}: how a too-old watch is refused
+  POST /_fake/gpu-operator     {"hostDriver", "vfioBindFails", "pluginPciIds"}: see gpu_operator.py
   GET  /_fake/requests         the requests seen so far (method, path, headers of note)
 """
 import argparse
@@ -98,6 +111,7 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import gpu_operator  # noqa: E402
 import k8s_schema  # noqa: E402
 import testpki  # noqa: E402
 
@@ -115,10 +129,12 @@ RESOURCES = [
     ("kubevirt.io", "v1", "VirtualMachine", "virtualmachines", True),
     ("kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances", True),
     ("cdi.kubevirt.io", "v1beta1", "DataVolume", "datavolumes", True),
+    ("nvidia.com", "v1", "ClusterPolicy", "clusterpolicies", False),
 ]
 # Kinds whose status belongs to a controller (the fake), never to clients.
 CONTROLLER_STATUS = {"Node", "KubeVirt", "VirtualMachine", "VirtualMachineInstance",
-                     "DataVolume", "Namespace", "Service", "PersistentVolumeClaim", "Pod"}
+                     "DataVolume", "Namespace", "Service", "PersistentVolumeClaim", "Pod",
+                     "ClusterPolicy"}
 NODE_PORT_RANGE = (30000, 32767)
 
 
@@ -225,6 +241,8 @@ def fields_match(text, obj):
             have = md.get("name")
         elif k == "metadata.namespace":
             have = md.get("namespace")
+        elif k == "spec.nodeName" and obj.get("kind", "Pod") == "Pod":
+            have = (obj.get("spec") or {}).get("nodeName")
         else:
             raise ApiError(400, "BadRequest", 'field label not supported: %s' % k)
         if (have == v) == neg:
@@ -277,6 +295,7 @@ class Store:
         self.node_ports = {}
         self.next_ip = 98
         self.plugin_due = 0.0   # when the device plugins next look at the CR
+        self.external_resources = {}  # resource -> count, from other device plugins
 
     # --- primitives (call with self.cond held)
 
@@ -449,8 +468,8 @@ class KubeVirtController:
     CDI would do, reduced to what Factory observes. Runs on a timer thread;
     every change goes through the store, so watches see it."""
 
-    def __init__(self, store, node_name):
-        self.store, self.node_name = store, node_name
+    def __init__(self, store, node_name, operator=None):
+        self.store, self.node_name, self.operator = store, node_name, operator
         self.res = {k: RES_BY_KIND[v] for k, v in {
             "node": ("v1", "Node"), "kv": ("kubevirt.io/v1", "KubeVirt"),
             "vm": ("kubevirt.io/v1", "VirtualMachine"),
@@ -466,7 +485,9 @@ class KubeVirtController:
     def tick(self):
         s = self.store
         with s.cond:
-            if time.monotonic() >= s.plugin_due:
+            if self.operator is not None:
+                self.operator.tick(time.monotonic())
+            if time.monotonic() >= s.plugin_due or self.operator is not None:
                 self.sync_node()
             self.sync_vms()
             self.sync_vmis()
@@ -494,6 +515,12 @@ class KubeVirtController:
             count = self.store.vfio.get(str(d.get("pciVendorSelector", "")).upper(), 0)
             advertised.add(name)
             alloc[name] = cap[name] = str(count)
+        # Resources another device plugin registered with the kubelet (the GPU
+        # Operator's kubevirt-gpu-device-plugin).
+        for name, count in self.store.external_resources.items():
+            if name not in advertised:
+                advertised.add(name)
+                alloc[name] = cap[name] = str(count)
         # A device plugin that went away leaves its resource at 0 (kubelet).
         for name in list(alloc):
             if name not in advertised and "/" in name and not name.startswith("devices.kubevirt.io/") \
@@ -656,6 +683,9 @@ class Handler(BaseHTTPRequestHandler):
                                             "platform": "linux/amd64"})
             if u.path in ("/healthz", "/readyz", "/livez"):
                 return self.send_json(200, "ok")
+            m = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$", u.path)
+            if m and self.command == "GET":
+                return self.pod_log(user, m.group(1), m.group(2), q)
             res, ns, name = self.route(u.path)
             verb = self.verb(name, q)
             self.authorize(user, verb, res, ns, name)
@@ -720,6 +750,42 @@ class Handler(BaseHTTPRequestHandler):
                                '%s is forbidden: User "%s" cannot %s resource "%s" in API group "%s"%s'
                                % (what, user, verb, res.plural, group, where if res.namespaced else " at the cluster scope"),
                                {"name": name, "group": res.group, "kind": res.plural})
+
+    def pod_log(self, user, ns, name, q):
+        res = RES_BY_KIND[("v1", "Pod")]
+        self.authorize(user, "get", Resource("", "v1", "Pod", "pods/log", True), ns, name)
+        op = self.server.operator
+        with self.store.cond:
+            pod = self.store.get(res, ns, name)
+            if pod is None:
+                raise not_found(res, name)
+            containers = [c["name"] for c in (pod.get("spec") or {}).get("initContainers") or []] + \
+                [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+            container = q.get("container") or (containers[-1] if len(containers) == 1 else "")
+            if not container:
+                raise ApiError(400, "BadRequest", "a container name must be specified for pod %s, "
+                               "choose one of: %s" % (name, containers))
+            if container not in containers:
+                raise ApiError(400, "BadRequest", "container %s is not valid for pod %s"
+                               % (container, name))
+            previous = q.get("previous") in ("true", "1")
+            text = op.log(name, container, previous) if op else None
+            if text is None:
+                if previous:
+                    raise ApiError(400, "BadRequest", 'previous terminated container "%s" in pod '
+                                   '"%s" not found' % (container, name))
+                text = ""
+        lines = text.splitlines(True)
+        if q.get("tailLines"):
+            lines = lines[-int(q["tailLines"]):]
+        body = "".join(lines).encode()
+        if q.get("limitBytes"):
+            body = body[:int(q["limitBytes"])]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     # --- verbs
 
@@ -1024,6 +1090,10 @@ class Handler(BaseHTTPRequestHandler):
             elif path == "/_fake/hold-watches":
                 s.hold_watches = bool(doc.get("hold", True))
                 s.cond.notify_all()
+            elif path == "/_fake/gpu-operator":
+                if self.server.operator is None:
+                    return self.send_json(404, {"error": "no --gpu-operator"})
+                self.server.operator.control(doc)
             elif path == "/_fake/gone":
                 s.gone_style = doc.get("style", "event")
             elif path == "/_fake/requests":
@@ -1041,6 +1111,7 @@ class Server(ThreadingHTTPServer):
     def __init__(self, addr, family, ctx, store, args, tokens):
         self.address_family = family
         self.ssl_context, self.store, self.args, self.tokens = ctx, store, args, tokens
+        self.operator = None
         super().__init__(addr, Handler)
 
     def finish_request(self, request, client_address):
@@ -1056,7 +1127,7 @@ class Server(ThreadingHTTPServer):
 
 # ---------------------------------------------------------------- start-up
 
-def seed(store, args):
+def seed(store, args, operator=None):
     def add(obj):
         res = RES_BY_KIND[(obj["apiVersion"], obj["kind"])]
         ns = (obj.get("metadata") or {}).get("namespace", "")
@@ -1109,6 +1180,8 @@ def seed(store, args):
              "spec": {"configuration": {"imagePullPolicy": "IfNotPresent"},
                       "imagePullPolicy": "IfNotPresent"},
              "status": {"phase": "Deployed", "observedKubeVirtVersion": "v1.9.0"}})
+    if operator is not None:
+        operator.seed_objects(add)
     for path in args.seed or []:
         with open(path) as f:
             for doc in yaml.safe_load_all(f):
@@ -1185,6 +1258,19 @@ def main():
     p.add_argument("--no-kubevirt-cr", action="store_true")
     p.add_argument("--no-group", action="append", default=[],
                    help="serve no such API group (as if its CRDs were not installed)")
+    p.add_argument("--gpu-operator", choices=["sandbox", "container"],
+                   help="play the GPU Operator: its ClusterPolicy with sandboxWorkloads on or off")
+    p.add_argument("--node-gpus", action="append",
+                   help="VENDOR:DEVICE=COUNT: the node's GPUs (no driver) when there is no --host-root")
+    p.add_argument("--host-nvidia-driver", action="store_true",
+                   help="the node's host loads the NVIDIA driver (k8s-driver-manager sees it)")
+    p.add_argument("--vfio-bind-fails", action="append", default=[],
+                   help="a GPU address vfio-manage fails to bind")
+    p.add_argument("--plugin-pci-ids",
+                   help="the pci.ids in the kubevirt-gpu-device-plugin image "
+                        "(default: the host tree's /usr/share/misc/pci.ids)")
+    p.add_argument("--operator-delay", type=float, default=0.3,
+                   help="seconds each operand takes to start (and between crash-loop restarts)")
     p.add_argument("--tick", type=float, default=0.1, help="controller period (s)")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args()
@@ -1199,10 +1285,13 @@ def main():
     tokens = {token} | set(args.token)
 
     store = Store(args)
+    operator = gpu_operator.GpuOperator(store, RES_BY_KIND, args.node_name, args) \
+        if args.gpu_operator else None
     with store.cond:
-        seed(store, args)
+        seed(store, args, operator)
     family = socket.AF_INET6 if ":" in args.bind else socket.AF_INET
     srv = Server((args.bind, args.port), family, ctx, store, args, tokens)
+    srv.operator = operator
     for f in args.forbid:
         parts = f.split(":")
         store.forbidden.append((parts[0], parts[1], parts[2] if len(parts) > 2 else "*"))
@@ -1211,7 +1300,7 @@ def main():
     url = "https://%s:%d" % (host, port)
     write_kubeconfig(args.pki_dir, url)
 
-    controller = KubeVirtController(store, args.node_name)
+    controller = KubeVirtController(store, args.node_name, operator)
 
     def loop():
         while True:
