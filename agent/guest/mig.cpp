@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/mig_cards.hpp"
+#include "common/subprocess.hpp"
 
 namespace factory::agent {
 
@@ -297,6 +298,47 @@ MigCreateResult parse_mig_create(const std::string& output) {
     }
   }
   return r;
+}
+
+void add_mig_instances(std::vector<proto::GpuSample>& gpus, const std::vector<std::string>& prefix,
+                       std::chrono::milliseconds timeout) {
+  bool any = false;
+  for (const auto& g : gpus) any |= g.mig_mode == "Enabled";
+  if (!any) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto run = [&](std::vector<std::string> args) -> std::optional<std::string> {
+    CommandSpec spec;
+    spec.argv = prefix;
+    spec.argv.push_back("nvidia-smi");
+    for (auto& a : args) spec.argv.push_back(std::move(a));
+    spec.timeout = std::max(std::chrono::milliseconds(1),
+                            std::chrono::duration_cast<std::chrono::milliseconds>(
+                                deadline - std::chrono::steady_clock::now()));
+    auto r = run_command(spec);
+    if (!r || !r->ok()) return std::nullopt;
+    return r->output;
+  };
+  auto list = run({"-L"});
+  if (!list) return;
+  auto devices = parse_mig_devices(*list);
+  if (!devices) return;
+  std::vector<MigProfile> profiles;
+  if (auto lgip = run({"mig", "-lgip"}))
+    if (auto p = parse_mig_profiles(*lgip)) profiles = std::move(*p);
+  for (auto& g : gpus) {
+    if (g.mig_mode != "Enabled") continue;
+    g.mig_instances.clear();
+    for (const auto& d : *devices) {
+      if (d.gpu != g.index) continue;
+      if (g.mig_instances.size() >= proto::health_limits::kMigInstances) break;
+      proto::MigInstanceSample m;
+      m.profile = d.profile;
+      m.uuid = d.uuid;
+      for (const auto& p : profiles)
+        if (p.gpu == g.index && p.name == d.profile) m.memory_gib = p.memory_gib;
+      g.mig_instances.push_back(std::move(m));
+    }
+  }
 }
 
 }  // namespace factory::agent

@@ -9,12 +9,14 @@
 // values or an error, and never throws. Tested on the real H200's capture
 // (tests/fixtures/real/h200-passthrough-vm/2026-12-01/) and on NVIDIA's
 // documented output (the MIG user guide) where no capture exists.
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/health_sample.hpp"
 
 namespace factory::agent {
 
@@ -111,5 +113,13 @@ struct MigCreateResult {
   std::string failure;
 };
 MigCreateResult parse_mig_create(const std::string& output);
+
+// For health: each GPU whose mig_mode is "Enabled" gets its MIG slices
+// (`<prefix...> nvidia-smi -L` for the devices and their UUIDs, `nvidia-smi
+// mig -lgip` for each profile's memory). Nothing is asked when no GPU is in
+// MIG mode; output that does not parse leaves the slices out (the GPU's
+// own figures stand).
+void add_mig_instances(std::vector<proto::GpuSample>& gpus, const std::vector<std::string>& prefix,
+                       std::chrono::milliseconds timeout);
 
 }  // namespace factory::agent
