@@ -360,7 +360,9 @@ Status check_mig_tier(const Tier& tier, const std::string& where) {
   std::map<std::string, int64_t> waits;  // resource -> count
   for (const auto& st : tier.steps) {
     if (st.kind == "helm_release") {
-      const json& v = st.params.value("values", json::object());
+      // A reference into the step itself: `data` outlives this iteration.
+      static const json kNone = json::object();
+      const json& v = st.params.contains("values") ? st.params["values"] : kNone;
       const json* d = nullptr;
       if (v.contains("migManager") && v["migManager"].is_object() &&
           v["migManager"].contains("config") && v["migManager"]["config"].is_object() &&
