@@ -15,8 +15,9 @@
 #                                column recomputed from what is created
 #   nvidia-smi mig -lgi / -lci   NVIDIA's documented tables (MIG user guide)
 #   nvidia-smi mig -cgi IDS [-C] GPU instances placed as the card's -lgipp
-#                                capture says (MIG_PLACEMENTS), lowest free
-#                                start first; -C adds each one's compute instance
+#                                capture says (MIG_PLACEMENTS): multi-slice
+#                                ones at the highest free start, 1-slice ones at
+#                                the lowest; -C adds each one's compute instance
 #   nvidia-smi mig -dci / -dgi   destroys them (compute instances first: -dgi
 #                                refuses a GPU instance that still has one)
 #   nvidia-smi -L                the GPU line, and its MIG devices with UUIDs
@@ -115,7 +116,10 @@ def used(s):
 def free_start(s, pid):
     starts, size = placements()[pid]
     occ = used(s)
-    for st in starts:
+    # NVIDIA does not document which free placement the driver picks; here a
+    # multi-slice instance takes the highest and a 1-slice one the lowest, so
+    # the documented "-cgi 9,19,19,19,19" (a 3g beside four 1g) fits.
+    for st in (reversed(starts) if size > 1 else starts):
         if not occ.intersection(range(st, st + size)):
             return st, size
     return None
