@@ -71,8 +71,9 @@ TEST_F(GpuK8sMigTier, TheSimulatedH200ReachesReadyWithSevenSlicesAllocatable) {
   PlanEngine engine(
       sim_->env(), registry(), [](json) {}, no_reboot, no_sleep());
   ASSERT_EQ(engine.run(plan), PlanEngine::Outcome::succeeded) << engine.status_json().dump(2);
+  const json status = engine.status_json();
   std::vector<std::string> ids;
-  for (const auto& s : engine.status_json()["steps"]) ids.push_back(s["id"]);
+  for (const auto& s : status["steps"]) ids.push_back(s["id"]);
   EXPECT_EQ(ids, (std::vector<std::string>{"gpu-present", "rke2", "gpu-operator",
                                            "label-mig-config", "mig-allocatable"}));
 
