@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "agent/guest/mig.hpp"
+#include "agent/health/gpu_health.hpp"
 #include "agent/health/k8s_health.hpp"
 #include "agent/plan/engine.hpp"
 #include "tests/agent/step_harness.hpp"
@@ -94,6 +95,17 @@ TEST_F(GpuK8sMigTier, TheSimulatedH200ReachesReadyWithSevenSlicesAllocatable) {
   auto mode = sim_->sh(
       {"nvidia-smi", "-i", "0", "--query-gpu=index,mig.mode.current", "--format=csv,noheader"});
   EXPECT_EQ(mode.output, "0, Enabled\n");
+
+  // Health reports the mode and each slice with its profile and memory.
+  auto gpu = agent::collect_gpu_health(sim_->env());
+  ASSERT_EQ(gpu["gpus"].size(), 1u) << gpu.dump(2);
+  EXPECT_EQ(gpu["gpus"][0]["mig_mode"], "Enabled");
+  ASSERT_EQ(gpu["gpus"][0]["mig_instances"].size(), 7u) << gpu.dump(2);
+  for (const auto& m : gpu["gpus"][0]["mig_instances"]) {
+    EXPECT_EQ(m["profile"], "1g.18gb");
+    EXPECT_EQ(m["memory_gib"], 16.0);
+    EXPECT_EQ(m["uuid"].get<std::string>().rfind("MIG-", 0), 0u);
+  }
 
   // Done is done: the same plan again changes nothing.
   std::string before = sim_->counters();
