@@ -60,6 +60,13 @@ class MigStep : public ::testing::Test {
 
 TEST_F(MigStep, SevenSmallSlicesOnTheH200WithTheCardsOwnProfileIds) {
   make();
+  // The stand-in answers -lgip with the real card's capture, byte for byte
+  // (the capture then holds -lgi's one line).
+  std::string capture =
+      slurp(fixtures_dir() / "h200-passthrough-vm/2026-12-01/nvidia-smi-mig-lgip-and-lgi.txt");
+  capture = capture.substr(0, capture.find("No MIG-enabled devices found."));
+  EXPECT_EQ(sim_->sh({"nvidia-smi", "mig", "-lgip"}).output, capture);
+
   StepHarness h(sim_->env(), mig_spec(kSevenSmall));
   ASSERT_TRUE(h.ok());
   auto c = h.check();
