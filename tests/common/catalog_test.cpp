@@ -72,7 +72,7 @@ TEST(Catalog, BuiltInValidatesWithTheTwoTiersInOrder) {
   auto c = cat::builtin();
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->source, "built-in");
-  EXPECT_EQ(c->names(), (std::vector<std::string>{"gpu-vm", "gpu-k8s"}));
+  EXPECT_EQ(c->names(), (std::vector<std::string>{"gpu-vm", "gpu-k8s", "gpu-k8s-mig"}));
 }
 
 TEST(Catalog, BuiltInIsTheFileInTheSourceTree) {
@@ -219,7 +219,7 @@ TEST(Catalog, UnknownTierNamesTheKnownOnes) {
   ASSERT_TRUE(c.ok());
   auto t = c->tier("gpu-xl");
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.error().message, "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s)");
+  EXPECT_EQ(t.error().message, "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s, gpu-k8s-mig)");
   EXPECT_FALSE(cat::plan_for(*c, "x").ok());
 }
 
