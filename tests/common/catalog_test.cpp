@@ -229,7 +229,7 @@ TEST(Catalog, ErrorsNameTheTierStepAndKey) {
       error_of(replace(m, "kind: wait_allocatable", "kind: wait_alocatable")),
       "catalog test.yaml: tier 'mini': step 'alloc': unknown step kind 'wait_alocatable' (known: "
       "gpu_present, apt_packages, nvidia_driver, ollama_install, ollama_model, rke2, helm_release, "
-      "node_label, wait_allocatable, script)");
+      "node_label, wait_allocatable, mig, script)");
   EXPECT_EQ(error_of(replace(m, "{resource: nvidia.com/gpu, ", "{resourse: nvidia.com/gpu, ")),
             "catalog test.yaml: tier 'mini': step 'alloc': params: unknown key 'resourse' (known: "
             "resource, "
