@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/step_params.hpp"
+
 namespace factory::catalog {
 
 using nlohmann::json;
@@ -22,16 +24,14 @@ void add(std::vector<Pin>& out, Pin p) {
   out.push_back(std::move(p));
 }
 
-// Helm itself, for a helm_release step: a release tarball at a version, or
-// whatever a script from a branch fetches.
+// Helm itself, for a helm_release step: its release tarball at a version,
+// checked against the catalog's sha256.
 void helm_pin(std::vector<Pin>& out, const StepDef& s) {
-  const json& p = s.params;
-  if (!str(p, "helm_version").empty())
-    add(out, {"Helm", str(p, "helm_version"), at(s, "helm_version"),
-              p.contains("helm_sha256") ? "release tarball, sha256 checked" : ""});
-  else if (!str(p, "helm_installer").empty())
-    add(out, {"Helm", "", at(s, "helm_installer"),
-              "installed by " + str(p, "helm_installer") + ", whatever version it fetches"});
+  // With its defaults: a step that leaves the version out gets the built-in pin.
+  auto normalized = normalize_step_params(s.kind, s.params, "step '" + s.id + "'");
+  const json& p = normalized ? *normalized : s.params;
+  add(out, {"Helm", str(p, "helm_version"), at(s, "helm_version"),
+            p.contains("helm_sha256") ? "release tarball, sha256 checked" : ""});
 }
 
 // The GPU Operator's own driver (its driver DaemonSet): driver.version in the

@@ -188,9 +188,29 @@ Status catalog_check_rke2(const json& p, const std::string& where) {
   return ok_status();
 }
 
+// Helm comes from its release tarball at a pinned version, checked against
+// the catalog's sha256 for the guest's architecture before it is unpacked.
 Status check_helm_release(const json& p, const std::string& where) {
   if (auto s = url_param(p, "repo_url", where, false); !s) return s;
-  if (auto s = url_param(p, "helm_installer", where, true); !s) return s;
+  static const std::regex semver("^v[0-9]+\\.[0-9]+\\.[0-9]+$");
+  if (!std::regex_match(p["helm_version"].get<std::string>(), semver))
+    return bad(where + ".helm_version", "must be a Helm release like v3.19.0, got '" +
+                                            p["helm_version"].get<std::string>() + "'");
+  static const std::regex sha256("^[0-9a-f]{64}$");
+  const json& sums = p["helm_sha256"];
+  if (sums.empty())
+    return bad(where + ".helm_sha256", "must give the release tarball's sha256 for amd64");
+  for (const auto& [arch, sum] : sums.items()) {
+    if (arch != "amd64" && arch != "arm64")
+      return bad(where + ".helm_sha256." + arch, "is not an architecture: use amd64 or arm64");
+    if (!std::regex_match(sum.get<std::string>(), sha256))
+      return bad(where + ".helm_sha256." + arch,
+                 "must be 64 lowercase hex digits (the release's .sha256sum)");
+  }
+  if (auto s = url_param(p, "helm_archive_url", where, true); !s) return s;
+  const std::string& url = p["helm_archive_url"].get_ref<const std::string&>();
+  if (url.find("{version}") == std::string::npos || url.find("{arch}") == std::string::npos)
+    return bad(where + ".helm_archive_url", "must hold {version} and {arch}, got '" + url + "'");
   return duration_param(p, "wait_timeout", where);
 }
 
@@ -334,8 +354,13 @@ const std::vector<StepKindSchema>& step_kind_schemas() {
         {"create_namespace", T::boolean, false, true},
         {"wait_timeout", T::string, false, "5m"},  // Helm's own default
         {"kubeconfig", T::string, false, kRke2Kubeconfig},
-        {"helm_installer", T::string, false,
-         "https://raw.githubusercontent.com/helm/helm/main/scripts/get-helm-4"},
+        // Helm v3.19.0's published checksums (get.helm.sh/helm-v3.19.0-linux-*.tar.gz.sha256sum).
+        {"helm_version", T::string, false, "v3.19.0"},
+        {"helm_sha256", T::string_map, false,
+         json{{"amd64", "a7f81ce08007091b86d8bd696eb4d86b8d0f2e1b9f6c714be62f82f96a594496"},
+              {"arm64", "440cf7add0aee27ebc93fada965523c1dc2e0ab340d4348da2215737fc0d76ad"}}},
+        {"helm_archive_url", T::string, false,
+         "https://get.helm.sh/helm-{version}-linux-{arch}.tar.gz"},
         {"values", T::object, false, json::object()},
         // The NVIDIA driver the chart's driver container must run (the GPU
         // Operator's driver.version): verified in its nvidia-smi.

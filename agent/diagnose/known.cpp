@@ -97,6 +97,17 @@ Diagnosis download_failed(const std::string& url, const std::string& output_tail
           {{"url", url}, {"output_tail", output_tail}}};
 }
 
+Diagnosis checksum_mismatch(const std::string& url, const std::string& want,
+                            const std::string& got) {
+  return {"checksum_mismatch",
+          "the sha256 of " + url + " is not the one the catalog pins",
+          "nothing was installed from it; if the guest reaches the URL through a proxy or "
+          "mirror, check that it serves the original file; if the pin is wrong, fix the "
+          "catalog's checksum from the release's published .sha256sum; then `factory tenant "
+          "retry`",
+          {{"url", url}, {"want", want}, {"got", got}}};
+}
+
 Diagnosis nvidia_smi_not_on_path() {
   return {"nvidia_smi_not_on_path",
           "nvidia-smi is not on PATH and no GPU Operator driver root exists",

@@ -37,6 +37,10 @@ Diagnosis apt_failed(const std::string& command, const std::string& output_tail)
 
 // A download (the NVIDIA repository package) did not complete.
 Diagnosis download_failed(const std::string& url, const std::string& output_tail);
+// A pinned download whose sha256 is not the catalog's: altered in transit or
+// at the source, or the pin is wrong. Nothing of it was unpacked.
+Diagnosis checksum_mismatch(const std::string& url, const std::string& want,
+                            const std::string& got);
 
 // nvidia-smi is not on PATH and no GPU Operator driver root exists either.
 Diagnosis nvidia_smi_not_on_path();

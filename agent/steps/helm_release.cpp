@@ -28,7 +28,9 @@ struct HelmParams {
   bool create_namespace{};
   std::chrono::seconds wait_timeout{};
   std::string kubeconfig;
-  std::string helm_installer;
+  std::string helm_version;      // v3.19.0
+  std::string helm_sha256;       // of the tarball for this guest's architecture
+  std::string helm_archive_url;  // {version} and {arch} filled in
   json values;
   std::string driver_version;  // "" none to check
 };
@@ -70,10 +72,82 @@ std::string helm_error_line(const CommandResult& r) {
   return last;
 }
 
-// True when `helm version --short` runs: helm is installed.
-bool helm_installed(const StepContext& ctx) {
+// The version `helm version --short` prints ("v3.19.0+g3d8990f" -> "v3.19.0"),
+// or "" when helm does not run: not installed.
+std::string installed_helm_version(const StepContext& ctx) {
   auto r = run_in_step(ctx, {"helm", "version", "--short"}, std::chrono::seconds(30));
-  return r && r->ok();
+  if (!r || !r->ok()) return "";
+  std::string v = r->output.substr(0, r->output.find_first_of("+\n \r"));
+  return v.empty() ? "?" : v;
+}
+
+bool helm_installed(const StepContext& ctx) {
+  return !installed_helm_version(ctx).empty();
+}
+
+// The architecture the agent was built for is the guest's: it runs there.
+constexpr const char* kGuestArch =
+#if defined(__aarch64__)
+    "arm64";
+#else
+    "amd64";
+#endif
+
+std::string fill(std::string url, const std::string& key, const std::string& value) {
+  for (auto at = url.find(key); at != std::string::npos; at = url.find(key, at + value.size()))
+    url.replace(at, key.size(), value);
+  return url;
+}
+
+// Downloads Helm's release tarball, checks its sha256 against the catalog's
+// BEFORE unpacking anything, and puts the one binary in place atomically (a
+// half-written helm never sits on PATH). The checksum is the point: the
+// installer script from Helm's branch fetched whatever version was newest and
+// checked it against a sum from the same server.
+StepOutcome install_pinned_helm(const StepContext& ctx, const HelmParams& p) {
+  const std::string dir = ctx.env.path("/usr/local/bin").string();
+  const std::string member = std::string("linux-") + kGuestArch + "/helm";
+  std::string script =
+      "set -e\n"
+      "d=$(mktemp -d)\n"
+      "trap 'rm -rf \"$d\"' EXIT\n"
+      "curl -fsSL --retry 3 " +
+      sh_quote(p.helm_archive_url) +
+      " -o \"$d/helm.tar.gz\"\n"
+      "got=$(sha256sum \"$d/helm.tar.gz\" | cut -d' ' -f1)\n"
+      "if [ \"$got\" != " +
+      sh_quote(p.helm_sha256) +
+      " ]; then echo \"factory: sha256 mismatch: got $got\" >&2; exit 65; fi\n"
+      "tar -xzf \"$d/helm.tar.gz\" -C \"$d\" " +
+      sh_quote(member) +
+      "\n"
+      "mkdir -p " +
+      sh_quote(dir) +
+      "\n"
+      "cp \"$d/\"" +
+      sh_quote(member) + " " + sh_quote(dir + "/.helm.new") +
+      "\n"
+      "chmod 0755 " +
+      sh_quote(dir + "/.helm.new") +
+      "\n"
+      "mv -f " +
+      sh_quote(dir + "/.helm.new") + " " + sh_quote(dir + "/helm") + "\n";
+  CommandSpec spec = shell_command(script);
+  spec.timeout = time_left(ctx, std::chrono::minutes(10));
+  auto r = run_command(spec);
+  if (!r) return StepOutcome::failure("cannot run the Helm install: " + r.error().message);
+  if (r->ok()) return StepOutcome::success();
+  std::string tail = r->tail(20);
+  const std::string marker = "factory: sha256 mismatch: got ";
+  if (auto at = tail.find(marker); at != std::string::npos) {
+    std::string got = tail.substr(at + marker.size(), 64);
+    auto d = diagnoses::checksum_mismatch(p.helm_archive_url, p.helm_sha256, got);
+    return StepOutcome::failure(d.summary, tail, d);
+  }
+  std::optional<Diagnosis> d;
+  if (tail.find("curl: (") != std::string::npos)
+    d = diagnoses::download_failed(p.helm_archive_url, tail);
+  return StepOutcome::failure("installing Helm " + p.helm_version + " " + r->describe(), tail, d);
 }
 
 // Whether a helm process runs in the guest (<root>/proc/<pid>/comm). An
@@ -97,7 +171,7 @@ class HelmRelease final : public Step {
   explicit HelmRelease(HelmParams p) : p_(std::move(p)) {}
 
   Result<bool> check(StepContext& ctx) override {
-    if (!helm_installed(ctx)) return false;
+    if (!same_chart_version(installed_helm_version(ctx), p_.helm_version)) return false;
     auto st = release_state(ctx);
     // The API not answering is "not done" here; apply says why.
     if (!st) return false;
@@ -105,16 +179,17 @@ class HelmRelease final : public Step {
   }
 
   StepOutcome apply(StepContext& ctx) override {
-    if (!helm_installed(ctx)) {
-      emit_progress(ctx, {{"state", "progress"}, {"message", "installing helm"}});
-      // USE_SUDO=false: the agent runs as root; without root the installer
-      // should fail plainly rather than wait for a sudo password.
-      auto out = run_install_script(ctx, "Helm install script", p_.helm_installer, "bash",
-                                    {{"USE_SUDO", "false"}}, 10min);
+    if (auto have = installed_helm_version(ctx); !same_chart_version(have, p_.helm_version)) {
+      emit_progress(ctx, {{"state", "progress"},
+                          {"message", "installing Helm " + p_.helm_version +
+                                          (have.empty() ? "" : " (the guest has " + have + ")")}});
+      auto out = install_pinned_helm(ctx, p_);
       if (!out.ok()) return out;
-      if (!helm_installed(ctx))
+      if (auto now = installed_helm_version(ctx); !same_chart_version(now, p_.helm_version))
         return StepOutcome::failure(
-            "the Helm install script finished but `helm version` does not run", out.message);
+            "Helm " + p_.helm_version + " was put in /usr/local/bin but " +
+            (now.empty() ? "`helm version` does not run"
+                         : "`helm version` says " + now + " (another helm comes first on PATH?)"));
     }
     std::error_code ec;
     if (!std::filesystem::exists(ctx.env.path(p_.kubeconfig), ec))
@@ -353,8 +428,16 @@ Result<std::unique_ptr<Step>> make_helm_release(const StepSpec& spec) {
                             {"version", &p.version},
                             {"namespace", &p.ns},
                             {"kubeconfig", &p.kubeconfig},
-                            {"helm_installer", &p.helm_installer}})
+                            {"helm_version", &p.helm_version}})
     *field = (*j)[key].get<std::string>();
+  const json& sums = (*j)["helm_sha256"];
+  if (!sums.contains(kGuestArch))
+    return Error(Errc::invalid_argument, "step '" + spec.id + "': params.helm_sha256 has no " +
+                                             kGuestArch + " checksum, the guest's architecture");
+  p.helm_sha256 = sums[kGuestArch].get<std::string>();
+  p.helm_archive_url =
+      fill(fill((*j)["helm_archive_url"].get<std::string>(), "{version}", p.helm_version), "{arch}",
+           kGuestArch);
   p.create_namespace = (*j)["create_namespace"].get<bool>();
   // The schema checked that it parses.
   p.wait_timeout = *parse_duration((*j)["wait_timeout"].get<std::string>());

@@ -23,7 +23,7 @@ GpuDriverObservations healthy() {
   o.gpus = {l4("nvidia")};
   o.module_loaded = true;
   o.driver_package = "nvidia-headless-open";
-  o.package = {true, "install ok installed", "615.71.09-1ubuntu1"};
+  o.package = {true, false, "install ok installed", "615.71.09-1ubuntu1"};
   o.expected_version = "615.71.09";
   o.smi_version = "615.71.09";
   return o;

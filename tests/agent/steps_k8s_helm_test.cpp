@@ -59,7 +59,7 @@ TEST_F(HelmStep, GpuOperatorInstallsHelmThenThePinnedChartWithTheCatalogsValues)
   ASSERT_TRUE(v.ok()) << describe(v);
   EXPECT_TRUE(contains(v.message, "deployed, chart gpu-operator v26.3.2")) << v.message;
 
-  EXPECT_EQ(sim_->counter("helm.get"), 1);  // the get-helm-4 installer
+  EXPECT_EQ(sim_->counter("curl.helm-v3.19.0-linux-amd64.tar.gz"), 1);  // the pinned tarball
   EXPECT_EQ(sim_->counter("helm.install.gpu-operator"), 1);
   auto calls = sim_->calls_log();
   EXPECT_TRUE(contains(calls,
@@ -110,11 +110,80 @@ TEST_F(HelmStep, ChangedValuesMakeTheReleaseStaleAndApplyUpgradesIt) {
   ASSERT_TRUE(a.ok()) << describe(a);
   ASSERT_TRUE(h.verify().ok());
   EXPECT_EQ(sim_->counter("helm.install.gpu-operator"), 2);
-  EXPECT_EQ(sim_->counter("helm.get"), 1);
+  EXPECT_EQ(sim_->counter("curl.helm-v3.19.0-linux-amd64.tar.gz"), 1);
   auto status = helm_json({"status", "gpu-operator", "-n", "gpu-operator"});
   EXPECT_EQ(status["version"], 2);
   EXPECT_EQ(status["config"]["dcgmExporter"]["enabled"], false);
   EXPECT_EQ(status["config"]["driver"]["version"], "580.126.20");
+}
+
+// Helm comes from its release tarball, pinned by sha256 (the catalog's
+// get.helm.sh sums for v3.19.0). The stand-in tarball is real gzip'd tar; the
+// sha256sum stand-in reports the real release's sum for it only while it is
+// the bytes curl served (tests/guestsim/bin/curl, bin/sha256sum).
+const char* const kHelmAmd64Sum =
+    "a7f81ce08007091b86d8bd696eb4d86b8d0f2e1b9f6c714be62f82f96a594496";
+
+TEST_F(HelmStep, AnAlteredHelmTarballIsRefusedBeforeAnythingIsUnpacked) {
+  sim_->set_knob("curl_corrupt", "helm-v3.19.0-linux-amd64.tar.gz");
+  auto a = step("gpu-operator").apply();
+  ASSERT_FALSE(a.ok());
+  ASSERT_TRUE(a.diagnosis) << describe(a);
+  EXPECT_EQ(a.diagnosis->code, "checksum_mismatch") << describe(a);
+  EXPECT_EQ(a.diagnosis->details["url"], "https://get.helm.sh/helm-v3.19.0-linux-amd64.tar.gz");
+  EXPECT_EQ(a.diagnosis->details["want"], kHelmAmd64Sum);
+  auto got = a.diagnosis->details["got"].get<std::string>();
+  EXPECT_EQ(got.size(), 64u) << got;
+  EXPECT_NE(got, kHelmAmd64Sum);
+  // Nothing of it reached PATH, and no chart was installed.
+  EXPECT_FALSE(std::filesystem::exists(sim_->root() / "usr/local/bin/helm"));
+  EXPECT_FALSE(std::filesystem::exists(sim_->root() / "usr/local/bin/.helm.new"));
+  EXPECT_EQ(sim_->counter("helm.install.gpu-operator"), 0);
+
+  // The mirror fixed, a retry installs it.
+  sim_->clear_knob("curl_corrupt");
+  auto again = step("gpu-operator").apply();
+  EXPECT_TRUE(again.ok()) << describe(again);
+  EXPECT_EQ(sim_->counter("curl.helm-v3.19.0-linux-amd64.tar.gz"), 2);
+}
+
+TEST_F(HelmStep, AHelmOfAnotherVersionIsReplacedByThePinnedOne) {
+  // A helm the customer (or an older plan) left in /usr/local/bin.
+  auto bin = sim_->root() / "usr/local/bin";
+  std::filesystem::create_directories(bin);
+  ASSERT_TRUE(write_file_atomic(bin / "helm",
+                                "#!/bin/bash\nFACTORY_GUESTSIM_ROOT='" + sim_->root().string() +
+                                    "' GUESTSIM_HELM_VERSION=v3.14.4 exec '" +
+                                    (source_dir() / "tests/guestsim/opt/helm").string() +
+                                    "' \"$@\"\n",
+                                0700));
+  auto before = sim_->sh({"helm", "version", "--short"});
+  ASSERT_EQ(before.output, "v3.14.4\n");
+
+  auto h = step("gpu-operator");
+  auto c = h.check();
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(*c);
+  auto a = h.apply();
+  ASSERT_TRUE(a.ok()) << describe(a);
+  EXPECT_EQ(sim_->sh({"helm", "version", "--short"}).output, "v3.19.0\n");
+  EXPECT_EQ(std::filesystem::status(bin / "helm").permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_all | std::filesystem::perms::group_read |
+                std::filesystem::perms::group_exec | std::filesystem::perms::others_read |
+                std::filesystem::perms::others_exec);
+  auto again = h.check();
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(*again);
+}
+
+TEST_F(HelmStep, AHelmVersionTheServerDoesNotHaveIsADownloadFailure) {
+  auto spec = catalog_step("gpu-k8s", "gpu-operator");
+  spec.params["helm_version"] = "v3.99.0";
+  auto a = step(spec).apply();
+  ASSERT_FALSE(a.ok());
+  ASSERT_TRUE(a.diagnosis) << describe(a);
+  EXPECT_EQ(a.diagnosis->code, "download_failed") << describe(a);
+  EXPECT_TRUE(contains(a.output_tail, "404")) << describe(a);
 }
 
 TEST_F(HelmStep, AVersionTheRepositoryDoesNotHaveFailsWithHelmsWords) {

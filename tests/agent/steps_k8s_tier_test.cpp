@@ -136,7 +136,7 @@ TEST_F(GpuK8sTier, RunbookTenant2EndToEndThroughThePlanEngine) {
 
   // Every effect once.
   EXPECT_EQ(sim_->counter("rke2.install"), 1);
-  EXPECT_EQ(sim_->counter("helm.get"), 1);
+  EXPECT_EQ(sim_->counter("curl.helm-v3.19.0-linux-amd64.tar.gz"), 1);
   EXPECT_EQ(sim_->counter("helm.install.gpu-operator"), 1);
   EXPECT_EQ(sim_->counter("helm.install.hami"), 1);
   EXPECT_EQ(sim_->counter("kubectl.label"), 1);

@@ -347,6 +347,24 @@ TEST(Catalog, StepKindParamsAreChecked) {
             "it), got a boolean");
 }
 
+// Helm is pinned by version and sha256; a pin that could not be checked is refused.
+TEST(Catalog, HelmsPinIsChecked) {
+  std::string vm = std::string(cat::builtin_yaml());
+  EXPECT_EQ(error_of(replace(vm, "helm: v3.19.0", "helm: latest")),
+            "catalog test.yaml: tier 'gpu-k8s': step 'gpu-operator': params.helm_version: must be "
+            "a Helm release like v3.19.0, got 'latest'");
+  EXPECT_EQ(error_of(replace(vm, "amd64: a7f81ce0", "amd64: A7F81CE0")),
+            "catalog test.yaml: tier 'gpu-k8s': step 'gpu-operator': params.helm_sha256.amd64: "
+            "must be 64 lowercase hex digits (the release's .sha256sum)");
+  EXPECT_EQ(error_of(replace(vm, "        arm64: 440cf7", "        riscv: 440cf7")),
+            "catalog test.yaml: tier 'gpu-k8s': step 'gpu-operator': params.helm_sha256.riscv: is "
+            "not an architecture: use amd64 or arm64");
+  // The one way Helm used to come in (a script from Helm's main branch) is gone.
+  EXPECT_NE(error_of(replace(vm, "          helm_version: ${versions.helm}\n",
+                             "          helm_installer: https://get.helm.sh/x\n")),
+            "");
+}
+
 TEST(Catalog, LoadFileAndLoadDefault) {
   factory::testing::TempDir dir;
   auto path = dir / "mine.yaml";

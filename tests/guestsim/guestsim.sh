@@ -33,7 +33,7 @@ usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 HOST_TOOLS=(
   sh bash env cat sed grep awk head tail tr cut sort uniq wc tee printf echo test true false
   cp mv rm ln mkdir rmdir touch chmod mktemp readlink realpath dirname basename ls stat find xargs
-  date seq sleep id sha256sum flock setsid pgrep
+  date seq sleep id sha256sum flock setsid pgrep tar gzip
 )
 # Names that would act on the machine the tests run on if this machine's own
 # program ran: each gets a guard at the end of the guest's PATH. Stand-ins

@@ -1236,7 +1236,9 @@ def kubectl(args):
 
 # --------------------------------------------------------------------------- helm
 
-HELM_VERSION = "v4.0.0"  # the version the simulated get-helm-4 installs; a placeholder
+# The version of the release tarball the helm stand-in came from (bin/curl
+# writes it into the tarball's helm script).
+HELM_VERSION = os.environ.get("GUESTSIM_HELM_VERSION", "v0.0.0-guestsim")
 
 
 def helm_kube(opts):

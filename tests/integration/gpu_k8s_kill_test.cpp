@@ -81,7 +81,7 @@ TEST_P(GpuK8sKill, ConvergesWithNoEffectDoubled) {
       {"inside rke2: waiting for the node",
        [](const GuestSim& g) { return called(g, "enable --now rke2-server"); }},
       {"inside gpu-operator: installing helm",
-       [](const GuestSim& g) { return called(g, "get-helm-4"); }},
+       [](const GuestSim& g) { return called(g, "helm-v3.19.0-linux-amd64.tar.gz"); }},
       {"inside gpu-operator: helm upgrade under way",
        [](const GuestSim& g) { return g.counter("helm.install.gpu-operator") >= 1; }},
       {"inside label-gpu-node", [](const GuestSim& g) { return called(g, "label node"); }},
@@ -116,7 +116,7 @@ TEST_P(GpuK8sKill, ConvergesWithNoEffectDoubled) {
   ASSERT_EQ(second.wait(), 0) << slurp(log);
 
   EXPECT_EQ(g.counter("rke2.install"), 1) << g.counters();
-  EXPECT_EQ(g.counter("helm.get"), 1) << g.counters();
+  EXPECT_EQ(g.counter("curl.helm-v3.19.0-linux-amd64.tar.gz"), 1) << g.counters();
   // Enabling is idempotent: run again when the kill came before the node was Ready.
   EXPECT_LE(g.counter("systemctl.enable.rke2-server"), at <= 1 ? 2 : 1) << g.counters();
   // A helm killed mid-install leaves pending-install: no helm runs any more,

@@ -140,8 +140,7 @@ inline std::string write_file_content(const json& user_data, const std::string& 
 
 // What the guest's agent enrolls with when it boots from this user-data:
 // the token the coordinator wrote into the tenant's Secret, for `h`.
-inline json bootstrap_token_in(const json& user_data,
-                               factory::testing::CoordinatorHarness& h) {
+inline json bootstrap_token_in(const json& user_data, factory::testing::CoordinatorHarness& h) {
   return {{"token", write_file_content(user_data, "/etc/factory/bootstrap-token")},
           {"coordinator_url", h.agents_url()},
           {"ca_sha256", h.ca_sha256()}};

@@ -228,6 +228,8 @@ gs_service_stop() {
 gs_exec_installed_or_absent() {
   local name="$1"; shift
   if [ -x "$GS_DIR/installed-bin/$name" ]; then exec "$GS_DIR/installed-bin/$name" "$@"; fi
+  # What a step itself put in the guest's /usr/local/bin (Helm from its tarball).
+  if [ -x "$GS_ROOT/usr/local/bin/$name" ]; then exec "$GS_ROOT/usr/local/bin/$name" "$@"; fi
   echo "bash: $name: command not found" >&2
   exit 127
 }
