@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "agent/diagnose/k8s.hpp"
+#include "agent/diagnose/known.hpp"
 #include "agent/guest/cluster.hpp"
 #include "agent/guest/nvidia_smi.hpp"
 #include "agent/steps/step_util.hpp"
@@ -79,10 +80,6 @@ std::string installed_helm_version(const StepContext& ctx) {
   if (!r || !r->ok()) return "";
   std::string v = r->output.substr(0, r->output.find_first_of("+\n \r"));
   return v.empty() ? "?" : v;
-}
-
-bool helm_installed(const StepContext& ctx) {
-  return !installed_helm_version(ctx).empty();
 }
 
 // The architecture the agent was built for is the guest's: it runs there.
