@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <regex>
 #include <set>
 
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
+#include "common/mig_cards.hpp"
 #include "common/pins.hpp"
 #include "common/step_params.hpp"
 #include "common/validation.hpp"
@@ -345,6 +347,135 @@ Result<HealthSpec> parse_health(const json& h, const json& scope, const std::str
   return spec;
 }
 
+// A MIG tier's pieces must agree, or its guest waits forever for a count the
+// config never makes: the GPU Operator release's MIG config (mig.strategy
+// mixed, migManager.config.data's config.yaml, mig-parted's format), the node
+// label that picks one of its configs, and the allocatable counts the tier
+// waits for. The config must say what happens to every GPU of the VM: one
+// left out is given `mig-enabled: false`, not left to the card's current state.
+Status check_mig_tier(const Tier& tier, const std::string& where) {
+  const StepDef* release = nullptr;
+  const json* data = nullptr;
+  std::string label;
+  std::map<std::string, int64_t> waits;  // resource -> count
+  for (const auto& st : tier.steps) {
+    if (st.kind == "helm_release") {
+      // A reference into the step itself: `data` outlives this iteration.
+      static const json kNone = json::object();
+      const json& v = st.params.contains("values") ? st.params["values"] : kNone;
+      const json* d = nullptr;
+      if (v.contains("migManager") && v["migManager"].is_object() &&
+          v["migManager"].contains("config") && v["migManager"]["config"].is_object() &&
+          v["migManager"]["config"].contains("data"))
+        d = &v["migManager"]["config"]["data"];
+      if (!d) continue;
+      if (release)
+        return bad(where, "steps '" + release->id + "' and '" + st.id +
+                              "' both carry a MIG config (migManager.config.data): keep one");
+      release = &st;
+      data = d;
+      std::string sw = "step '" + st.id + "': params.values";
+      if (!v.contains("mig") || !v["mig"].is_object() || v["mig"].value("strategy", "") != "mixed")
+        return bad(sw + ".mig.strategy",
+                   "must be mixed: the GPUs of a partial MIG config are not all cut alike");
+      const json& cfg = v["migManager"]["config"];
+      if (!cfg.value("create", false) || !cfg.value("name", std::string()).size())
+        return bad(sw + ".migManager.config",
+                   "set create: true and a name: the chart then makes the ConfigMap the node "
+                   "label's config is read from");
+    } else if (st.kind == "node_label") {
+      const json& l = st.params.value("labels", json::object());
+      if (l.contains("nvidia.com/mig.config") && l["nvidia.com/mig.config"].is_string())
+        label = l["nvidia.com/mig.config"].get<std::string>();
+    } else if (st.kind == "wait_allocatable") {
+      std::string r = st.params.value("resource", "");
+      if (r.rfind("nvidia.com/mig-", 0) == 0 && st.params.contains("count") &&
+          st.params["count"].is_number_integer())
+        waits[r] = st.params["count"].get<int64_t>();
+    }
+  }
+  // A tier of `mig` steps: each step's params are checked on their own.
+  if (!release) return ok_status();
+  std::string dw = "step '" + release->id + "': params.values.migManager.config.data";
+  if (!data->is_object() || !data->contains("config.yaml") || !(*data)["config.yaml"].is_string())
+    return bad(dw, "must hold config.yaml, mig-parted's config as a string");
+  auto doc = parse_yaml((*data)["config.yaml"].get<std::string>(), dw + ".config.yaml");
+  if (!doc) return doc.error();
+  dw += ".config.yaml";
+  if (!doc->is_object() || !doc->contains("mig-configs") || !(*doc)["mig-configs"].is_object())
+    return bad(dw, "must be mig-parted's config: version: v1 and a mig-configs map");
+  if (label.empty())
+    return bad(where,
+               "no node_label step sets nvidia.com/mig.config: mig-manager would apply "
+               "nothing");
+  const json& configs = (*doc)["mig-configs"];
+  if (!configs.contains(label) || !configs[label].is_array())
+    return bad(dw, "has no config '" + label +
+                       "', which the node label nvidia.com/mig.config "
+                       "names");
+  std::string cw = dw + ".mig-configs." + label;
+  std::vector<int> covered(static_cast<size_t>(tier.vm.gpus), 0);
+  std::map<std::string, int64_t> made;
+  for (size_t i = 0; i < configs[label].size(); ++i) {
+    const json& e = configs[label][i];
+    std::string ew = cw + "[" + std::to_string(i) + "]";
+    if (!e.is_object() || !e.contains("devices") || !e.contains("mig-enabled") ||
+        !e["mig-enabled"].is_boolean())
+      return bad(ew, "must be a map with devices and mig-enabled");
+    std::vector<int64_t> devices;
+    if (e["devices"].is_string() && e["devices"].get<std::string>() == "all") {
+      for (int g = 0; g < tier.vm.gpus; ++g) devices.push_back(g);
+    } else if (e["devices"].is_array()) {
+      for (const auto& d : e["devices"]) {
+        if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() >= tier.vm.gpus)
+          return bad(ew + ".devices", "must be all or GPU indexes from 0 to " +
+                                          std::to_string(tier.vm.gpus - 1) + " (vm.gpus is " +
+                                          std::to_string(tier.vm.gpus) + ")");
+        devices.push_back(d.get<int64_t>());
+      }
+    } else {
+      return bad(ew + ".devices", "must be all or a list of GPU indexes");
+    }
+    for (auto d : devices)
+      if (++covered[static_cast<size_t>(d)] > 1)
+        return bad(ew + ".devices", "GPU " + std::to_string(d) + " is in two entries");
+    const bool on = e["mig-enabled"].get<bool>();
+    const json md = e.value("mig-devices", json::object());
+    if (!on) {
+      if (!md.empty()) return bad(ew, "mig-enabled: false with mig-devices");
+      continue;
+    }
+    if (!md.is_object() || md.empty())
+      return bad(ew + ".mig-devices", "must map profiles to counts (e.g. \"1g.18gb\": 7)");
+    int slices = 0;
+    for (auto& [name, n] : md.items()) {
+      if (!valid_mig_profile_name(name))
+        return bad(ew + ".mig-devices." + name, "is not a MIG profile name like 1g.18gb");
+      if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > 7)
+        return bad(ew + ".mig-devices." + name, "must be a count from 1 to 7");
+      slices += static_cast<int>(n.get<int64_t>()) * (name[0] - '0');
+      made["nvidia.com/mig-" + name] += n.get<int64_t>() * static_cast<int64_t>(devices.size());
+    }
+    if (slices > 7)
+      return bad(ew + ".mig-devices",
+                 "asks for " + std::to_string(slices) + " compute slices; a MIG GPU has at most 7");
+  }
+  for (int g = 0; g < tier.vm.gpus; ++g)
+    if (covered[static_cast<size_t>(g)] == 0)
+      return bad(cw, "says nothing about GPU " + std::to_string(g) +
+                         ": give every GPU left out an entry with mig-enabled: false");
+  if (waits.empty())
+    return bad(where, "no wait_allocatable step waits for a nvidia.com/mig-<profile> resource");
+  for (const auto& [r, n] : waits) {
+    auto it = made.find(r);
+    int64_t want = it == made.end() ? 0 : it->second;
+    if (n != want)
+      return bad(where, "waits for " + std::to_string(n) + " " + r + " but config '" + label +
+                            "' makes " + std::to_string(want));
+  }
+  return ok_status();
+}
+
 Result<Tier> parse_tier(const json& t, const std::string& where_in) {
   std::string where = where_in;
   if (!t.is_object()) return bad(where, "must be a map with name, description, vm, steps");
@@ -389,6 +520,8 @@ Result<Tier> parse_tier(const json& t, const std::string& where_in) {
     if (!h) return h.error().context(where);
     tier.health = std::move(*h);
   }
+  if (tier_needs_mig(tier))
+    if (auto st = check_mig_tier(tier, where); !st) return st.error();
   return tier;
 }
 

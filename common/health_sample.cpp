@@ -4,6 +4,8 @@
 #include <limits>
 #include <regex>
 
+#include "common/mig_cards.hpp"
+
 namespace factory::proto {
 
 using nlohmann::json;
@@ -59,30 +61,40 @@ json GpuProcessSample::to_json() const {
   return {{"pid", pid}, {"name", name}, {"used_memory_mib", opt(used_memory_mib)}};
 }
 
+json MigInstanceSample::to_json() const {
+  return {{"profile", profile}, {"memory_gib", opt(memory_gib)}, {"uuid", uuid}};
+}
+
 json GpuSample::to_json() const {
   json procs = json::array();
   for (const auto& p : processes) procs.push_back(p.to_json());
-  return {{"index", index},
-          {"name", name},
-          {"uuid", text_or_null(uuid)},
-          {"pci_bus_id", pci_bus_id},
-          {"minor_number", opt(minor_number)},
-          {"memory_total_mib", opt(memory_total_mib)},
-          {"memory_used_mib", opt(memory_used_mib)},
-          {"memory_free_mib", opt(memory_free_mib)},
-          {"memory_reserved_mib", opt(memory_reserved_mib)},
-          {"utilization_percent", opt(utilization_percent)},
-          {"memory_utilization_percent", opt(memory_utilization_percent)},
-          {"temperature_c", opt(temperature_c)},
-          {"memory_temperature_c", opt(memory_temperature_c)},
-          {"power_draw_w", opt(power_draw_w)},
-          {"power_limit_w", opt(power_limit_w)},
-          {"sm_clock_mhz", opt(sm_clock_mhz)},
-          {"memory_clock_mhz", opt(memory_clock_mhz)},
-          {"pstate", text_or_null(pstate)},
-          {"ecc_errors_uncorrected_volatile", opt(ecc_errors_uncorrected_volatile)},
-          {"mig_mode", text_or_null(mig_mode)},
-          {"processes", std::move(procs)}};
+  json j = {{"index", index},
+            {"name", name},
+            {"uuid", text_or_null(uuid)},
+            {"pci_bus_id", pci_bus_id},
+            {"minor_number", opt(minor_number)},
+            {"memory_total_mib", opt(memory_total_mib)},
+            {"memory_used_mib", opt(memory_used_mib)},
+            {"memory_free_mib", opt(memory_free_mib)},
+            {"memory_reserved_mib", opt(memory_reserved_mib)},
+            {"utilization_percent", opt(utilization_percent)},
+            {"memory_utilization_percent", opt(memory_utilization_percent)},
+            {"temperature_c", opt(temperature_c)},
+            {"memory_temperature_c", opt(memory_temperature_c)},
+            {"power_draw_w", opt(power_draw_w)},
+            {"power_limit_w", opt(power_limit_w)},
+            {"sm_clock_mhz", opt(sm_clock_mhz)},
+            {"memory_clock_mhz", opt(memory_clock_mhz)},
+            {"pstate", text_or_null(pstate)},
+            {"ecc_errors_uncorrected_volatile", opt(ecc_errors_uncorrected_volatile)},
+            {"mig_mode", text_or_null(mig_mode)},
+            {"processes", std::move(procs)}};
+  if (!mig_instances.empty()) {
+    json mig = json::array();
+    for (const auto& m : mig_instances) mig.push_back(m.to_json());
+    j["mig_instances"] = std::move(mig);
+  }
+  return j;
 }
 
 json GpuSection::to_json() const {
@@ -246,6 +258,11 @@ void make_sendable(HealthSample& h) {
     x.pci_bus_id = clip_text(x.pci_bus_id, lim::kShort);
     cap(x.processes, lim::kProcesses);
     for (auto& p : x.processes) p.name = clip_text(p.name, lim::kName);
+    cap(x.mig_instances, lim::kMigInstances);
+    for (auto& m : x.mig_instances) {
+      m.profile = clip_text(m.profile, lim::kShort);
+      m.uuid = clip_text(m.uuid, lim::kShort);
+    }
   }
   if (h.ollama) {
     auto& o = *h.ollama;
@@ -474,6 +491,24 @@ GpuSample read_gpu(const Reader& r, int position) {
     s.name = p.text("name", lim::kName);
     s.used_memory_mib = p.integer<std::uint64_t>("used_memory_mib", 0, kMaxMib);
     g.processes.push_back(std::move(s));
+  }
+  i = 0;
+  static const std::regex mig_uuid("^MIG-[0-9A-Za-z-]{1,60}$");
+  for (const json* e : r.list("mig_instances", lim::kMigInstances)) {
+    Reader m(*e, r.where() + ".mig_instances[" + std::to_string(i++) + "]", r.rejects());
+    MigInstanceSample s;
+    s.profile = m.text("profile", 24);
+    if (!valid_mig_profile_name(s.profile)) {
+      m.reject("out_of_range", "profile");
+      continue;  // a slice is its profile
+    }
+    s.memory_gib = m.real("memory_gib", 0, 4096);
+    s.uuid = m.text("uuid", lim::kShort);
+    if (!s.uuid.empty() && !std::regex_match(s.uuid, mig_uuid)) {
+      m.reject("out_of_range", "uuid");
+      s.uuid.clear();
+    }
+    g.mig_instances.push_back(std::move(s));
   }
   return g;
 }

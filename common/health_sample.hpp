@@ -48,7 +48,8 @@ inline constexpr std::size_t kShort = 64;      // versions, uuid, bus id, codes,
 inline constexpr std::size_t kText = 512;      // errors, summaries, fixes
 inline constexpr std::size_t kDetails = 2048;  // a diagnosis's details, serialized
 inline constexpr std::size_t kGpus = 16;
-inline constexpr std::size_t kProcesses = 64;  // per GPU
+inline constexpr std::size_t kProcesses = 64;    // per GPU
+inline constexpr std::size_t kMigInstances = 8;  // per GPU: a MIG card has at most 7
 inline constexpr std::size_t kModels = 32;
 inline constexpr std::size_t kNodes = 16;
 inline constexpr std::size_t kPods = 128;
@@ -69,6 +70,15 @@ struct GpuProcessSample {
   std::uint32_t pid = 0;
   std::string name;
   std::optional<std::uint64_t> used_memory_mib;
+  nlohmann::json to_json() const;
+};
+
+// One MIG slice of a GPU in MIG mode: a GPU instance with its compute
+// instance, as `nvidia-smi -L` lists it, with its memory from `-lgip`.
+struct MigInstanceSample {
+  std::string profile;               // "1g.18gb"
+  std::optional<double> memory_gib;  // 16.00 on an H200's 1g.18gb
+  std::string uuid;                  // "MIG-<uuid>"
   nlohmann::json to_json() const;
 };
 
@@ -95,7 +105,8 @@ struct GpuSample {
   std::string pstate;  // "P0".."P15"; "" unknown
   std::optional<std::uint64_t> ecc_errors_uncorrected_volatile;
   std::string mig_mode;  // "Enabled" | "Disabled" as nvidia-smi writes it; "" unknown / no MIG
-  std::vector<GpuProcessSample> processes;  // compute processes using it
+  std::vector<GpuProcessSample> processes;       // compute processes using it
+  std::vector<MigInstanceSample> mig_instances;  // in MIG mode; sent only when there are some
 
   nlohmann::json to_json() const;
 };

@@ -6,6 +6,7 @@
 #include "common/cidr.hpp"
 #include "common/cluster_ranges.hpp"
 #include "common/durations.hpp"
+#include "common/mig_cards.hpp"
 #include "common/validation.hpp"
 
 namespace factory::catalog {
@@ -232,6 +233,30 @@ Status check_apt_packages(const json& p, const std::string& where) {
   return ok_status();
 }
 
+// Every MIG card has at most 7 compute slices (A30: 4), so more than 7 in
+// one GPU's plan can never be created; the card's own limits (how many of a
+// profile) are the agent's to check against `nvidia-smi mig -lgip`.
+Status check_mig(const json& p, const std::string& where) {
+  auto gpu = p["gpu"].get<int64_t>();
+  if (gpu < 0 || gpu > 63) return bad(where + ".gpu", "must be a GPU index from 0 to 63");
+  const json& inst = p["instances"];
+  std::string iw = where + ".instances";
+  if (p["enabled"].get<bool>() && inst.empty())
+    return bad(iw, "must name at least one profile and its count (e.g. \"1g.18gb\": 7)");
+  int slices = 0;
+  for (auto& [name, n] : inst.items()) {
+    if (!valid_mig_profile_name(name))
+      return bad(iw + "." + name, "is not a MIG profile name like 1g.18gb or 3g.71gb");
+    if (!n.is_number_integer() || n.get<int64_t>() < 1 || n.get<int64_t>() > 7)
+      return bad(iw + "." + name, "must be a count from 1 to 7, got " + n.dump());
+    slices += static_cast<int>(n.get<int64_t>()) * (name[0] - '0');
+  }
+  if (slices > 7)
+    return bad(iw,
+               "asks for " + std::to_string(slices) + " compute slices; a MIG GPU has at most 7");
+  return ok_status();
+}
+
 Status check_none(const json&, const std::string&) {
   return ok_status();
 }
@@ -351,6 +376,12 @@ const std::vector<StepKindSchema>& step_kind_schemas() {
         {"count", T::integer, true},
         {"kubeconfig", T::string, false, kRke2Kubeconfig}},
        check_wait_allocatable},
+      {"mig",
+       {{"gpu", T::integer, false, 0},
+        {"instances", T::object, false, json::object()},
+        {"enabled", T::boolean, false, true},
+        {"reboot", T::boolean, false, true}},
+       check_mig},
       {"script",
        {{"check", T::string, false},
         {"run", T::string, true},

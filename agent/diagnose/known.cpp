@@ -114,6 +114,24 @@ Diagnosis nvidia_smi_not_on_path() {
           "install the NVIDIA driver (its utilities provide nvidia-smi)", json::object()};
 }
 
+Diagnosis mig_not_supported(int gpu, const std::string& name, const std::string& detail) {
+  return {"mig_not_supported",
+          "GPU " + std::to_string(gpu) + (name.empty() ? "" : " (" + name + ")") +
+              " does not support MIG: " + detail,
+          "give this tenant a MIG-capable card (A30, A100, H100, H200) or a tier without MIG",
+          {{"gpu", gpu}, {"name", name}}};
+}
+
+Diagnosis mig_mode_still_pending(int gpu, const std::string& detail) {
+  return {"mig_mode_still_pending",
+          "MIG mode on GPU " + std::to_string(gpu) +
+              " is still pending after the guest rebooted: " + detail,
+          "stop what holds the GPU (nvidia-persistenced, DCGM, monitoring) and reset it "
+          "(nvidia-smi --gpu-reset -i " +
+              std::to_string(gpu) + "), or reboot the host's VM from outside",
+          {{"gpu", gpu}}};
+}
+
 Diagnosis gpu_operator_nvidia_smi_chroot(const std::string& driver_root) {
   return {"gpu_operator_nvidia_smi_chroot",
           "nvidia-smi is not on the VM's PATH: the GPU Operator runs the driver in a container "

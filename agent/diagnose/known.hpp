@@ -66,6 +66,13 @@ Diagnosis model_download_interrupted(const std::string& model, int percent,
 Diagnosis model_partly_on_cpu(const std::string& model, std::uint64_t size,
                               std::uint64_t size_vram);
 
+// The card has no MIG (nvidia-smi's mig.mode is [N/A], or -mig 1 says Not
+// Supported): the L4 of the runbook, say. Only A30, A100, H100 and H200 class cards do.
+Diagnosis mig_not_supported(int gpu, const std::string& name, const std::string& detail);
+
+// MIG mode stayed pending across the reboot that should have applied it.
+Diagnosis mig_mode_still_pending(int gpu, const std::string& detail);
+
 // Sizes as Ollama prints them (decimal units: "1.6 GB"), so the diagnosis
 // reads like `ollama ps`.
 std::string human_bytes(std::uint64_t bytes);

@@ -7,6 +7,7 @@
 #include <regex>
 #include <sstream>
 
+#include "agent/guest/mig.hpp"
 #include "common/subprocess.hpp"
 
 namespace factory::agent {
@@ -448,6 +449,7 @@ Result<GpuReport> query_nvidia_smi(const std::vector<std::string>& prefix,
                               "--format=csv,noheader,nounits"},
                              left());
   if (apps && apps->ok()) apply_nvidia_smi_compute_apps(apps->output, report->gpus);
+  add_mig_instances(report->gpus, prefix, left());
   return report;
 }
 

@@ -3,6 +3,7 @@
 #include "agent/diagnose/known.hpp"
 #include "agent/diagnose/rules.hpp"
 #include "agent/guest/facts.hpp"
+#include "agent/guest/mig.hpp"
 #include "agent/guest/nvidia_smi.hpp"
 #include "agent/guest/ollama_api.hpp"
 #include "agent/health/nvml.hpp"
@@ -74,7 +75,11 @@ proto::GpuSection read_gpu_section(const GuestEnv& env, std::chrono::millisecond
   std::vector<std::string> errors;
 
   auto nvml = read_gpus_via_nvml(env);
-  if (nvml) return section_of(*nvml);
+  if (nvml) {
+    // NVML gives the mode; the slices come from nvidia-smi.
+    add_mig_instances(nvml->gpus, {}, timeout);
+    return section_of(*nvml);
+  }
   // Not installed: every path the loader tried would crowd out what follows.
   errors.push_back(nvml.error().code == Errc::not_found ? "nvml: NVML is not installed"
                                                         : "nvml: " + nvml.error().message);

@@ -4,6 +4,7 @@
 #include "agent/steps/apt_packages.hpp"
 #include "agent/steps/gpu_present.hpp"
 #include "agent/steps/helm_release.hpp"
+#include "agent/steps/mig.hpp"
 #include "agent/steps/node_label.hpp"
 #include "agent/steps/nvidia_driver.hpp"
 #include "agent/steps/ollama_install.hpp"
@@ -23,6 +24,7 @@ void register_builtin_steps(StepRegistry& registry) {
   registry.add("helm_release", steps::make_helm_release);
   registry.add("node_label", steps::make_node_label);
   registry.add("wait_allocatable", steps::make_wait_allocatable);
+  registry.add("mig", steps::make_mig);
   register_script_step(registry);
 }
 

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "common/mig_cards.hpp"
 #include "coordinator/tenants/host_ranges.hpp"
 
 namespace factory::tenants {
@@ -130,6 +131,43 @@ std::vector<std::string> permitted_gpu_resources(const json& kubevirt_list) {
   return out;
 }
 
+Result<std::vector<std::string>> mig_capable_resources(const std::vector<std::string>& candidates,
+                                                       const json& kubevirt_list,
+                                                       const std::string& tier) {
+  // The card a resource names is the allowlist entry's pciVendorSelector:
+  // the host's PCI facts, as `factory kubevirt allowlist` wrote them.
+  std::map<std::string, std::string> selector;
+  for (const auto& kv : kubevirt_list.value("items", json::array())) {
+    const json list = kv.value(
+        "/spec/configuration/permittedHostDevices/pciHostDevices"_json_pointer, json::array());
+    if (!list.is_array()) continue;
+    for (const auto& d : list)
+      if (d.is_object() && d.contains("resourceName") && d["resourceName"].is_string())
+        selector.emplace(d["resourceName"].get<std::string>(), d.value("pciVendorSelector", ""));
+  }
+  std::vector<std::string> out, refused;
+  for (const auto& r : candidates) {
+    auto it = selector.find(r);
+    if (it == selector.end()) {
+      refused.push_back(r + " is not in the KubeVirt CR's allowlist, so its card is unknown");
+      continue;
+    }
+    auto id = parse_pci_selector(it->second);
+    if (id && mig_chip(id->vendor, id->device)) {
+      out.push_back(r);
+      continue;
+    }
+    refused.push_back(r + " (" + (it->second.empty() ? "no pciVendorSelector" : it->second) +
+                      ") has no MIG");
+  }
+  if (out.empty())
+    return Error(Errc::failed_precondition,
+                 "tier " + tier + " needs a MIG-capable GPU (A30, A100, H100, H200, B200): " +
+                     join(refused, "; ") +
+                     "; allowlist a MIG-capable card or choose a tier without MIG");
+  return out;
+}
+
 GpuCapacity gpu_capacity(const std::string& resource, const json& node_list, const json& vm_list,
                          const std::string& skip_ns, const std::string& skip_name) {
   GpuCapacity c;
@@ -238,18 +276,26 @@ Status KubeVirtProvider::preflight(VmSpec& spec) {
 
   if (spec.gpus <= 0) return {};
   std::vector<std::string> candidates;
-  if (!spec.gpu_resource.empty()) {
+  if (!spec.gpu_resource.empty() && !spec.needs_mig) {
     candidates.push_back(spec.gpu_resource);
   } else {
     auto kvs = c->list(kube::kKubeVirt, "");
     if (!kvs) return kvs.error().with_context("reading the KubeVirt CR's GPU allowlist");
-    candidates = permitted_gpu_resources(*kvs);
+    if (!spec.gpu_resource.empty())
+      candidates.push_back(spec.gpu_resource);
+    else
+      candidates = permitted_gpu_resources(*kvs);
     if (candidates.empty())
       return Error(Errc::failed_precondition,
                    "tier " + spec.tier +
                        " takes any allowlisted GPU, but the KubeVirt CR allowlists none "
                        "(permittedHostDevices.pciHostDevices): run `factory kubevirt allowlist` "
                        "on the GPU host");
+    if (spec.needs_mig) {
+      auto mig = mig_capable_resources(candidates, *kvs, spec.tier);
+      if (!mig) return mig.error();
+      candidates = std::move(*mig);
+    }
   }
   auto nodes = c->list(kube::kNode, "");
   if (!nodes) return nodes.error();

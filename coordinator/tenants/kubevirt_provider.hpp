@@ -26,6 +26,11 @@ struct GpuCapacity {
 // pciHostDevices entry of every KubeVirt CR without externalResourceProvider
 // (an external plugin's resources are that plugin's business), in CR order.
 std::vector<std::string> permitted_gpu_resources(const nlohmann::json& kubevirt_list);
+// The candidates whose allowlisted card (pciVendorSelector) supports MIG
+// (common/mig_cards.hpp), or the error naming each refused one and why.
+Result<std::vector<std::string>> mig_capable_resources(const std::vector<std::string>& candidates,
+                                                       const nlohmann::json& kubevirt_list,
+                                                       const std::string& tier);
 // Capacity of `resource` from a NodeList and a VirtualMachineList, leaving
 // out the VM `skip_ns/skip_name` (the tenant being created again).
 GpuCapacity gpu_capacity(const std::string& resource, const nlohmann::json& node_list,

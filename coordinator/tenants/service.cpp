@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "common/durations.hpp"
+#include "common/mig_cards.hpp"
 #include "common/pins.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
@@ -204,6 +205,7 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
                      " is not readable): set agents.binary in its config, or guests could never "
                      "install the agent");
   if (auto st = validate_cloud_init_params(params); !st.ok()) return st.error();
+  if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
   if (auto st = provider_->preflight(vm); !st.ok()) return st.error();
   // An interrupted create keeps what it read: its agent may hold the plan.
   json guest_ranges;

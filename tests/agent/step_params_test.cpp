@@ -31,6 +31,9 @@ tiers:
       - id: script
         kind: script
         params: {run: "true"}
+      - id: mig
+        kind: mig
+        params: {gpu: 0, instances: {"3g.71gb": 1, "1g.18gb": 4}}
 )yaml";
 
 agent::StepRegistry builtin_registry() {

@@ -72,7 +72,7 @@ TEST(Catalog, BuiltInValidatesWithTheTwoTiersInOrder) {
   auto c = cat::builtin();
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->source, "built-in");
-  EXPECT_EQ(c->names(), (std::vector<std::string>{"gpu-vm", "gpu-k8s"}));
+  EXPECT_EQ(c->names(), (std::vector<std::string>{"gpu-vm", "gpu-k8s", "gpu-k8s-mig"}));
 }
 
 TEST(Catalog, BuiltInIsTheFileInTheSourceTree) {
@@ -219,7 +219,7 @@ TEST(Catalog, UnknownTierNamesTheKnownOnes) {
   ASSERT_TRUE(c.ok());
   auto t = c->tier("gpu-xl");
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.error().message, "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s)");
+  EXPECT_EQ(t.error().message, "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s, gpu-k8s-mig)");
   EXPECT_FALSE(cat::plan_for(*c, "x").ok());
 }
 
@@ -229,7 +229,7 @@ TEST(Catalog, ErrorsNameTheTierStepAndKey) {
       error_of(replace(m, "kind: wait_allocatable", "kind: wait_alocatable")),
       "catalog test.yaml: tier 'mini': step 'alloc': unknown step kind 'wait_alocatable' (known: "
       "gpu_present, apt_packages, nvidia_driver, ollama_install, ollama_model, rke2, helm_release, "
-      "node_label, wait_allocatable, script)");
+      "node_label, wait_allocatable, mig, script)");
   EXPECT_EQ(error_of(replace(m, "{resource: nvidia.com/gpu, ", "{resourse: nvidia.com/gpu, ")),
             "catalog test.yaml: tier 'mini': step 'alloc': params: unknown key 'resourse' (known: "
             "resource, "

@@ -200,3 +200,33 @@ TEST(HealthSample, CleanTextRefusesControlCharacters) {
                            64));  // C1 CSI
   EXPECT_FALSE(proto::is_clean_text(std::string(65, 'a'), 64));
 }
+
+TEST(HealthSample, MigSlicesReadBackAndHostileOnesAreDropped) {
+  proto::HealthSample h = h200_sample();
+  auto& g = h.gpu.gpus.at(0);
+  g.mig_mode = "Enabled";
+  for (int i = 0; i < 7; ++i)
+    g.mig_instances.push_back(
+        {"1g.18gb", 16.0, "MIG-1f2b7c6e-1a59-5d2e-9c14-2a8e3f6b0c0" + std::to_string(i)});
+  json sent = h.to_json();
+  proto::HealthRejects rejects;
+  EXPECT_EQ(roundtrip(sent, rejects), sent);
+  EXPECT_TRUE(rejects.empty());
+  EXPECT_EQ(sent["gpu"]["gpus"][0]["mig_instances"].size(), 7u);
+  // A GPU without slices sends no mig_instances at all (older readers see no change).
+  EXPECT_FALSE(h200_sample().to_json()["gpu"]["gpus"][0].contains("mig_instances"));
+
+  json bad = sent;
+  auto& list = bad["gpu"]["gpus"][0]["mig_instances"];
+  list[0]["profile"] = "1g.18gb; reboot";                // not a profile: the slice is dropped
+  list[1]["uuid"] = "GPU-not-a-mig-device\nfake";        // bad text / not a MIG UUID
+  list[2]["memory_gib"] = 1e9;                           // out of range
+  for (int i = 0; i < 10; ++i) list.push_back(list[3]);  // more than any card has
+  proto::HealthRejects r2;
+  auto back = proto::parse_health_sample(bad, r2);
+  const auto& m = back.gpu.gpus.at(0).mig_instances;
+  EXPECT_EQ(m.size(), proto::health_limits::kMigInstances - 1);
+  EXPECT_EQ(m[0].uuid, "");
+  EXPECT_FALSE(m[1].memory_gib);
+  EXPECT_FALSE(r2.empty());
+}

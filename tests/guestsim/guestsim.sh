@@ -159,6 +159,7 @@ cp "$fixtures/l4-runbook/tenant1-nvidia-smi-ollama-loaded.txt" "$G/data/l4-nvidi
 cp "$fixtures/h200-passthrough-vm/nvidia-smi.txt" "$G/data/h200-nvidia-smi.txt"
 cp "$fixtures/h200-passthrough-vm/nvidia-smi-q-x.xml" "$G/data/h200-nvidia-smi-q-x.xml"
 cp "$fixtures/h200-passthrough-vm/2026-12-01/nvidia-smi-q.txt" "$G/data/h200-nvidia-smi-q.txt"
+cp "$fixtures/h200-passthrough-vm/2026-12-01/nvidia-smi-mig-lgip-and-lgi.txt" "$G/data/h200-nvidia-smi-mig-lgip.txt"
 cp "$fixtures/third-party/pci.ids-nvidia-2025.07.11" "$G/data/pci.ids"
 cp "$fixtures/l4-runbook/tenant2-pod-nvidia-smi-hami-1024MiB.txt" "$G/data/"
 cp "$fixtures/l4-runbook/tenant2-node-allocatable.txt" "$G/data/"

@@ -46,6 +46,18 @@ What it models, all of it state under <root>/.guestsim/state/{k8s,helm}/:
     `kubectl exec POD -- nvidia-smi` prints the runbook's capture from such a
     pod (tenant2-pod-nvidia-smi-hami-1024MiB.txt), its memory limit being the
     pod's nvidia.com/gpumem.
+  - MIG (profiles with MIG_PROFILES: the H200): with the GPU Operator's
+    values mig.strategy mixed and a mig-manager config it creates
+    (migManager.config.create/name/data["config.yaml"], mig-parted's format),
+    labelling the node nvidia.com/mig.config=NAME makes mig-manager apply
+    that entry at once: the card's MIG mode and instances change through
+    mig_sim.py (nvidia-smi in the guest shows them), the node gets
+    nvidia.com/mig.config.state=success, and the operator's device plugin
+    advertises nvidia.com/mig-<profile> per created slice (GPUs in MIG mode
+    no longer count as nvidia.com/gpu). A config name the ConfigMap lacks,
+    or a profile the card does not offer, leaves the state failed and
+    advertises nothing. WITH_REBOOT's reboot is not modelled (the mode
+    change is applied at once, as on a card the driver can reset).
 
 Output is shaped like the real tools' (kubectl's JSON objects and tables,
 helm's messages and JSON); the node's allocatable is the runbook's capture
@@ -405,11 +417,94 @@ def operator_plugin_running():
     return get_in(rel["values"], ["devicePlugin", "enabled"], True) is not False and module_loaded()
 
 
+def mig_state():
+    """mig_sim.py's state of GPU 0, or None when the profile has no MIG."""
+    if not profile("MIG_PROFILES"):
+        return None
+    return load(p(STATE, "mig", "state.json"), None)
+
+
+def mig_sim(*args):
+    import subprocess
+    env = dict(os.environ, FACTORY_GUESTSIM_ROOT=ROOT)
+    return subprocess.run([sys.executable, p(HOME, "mig_sim.py")] + list(args), env=env,
+                          capture_output=True, text=True)
+
+
+def mig_allocatable():
+    """{nvidia.com/mig-<profile>: n} the operator's device plugin advertises (mixed strategy)."""
+    rel = deployed_chart("gpu-operator")
+    if not rel or not operator_plugin_running() or not node_ready():
+        return {}
+    if get_in(rel["values"], ["mig", "strategy"], "single") != "mixed":
+        return {}
+    st = mig_state()
+    if not st or st.get("current") != "Enabled":
+        return {}
+    out = {}
+    for g in st.get("gpu_instances", []):
+        if g.get("ci"):
+            key = "nvidia.com/mig-" + g["profile"]
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def mig_manager_apply():
+    """mig-manager: applies the entry the node's nvidia.com/mig.config names."""
+    rel = deployed_chart("gpu-operator")
+    if not rel or not node_ready() or not module_loaded() or not profile("MIG_PROFILES"):
+        return
+    if get_in(rel["values"], ["migManager", "enabled"], True) is False:
+        return
+    name = user_labels().get("nvidia.com/mig.config")
+    if not name:
+        return
+    cfg = get_in(rel["values"], ["migManager", "config"], {}) or {}
+    state = "failed"
+    try:
+        doc = yaml.safe_load(((cfg.get("data") or {}).get("config.yaml")) or "") if cfg.get("create") else None
+        entries = ((doc or {}).get("mig-configs") or {}).get(name)
+    except yaml.YAMLError:
+        entries = None
+    if entries:
+        entry = None
+        for e in entries:
+            d = e.get("devices")
+            if d == "all" or (isinstance(d, list) and 0 in d):
+                entry = e
+                break
+        ok = entry is not None
+        if ok and entry.get("mig-enabled"):
+            mig_sim("mode", "1")
+            mig_sim("mig", "-i", "0", "-dci")
+            mig_sim("mig", "-i", "0", "-dgi")
+            # mig-parted creates by profile name, larger slices first.
+            names = sorted((entry.get("mig-devices") or {}).items(),
+                           key=lambda kv: -int(str(kv[0]).split("g.")[0]))
+            ids = ",".join(",".join([str(k)] * int(v)) for k, v in names)
+            if ids:
+                ok = mig_sim("mig", "-i", "0", "-cgi", ids, "-C").returncode == 0
+        elif ok:
+            mig_sim("mig", "-i", "0", "-dci")
+            mig_sim("mig", "-i", "0", "-dgi")
+            mig_sim("mode", "0")
+        state = "success" if ok else "failed"
+    all_labels = load(p(K8S, "labels.json"), {})
+    mine = all_labels.get(node_name(), {})
+    mine["nvidia.com/mig.config.state"] = state
+    all_labels[node_name()] = mine
+    save(p(K8S, "labels.json"), all_labels)
+
+
 def gpu_allocatable():
     """(count, who) for nvidia.com/gpu, or (None, None) when nobody advertises it."""
     n = len(gpu_functions())
     if not node_ready() or n == 0:
         return None, None
+    if mig_allocatable():
+        # The card is in MIG mode: it is advertised by its slices only.
+        n -= 1
+        return (n, "gpu-operator") if n > 0 else (None, None)
     if operator_plugin_running():
         # Two plugins registering the same resource: the kubelet keeps the
         # last registration; the operator's plugin re-registers on restart.
@@ -445,6 +540,8 @@ def resources(base):
     g, _ = gpu_allocatable()
     if g is not None:
         r["nvidia.com/gpu"] = str(g)
+    for k, v in mig_allocatable().items():
+        r[k] = str(v)
     r["pods"] = "110"
     return r
 
@@ -1053,6 +1150,8 @@ def kubectl_label(opts, pos):
             changed = True
     all_labels[node] = mine
     save(p(K8S, "labels.json"), all_labels)
+    if "nvidia.com/mig.config" in pairs:
+        mig_manager_apply()
     out("node/%s %s\n" % (node, "labeled" if changed else "not labeled"))
 
 
@@ -1349,6 +1448,7 @@ def helm_upgrade(opts, pos):
     save(path, rel)
     if chart == "gpu-operator":
         operator_effects()
+        mig_manager_apply()
     if not fresh:
         out("Release \"%s\" has been upgraded. Happy Helming!\n" % name)
     out("NAME: %s\nLAST DEPLOYED: %s\nNAMESPACE: %s\nSTATUS: deployed\nREVISION: %d\nTEST SUITE: None\n"

@@ -119,6 +119,45 @@ TEST(TenantsDryRun, PrintsValidObjectsAndContactsNothing) {
   expect_one_line_failure(nokey, "pass --ssh-key FILE");
 }
 
+// Issue 13's acceptance: the MIG tier's objects are what the strict schemas
+// accept, as every tier's are.
+TEST(TenantsDryRun, TheMigTierValidatesAgainstTheRealSchemas) {
+  TempDir dir("tenants-dry-mig");
+  fs::create_directories(dir / "home" / ".ssh");
+  write_text(dir / "home" / ".ssh" / "id_ed25519.pub", std::string(kTestEd25519Key) + "\n");
+  write_text(dir / "coordinator.yaml",
+             "state_dir: " + (dir / "state").string() +
+                 "\nexternal_url: wss://factory.example:8443\napi:\n  listen: 127.0.0.1:" +
+                 std::to_string(free_loopback_port()) +
+                 "\nkube:\n  kubeconfig: " + (dir / "no-such-kubeconfig").string() + "\n");
+  auto r = run({factory_bin(), "--config", (dir / "coordinator.yaml").string(), "tenant", "create",
+                "t3", "--tier", "gpu-k8s-mig", "--dry-run", "-o", "yaml"},
+               30s, {{"HOME", (dir / "home").string()}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  write_text(dir / "objects.yaml", r.output);
+  auto v = validate_k8s_files({(dir / "objects.yaml").string()});
+  EXPECT_EQ(v.exit_code, 0) << v.output;
+  EXPECT_NE(v.output.find("doc 3 (VirtualMachine t3): valid"), std::string::npos) << v.output;
+  EXPECT_NE(v.output.find("doc 2 (Secret t3-cloud-init): valid"), std::string::npos) << v.output;
+  EXPECT_NE(r.output.find("factory.dev/tier: gpu-k8s-mig"), std::string::npos) << r.output;
+}
+
+// A card without MIG is refused for the MIG tier before anything is made,
+// with the reason; the runbook's L4 is such a card.
+TEST_F(Tenants, TheMigTierIsRefusedOnTheRunbooksL4WithTheReason) {
+  allowlist();
+  auto t3 = create("t3", "gpu-k8s-mig");
+  ASSERT_NE(t3.exit_code, 0) << t3.output;
+  EXPECT_NE(t3.output.find("tier gpu-k8s-mig needs a MIG-capable GPU"), std::string::npos)
+      << t3.output;
+  EXPECT_NE(t3.output.find("nvidia.com/AD104GL_L4"), std::string::npos) << t3.output;
+  EXPECT_NE(t3.output.find("has no MIG"), std::string::npos) << t3.output;
+  EXPECT_TRUE(tenants().empty()) << "a refused create stores nothing";
+  // The same L4 still serves a tier without MIG.
+  auto t1 = create("tenant-1", "gpu-vm");
+  EXPECT_EQ(t1.exit_code, 0) << t1.output;
+}
+
 TEST_F(Tenants, TwoTenantsMatchTheRunbookAThirdIsRefusedAndDeleteLeavesNothing) {
   allowlist();
   auto t1 = create("tenant-1", "gpu-vm", {"--ssh-node-port", "30022"});
@@ -279,7 +318,7 @@ TEST_F(Tenants, BadInputGetsOneLineAndLeavesNothingHalfMade) {
   const auto before = everything_in(kube_, "tenants");
 
   expect_one_line_failure(create("tenant-x", "gpu-xl"),
-                          "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s)");
+                          "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s, gpu-k8s-mig)");
   expect_one_line_failure(create("Tenant_X", "gpu-vm"), "invalid tenant name 'Tenant_X'");
   expect_one_line_failure(create("9tenant", "gpu-vm"), "9tenant");
   expect_one_line_failure(create("tenant-x", "gpu-vm", {"--ssh-node-port", "80"}),

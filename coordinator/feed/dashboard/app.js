@@ -111,6 +111,18 @@ function gpuBlock(g) {
   add('temp', 'temp', num(g.temperature_c) ? g.temperature_c + ' °C' : '-');
   add('power', 'power', num(g.power_draw_w)
     ? Math.round(g.power_draw_w) + (num(g.power_limit_w) ? ' / ' + Math.round(g.power_limit_w) : '') + ' W' : '-');
+  // A card in MIG mode: its slices by profile ("7 x 1g.18gb, 16 GiB each").
+  if (g.mig_mode === 'Enabled') {
+    const by = {};
+    for (const m of Array.isArray(g.mig_instances) ? g.mig_instances : []) {
+      const p = typeof m.profile === 'string' ? m.profile : '?';
+      by[p] = by[p] || { n: 0, gib: m.memory_gib };
+      by[p].n++;
+    }
+    const parts = Object.keys(by).sort().map((p) => by[p].n + ' x ' + p +
+      (num(by[p].gib) ? ', ' + by[p].gib + ' GiB each' : ''));
+    add('mig', 'mig', parts.length ? parts.join('; ') : 'on, no slices');
+  }
   b.appendChild(f);
   return b;
 }
