@@ -169,7 +169,7 @@ if command -v chromium >/dev/null 2>&1 && command -v node >/dev/null 2>&1 && [ -
     && echo "build/demo/dashboard.png" \
     || { echo "the dashboard did not load in Chromium:"; cat "$out/dashboard-probe.log"; exit 1; }
 else
-  echo "skipping build/demo/dashboard.png: chromium (and node with node-ws) is not installed; scripts/install-deps.sh --test installs them"
+  echo "skipping build/demo/dashboard.png: chromium (and node with node-ws) is not installed; scripts/install-deps.sh --demo installs them"
 fi
 for g in "$work"/guests/*/; do
   n="$(basename "$g")"

@@ -15,20 +15,20 @@ build_pkgs=(
 # What scripts/demo.sh runs besides the two binaries: the Kubernetes API test
 # double (python3 with yaml, jsonschema and kubernetes; its PKI is made with
 # the openssl command), the VM simulator (python3-yaml; the real curl fetches
-# the agent; the guests' stand-ins use pgrep), and ssh-keygen for the admin's
-# throwaway key.
+# the agent; the guests' stand-ins use pgrep), ssh-keygen for the admin's
+# throwaway key, and headless chromium driven by node (node-ws), which takes
+# the dashboard's picture (build/demo/dashboard.png; dashboard_test.cpp too).
 demo_pkgs=(
   python3-yaml python3-jsonschema python3-kubernetes openssl curl openssh-client procps
+  chromium node-ws
 )
 # Real validators and peers the test suite runs against the product; faketime
 # moves the real binaries' clocks; clang builds the fuzz targets (libFuzzer);
 # clang-format and clang-tidy are the lint tests' (tests/lint, version 14);
 # QEMU, debootstrap and genisoimage boot the real guests of `make e2e-vm`
-# (the provider's seed ISO, the base image, the VMs); chromium loads the
-# dashboard headless (tests/integration/dashboard_test.cpp, the demo's
-# dashboard.png).
+# (the provider's seed ISO, the base image, the VMs).
 test_pkgs=(
-  cloud-init prometheus node-ws testssl.sh chromium
+  cloud-init prometheus testssl.sh
   iproute2 binutils systemd faketime
   clang libclang-rt-14-dev clang-format clang-tidy
   qemu-system-x86 qemu-utils debootstrap genisoimage e2fsprogs
