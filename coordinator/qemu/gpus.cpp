@@ -1,8 +1,10 @@
 #include "coordinator/qemu/gpus.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 
+#include "common/mig_cards.hpp"
 #include "coordinator/host/host_state.hpp"
 #include "coordinator/host/inventory.hpp"
 #include "coordinator/host/pci.hpp"
@@ -24,6 +26,8 @@ Result<std::vector<HostCard>> host_cards(const host::HostRoot& root) {
     c.resource = g.resource.name;
     c.name = g.name.value_or("");
     c.driver = g.fn.driver;
+    c.vendor = g.fn.vendor;
+    c.device = g.fn.device;
     const bool on_vfio = g.fn.driver == "vfio-pci";
     const bool kept = g.override_driver && *g.override_driver == "vfio-pci";
     c.passthrough = on_vfio && kept && g.fn.iommu_group.has_value();
@@ -41,6 +45,29 @@ Result<std::vector<HostCard>> host_cards(const host::HostRoot& root) {
     }
     out.push_back(std::move(c));
   }
+  return out;
+}
+
+Result<std::vector<HostCard>> mig_capable(const std::vector<HostCard>& cards,
+                                          const std::string& tier) {
+  std::vector<HostCard> out;
+  std::string others;
+  for (const auto& c : cards) {
+    if (mig_chip(c.vendor, c.device)) {
+      out.push_back(c);
+      continue;
+    }
+    char id[16];
+    std::snprintf(id, sizeof id, "%04x:%04x", c.vendor, c.device);
+    others += (others.empty() ? "" : ", ") + (c.name.empty() ? c.resource : c.name) + " (" + id +
+              ") at " + c.address;
+  }
+  if (out.empty())
+    return Error(Errc::failed_precondition,
+                 "tier " + tier + " needs a MIG-capable GPU (A30, A100, H100, H200, B200): " +
+                     (others.empty() ? std::string("this host has no NVIDIA GPU")
+                                     : "this host has " + others + ", without MIG") +
+                     "; put a MIG-capable card on this host or choose a tier without MIG");
   return out;
 }
 

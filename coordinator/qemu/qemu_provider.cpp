@@ -301,6 +301,11 @@ Status QemuProvider::preflight(tenants::VmSpec& spec) {
     }
     auto cards = host_cards(host::HostRoot(opts_.host_root));
     if (!cards) return cards.error();
+    if (spec.needs_mig) {
+      auto mig = mig_capable(*cards, spec.tier);
+      if (!mig) return mig.error();
+      cards = std::move(mig);
+    }
     auto pick = pick_gpus(*cards, spec.gpu_resource, spec.gpus, spec.name, held_gpus());
     if (!pick) return pick.error();
     if (spec.gpu_resource.empty()) spec.gpu_resource = pick->resource;

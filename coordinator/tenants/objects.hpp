@@ -39,7 +39,7 @@ struct VmSpec {
   int gpus = 1;              // 0: a VM without a GPU
   int ssh_node_port = 0;     // 0 = let Kubernetes pick
   std::string tier;          // catalog tier, e.g. gpu-vm
-  bool needs_mig = false;    // the tier's vm.mig: only a MIG-capable card will do
+  bool needs_mig = false;    // the tier cuts its card into MIG slices (tier_needs_mig)
   std::map<std::string, std::string> labels;  // extra labels for every object of the tenant
 };
 

@@ -259,6 +259,38 @@ TEST_F(QemuProviderTest, RefusesWhatCannotWorkBeforeMakingAnything) {
   EXPECT_NE(st2.error().message.find("does not exist"), std::string::npos);
 }
 
+// A MIG tier on the runbook's L4 host (AD104GL, 10de:27b8): refused before
+// anything is made, naming the card, as the KubeVirt provider does.
+TEST_F(QemuProviderTest, AMigTierIsRefusedOnTheRunbooksL4WithTheReason) {
+  namespace ht = factory::testing::hosttree;
+  TempDir hdir("gm");
+  ht::HostTree t(hdir);
+  t.overlay(ht::host_fixtures() / "amd-epyc-host" / "root");
+  auto facts = ht::facts_file("l4-runbook");
+  for (auto& f : facts.functions)
+    if (f.addr == "0000:01:00.0") f.driver = "vfio-pci";
+  t.add(facts);
+  ht::write_text(t / "/etc/driverctl.d/pci-0000:01:00.0", "vfio-pci\n");
+  opts_.host_root = t.root().string();
+  opts_.monitor_every = std::chrono::hours(1);
+  auto p = provider();
+  auto s = spec("vm-mig");
+  s.gpus = 1;
+  s.tier = "gpu-k8s-mig";
+  s.needs_mig = true;
+  auto st = p->preflight(s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, Errc::failed_precondition);
+  EXPECT_NE(st.error().message.find("tier gpu-k8s-mig needs a MIG-capable GPU"), std::string::npos)
+      << st.error().message;
+  EXPECT_NE(st.error().message.find("(10de:27b8) at 0000:01:00.0"), std::string::npos)
+      << st.error().message;
+  EXPECT_FALSE(fs::exists(vm_dir("vm-mig")));
+  // The same card serves a tier without MIG.
+  s.needs_mig = false;
+  EXPECT_TRUE(p->preflight(s).ok());
+}
+
 TEST_F(QemuProviderTest, NeverTwoTenantsOnOneCard) {
   namespace ht = factory::testing::hosttree;
   TempDir hdir("gh");
