@@ -140,5 +140,5 @@ TEST(CatalogCli, ValidateReportsTheFirstMistake) {
             "factory: catalog " + (dir / "broken.yaml").string() +
                 ": tier 'cpu-box': step 'jq': unknown step kind 'shell' (known: gpu_present, "
                 "apt_packages, nvidia_driver, ollama_install, ollama_model, rke2, helm_release, "
-                "node_label, wait_allocatable, script)\n");
+                "node_label, wait_allocatable, mig, script)\n");
 }

@@ -97,8 +97,10 @@ TEST_F(HealthFeed, FlowsAsStateWhileTheStepRunsForMinutes) {
 
   auto step_state = [&] {
     auto t = h_->tenant("t1");
-    if (!t || !(*t)["plan"].is_object()) return std::string();
-    return (*t)["plan"]["steps"].value("long", json::object()).value("state", "");
+    // Before the agent's first progress the plan may have no steps yet (null).
+    if (!t || !(*t)["plan"].is_object() || !(*t)["plan"]["steps"].is_object()) return std::string();
+    const json& long_step = (*t)["plan"]["steps"]["long"];
+    return long_step.is_object() ? long_step.value("state", "") : std::string();
   };
   ASSERT_TRUE(eventually([&] { return step_state() == "started"; }, 30s)) << agent.log();
   // While the step runs, samples keep arriving on the agent's 200 ms schedule.

@@ -139,7 +139,7 @@ TEST(TenantsDryRun, TheMigTierValidatesAgainstTheRealSchemas) {
   EXPECT_EQ(v.exit_code, 0) << v.output;
   EXPECT_NE(v.output.find("doc 3 (VirtualMachine t3): valid"), std::string::npos) << v.output;
   EXPECT_NE(v.output.find("doc 2 (Secret t3-cloud-init): valid"), std::string::npos) << v.output;
-  EXPECT_NE(r.output.find("factory.dev/tier: gpu-k8s-mig"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("factory.dev/tier: \"gpu-k8s-mig\""), std::string::npos) << r.output;
 }
 
 // A card without MIG is refused for the MIG tier before anything is made,
