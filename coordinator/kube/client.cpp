@@ -5,25 +5,11 @@
 
 #include "common/net/http_client.hpp"
 #include "coordinator/kube/status_error.hpp"
+#include "coordinator/kube/url_encode.hpp"
 
 namespace factory::kube {
 
 namespace {
-
-std::string url_encode(const std::string& s) {
-  static const char* hex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 15]);
-    }
-  }
-  return out;
-}
 
 std::string query(const std::vector<std::pair<std::string, std::string>>& params) {
   std::string q;
