@@ -89,6 +89,12 @@ Result<Clock::time_point> parse_rfc3339(std::string_view text) {
   std::string str(text);
   if (std::sscanf(str.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d", &y, &mo, &d, &h, &mi, &s) != 6)
     return Error(Errc::invalid_argument, "invalid timestamp '" + str + "'");
+  // A time_point counts nanoseconds in 64 bits: years past 2262 overflow it
+  // (an agent's "4052-12-01T..." did, under UBSan). No clock Factory reads is
+  // before 1970 or after 2200.
+  if (y < 1970 || y > 2200 || mo < 1 || mo > 12 || d < 1 || d > 31 || h < 0 || h > 23 || mi < 0 ||
+      mi > 59 || s < 0 || s > 60)
+    return Error(Errc::invalid_argument, "timestamp '" + str.substr(0, 64) + "' is out of range");
   tm.tm_year = y - 1900;
   tm.tm_mon = mo - 1;
   tm.tm_mday = d;

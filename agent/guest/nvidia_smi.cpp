@@ -232,7 +232,9 @@ Result<GpuReport> parse_nvidia_smi_xml(const std::string& xml) {
     g.uuid = text(gpu.get<std::string>("uuid", ""));
     g.pci_bus_id =
         text(gpu.get<std::string>("pci.pci_bus_id", gpu.get<std::string>("<xmlattr>.id", "")));
-    auto at = [&](const char* path) { return gpu.get<std::string>(path, ""); };
+    // A named reference: clang 14 cannot capture a structured binding.
+    const auto& node = gpu;
+    auto at = [&node](const char* path) { return node.get<std::string>(path, ""); };
     g.minor_number = number<int>(at("minor_number"));
     g.memory_total_mib = number<std::uint64_t>(at("fb_memory_usage.total"));
     g.memory_reserved_mib = number<std::uint64_t>(at("fb_memory_usage.reserved"));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "common/net/http_client.hpp"
 
@@ -48,7 +49,14 @@ std::uint64_t u64(const json& j, const char* key) {
   if (v.is_number_unsigned()) return v.get<std::uint64_t>();
   if (v.is_number_integer())
     return static_cast<std::uint64_t>(std::max<std::int64_t>(0, v.get<std::int64_t>()));
-  if (v.is_number_float()) return static_cast<std::uint64_t>(std::max(0.0, v.get<double>()));
+  if (v.is_number_float()) {
+    // 1e61 bytes is no size; casting it to an integer is undefined (UBSan
+    // found it in a pull's progress line, under the ollama_json target).
+    const double d = v.get<double>();
+    if (!(d > 0)) return 0;
+    if (d >= 18446744073709551615.0) return UINT64_MAX;
+    return static_cast<std::uint64_t>(d);
+  }
   return 0;
 }
 

@@ -56,16 +56,19 @@ std::string names_of(const json& list) {
   return out.empty() ? "none" : out;
 }
 
-const json* find_named(const json& doc, const char* list, const std::string& name) {
-  if (!doc.contains(list) || !doc[list].is_array()) return nullptr;
-  for (const auto& e : doc[list])
-    if (e.is_object() && e.value("name", "") == name) return &e;
-  return nullptr;
-}
-
 std::string str(const json& obj, const char* key) {
   if (!obj.is_object() || !obj.contains(key) || !obj[key].is_string()) return "";
   return obj[key].get<std::string>();
+}
+
+// An entry whose name is not a string (`name: ` left empty reads as null)
+// is no match, never an exception (the kubeconfig fuzz target found it).
+const json* find_named(const json& doc, const char* list, const std::string& name) {
+  if (!doc.contains(list) || !doc[list].is_array()) return nullptr;
+  for (const auto& e : doc[list])
+    if (e.is_object() && e.contains("name") && e["name"].is_string() && str(e, "name") == name)
+      return &e;
+  return nullptr;
 }
 
 // "*-data" inline (base64) or a file path (relative to the kubeconfig's dir).
@@ -162,7 +165,11 @@ Result<ClusterAccess> load_kubeconfig(const fs::path& file, const std::string& c
                          where + ": cluster \"" + cluster_name + "\"");
   if (!ca) return ca.error();
   a.tls.ca_pem = *ca;
-  a.tls.insecure_skip_verify = cluster.value("insecure-skip-tls-verify", false) == true;
+  // Only a YAML true turns verification off (a string "true" is not one, and
+  // reading it as a bool would throw).
+  a.tls.insecure_skip_verify = cluster.is_object() &&
+                               cluster.contains("insecure-skip-tls-verify") &&
+                               cluster["insecure-skip-tls-verify"] == true;
   a.tls.server_name = str(cluster, "tls-server-name");
   if (auto ns = str(c, "namespace"); !ns.empty()) a.default_namespace = ns;
 

@@ -8,6 +8,14 @@ using nlohmann::json;
 
 namespace {
 
+// A Status field as text; anything but a string (the API server's body is
+// not ours to trust: a proxy's, or a broken server's) reads as "".
+std::string text(const json& obj, const char* key) {
+  if (!obj.is_object()) return "";
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
 json parse_status(const std::string& body) {
   auto j = json::parse(body, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return json::object();
@@ -17,11 +25,13 @@ json parse_status(const std::string& body) {
 // The server's message, or the causes of an Invalid status when it has no
 // message; a non-JSON body (a proxy's HTML page) is cut to one short line.
 std::string server_message(const json& st, const std::string& body) {
-  std::string msg = st.value("message", "");
-  if (msg.empty() && st.contains("details") && st["details"].contains("causes")) {
-    for (const auto& c : st["details"]["causes"]) {
+  std::string msg = text(st, "message");
+  const json details = st.value("details", json::object());
+  if (msg.empty() && details.is_object() && details.contains("causes") &&
+      details["causes"].is_array()) {
+    for (const auto& c : details["causes"]) {
       if (!msg.empty()) msg += "; ";
-      msg += c.value("field", "") + ": " + c.value("message", "");
+      msg += text(c, "field") + ": " + text(c, "message");
     }
   }
   if (msg.empty() && !st.contains("kind")) {
@@ -48,13 +58,13 @@ std::string what(const RequestInfo& req) {
 }  // namespace
 
 std::string status_reason(const std::string& body) {
-  return parse_status(body).value("reason", "");
+  return text(parse_status(body), "reason");
 }
 
 Error status_error(int code, const std::string& body, const RequestInfo& req) {
   json st = parse_status(body);
   std::string msg = server_message(st, body);
-  std::string reason = st.value("reason", "");
+  std::string reason = text(st, "reason");
   switch (code) {
     case 401:
       return Error(Errc::unauthenticated,
