@@ -46,11 +46,20 @@ tiers:
         timeout: 10m
         params:
           check: test -f "$FACTORY_ROOT/long-done"
+          # The marker is written by the sleeper itself, after its exec: a
+          # SIGTERM sent when the test sees it finds the trap set in the
+          # shell and a sleeper with the default disposition. (Written
+          # before the fork, the signal could land in bash's child between
+          # fork and exec, where bash's trap stub swallows it: the sleeper
+          # lived on and the agent waited out the 20 s grace.)
           run: |
-            echo started >> "$FACTORY_ROOT/long-started"
-            if [ -f "$FACTORY_ROOT/long-term" ]; then touch "$FACTORY_ROOT/long-done"; exit 0; fi
+            if [ -f "$FACTORY_ROOT/long-term" ]; then
+              echo started >> "$FACTORY_ROOT/long-started"
+              touch "$FACTORY_ROOT/long-done"
+              exit 0
+            fi
             trap 'echo term >> "$FACTORY_ROOT/long-term"; exit 143' TERM
-            sleep 300 &
+            sh -c 'echo started >> "$FACTORY_ROOT/long-started"; exec sleep 300' &
             wait
 )";
 
