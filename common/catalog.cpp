@@ -308,8 +308,8 @@ Result<std::vector<StepDef>> parse_steps(const json& steps, const json& scope,
 }
 
 Result<HealthSpec> parse_health(const json& h, const json& scope, const std::string& where) {
-  if (!h.is_object()) return bad(where, "must be a map with ollama and/or k8s");
-  if (auto s = only_keys(h, {"ollama", "k8s"}, where); !s) return s.error();
+  if (!h.is_object()) return bad(where, "must be a map with ollama, k8s and/or probe");
+  if (auto s = only_keys(h, {"ollama", "k8s", "probe"}, where); !s) return s.error();
   auto r = resolve(h, scope, where);
   if (!r) return r.error();
   const json& v = *r;
@@ -343,6 +343,51 @@ Result<HealthSpec> parse_health(const json& h, const json& scope, const std::str
     } else {
       return bad(kw, "must be true, false or a map with resource and kubeconfig");
     }
+  }
+  if (v.contains("probe") && !v["probe"].is_null()) {
+    const json& p = v["probe"];
+    std::string pw = where + ".probe";
+    if (!p.is_object()) return bad(pw, "must be a map with every, model and prompt");
+    if (auto s = only_keys(p, {"every", "model", "prompt"}, pw); !s) return s.error();
+    auto every = get_string(p, "every", pw + ".", true);
+    if (!every) return every.error();
+    auto d = parse_duration(*every);
+    if (!d) return bad(pw + ".every", d.error().message);
+    if (*d < std::chrono::seconds(30) && d->count() != 0)
+      return bad(pw + ".every", "must be 0s (off) or at least 30s: each probe runs the model");
+    spec.probe_every = *d;
+    auto model = get_string(p, "model", pw + ".", true);
+    if (!model) return model.error();
+    if (model->empty() || model->size() > 128) return bad(pw + ".model", "must name a model");
+    spec.probe_model = *model;
+    auto prompt = get_string(p, "prompt", pw + ".", false);
+    if (!prompt) return prompt.error();
+    if (prompt->size() > 512) return bad(pw + ".prompt", "must be at most 512 bytes");
+    if (!prompt->empty()) spec.probe_prompt = *prompt;
+  }
+  return spec;
+}
+
+Result<AccessSpec> parse_access(const json& a, const std::string& where) {
+  if (!a.is_object()) return bad(where, "must be a map with login");
+  if (auto s = only_keys(a, {"login"}, where); !s) return s.error();
+  AccessSpec spec;
+  if (a.contains("login") && !a["login"].is_null()) {
+    if (!a["login"].is_boolean()) return bad(where + ".login", "must be true or false");
+    spec.login = a["login"].get<bool>();
+  }
+  return spec;
+}
+
+Result<EndpointSpec> parse_endpoint(const json& e, const std::string& where) {
+  if (!e.is_object()) return bad(where, "must be a map with port");
+  if (auto s = only_keys(e, {"port"}, where); !s) return s.error();
+  EndpointSpec spec;
+  if (e.contains("port") && !e["port"].is_null()) {
+    if (!e["port"].is_number_integer() || e["port"].get<int64_t>() < 1024 ||
+        e["port"].get<int64_t>() > 65535)
+      return bad(where + ".port", "must be a port from 1024 to 65535");
+    spec.port = e["port"].get<int>();
   }
   return spec;
 }
@@ -481,9 +526,10 @@ Result<Tier> parse_tier(const json& t, const std::string& where_in) {
   if (!t.is_object()) return bad(where, "must be a map with name, description, vm, steps");
   if (t.contains("name") && t["name"].is_string())
     where = "tier '" + t["name"].get<std::string>() + "'";
-  if (auto s = only_keys(
-          t, {"name", "description", "cost", "vm", "versions", "settings", "steps", "health"},
-          where);
+  if (auto s = only_keys(t,
+                         {"name", "description", "cost", "vm", "versions", "settings", "steps",
+                          "health", "access", "endpoint"},
+                         where);
       !s)
     return s.error();
   Tier tier;
@@ -520,6 +566,19 @@ Result<Tier> parse_tier(const json& t, const std::string& where_in) {
     if (!h) return h.error().context(where);
     tier.health = std::move(*h);
   }
+  if (t.contains("access") && !t["access"].is_null()) {
+    auto a = parse_access(t["access"], "access");
+    if (!a) return a.error().context(where);
+    tier.access = *a;
+  }
+  if (t.contains("endpoint") && !t["endpoint"].is_null()) {
+    auto e = parse_endpoint(t["endpoint"], "endpoint");
+    if (!e) return e.error().context(where);
+    tier.endpoint = *e;
+    // The endpoint is Ollama behind a key: without Ollama there is nothing to serve.
+    if (!tier.health || !tier.health->ollama)
+      return bad(where + ": endpoint", "needs health.ollama: true (the endpoint serves Ollama)");
+  }
   if (tier_needs_mig(tier))
     if (auto st = check_mig_tier(tier, where); !st) return st.error();
   return tier;
@@ -545,6 +604,10 @@ json StepDef::to_plan_json() const {
 json HealthSpec::to_plan_json() const {
   json j = {{"ollama", ollama}, {"k8s", nullptr}};
   if (k8s) j["k8s"] = {{"resource", k8s_resource}, {"kubeconfig", k8s_kubeconfig}};
+  // Only when on, so the plans (and hashes) of tiers without a probe stay as they were.
+  if (probe_every.count() > 0)
+    j["probe"] = {
+        {"every_seconds", probe_every.count()}, {"model", probe_model}, {"prompt", probe_prompt}};
   return j;
 }
 
@@ -553,6 +616,7 @@ json Tier::plan() const {
   for (auto& s : steps) steps_json.push_back(s.to_plan_json());
   json p = {{"tier", name}, {"steps", steps_json}};
   if (health) p["health"] = health->to_plan_json();
+  if (endpoint) p["endpoint"] = {{"port", endpoint->port}};
   return p;
 }
 
@@ -574,6 +638,8 @@ json Tier::to_json() const {
           // Every version the steps depend on, and those left unpinned (pins.hpp).
           {"pins", pins_json(tier_pins(*this))},
           {"health", health ? health->to_plan_json() : json(nullptr)},
+          {"access", {{"login", access.login}}},
+          {"endpoint", endpoint ? json{{"port", endpoint->port}} : json(nullptr)},
           {"steps", steps_json}};
 }
 

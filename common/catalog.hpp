@@ -49,8 +49,28 @@ struct HealthSpec {
   bool k8s = false;     // the guest cluster: nodes' capacity and allocatable, HAMi's pods
   std::string k8s_resource = "nvidia.com/gpu";
   std::string k8s_kubeconfig = "/etc/rancher/rke2/rke2.yaml";
-  // {"ollama": bool, "k8s": {"resource", "kubeconfig"} | null}
+  // A small prompt sent to Ollama every probe_every, timing its first token
+  // (0: never, the default; a model endpoint turns it on).
+  std::chrono::seconds probe_every{0};
+  std::string probe_model;
+  std::string probe_prompt = "Say OK.";
+  // {"ollama": bool, "k8s": {"resource", "kubeconfig"} | null,
+  //  "probe"?: {"every_seconds", "model", "prompt"} (only when probe_every > 0)}
   nlohmann::json to_plan_json() const;
+};
+
+// Who may log in to the guest. A tier without login (a model endpoint) gets
+// no password and no SSH Service; an admin's --ssh-key still adds key-only
+// login for the admin.
+struct AccessSpec {
+  bool login = true;
+};
+
+// A tier that serves its models as a keyed HTTPS endpoint: the agent's
+// proxy listens on `port` in the guest (agent/endpoint/proxy.hpp), exposed
+// by a NodePort Service. Carried in the plan as "endpoint": {"port"}.
+struct EndpointSpec {
+  int port = 8443;
 };
 
 struct Tier {
@@ -62,9 +82,12 @@ struct Tier {
   nlohmann::json settings = nlohmann::json::object();  // other knobs its steps refer to
   std::vector<StepDef> steps;
   std::optional<HealthSpec> health;  // absent: the GPU only
+  AccessSpec access;
+  std::optional<EndpointSpec> endpoint;
 
   // The plan for this tier: {"tier": name, "steps": [StepDef::to_plan_json()...],
-  // "health": HealthSpec::to_plan_json() (when the tier has a health section)}.
+  // "health": HealthSpec::to_plan_json() (when the tier has a health section),
+  // "endpoint": {"port"} (when it serves one)}.
   nlohmann::json plan() const;
   // The whole tier for `factory catalog show` (steps resolved, plan hash included).
   nlohmann::json to_json() const;

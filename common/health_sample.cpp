@@ -158,11 +158,35 @@ json K8sSection::to_json() const {
   return j;
 }
 
+json ProbeSample::to_json() const {
+  json j = {{"model", model},
+            {"ok", ok},
+            {"ttft_ms", opt(ttft_ms)},
+            {"total_ms", opt(total_ms)},
+            {"at", text_or_null(at)}};
+  if (!error.empty()) j["error"] = error;
+  return j;
+}
+
+json EndpointSection::to_json() const {
+  return {{"serving", serving},
+          {"requests", requests},
+          {"served", served},
+          {"unauthorized", unauthorized},
+          {"refused_paths", refused_paths},
+          {"busy", busy},
+          {"upstream_errors", upstream_errors},
+          {"in_flight", in_flight},
+          {"certificate_expires_at", text_or_null(certificate_expires_at)},
+          {"probe", probe ? probe->to_json() : json(nullptr)}};
+}
+
 json HealthSample::to_json() const {
   json j = {{"time", time}, {"hostname", hostname}, {"gpu", gpu.to_json()}};
   if (!plan_hash.empty()) j["plan_hash"] = plan_hash;
   if (ollama) j["ollama"] = ollama->to_json();
   if (k8s) j["k8s"] = k8s->to_json();
+  if (endpoint) j["endpoint"] = endpoint->to_json();
   return j;
 }
 
@@ -292,6 +316,15 @@ void make_sendable(HealthSample& h) {
       p.phase = clip_text(p.phase, lim::kShort);
       p.status = clip_text(p.status, lim::kShort);
       p.node = clip_text(p.node, lim::kName);
+    }
+  }
+  if (h.endpoint) {
+    h.endpoint->certificate_expires_at = clip_text(h.endpoint->certificate_expires_at, lim::kShort);
+    if (h.endpoint->probe) {
+      auto& p = *h.endpoint->probe;
+      p.model = clip_text(p.model, lim::kName);
+      p.at = clip_text(p.at, lim::kShort);
+      p.error = clip_text(p.error, lim::kText);
     }
   }
   // The longest lists go first when the whole would not fit a frame.
@@ -598,6 +631,40 @@ K8sSection read_k8s(const Reader& r) {
   return s;
 }
 
+EndpointSection read_endpoint(const Reader& r) {
+  EndpointSection s;
+  s.serving = r.boolean("serving");
+  // Counters since the agent started: a month of a busy endpoint fits 2^40.
+  constexpr long double kMaxCounter = 1ULL << 40;
+  const std::pair<const char*, std::uint64_t*> counters[] = {
+      {"requests", &s.requests},
+      {"served", &s.served},
+      {"unauthorized", &s.unauthorized},
+      {"refused_paths", &s.refused_paths},
+      {"busy", &s.busy},
+      {"upstream_errors", &s.upstream_errors},
+      {"in_flight", &s.in_flight}};
+  for (auto [key, out] : counters) *out = r.integer<std::uint64_t>(key, 0, kMaxCounter).value_or(0);
+  s.certificate_expires_at = r.text("certificate_expires_at", lim::kShort);
+  if (const json* p = r.get("probe")) {
+    if (p->is_object()) {
+      Reader pr(*p, r.where() + ".probe", r.rejects());
+      ProbeSample x;
+      x.model = pr.text("model", lim::kName);
+      x.ok = pr.boolean("ok");
+      // An hour is longer than any probe is waited for.
+      x.ttft_ms = pr.real("ttft_ms", 0, 3.6e6);
+      x.total_ms = pr.real("total_ms", 0, 3.6e6);
+      x.at = pr.text("at", lim::kShort);
+      x.error = pr.text("error", lim::kText);
+      s.probe = std::move(x);
+    } else if (!p->is_null()) {
+      r.reject("bad_type", "probe");
+    }
+  }
+  return s;
+}
+
 }  // namespace
 
 HealthSample parse_health_sample(const json& body, HealthRejects& rejects) {
@@ -627,6 +694,12 @@ HealthSample parse_health_sample(const json& body, HealthRejects& rejects) {
       h.k8s = read_k8s(Reader(*k, "health.k8s", rejects));
     else
       r.reject("bad_type", "k8s");
+  }
+  if (const json* e = r.get("endpoint")) {
+    if (e->is_object())
+      h.endpoint = read_endpoint(Reader(*e, "health.endpoint", rejects));
+    else
+      r.reject("bad_type", "endpoint");
   }
   return h;
 }

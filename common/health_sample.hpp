@@ -30,7 +30,10 @@
 //    "k8s"?: {"resource", "allocatable", "capacity",
 //             "nodes": [{"name", "ready", "allocatable", "capacity", "gpu_label"}],
 //             "pods": [{"namespace", "name", "phase", "status", "node", "gpus",
-//                       "gpumem_mib", "gpumem_percentage"}], "error"?, "diagnoses"?}}
+//                       "gpumem_mib", "gpumem_percentage"}], "error"?, "diagnoses"?},
+//    "endpoint"?: {"serving", "requests", "served", "unauthorized", "refused_paths",
+//                  "busy", "upstream_errors", "in_flight", "certificate_expires_at",
+//                  "probe": {"model", "ok", "ttft_ms", "total_ms", "at", "error"} | null}}
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -168,6 +171,30 @@ struct K8sSection {
   nlohmann::json to_json() const;
 };
 
+// The probe health sends through Ollama every few minutes (catalog
+// health.probe): a small prompt, timed to its first token and to its end.
+struct ProbeSample {
+  std::string model;
+  bool ok = false;
+  std::optional<double> ttft_ms;
+  std::optional<double> total_ms;
+  std::string at;  // when it ran, RFC 3339
+  std::string error;
+  nlohmann::json to_json() const;
+};
+
+// A model endpoint's proxy (agent/endpoint) as the guest sees it: whether it
+// serves, and its counters since the agent started; the probe's last result
+// (also on a tier without an endpoint that turned the probe on).
+struct EndpointSection {
+  bool serving = false;
+  std::uint64_t requests = 0, served = 0, unauthorized = 0, refused_paths = 0, busy = 0,
+                upstream_errors = 0, in_flight = 0;
+  std::string certificate_expires_at;
+  std::optional<ProbeSample> probe;
+  nlohmann::json to_json() const;
+};
+
 struct HealthSample {
   std::string time;  // when the agent sampled, RFC 3339 on its clock
   std::string hostname;
@@ -175,6 +202,7 @@ struct HealthSample {
   GpuSection gpu;
   std::optional<OllamaSection> ollama;
   std::optional<K8sSection> k8s;
+  std::optional<EndpointSection> endpoint;
 
   nlohmann::json to_json() const;
   // Every diagnosis of every section, in order.

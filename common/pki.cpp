@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <openssl/rand.h>
 
 #include <cctype>
@@ -203,6 +204,25 @@ std::string sha256_hex(std::string_view data) {
     std::abort();
   }
   return to_hex(md, n);
+}
+
+Result<std::string> base64_decode(std::string_view text) {
+  if (text.size() % 4 != 0)
+    return Error(Errc::invalid_argument, "not base64: length is not a multiple of 4");
+  for (char c : text)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '+' || c == '/' || c == '='))
+      return Error(Errc::invalid_argument, "not base64: a character outside its alphabet");
+  std::string out(text.size() / 4 * 3, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(text.data()),
+                          static_cast<int>(text.size()));
+  if (n < 0) return Error(Errc::invalid_argument, "not base64");
+  // EVP_DecodeBlock counts the padding as data: take it off again.
+  std::size_t pad = 0;
+  if (!text.empty() && text.back() == '=') ++pad;
+  if (text.size() > 1 && text[text.size() - 2] == '=') ++pad;
+  out.resize(static_cast<std::size_t>(n) - pad);
+  return out;
 }
 
 bool secure_equals(std::string_view a, std::string_view b) {

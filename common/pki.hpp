@@ -37,6 +37,9 @@ bool key_matches_certificate(const std::string& key_pem, const std::string& cert
 std::string random_hex(size_t bytes);
 std::string random_token_chars(size_t n);  // [a-z0-9]
 std::string sha256_hex(std::string_view data);
+// Standard base64 (RFC 4648, padded), as Kubernetes Secret data is: an
+// invalid_argument error for anything else.
+Result<std::string> base64_decode(std::string_view text);
 // Constant-time equality for secrets.
 bool secure_equals(std::string_view a, std::string_view b);
 

@@ -40,6 +40,8 @@ inline constexpr std::string_view kHello = "hello";    // {agent_id, agent_versi
 inline constexpr std::string_view kEvent = "event";    // {id, time, kind, ...}
 inline constexpr std::string_view kRenew = "renew";    // {csr}
 inline constexpr std::string_view kHealth = "health";  // HealthSample (health_sample.hpp)
+// A model endpoint's guest asks for its server certificate: {csr}
+inline constexpr std::string_view kEndpointCsr = "endpoint_csr";
 // {pending_events, dropped_events, plan_hash?, plan_state?, steps_done?, steps_total?}
 inline constexpr std::string_view kHeartbeat = "heartbeat";
 // coordinator -> agent
@@ -48,6 +50,9 @@ inline constexpr std::string_view kWelcome = "welcome";  // {tenant, server_vers
 inline constexpr std::string_view kPlan = "plan";        // {hash, plan}
 inline constexpr std::string_view kCertificate = "certificate";  // {certificate, expires_at}
 inline constexpr std::string_view kCommand = "command";          // {action: "retry", step?}
+// A model endpoint's key hash, and its certificate when it asked:
+// {key_sha256, url?, certificate?, ca?, expires_at?} (endpoint_grant.hpp)
+inline constexpr std::string_view kEndpoint = "endpoint";
 // both
 inline constexpr std::string_view kAck = "ack";      // {event_id?} and/or envelope ack
 inline constexpr std::string_view kError = "error";  // {code, message}

@@ -44,7 +44,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)coordinator::decode_heartbeat(body);
   } else if (type == proto::type::kEnroll) {
     (void)coordinator::decode_enroll(body);
-  } else if (type == proto::type::kRenew) {
+  } else if (type == proto::type::kRenew || type == proto::type::kEndpointCsr) {
+    // An endpoint's CSR frame has the renewal's shape and decoder.
     (void)coordinator::decode_renew(body);
   } else if (type == proto::type::kHealth) {
     proto::HealthRejects rejects;

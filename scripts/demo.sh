@@ -65,9 +65,10 @@ cat <<'BANNER'
 +--------------------------------------------------------------------------+
 BANNER
 
-say "A Kubernetes API with KubeVirt, one node 'utho' with two L4s (10de:27b8) on vfio-pci [simulated]"
+say "A Kubernetes API with KubeVirt, one node 'utho' with three L4s (10de:27b8) on vfio-pci [simulated]"
+# The runbook's host had two; the third is for the runbook's third customer.
 "$py" tests/fakes/kube_apiserver.py --pki-dir "$work/kube" --port-file "$work/kube.port" \
-  --vfio-cards 10DE:27B8=2 > "$out/kube-apiserver.log" 2>&1 &
+  --vfio-cards 10DE:27B8=3 > "$out/kube-apiserver.log" 2>&1 &
 pids+=($!)
 wait_for 20 test -s "$work/kube/kubeconfig" || { echo "the Kubernetes API test double did not start:"; cat "$out/kube-apiserver.log"; exit 1; }
 kubeconfig="$work/kube/kubeconfig"
@@ -141,6 +142,29 @@ say "factory tenant create tenant-2 --tier gpu-k8s --wait   (its own RKE2, the G
 while_simulating "$factory" "${cfg[@]}" tenant create tenant-2 --tier gpu-k8s --ssh-key "$work/id_ed25519.pub" \
   --ssh-node-port 30023 --wait --timeout 3m
 
+say "factory tenant create t5 --tier model-endpoint --wait   (nothing but a keyed model API: no login)"
+while_simulating "$factory" "${cfg[@]}" tenant create t5 --tier model-endpoint --wait --timeout 3m
+
+say "factory tenant credentials t5, then one chat completion through the endpoint (curl, with the key)"
+"$factory" "${cfg[@]}" tenant credentials t5 -o json > "$work/t5-credentials.json"
+chmod 600 "$work/t5-credentials.json"
+t5_field() { "$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]], end="")' "$work/t5-credentials.json" "$1"; }
+t5_field ca > "$out/endpoint-ca.crt"
+t5_url="$(t5_field url)"
+echo "endpoint: $t5_url (CA: build/demo/endpoint-ca.crt; key: factory tenant credentials t5)"
+# The key goes to curl in a header file, never on a command line.
+( umask 077; printf 'Authorization: Bearer %s\n' "$(t5_field api_key)" > "$work/t5-auth.header" )
+curl -sS --fail-with-body --cacert "$out/endpoint-ca.crt" -H @"$work/t5-auth.header" \
+  -H 'Content-Type: application/json' \
+  -d '{"model":"llama3.2:1b","messages":[{"role":"user","content":"Say hello to the platform team."}]}' \
+  "$t5_url/v1/chat/completions" > "$out/t5-chat-completion.json" \
+  || { echo "the endpoint did not answer the chat completion:"; cat "$out/t5-chat-completion.json"; exit 1; }
+"$py" -c 'import json,sys; c=json.load(open(sys.argv[1])); print("  %s: %s" % (c["model"], c["choices"][0]["message"]["content"]))' \
+  "$out/t5-chat-completion.json"
+no_key="$(curl -s -o /dev/null -w '%{http_code}' --cacert "$out/endpoint-ca.crt" "$t5_url/v1/models")"
+echo "  without the key: HTTP $no_key"
+[ "$no_key" = 401 ] || { echo "the endpoint answered $no_key without a key, not 401"; exit 1; }
+
 # A tenant is ready when its plan is done; its first health report follows
 # a moment later (the agent samples at once when the plan finishes).
 reported() {
@@ -158,6 +182,7 @@ say "factory status"
 "$factory" "${cfg[@]}" status -o json > "$out/status.json"
 "$factory" "${cfg[@]}" tenant show tenant-1 -o json > "$out/tenant-1.json"
 "$factory" "${cfg[@]}" tenant show tenant-2 -o json > "$out/tenant-2.json"
+"$factory" "${cfg[@]}" tenant show t5 -o json > "$out/t5.json"
 # /metrics takes the admin token like the rest of the API (api.metrics_public opens it).
 api_curl "https://127.0.0.1:$api_port/metrics" > "$out/metrics.txt"
 api_curl "https://127.0.0.1:$api_port/v1/tenants" > "$out/tenants.json"

@@ -40,20 +40,26 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
   if (!m) return m.error();
   auto max_quiet = static_cast<std::size_t>(cfg.health_max_quiet);
   // Left to right (a braced list is sequenced): done() sees every key read.
-  for (auto st :
-       {m->read("coordinator_url", cfg.coordinator_url), m->read("ca_sha256", cfg.ca_sha256),
-        m->read("ca_file", cfg.ca_file), m->read("token_file", cfg.token_file),
-        m->read("state_dir", cfg.state_dir), m->read("root", cfg.root),
-        m->read("log_level", cfg.log_level), m->read("ollama_url", cfg.ollama_url),
-        m->read("spool_max_events", cfg.spool_max_events, 100'000'000),
-        m->read("replay_rate_per_second", cfg.replay_rate_per_second, 1'000'000),
-        m->read("run_plan", cfg.run_plan), m->read("health_max_quiet", max_quiet, 1000),
-        read_duration(*m, "heartbeat", cfg.heartbeat),
-        read_duration(*m, "health_interval", cfg.health_interval),
-        read_duration(*m, "retry_delay", cfg.retry_delay),
-        read_duration(*m, "backoff_base", cfg.backoff_base),
-        read_duration(*m, "backoff_cap", cfg.backoff_cap),
-        read_duration(*m, "first_connect_jitter", cfg.first_connect_jitter), m->done()})
+  for (auto st : {m->read("coordinator_url", cfg.coordinator_url),
+                  m->read("ca_sha256", cfg.ca_sha256),
+                  m->read("ca_file", cfg.ca_file),
+                  m->read("token_file", cfg.token_file),
+                  m->read("state_dir", cfg.state_dir),
+                  m->read("root", cfg.root),
+                  m->read("log_level", cfg.log_level),
+                  m->read("ollama_url", cfg.ollama_url),
+                  m->read("endpoint_listen", cfg.endpoint_listen),
+                  m->read("spool_max_events", cfg.spool_max_events, 100'000'000),
+                  m->read("replay_rate_per_second", cfg.replay_rate_per_second, 1'000'000),
+                  m->read("run_plan", cfg.run_plan),
+                  m->read("health_max_quiet", max_quiet, 1000),
+                  read_duration(*m, "heartbeat", cfg.heartbeat),
+                  read_duration(*m, "health_interval", cfg.health_interval),
+                  read_duration(*m, "retry_delay", cfg.retry_delay),
+                  read_duration(*m, "backoff_base", cfg.backoff_base),
+                  read_duration(*m, "backoff_cap", cfg.backoff_cap),
+                  read_duration(*m, "first_connect_jitter", cfg.first_connect_jitter),
+                  m->done()})
     if (!st.ok()) return st;
   cfg.health_max_quiet = static_cast<int>(max_quiet);
   return {};

@@ -22,6 +22,8 @@ struct AgentConfig : LinkOptions {
   // Wait before a failed step's next attempt, times the failures so far.
   std::chrono::milliseconds retry_delay{std::chrono::seconds(10)};
   std::string ollama_url = "http://127.0.0.1:11434";
+  // A model endpoint's proxy: "" = 0.0.0.0:<the plan's endpoint port>.
+  std::string endpoint_listen;
   size_t spool_max_events = 10000;
   bool run_plan = true;  // false: link only (tests of the spine)
 };

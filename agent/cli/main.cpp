@@ -58,6 +58,10 @@ int run_agent(int argc, char** argv) {
                             "Seconds before a failed step's next attempt (times the failures)");
   auto* ou = app.add_option("--ollama-url", ollama_url,
                             "Ollama's API on this guest (default http://127.0.0.1:11434)");
+  std::string endpoint_listen;
+  auto* el = app.add_option("--endpoint-listen", endpoint_listen,
+                            "Where a model endpoint's proxy listens (default 0.0.0.0:<the plan's "
+                            "endpoint port>)");
   double health_interval_s = 0;
   auto* hi =
       app.add_option("--health-interval", health_interval_s,
@@ -107,6 +111,7 @@ int run_agent(int argc, char** argv) {
     cfg.spool_max_events = from_file.spool_max_events;
     if (rr->count() == 0) cfg.replay_rate_per_second = from_file.replay_rate_per_second;
     cfg.run_plan = from_file.run_plan;
+    cfg.endpoint_listen = from_file.endpoint_listen;
   }
   if (health_interval_s > 0)
     cfg.health_interval = std::chrono::milliseconds(static_cast<int64_t>(health_interval_s * 1000));
@@ -114,6 +119,7 @@ int run_agent(int argc, char** argv) {
     cfg.heartbeat = std::chrono::milliseconds(static_cast<int64_t>(heartbeat_s * 1000));
   if (no_plan) cfg.run_plan = false;
   if (ou->count()) cfg.ollama_url = ollama_url;
+  if (el->count()) cfg.endpoint_listen = endpoint_listen;
   if (replay_rate > 0) cfg.replay_rate_per_second = replay_rate;
   if (retry_delay_s >= 0)
     cfg.retry_delay = std::chrono::milliseconds(static_cast<int64_t>(retry_delay_s * 1000));
@@ -150,12 +156,19 @@ int run_agent(int argc, char** argv) {
   ro.health.interval = cfg.health_interval;
   ro.health.max_quiet = cfg.health_max_quiet;
   ro.engine.retry_delay = cfg.retry_delay;
+  ro.endpoint.listen = cfg.endpoint_listen;
   AgentRuntime runtime(env, **spool, std::move(ro));
   LinkCallbacks cb;
   cb.on_plan = [&runtime](const nlohmann::json& p) { runtime.on_plan(p); };
   cb.on_command = [&runtime](const nlohmann::json& c) { runtime.on_command(c); };
   cb.heartbeat_fields = [&runtime] { return runtime.heartbeat_fields(); };
+  cb.on_endpoint = [&runtime](const nlohmann::json& e) { runtime.model_endpoint().on_endpoint(e); };
   AgentLink link(cfg, **spool, cb);
+  runtime.model_endpoint().set_link(
+      [&link](const std::string& type, nlohmann::json body) {
+        link.offer_request(type, std::move(body));
+      },
+      [&link](const std::string& type) { link.withdraw_request(type); });
   runtime.set_health_sink(
       [&link](const proto::HealthSample& sample) { link.offer_health(sample.to_json()); });
   runtime.start();

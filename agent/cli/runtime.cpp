@@ -39,12 +39,18 @@ AgentRuntime::AgentRuntime(GuestEnv env, EventSpool& spool, AgentRuntimeOptions 
     auto j = nlohmann::json::parse(*saved, nullptr, false);
     if (!j.is_discarded()) collectors_ = HealthCollectors::from_plan({{"health", j}});
   }
+  ModelEndpointOptions eo = std::move(options.endpoint);
+  if (eo.state_dir.empty()) eo.state_dir = env_.state_dir;
+  if (eo.ollama_url.empty() || eo.ollama_url == ModelEndpointOptions{}.ollama_url)
+    eo.ollama_url = env_.ollama_url;
+  endpoint_ = std::make_unique<ModelEndpoint>(std::move(eo));
   health_ = std::make_unique<HealthScheduler>(
       env_, options.health,
       [this] {
         HealthScheduler::Scope scope;
         scope.collectors = collectors();
         if (plan_) scope.plan_hash = plan_->summary().value("plan_hash", "");
+        scope.endpoint = endpoint_->health();
         return scope;
       },
       [this](const proto::HealthSample& s) { sink(s); });
@@ -59,6 +65,10 @@ AgentRuntime::~AgentRuntime() {
 
 std::filesystem::path AgentRuntime::collectors_file() const {
   return env_.state_dir / "health-collectors.json";
+}
+
+std::filesystem::path AgentRuntime::endpoint_plan_file() const {
+  return env_.state_dir / "endpoint-plan.json";
 }
 
 void AgentRuntime::set_health_sink(HealthScheduler::Sink sink) {
@@ -77,6 +87,12 @@ HealthCollectors AgentRuntime::collectors() const {
 }
 
 void AgentRuntime::start() {
+  // A guest that rebooted serves its endpoint (with the saved credentials)
+  // before the coordinator is reachable.
+  if (auto saved = read_file(endpoint_plan_file())) {
+    auto j = nlohmann::json::parse(*saved, nullptr, false);
+    if (!j.is_discarded()) endpoint_->on_plan(j);
+  }
   if (plan_) plan_->start();
   health_->start();
 }
@@ -86,6 +102,7 @@ void AgentRuntime::stop() {
   // so that its step is left to resume rather than failed.
   if (plan_) plan_->interrupt();
   CommandStop ending(stop_grace_);
+  endpoint_->stop();
   health_->stop();
   if (plan_) plan_->stop();
 }
@@ -105,6 +122,19 @@ void AgentRuntime::on_plan(const nlohmann::json& body) {
     // A new section to report is news.
     health_->report_now();
   }
+  // The endpoint's and the probe's sections, kept for the next start.
+  nlohmann::json ep = nlohmann::json::object();
+  if (plan.contains("endpoint")) ep["endpoint"] = plan["endpoint"];
+  if (plan.contains("health") && plan["health"].is_object() && plan["health"].contains("probe"))
+    ep["health"] = {{"probe", plan["health"]["probe"]}};
+  if (!ep.empty()) {
+    if (auto st = write_file_atomic(endpoint_plan_file(), ep.dump(), 0600); !st.ok())
+      spdlog::warn("endpoint: could not keep the plan's endpoint section: {}", st.error().message);
+  } else {
+    std::error_code ec;
+    std::filesystem::remove(endpoint_plan_file(), ec);
+  }
+  endpoint_->on_plan(ep);
   if (plan_) plan_->submit_plan(body);
 }
 

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "agent/cli/model_endpoint.hpp"
 #include "agent/health/scheduler.hpp"
 #include "agent/link/spool.hpp"
 #include "agent/plan/engine.hpp"
@@ -27,6 +28,9 @@ struct AgentRuntimeOptions {
   // On stop, how long a running command (apt-get, dpkg, an installer) has
   // after SIGTERM before SIGKILL: well inside the unit's TimeoutStopSec (90s).
   std::chrono::milliseconds stop_grace{std::chrono::seconds(20)};
+  // The model endpoint and the health probe, when the plan asks for them
+  // (state_dir and ollama_url are filled in from the GuestEnv when empty).
+  ModelEndpointOptions endpoint;
 };
 
 class AgentRuntime {
@@ -60,11 +64,13 @@ class AgentRuntime {
   bool runs_plans() const { return plan_ != nullptr; }
   PlanRunner& plan() { return *plan_; }  // runs_plans() only
   HealthScheduler& health() { return *health_; }
+  ModelEndpoint& model_endpoint() { return *endpoint_; }
   HealthCollectors collectors() const;
 
  private:
   void sink(const proto::HealthSample& s);
   std::filesystem::path collectors_file() const;
+  std::filesystem::path endpoint_plan_file() const;
 
   std::chrono::milliseconds stop_grace_;
   GuestEnv env_;
@@ -72,6 +78,7 @@ class AgentRuntime {
   mutable std::mutex mu_;
   HealthCollectors collectors_;  // guarded by mu_
   HealthScheduler::Sink sink_;   // guarded by mu_
+  std::unique_ptr<ModelEndpoint> endpoint_;
   std::unique_ptr<HealthScheduler> health_;
 };
 

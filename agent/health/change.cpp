@@ -23,6 +23,12 @@ json discrete(const proto::HealthSample& h) {
       g.erase(k);
     for (auto& p : g["processes"]) p.erase("used_memory_mib");
   }
+  // An endpoint's counters move with every request: they ride along with
+  // the next sample sent, they do not make one. A new probe result does.
+  if (j.contains("endpoint"))
+    for (const char* k : {"requests", "served", "unauthorized", "refused_paths", "busy",
+                          "upstream_errors", "in_flight"})
+      j["endpoint"].erase(k);
   return j;
 }
 

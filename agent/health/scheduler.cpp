@@ -68,6 +68,7 @@ void HealthScheduler::take(bool forced) {
   try {
     Scope scope = scope_ ? scope_() : Scope{};
     proto::HealthSample h = probe_.sample(scope.collectors, scope.plan_hash);
+    h.endpoint = std::move(scope.endpoint);
     bool send;
     {
       std::lock_guard lk(mu_);

@@ -37,6 +37,9 @@ class HealthScheduler {
   struct Scope {
     HealthCollectors collectors;
     std::string plan_hash;
+    // Kept by the agent's model endpoint (its proxy's counters, the probe's
+    // last result): added as it is, nothing collected for it here.
+    std::optional<proto::EndpointSection> endpoint;
   };
   using ScopeSource = std::function<Scope()>;
   using Sink = std::function<void(const proto::HealthSample& sample)>;

@@ -11,8 +11,12 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include "agent/link/identity.hpp"
 #include "common/atomic_file.hpp"
@@ -80,6 +84,21 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
   void resend_health() {
     std::lock_guard lk(health_mu);
     if (health_latest) health_unsent = true;
+  }
+  // offer_request's frames, by type; guarded by health_mu too.
+  std::map<std::string, nlohmann::json> requests;
+  std::set<std::string> requests_unsent;
+  std::vector<std::pair<std::string, nlohmann::json>> take_requests() {
+    std::lock_guard lk(health_mu);
+    std::vector<std::pair<std::string, nlohmann::json>> out;
+    for (const auto& t : requests_unsent)
+      if (auto it = requests.find(t); it != requests.end()) out.emplace_back(t, it->second);
+    requests_unsent.clear();
+    return out;
+  }
+  void resend_requests() {
+    std::lock_guard lk(health_mu);
+    for (const auto& [t, b] : requests) requests_unsent.insert(t);
   }
 
   Impl(LinkOptions c, EventSpool& s, LinkCallbacks callbacks)
@@ -288,6 +307,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     // What the coordinator knew of this guest's health went with the last
     // session: it hears the latest at once.
     resend_health();
+    resend_requests();
 
     auto rs = std::make_shared<ReaderState>(ioc);
     asio::co_spawn(ioc, reader_loop(ws, rs), asio::detached);
@@ -322,6 +342,18 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
           break;
         }
       }
+      bool request_failed = false;
+      // Named, not a temporary, across the co_await (GCC 12's coroutines).
+      std::vector<std::pair<std::string, nlohmann::json>> requests_now = take_requests();
+      for (auto& request : requests_now) {
+        if (auto st = co_await send_frame(*ws, seq, request.first, std::move(request.second));
+            !st.ok()) {
+          result = st;
+          request_failed = true;
+          break;
+        }
+      }
+      if (request_failed) break;
       if (!renew_sent && identity->renewal_due()) {
         auto key = pki::generate_private_key();
         auto csr = key ? pki::make_csr(*key, hostname()) : Result<std::string>(key.error());
@@ -427,6 +459,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       if (cb.on_plan) cb.on_plan(env.body);
     } else if (t == proto::type::kCommand) {
       if (cb.on_command) cb.on_command(env.body);
+    } else if (t == proto::type::kEndpoint) {
+      if (cb.on_endpoint) cb.on_endpoint(env.body);
     } else if (t == proto::type::kCertificate) {
       if (auto st = adopt_renewed(env.body.value("certificate", ""), pending_key); !st.ok()) {
         spdlog::warn("link: {}; keeping the old certificate", st.error().message);
@@ -607,6 +641,21 @@ void AgentLink::stop(std::string reason) {
 void AgentLink::wake() {
   auto impl = impl_;
   asio::post(impl->ioc, [impl] { impl->wake(); });
+}
+
+void AgentLink::offer_request(std::string type, nlohmann::json body) {
+  {
+    std::lock_guard lk(impl_->health_mu);
+    impl_->requests_unsent.insert(type);
+    impl_->requests[std::move(type)] = std::move(body);
+  }
+  wake();
+}
+
+void AgentLink::withdraw_request(const std::string& type) {
+  std::lock_guard lk(impl_->health_mu);
+  impl_->requests.erase(type);
+  impl_->requests_unsent.erase(type);
 }
 
 void AgentLink::offer_health(nlohmann::json sample) {

@@ -43,6 +43,9 @@ struct LinkOptions {
 struct LinkCallbacks {
   std::function<void(const nlohmann::json& plan_frame_body)> on_plan;
   std::function<void(const nlohmann::json& command)> on_command;
+  // A model endpoint's frame: its key hash, and a certificate when asked
+  // for with an endpoint_csr request (offer_request).
+  std::function<void(const nlohmann::json& endpoint)> on_endpoint;
   // Extra fields for each heartbeat (current plan hash, health summary).
   std::function<nlohmann::json()> heartbeat_fields;
 };
@@ -64,6 +67,13 @@ class AgentLink {
   // is not spooled nor acknowledged, a newer sample replaces one not sent
   // yet, and each new session starts with the latest.
   void offer_health(nlohmann::json sample);
+  // Thread-safe: a frame to send as soon as a session is up, and again at
+  // the start of every later session, until withdraw_request(type): how a
+  // request whose answer may be lost with its session (an endpoint
+  // certificate) is asked until it is answered. One per type; a newer one
+  // replaces it.
+  void offer_request(std::string type, nlohmann::json body);
+  void withdraw_request(const std::string& type);
 
  private:
   struct Impl;

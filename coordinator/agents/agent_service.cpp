@@ -11,12 +11,14 @@ AgentService::AgentService(store::Store& store, const enroll::CertificateAuthori
       feed_(feed),
       enrollment_(store, ca, tokens, feed.counters(), opts.cert_ttl, opts.renewal_grace),
       ingestion_(feed, opts.quotas),
+      endpoints_(store, std::move(opts.endpoint_ca)),
       ctx_{store,
            feed,
            enrollment_,
            ingestion_,
            sessions_,
            workers,
+           endpoints_,
            [this](const std::string& tenant) { push_plan(tenant); },
            [this](const store::TenantRecord& t, const std::string& step) {
              return step_kind(t, step);
@@ -53,6 +55,15 @@ void AgentService::push_plan(const std::string& tenant) {
   auto rec = store_.get_tenant(tenant);
   if (!rec) return;
   if (auto plan = plan_provider_(*rec)) s->deliver(std::string(proto::type::kPlan), *plan);
+}
+
+bool AgentService::push_endpoint(const std::string& tenant) {
+  auto s = sessions_.find(tenant);
+  if (!s) return false;
+  auto offer = endpoints_.offer(tenant);
+  if (!offer) return false;
+  s->deliver(std::string(proto::type::kEndpoint), std::move(*offer));
+  return true;
 }
 
 Status AgentService::revoke(const std::string& tenant) {

@@ -17,6 +17,7 @@
 
 #include "common/net/server.hpp"
 #include "common/worker_pool.hpp"
+#include "coordinator/agents/endpoint_grant.hpp"
 #include "coordinator/agents/enrollment.hpp"
 #include "coordinator/agents/ingestion.hpp"
 #include "coordinator/agents/quota.hpp"
@@ -34,6 +35,9 @@ struct AgentServiceOptions {
   std::chrono::seconds renewal_grace{std::chrono::hours(24 * 90)};
   QuotaOptions quotas;  // per tenant (quota.hpp)
   std::string server_version = FACTORY_VERSION;
+  // Signs model endpoints' certificates (endpoint_grant.hpp); none: their
+  // CSRs are refused.
+  std::optional<enroll::CertificateAuthority> endpoint_ca;
 };
 
 // What a tenant's plan is, if it has one: {"hash":..., "plan":{...}}.
@@ -55,6 +59,9 @@ class AgentService {
   bool send_command(const std::string& tenant, const nlohmann::json& body);
   // Sends the tenant's plan to its connected agent (on hello).
   void push_plan(const std::string& tenant);
+  // Sends the tenant's endpoint frame (its key's hash, after a rotation) to
+  // its connected agent; false when it is not connected or has no endpoint.
+  bool push_endpoint(const std::string& tenant);
   // Forgets the tenant's agent identity: its certificate stops working now,
   // its connection ends, and nothing of it stays on show (presence,
   // counters, quota state). May wait on the store: workers only.
@@ -68,6 +75,7 @@ class AgentService {
   feed::FeedState& feed_;
   Enrollment enrollment_;
   Ingestion ingestion_;
+  EndpointGrant endpoints_;
   SessionRegistry sessions_;
   PlanProvider plan_provider_;
   SessionContext ctx_;

@@ -140,6 +140,7 @@ void AgentSession::on_message(std::string_view text) {
   if (type == proto::type::kHeartbeat) return handle_heartbeat(*env);
   if (type == proto::type::kHealth) return handle_health(env->body);
   if (type == proto::type::kRenew) return handle_renew(*env);
+  if (type == proto::type::kEndpointCsr) return handle_endpoint_csr(*env);
   if (type == proto::type::kAck) return;
   if (type == proto::type::kError) {
     auto m = env->body.find("message");
@@ -285,6 +286,9 @@ void AgentSession::handle_hello(const proto::Envelope& env) {
                                {"server_version", ctx_.server_version},
                                {"last_event_id", ctx_.store.last_event_id(tenant_, agent_id_)}});
   ctx_.push_plan(tenant_);
+  // A model endpoint learns its key's hash on every session: a rotation
+  // made while the guest was away takes effect as soon as it is back.
+  if (auto offer = ctx_.endpoints.offer(tenant_)) send(proto::type::kEndpoint, std::move(*offer));
 }
 
 void AgentSession::handle_event(const proto::Envelope& env) {
@@ -378,6 +382,41 @@ void AgentSession::handle_renew(const proto::Envelope& env) {
   if (!queued) {
     renewing_ = false;
     send_error("unavailable", "the coordinator is stopping; renew again shortly");
+  }
+}
+
+void AgentSession::handle_endpoint_csr(const proto::Envelope& env) {
+  constexpr int kMaxEndpointSignaturesPerSession = 3;
+  if (endpoint_signing_) {
+    send_error("bad_sequence", "an endpoint certificate is being signed already");
+    return;
+  }
+  if (endpoint_signatures_ >= kMaxEndpointSignaturesPerSession) {
+    send_error("over_quota", "this session had its endpoint certificates; reconnect for another");
+    return;
+  }
+  auto req = decode_renew(env.body);
+  ctx_.ingestion.count(tenant_, "endpoint_csr", req.rejected);
+  if (!req.value) return refuse(Refusal{"bad_request", "endpoint_csr needs 'csr' (a PEM CSR)", ""});
+  endpoint_signing_ = true;
+  const uint64_t seq = env.seq;
+  bool queued =
+      ctx_.workers.post([self = shared_from_this(), csr = std::move(req.value->csr), seq] {
+        auto answer = self->ctx_.endpoints.sign(self->tenant_, csr);
+        self->conn_->post([self, seq, answer = std::move(answer)]() mutable {
+          self->endpoint_signing_ = false;
+          if (self->closed_) return;
+          if (auto* no = std::get_if<Refusal>(&answer)) {
+            self->send_error(no->code, no->message);
+            return;
+          }
+          ++self->endpoint_signatures_;
+          self->send(proto::type::kEndpoint, std::get<nlohmann::json>(std::move(answer)), seq);
+        });
+      });
+  if (!queued) {
+    endpoint_signing_ = false;
+    send_error("unavailable", "the coordinator is stopping; ask again shortly");
   }
 }
 

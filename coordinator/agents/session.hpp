@@ -29,6 +29,7 @@
 #include "common/net/server.hpp"
 #include "common/protocol.hpp"
 #include "common/worker_pool.hpp"
+#include "coordinator/agents/endpoint_grant.hpp"
 #include "coordinator/agents/enrollment.hpp"
 #include "coordinator/agents/ingestion.hpp"
 #include "coordinator/feed/feed_state.hpp"
@@ -62,6 +63,7 @@ struct SessionContext {
   Ingestion& ingestion;
   SessionRegistry& sessions;
   WorkerPool& workers;
+  EndpointGrant& endpoints;
   std::function<void(const std::string& tenant)> push_plan;  // after the tenant's hello
   // The kind of a step of the tenant's plan ("" when unknown): labels the
   // step duration metric with what the catalog says, not what the agent does.
@@ -103,6 +105,7 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   void handle_heartbeat(const proto::Envelope& env);
   void handle_health(const nlohmann::json& body);
   void handle_renew(const proto::Envelope& env);
+  void handle_endpoint_csr(const proto::Envelope& env);
 
   SessionContext& ctx_;
   net::PeerInfo peer_;
@@ -118,6 +121,11 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   bool ending_ = false;
   bool enrolling_ = false;  // one enrollment (or renewal) in flight at a time
   bool renewing_ = false;
+  // Endpoint certificates signed for this session: a few are plenty (one
+  // per session, one more as it nears expiry); more is a guest wasting our
+  // signatures.
+  int endpoint_signatures_ = 0;
+  bool endpoint_signing_ = false;
   std::string ended_as_;  // set by end(): how the feed shows this disconnect
   // Set by the store's writer when one of this session's events could not be
   // stored: no later one may be (store::Store::append_event).

@@ -1,4 +1,4 @@
-// `factory tenant create|list|show|delete|retry`: the admin's side of
+// `factory tenant create|list|show|delete|retry|credentials`: the admin's side of
 // TenantService, through the coordinator's API (AdminClient). The one
 // exception is `create --dry-run`, which contacts nothing: it builds the
 // objects here, from the catalog and the config file alone.
@@ -37,6 +37,7 @@ struct CreateOptions {
   int gpus = 1;
   CLI::Option* gpus_opt = nullptr;
   std::vector<std::string> ssh_keys;
+  std::vector<std::string> models;
   int ssh_node_port = 0;
   bool wait = false, dry_run = false;
   std::string timeout = "30m";
@@ -51,9 +52,11 @@ std::string str(const json& j, const char* key) {
 }
 
 // The admin's public keys: --ssh-key files, else the first of the usual
-// ~/.ssh/*.pub, as ssh-copy-id picks them.
-Result<std::vector<std::string>> ssh_keys(const CreateOptions& o) {
+// ~/.ssh/*.pub, as ssh-copy-id picks them; none for a tier without login
+// (a model endpoint) unless --ssh-key asks for key-only login.
+Result<std::vector<std::string>> ssh_keys(const CreateOptions& o, bool tier_has_login) {
   std::vector<std::string> files = o.ssh_keys;
+  if (files.empty() && !tier_has_login) return std::vector<std::string>{};
   if (files.empty()) {
     const char* home = std::getenv("HOME");
     std::vector<std::string> tried;
@@ -87,7 +90,17 @@ Result<std::vector<std::string>> ssh_keys(const CreateOptions& o) {
   return keys;
 }
 
-Result<TenantRequest> build_request(const CreateOptions& o) {
+// Whether the tier lets anyone log in, as far as this machine's catalog
+// (the config's, else the built-in one) says; a tier it does not know is
+// taken to have login, and the coordinator's catalog decides.
+bool tier_has_login(const Context& ctx, const CreateOptions& o) {
+  auto cat = catalog::load_configured(o.catalog_file, ctx.global.config_path);
+  if (!cat) return true;
+  const catalog::Tier* t = cat->find(o.tier);
+  return t == nullptr || t->access.login;
+}
+
+Result<TenantRequest> build_request(const Context& ctx, const CreateOptions& o) {
   // The name first: it is the most likely typo, and says so before anything
   // else is read.
   if (auto st = enroll::validate_tenant_name(o.name); !st.ok())
@@ -113,7 +126,10 @@ Result<TenantRequest> build_request(const CreateOptions& o) {
   r.gpu_resource = o.gpu_resource;
   r.ns = o.ns;
   r.ssh_node_port = o.ssh_node_port;
-  auto keys = ssh_keys(o);
+  for (const auto& m : o.models)
+    if (auto st = validate_model_name(m); !st.ok()) return st.error().with_context("--model");
+  r.models = o.models;
+  auto keys = ssh_keys(o, tier_has_login(ctx, o));
   if (!keys) return keys.error();
   r.ssh_authorized_keys = *keys;
   return r;
@@ -126,15 +142,17 @@ int dry_run(const Context& ctx, const CreateOptions& o) {
   if (!cfg) return fail(cfg.error());
   auto cat = catalog::load_configured(o.catalog_file, ctx.global.config_path);
   if (!cat) return fail(cat.error());
-  auto req = build_request(o);
+  auto req = build_request(ctx, o);
   if (!req) return fail(req.error());
   auto vm = resolve_vm_spec(*cat, *req, cfg->kube_namespace, /*fill_gpu_placeholder=*/true);
   if (!vm) return fail(vm.error());
+  const catalog::Tier* tier = cat->find(vm->tier);
   CloudInitParams p;
   p.tenant = vm->name;
   p.hostname = vm->name;
   p.ssh_authorized_keys = req->ssh_authorized_keys;
-  p.password = kPasswordPlaceholder;
+  p.login = tier == nullptr || tier->access.login;
+  p.password = p.login ? std::string(kPasswordPlaceholder) : std::string();
   p.coordinator_url = cfg->external_url;
   p.agent_binary_url = cfg->agents_https_url() + "/v1/agent/binary";
   p.ca_pem = kCaPemPlaceholder;
@@ -156,6 +174,10 @@ int dry_run(const Context& ctx, const CreateOptions& o) {
             << "# The Namespace is created only if it is missing.\n"
             << "# PLACEHOLDERS, filled in when the coordinator creates the tenant:\n"
             << "#   in the Secret's user-data: " << placeholders << " (each written <...>)\n";
+  if (vm->endpoint_port != 0)
+    std::cout << "#   in Secret " << api_key_secret_name(vm->name)
+              << ": the endpoint's API key (`factory tenant credentials " << vm->name
+              << "` prints it)\n";
   if (vm->gpu_resource == kAnyAllowlistedGpuPlaceholder)
     std::cout << "#   deviceName " << kAnyAllowlistedGpuPlaceholder << ": tier " << vm->tier
               << " takes any allowlisted GPU; the coordinator picks one with a free card "
@@ -221,7 +243,7 @@ int create(const Context& ctx, const CreateOptions& o) {
   if (!timeout) return fail(timeout.error().with_context("--timeout"));
   auto poll = parse_duration(o.poll);
   if (!poll) return fail(poll.error().with_context("--poll"));
-  auto req = build_request(o);
+  auto req = build_request(ctx, o);
   if (!req) return fail(req.error());
   auto client = AdminClient::from(ctx.global);
   if (!client) return fail(client.error());
@@ -230,6 +252,9 @@ int create(const Context& ctx, const CreateOptions& o) {
   json doc = *res;
   const std::string password = str(doc, "password");
   doc.erase("password");
+  // Secrets go to stderr once, never into the document a script may keep.
+  const std::string api_key = str(doc, "api_key");
+  doc.erase("api_key");
   const std::string password_kept_in = str(doc, "password_kept_in");
   const json& t = doc.contains("tenant") ? doc["tenant"] : json::object();
   const json& spec = t.contains("spec") ? t["spec"] : json::object();
@@ -259,6 +284,11 @@ int create(const Context& ctx, const CreateOptions& o) {
     std::cerr << "password of ubuntu on " << o.name << " (shown once; kept only in " << kept
               << "): " << password << "\n";
   }
+  if (!api_key.empty())
+    std::cerr << "API key of " << o.name << "'s endpoint (kept only in Secret "
+              << str(spec, "namespace") << "/" << api_key_secret_name(o.name)
+              << "; `factory tenant credentials " << o.name << "` prints it again): " << api_key
+              << "\n";
   if (!o.wait) return 0;
   // Progress goes to stdout for people, to stderr when stdout holds a document.
   std::ostream& os = o.out == OutputFormat::table ? std::cout : std::cerr;
@@ -385,6 +415,17 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
       first = false;
     }
   }
+  if (t.contains("endpoint") && t["endpoint"].is_object()) {
+    const json& e = t["endpoint"];
+    std::string v = str(e, "url").empty() ? "no URL yet" : str(e, "url");
+    if (e.value("answers", false))
+      v += " (answers: GET /v1/models " + str(e, "status") + " in " + str(e, "latency_ms") + " ms)";
+    else
+      v += " (NOT answering: " + str(e, "error") + ")";
+    row("Endpoint:", v);
+    row("", "key: `factory tenant credentials " + str(t, "name") + "` (rotated " +
+                (str(e, "rotated_at").empty() ? "never" : str(e, "rotated_at")) + ")");
+  }
   if (t.contains("kube") && !str(t["kube"], "error").empty())
     row("Error:", str(t["kube"], "error"));
   const json& a = t["agent"];
@@ -453,6 +494,34 @@ int retry(const Context& ctx, const std::string& name, const std::string& step) 
   return 0;
 }
 
+int credentials(const Context& ctx, const std::string& name, bool rotate, OutputFormat out) {
+  if (auto st = enroll::validate_tenant_name(name); !st.ok())
+    return fail(st.error().with_context("tenant name"));
+  auto res = rotate
+                 ? call_coordinator(ctx.global, "POST",
+                                    "/v1/tenants/" + name + "/credentials/rotate", json::object())
+                 : call_coordinator(ctx.global, "GET", "/v1/tenants/" + name + "/credentials");
+  if (!res) return fail(res.error());
+  if (print_document(std::cout, out, *res)) return 0;
+  const json& c = *res;
+  if (c.value("rotated", false))
+    std::cerr << "rotated: the old key "
+              << (c.value("guest_told", false) ? "is refused from now on"
+                                               : "still works until the guest's agent reconnects")
+              << "\n";
+  if (!str(c, "note").empty()) std::cerr << "note: " << str(c, "note") << "\n";
+  std::cout << "URL:      " << (str(c, "url").empty() ? "- (no node port yet)" : str(c, "url"))
+            << "\n"
+            << "API key:  " << str(c, "api_key") << "\n"
+            << "Rotated:  " << (str(c, "rotated_at").empty() ? "-" : str(c, "rotated_at")) << "\n"
+            << "CA:       the endpoint CA below (or -o json: .ca)\n"
+            << str(c, "ca");
+  if (!str(c, "url").empty())
+    std::cout << "\nTry:      curl --cacert endpoint-ca.crt -H 'Authorization: Bearer <key>' "
+              << str(c, "url") << "/v1/models\n";
+  return 0;
+}
+
 }  // namespace
 
 void add_tenant_commands(CLI::App& app, Context& ctx) {
@@ -462,8 +531,9 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   auto o = std::make_shared<CreateOptions>();
   auto* c = group->add_subcommand(
       "create",
-      "Create a tenant: its cloud-init Secret, VirtualMachine and SSH Service (idempotent: "
-      "running it again finishes an interrupted create)");
+      "Create a tenant: its cloud-init Secret, VirtualMachine and SSH Service (a model "
+      "endpoint: its API key Secret and endpoint Service, no login) (idempotent: running it "
+      "again finishes an interrupted create)");
   c->add_option("NAME", o->name, "Tenant name (DNS-1123 label, starting with a letter)")
       ->required();
   c->add_option("--tier", o->tier, "Catalog tier, e.g. gpu-vm or gpu-k8s (factory catalog list)")
@@ -478,7 +548,10 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
                 "any allowlisted one with a free card)");
   c->add_option("--ssh-key", o->ssh_keys,
                 "Public key file for the ubuntu user, repeatable (default: ~/.ssh/id_ed25519.pub, "
-                "id_ecdsa.pub or id_rsa.pub)");
+                "id_ecdsa.pub or id_rsa.pub; none on a tier without login, where it gives the "
+                "admin key-only login)");
+  c->add_option("--model", o->models,
+                "Ollama model to serve instead of the tier's, repeatable (e.g. llama3.2:1b)");
   c->add_option("--ssh-node-port", o->ssh_node_port,
                 "NodePort for SSH, 30000-32767 (default: Kubernetes picks a free one)");
   c->add_option("--namespace", o->ns,
@@ -500,7 +573,9 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
                     {"factory tenant create bob --tier gpu-k8s --ssh-key ~/.ssh/id_ed25519.pub",
                      "a GPU VM running its own Kubernetes"},
                     {"factory tenant create alice --tier gpu-vm --dry-run",
-                     "the objects it would create, contacting nothing"}});
+                     "the objects it would create, contacting nothing"},
+                    {"factory tenant create t5 --tier model-endpoint --wait",
+                     "a keyed model API, no login; then `factory tenant credentials t5`"}});
   c->callback([&ctx, o] {
     ctx.run = [&ctx, o] {
       // A dry run prints manifests: YAML unless told otherwise.
@@ -553,6 +628,28 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   set_examples(*r, {{"factory tenant retry alice", "from the step that failed"},
                     {"factory tenant retry alice --step ollama", "from the step named"}});
   r->callback([&ctx, ro] { ctx.run = [&ctx, ro] { return retry(ctx, ro->name, ro->step); }; });
+
+  struct CredOpts {
+    std::string name;
+    bool rotate = false;
+    OutputFormat out = OutputFormat::table;
+  };
+  auto co = std::make_shared<CredOpts>();
+  auto* cr = group->add_subcommand(
+      "credentials",
+      "Print a model endpoint's URL, API key and CA; --rotate makes a new key first (the old one "
+      "is refused as soon as the guest's agent is told, at once when it is connected)");
+  cr->add_option("NAME", co->name, "Tenant name (a tier with an endpoint, e.g. model-endpoint)")
+      ->required();
+  cr->add_flag("--rotate", co->rotate, "Replace the API key");
+  add_output_option(*cr, co->out);
+  set_examples(*cr, {{"factory tenant credentials t5", "URL, key and CA of t5's endpoint"},
+                     {"factory tenant credentials t5 --rotate", "a new key; the old one stops"},
+                     {"factory tenant credentials t5 -o json | jq -r .ca > endpoint-ca.crt",
+                      "the CA a caller trusts"}});
+  cr->callback([&ctx, co] {
+    ctx.run = [&ctx, co] { return credentials(ctx, co->name, co->rotate, co->out); };
+  });
 }
 
 }  // namespace factory::cli

@@ -174,6 +174,11 @@ Status read_keys(const nlohmann::json& doc, const std::string& path, Coordinator
                   read_duration(*api, "events_heartbeat", c.events_heartbeat), api->done()})
     if (!st.ok()) return st;
 
+  auto endpoints = top->section("endpoints");
+  if (!endpoints) return endpoints.error();
+  for (auto st : {endpoints->read("host", c.endpoints_host), endpoints->done()})
+    if (!st.ok()) return st;
+
   auto tokens = top->section("tokens");
   if (!tokens) return tokens.error();
   for (auto st : {read_duration(*tokens, "default_ttl", c.token_default_ttl),

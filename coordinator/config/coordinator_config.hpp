@@ -30,6 +30,9 @@
 //                                      # names every tenant: open it only to a trusted
 //                                      # network's Prometheus)
 //     events_heartbeat: 15s            # a comment line on every GET /v1/events stream
+//   endpoints:                         # tiers that serve a model endpoint
+//     host: ""                         # the address callers reach the node(s) at, in each
+//                                      # endpoint's URL and certificate ("" = external_url's host)
 //   tokens:
 //     default_ttl: 1h                  # `factory token create` without --ttl
 //     tenant_ttl: 24h                  # the token in a tenant VM's user-data: the VM
@@ -98,7 +101,8 @@ struct QemuSettings {
 
 struct CoordinatorConfig {
   std::string state_dir = "/var/lib/factory";
-  std::string external_url;  // derived when empty
+  std::string external_url;    // derived when empty
+  std::string endpoints_host;  // "" = external_url's host
   std::string agents_listen = "0.0.0.0:8443";
   std::chrono::seconds agents_idle_timeout{60};
   std::chrono::seconds agent_cert_ttl{std::chrono::hours(24)};

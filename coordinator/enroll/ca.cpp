@@ -157,13 +157,34 @@ std::string key_description(EVP_PKEY* key) {
   return out;
 }
 
-Result<ossl::X509Ptr> make_ca_certificate(EVP_PKEY* key, Clock::time_point now) {
+// A CSR that parses, whose self-signature verifies (the requester holds the
+// private key of the public key about to be certified) and whose key is EC
+// P-256; `who` names the requesters in the refusal ("agents").
+Result<ossl::X509ReqPtr> verified_csr(const std::string& csr_pem, const char* who) {
+  auto req = ossl::load_csr(csr_pem);
+  if (!req.ok()) return Error(Errc::invalid_argument, "malformed CSR: " + req.error().message);
+  EVP_PKEY* pub = X509_REQ_get0_pubkey(req->get());
+  if (pub == nullptr) {
+    ossl::clear_errors();
+    return Error(Errc::invalid_argument, "malformed CSR: it holds no readable public key");
+  }
+  int verified = X509_REQ_verify(req->get(), pub);
+  ossl::clear_errors();
+  if (verified != 1) return Error(Errc::invalid_argument, "CSR signature invalid");
+  if (!is_p256(pub))
+    return Error(Errc::invalid_argument, "CSR key is " + key_description(pub) + "; " + who +
+                                             " must use an ECDSA P-256 key");
+  return req;
+}
+
+Result<ossl::X509Ptr> make_ca_certificate(EVP_PKEY* key, Clock::time_point now,
+                                          const char* common_name) {
   ossl::X509Ptr x(X509_new());
   if (!x || X509_set_version(x.get(), X509_VERSION_3) != 1)
     return internal("allocate CA certificate");
   if (auto st = set_random_serial(x.get()); !st.ok()) return st.error();
   X509_NAME* name = X509_get_subject_name(x.get());
-  if (auto st = add_name_entry(name, NID_commonName, kCaCommonName); !st.ok()) return st.error();
+  if (auto st = add_name_entry(name, NID_commonName, common_name); !st.ok()) return st.error();
   if (X509_set_issuer_name(x.get(), name) != 1) return internal("set CA issuer");
   if (auto st = set_validity(x.get(), now - kClockSkewAllowance, now + kCaLifetime); !st.ok())
     return st.error();
@@ -198,9 +219,10 @@ Status check_key_file_private(const fs::path& key_path) {
 
 }  // namespace
 
-Result<CertificateAuthority> CertificateAuthority::load_or_create(const fs::path& state_dir) {
-  const fs::path cert_path = state_dir / kCaCertFile;
-  const fs::path key_path = state_dir / kCaKeyFile;
+Result<CertificateAuthority> CertificateAuthority::load_or_create(const fs::path& state_dir,
+                                                                  CaFiles files) {
+  const fs::path cert_path = state_dir / files.cert;
+  const fs::path key_path = state_dir / files.key;
   std::error_code ec;
   bool have_cert = fs::exists(cert_path, ec);
   bool have_key = fs::exists(key_path, ec);
@@ -213,7 +235,7 @@ Result<CertificateAuthority> CertificateAuthority::load_or_create(const fs::path
     }
     auto key = new_p256_key();
     if (!key.ok()) return key.error().with_context("create CA");
-    auto cert = make_ca_certificate(key->get(), now_seconds());
+    auto cert = make_ca_certificate(key->get(), now_seconds(), files.common_name);
     if (!cert.ok()) return cert.error().with_context("create CA");
     auto kp = ossl::private_key_to_pem(key->get());
     if (!kp.ok()) return kp.error().with_context("create CA");
@@ -345,25 +367,26 @@ Result<IssuedCertificate> CertificateAuthority::sign_agent_csr(const std::string
                                                                const std::string& tenant,
                                                                std::chrono::seconds ttl) const {
   if (auto st = validate_tenant_name(tenant); !st.ok()) return st.error();
-  auto req = ossl::load_csr(csr_pem);
-  if (!req.ok()) return Error(Errc::invalid_argument, "malformed CSR: " + req.error().message);
+  auto req = verified_csr(csr_pem, "agents");
+  if (!req.ok()) return req.error();
   EVP_PKEY* pub = X509_REQ_get0_pubkey(req->get());
-  if (pub == nullptr) {
-    ossl::clear_errors();
-    return Error(Errc::invalid_argument, "malformed CSR: it holds no readable public key");
-  }
-  // The signature proves the requester holds the private key of the public
-  // key we are about to certify.
-  int verified = X509_REQ_verify(req->get(), pub);
-  ossl::clear_errors();
-  if (verified != 1) return Error(Errc::invalid_argument, "CSR signature invalid");
-  if (!is_p256(pub))
-    return Error(Errc::invalid_argument,
-                 "CSR key is " + key_description(pub) + "; agents must use an ECDSA P-256 key");
   // The CSR's subject and extensions are deliberately not read: the identity
   // comes from the redeemed token, not from what the agent asks for.
   auto issued = issue(pub, tenant, kAgentOrganization, "clientAuth", {}, ttl);
   if (!issued.ok()) return issued.error().with_context("sign agent CSR");
+  return issued;
+}
+
+Result<IssuedCertificate> CertificateAuthority::sign_endpoint_csr(
+    const std::string& csr_pem, const std::string& tenant, const std::vector<std::string>& hosts,
+    std::chrono::seconds ttl) const {
+  if (auto st = validate_tenant_name(tenant); !st.ok()) return st.error();
+  if (hosts.empty()) return Error(Errc::invalid_argument, "an endpoint certificate needs a host");
+  auto req = verified_csr(csr_pem, "endpoints");
+  if (!req.ok()) return req.error();
+  EVP_PKEY* pub = X509_REQ_get0_pubkey(req->get());
+  auto issued = issue(pub, tenant, kEndpointOrganization, "serverAuth", hosts, ttl);
+  if (!issued.ok()) return issued.error().with_context("sign endpoint CSR");
   return issued;
 }
 

@@ -20,6 +20,23 @@ inline constexpr const char* kCaCommonName = "factory coordinator CA";
 inline constexpr const char* kAgentOrganization = "factory-agent";
 inline constexpr const char* kCaCertFile = "ca.crt";  // in state_dir, mode 0644
 inline constexpr const char* kCaKeyFile = "ca.key";   // in state_dir, mode 0600
+// The model endpoints' own CA (docs/model-endpoint.md): a guest holding an
+// endpoint's server certificate must not be able to pose as the
+// coordinator, so endpoint certificates never chain to the CA agents pin.
+inline constexpr const char* kEndpointCaCommonName = "factory model endpoint CA";
+inline constexpr const char* kEndpointCaCertFile = "endpoint-ca.crt";
+inline constexpr const char* kEndpointCaKeyFile = "endpoint-ca.key";
+inline constexpr const char* kEndpointOrganization = "factory-endpoint";
+
+// Which CA load_or_create() loads: its files in state_dir and, when it
+// makes a new one, its name.
+struct CaFiles {
+  const char* cert = kCaCertFile;
+  const char* key = kCaKeyFile;
+  const char* common_name = kCaCommonName;
+};
+inline constexpr CaFiles kEndpointCaFiles{kEndpointCaCertFile, kEndpointCaKeyFile,
+                                          kEndpointCaCommonName};
 // Issued certificates start this far in the past, so a guest whose clock is
 // a little behind the coordinator's does not see them as not yet valid.
 inline constexpr std::chrono::minutes kClockSkewAllowance{5};
@@ -38,7 +55,8 @@ class CertificateAuthority {
   // (state_dir is created 0700 if missing). Refuses, and changes nothing, when
   // only one of the two exists, the key does not match the certificate, the
   // certificate is not a CA, or ca.key is readable by group or others.
-  static Result<CertificateAuthority> load_or_create(const std::filesystem::path& state_dir);
+  static Result<CertificateAuthority> load_or_create(const std::filesystem::path& state_dir,
+                                                     CaFiles files = {});
 
   const std::string& certificate_pem() const { return cert_pem_; }
   // SHA-256 of the CA certificate's DER, lower-case hex: what agents pin.
@@ -57,6 +75,14 @@ class CertificateAuthority {
   // capped at the CA's own notAfter.
   Result<IssuedCertificate> sign_agent_csr(const std::string& csr_pem, const std::string& tenant,
                                            std::chrono::seconds ttl) const;
+
+  // Signs a model endpoint's CSR (made by its guest) into a server
+  // certificate: CN=<tenant>, O=factory-endpoint, serverAuth, the SANs
+  // `hosts` (the coordinator's choice, not the CSR's). Same CSR rules as
+  // sign_agent_csr. Meant for the endpoint CA only.
+  Result<IssuedCertificate> sign_endpoint_csr(const std::string& csr_pem, const std::string& tenant,
+                                              const std::vector<std::string>& hosts,
+                                              std::chrono::seconds ttl) const;
 
  private:
   CertificateAuthority() = default;

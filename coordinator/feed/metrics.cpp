@@ -174,6 +174,40 @@ void render_tenant_health(Exposition& x, const std::vector<TenantHealth>& all) {
     }
 }
 
+// A model endpoint's proxy, as its guest last reported it. Its counters start
+// again with the agent (Prometheus' counter resets).
+void render_endpoints(Exposition& x, const std::vector<TenantHealth>& all) {
+  x.family("factory_endpoint_up", "gauge",
+           "1 when the tenant's model endpoint proxy serves (its guest's latest health).");
+  for (const auto& t : all)
+    if (field(t.health, "endpoint").is_object())
+      x.sample("factory_endpoint_up", labels({{"tenant", t.tenant}, {"tier", t.tier}}),
+               field(field(t.health, "endpoint"), "serving") == true ? 1 : 0);
+  x.family("factory_endpoint_requests_total", "counter",
+           "Requests to the tenant's model endpoint since its agent started, by result.");
+  for (const auto& t : all) {
+    const json& e = field(t.health, "endpoint");
+    if (!e.is_object()) continue;
+    for (const auto& [key, result] :
+         {std::pair{"served", "served"}, std::pair{"unauthorized", "unauthorized"},
+          std::pair{"refused_paths", "refused_path"}, std::pair{"busy", "busy"},
+          std::pair{"upstream_errors", "upstream_error"}})
+      if (field(e, key).is_number())
+        x.sample("factory_endpoint_requests_total",
+                 labels({{"tenant", t.tenant}, {"tier", t.tier}, {"result", result}}),
+                 field(e, key).get<double>());
+  }
+  x.family("factory_endpoint_probe_ttft_seconds", "gauge",
+           "Time to the first token of the health probe's prompt, at its latest run.");
+  for (const auto& t : all) {
+    const json& p = field(field(t.health, "endpoint"), "probe");
+    if (p.is_object() && field(p, "ok") == true && field(p, "ttft_ms").is_number())
+      x.sample("factory_endpoint_probe_ttft_seconds",
+               labels({{"tenant", t.tenant}, {"tier", t.tier}, {"model", text(p, "model")}}),
+               field(p, "ttft_ms").get<double>() / 1000.0);
+  }
+}
+
 void render_step_durations(Exposition& x, const StepDurations& d) {
   x.family("factory_plan_step_duration_seconds", "histogram",
            "How long plan steps took on the guest, from started to succeeded or failed.");
@@ -226,6 +260,7 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
     if (auto h = store.get_health(t.name)) health.push_back({t.name, t.tier, std::move(*h)});
   render_gpus(x, health);
   render_tenant_health(x, health);
+  render_endpoints(x, health);
   render_step_durations(x, state.step_durations());
 
   const AgentCounters& m = state.counters();

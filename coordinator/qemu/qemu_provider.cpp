@@ -269,7 +269,26 @@ const Accelerator& QemuProvider::accelerator() {
   return accel_;
 }
 
+namespace {
+Error no_endpoints(const tenants::VmSpec& spec) {
+  return Error(Errc::failed_precondition,
+               "tier " + spec.tier +
+                   " serves a model endpoint, which the QEMU provider cannot expose yet (no "
+                   "forwarded endpoint port, no key store): run it with provider: kubevirt");
+}
+}  // namespace
+
+Result<std::string> QemuProvider::api_key(const tenants::VmSpec& spec) {
+  return no_endpoints(spec);
+}
+
+Status QemuProvider::put_api_key(const tenants::VmSpec& spec, const std::string&,
+                                 std::vector<tenants::VmObject>&) {
+  return no_endpoints(spec);
+}
+
 Status QemuProvider::preflight(tenants::VmSpec& spec) {
+  if (spec.endpoint_port != 0) return no_endpoints(spec);
   if (auto st = tools_present(opts_); !st.ok()) return st;
   auto img = load_base_image(opts_.base_image);
   if (!img) return img.error();

@@ -75,6 +75,11 @@ class QemuProvider : public tenants::VmProvider {
 
   Status preflight(tenants::VmSpec& spec) override;
   Result<bool> has_user_data(const tenants::VmSpec& spec) override;
+  // A model endpoint needs its port forwarded and its key kept; this
+  // provider does neither yet, and preflight refuses such tiers.
+  Result<std::string> api_key(const tenants::VmSpec& spec) override;
+  Status put_api_key(const tenants::VmSpec& spec, const std::string& key,
+                     std::vector<tenants::VmObject>& created) override;
   Status provision(const tenants::VmSpec& spec, const std::string& userdata,
                    std::vector<tenants::VmObject>& created) override;
   std::vector<std::pair<tenants::VmObject, Error>> remove(

@@ -44,6 +44,7 @@ class AgentsForTenants : public tenants::AgentControl {
   bool send_command(const std::string& tenant, const nlohmann::json& body) override {
     return agents_.send_command(tenant, body);
   }
+  bool push_endpoint(const std::string& tenant) override { return agents_.push_endpoint(tenant); }
 
  private:
   AgentService& agents_;
@@ -134,6 +135,8 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   auto ca = enroll::CertificateAuthority::load_or_create(dir);
   if (!ca) return ca.error();
   p.ca = std::make_unique<enroll::CertificateAuthority>(std::move(*ca));
+  auto endpoint_ca = enroll::CertificateAuthority::load_or_create(dir, enroll::kEndpointCaFiles);
+  if (!endpoint_ca) return endpoint_ca.error().with_context("endpoint CA");
   auto admin = load_or_create_admin_token(dir);
   if (!admin) return admin.error();
   auto tokens = enroll::TokenBook::load(fs::path(dir) / kTokenBookFile);
@@ -155,6 +158,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   ao.quotas.events_per_second = c->cfg_.quota_events_per_second;
   ao.quotas.event_burst = c->cfg_.quota_event_burst;
   ao.quotas.bytes_per_day = c->cfg_.quota_bytes_per_day;
+  ao.endpoint_ca = *endpoint_ca;
   p.agents =
       std::make_unique<AgentService>(*p.store, *p.ca, *p.tokens, p.feed->state(), *p.workers, ao);
   p.agent_control = std::make_unique<AgentsForTenants>(*p.agents);
@@ -185,6 +189,10 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   to.ca_pem = p.ca->certificate_pem();
   to.guest_ranges_avoid = c->cfg_.guest_ranges_avoid;
   to.guest_ranges_pool = c->cfg_.guest_ranges_pool;
+  to.endpoint_ca_pem = endpoint_ca->certificate_pem();
+  to.endpoint_host = c->cfg_.endpoints_host;
+  if (to.endpoint_host.empty())
+    if (auto u = net::parse_url(c->cfg_.external_url)) to.endpoint_host = u->host;
   std::unique_ptr<tenants::VmProvider> provider;
   if (c->cfg_.provider == "qemu") {
     const QemuSettings& q = c->cfg_.qemu;

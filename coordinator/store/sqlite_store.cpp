@@ -871,8 +871,11 @@ bool SqliteStore::flush_health(std::vector<std::pair<std::string, nlohmann::json
 }  // namespace
 
 nlohmann::json TenantRecord::to_json() const {
-  return {{"name", name}, {"tier", tier},   {"phase", phase},  {"created_at", created_at},
-          {"spec", spec}, {"agent", agent}, {"status", status}};
+  nlohmann::json j = {
+      {"name", name}, {"tier", tier},   {"phase", phase},  {"created_at", created_at},
+      {"spec", spec}, {"agent", agent}, {"status", status}};
+  if (!endpoint.empty()) j["endpoint"] = endpoint;
+  return j;
 }
 
 Result<TenantRecord> TenantRecord::from_json(const nlohmann::json& j) {
@@ -885,6 +888,7 @@ Result<TenantRecord> TenantRecord::from_json(const nlohmann::json& j) {
     t.spec = j.value("spec", nlohmann::json::object());
     t.agent = j.value("agent", nlohmann::json::object());
     t.status = j.value("status", nlohmann::json::object());
+    t.endpoint = j.value("endpoint", nlohmann::json::object());
     return t;
   } catch (const nlohmann::json::exception& e) {
     return Error(Errc::invalid_argument, std::string("tenant record: ") + e.what());

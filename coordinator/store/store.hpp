@@ -36,6 +36,9 @@ struct TenantRecord {
   nlohmann::json spec = nlohmann::json::object();    // what the admin asked for
   nlohmann::json agent = nlohmann::json::object();   // identity: agent_id, cert_serials, ...
   nlohmann::json status = nlohmann::json::object();  // derived from events: plan, diagnoses, ...
+  // A tier with a model endpoint: {"key_sha256", "port", "host", "rotated_at"}.
+  // The hash only: the key itself lives in the provider's Secret.
+  nlohmann::json endpoint = nlohmann::json::object();
 
   nlohmann::json to_json() const;
   static Result<TenantRecord> from_json(const nlohmann::json& j);

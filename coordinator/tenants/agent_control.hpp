@@ -17,6 +17,9 @@ class AgentControl {
   virtual Status revoke(const std::string& tenant) = 0;
   // Sends a command frame to the tenant's connected agent; false when none is.
   virtual bool send_command(const std::string& tenant, const nlohmann::json& body) = 0;
+  // Tells the tenant's connected agent its endpoint's current key hash (after
+  // a rotation); false when none is connected.
+  virtual bool push_endpoint(const std::string& tenant) = 0;
 };
 
 }  // namespace factory::tenants

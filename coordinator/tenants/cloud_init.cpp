@@ -243,12 +243,17 @@ Status validate_cloud_init_params(const CloudInitParams& p) {
   if (!is_dns1123_label(p.hostname))
     return invalid("invalid hostname '" + p.hostname.substr(0, 100) +
                    "': want a DNS-1123 label (normally the tenant's name)");
-  if (p.ssh_authorized_keys.empty())
+  if (p.ssh_authorized_keys.empty() && p.login)
     return invalid("no SSH public key for the ubuntu user: pass --ssh-key FILE (a .pub file)");
   for (size_t i = 0; i < p.ssh_authorized_keys.size(); ++i)
     if (auto st = validate_ssh_public_key(p.ssh_authorized_keys[i]); !st.ok())
       return st.error().with_context("SSH key " + std::to_string(i + 1));
-  if (p.password.empty()) return invalid("empty password for the ubuntu user");
+  if (!p.login) {
+    if (!p.password.empty())
+      return invalid("this tier has no login: a password for the ubuntu user cannot be set");
+  } else if (p.password.empty()) {
+    return invalid("empty password for the ubuntu user");
+  }
   if (p.password.size() > 256) return invalid("password for the ubuntu user is over 256 bytes");
   if (std::any_of(p.password.begin(), p.password.end(), is_control))
     return invalid("password for the ubuntu user contains a control character");
@@ -284,7 +289,8 @@ Status validate_cloud_init_params(const CloudInitParams& p) {
 
 Result<std::string> render_template(std::string_view tmpl,
                                     const std::map<std::string, json>& values,
-                                    const std::vector<std::string>& header_comment) {
+                                    const std::vector<std::string>& header_comment,
+                                    const std::function<void(json&)>& edit) {
   static constexpr std::string_view kHeader = "#cloud-config\n";
   // cloud-init picks the user-data format by its first line.
   if (!starts_with(tmpl, kHeader))
@@ -299,6 +305,7 @@ Result<std::string> render_template(std::string_view tmpl,
     if (!used.count(name))
       return Error(Errc::internal, "user-data template has no placeholder \"{{ " + name +
                                        " }}\"; it is out of date");
+  if (edit) edit(*doc);
 
   std::string text(kHeader);
   for (const auto& line : header_comment) {
@@ -346,7 +353,8 @@ Result<RenderedUserData> render_user_data(const CloudInitParams& p) {
 
   std::map<std::string, json> values = {
       {"hostname", p.hostname},
-      {"password", p.password},
+      // Without login the template's chpasswd (the only place it goes) is removed below.
+      {"password", p.login ? p.password : std::string("<none: no login>")},
       {"ssh_authorized_keys", keys},
       {"agent_config", to_yaml(agent_config)},
       {"ca_pem", as_text_file(p.ca_pem)},
@@ -367,7 +375,29 @@ Result<RenderedUserData> render_user_data(const CloudInitParams& p) {
                      "; this user-data cannot boot an agent as it is.");
   }
 
-  auto text = render_template(user_data_template(), values, header);
+  std::function<void(json&)> edit;
+  if (!p.login) {
+    header.push_back(keys.empty() ? "No login: nobody can log in to this guest."
+                                  : "No login but the admin's SSH keys (key only).");
+    edit = [has_keys = !keys.empty()](json& doc) {
+      doc.erase("chpasswd");
+      doc["ssh_pwauth"] = false;
+      if (!has_keys) {
+        // A users list without "default" keeps cloud-init from making the
+        // image's default user (ubuntu, with sudo); an empty list is not
+        // valid cloud-config, so the list holds one system account that
+        // nobody can log in as: no password, no key, no shell.
+        doc["users"] = json::array({json{{"name", "factory"},
+                                         {"gecos", "Factory (no login)"},
+                                         {"system", true},
+                                         {"lock_passwd", true},
+                                         {"shell", "/usr/sbin/nologin"}}});
+        return;
+      }
+      for (auto& u : doc["users"]) u["lock_passwd"] = true;
+    };
+  }
+  auto text = render_template(user_data_template(), values, header, edit);
   if (!text) return text.error();
   if (text->size() > kMaxUserDataBytes)
     return invalid("rendered user-data is " + std::to_string(text->size()) + " bytes, over the " +

@@ -11,6 +11,7 @@
 // pasted into YAML text. KubeVirt reads it from the Secret built by
 // cloud_init_secret() in objects.hpp.
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -57,6 +58,11 @@ struct CloudInitParams {
   std::string ca_pem;                            // the coordinator CA certificate (PEM)
   std::string bootstrap_token;                   // one-time enrollment token
   std::string agent_sha256;                      // hex SHA-256 of the agent binary served
+  // false (a tier without login): no password and no chpasswd, password SSH
+  // off, and the ubuntu user only when an admin key is given (key-only,
+  // password locked); with no key, no login user at all (only a system
+  // account without password, key or shell, so cloud-init makes no default user).
+  bool login = true;
 };
 
 struct RenderedUserData {
@@ -77,9 +83,11 @@ Result<RenderedUserData> render_user_data(const CloudInitParams& params);
 // values[name], and emits it with `header_comment` lines after the
 // "#cloud-config" line. Every placeholder must have a value and every value
 // must be used, so the template and the code cannot drift apart silently.
+// `edit`, when given, changes the substituted document before it is emitted.
 Result<std::string> render_template(std::string_view tmpl,
                                     const std::map<std::string, nlohmann::json>& values,
-                                    const std::vector<std::string>& header_comment = {});
+                                    const std::vector<std::string>& header_comment = {},
+                                    const std::function<void(nlohmann::json&)>& edit = nullptr);
 
 // A random password for `ubuntu`: `length` characters from an alphabet
 // without look-alikes (0/O, 1/l/I), about 5.8 bits each (20 → 116 bits).

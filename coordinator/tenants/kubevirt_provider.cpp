@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "common/mig_cards.hpp"
+#include "common/pki.hpp"
 #include "coordinator/tenants/host_ranges.hpp"
 
 namespace factory::tenants {
@@ -112,6 +113,7 @@ json VmObservation::to_json() const {
   if (pid != 0) j["pid"] = pid;
   if (!provider.empty() && provider != "kubevirt") j["restarts"] = restarts;
   if (!gpus.empty()) j["gpus"] = gpus;
+  if (endpoint_node_port != 0) j["endpoint_node_port"] = endpoint_node_port;
   return j;
 }
 
@@ -240,7 +242,9 @@ Status KubeVirtProvider::preflight(VmSpec& spec) {
   const std::pair<const kube::Kind*, std::string> mine[] = {
       {&kube::kSecret, cloud_init_secret_name(spec.name)},
       {&kube::kVirtualMachine, spec.name},
-      {&kube::kService, ssh_service_name(spec.name)}};
+      {&kube::kService, ssh_service_name(spec.name)},
+      {&kube::kService, endpoint_service_name(spec.name)},
+      {&kube::kSecret, api_key_secret_name(spec.name)}};
   for (const auto& [kind, name] : mine) {
     auto obj = c->get(*kind, spec.ns, name);
     if (!obj) {
@@ -322,6 +326,41 @@ Result<bool> KubeVirtProvider::has_user_data(const VmSpec& spec) {
   return s.error();
 }
 
+Result<std::string> KubeVirtProvider::api_key(const VmSpec& spec) {
+  auto c = client();
+  if (!c) return c.error();
+  auto s = c->get(kube::kSecret, spec.ns, api_key_secret_name(spec.name));
+  if (!s) {
+    if (s.error().code == Errc::not_found) return std::string();
+    return s.error();
+  }
+  if (!owned_by(*s, spec.name))
+    return Error(Errc::already_exists, "Secret " + spec.ns + "/" + api_key_secret_name(spec.name) +
+                                           " was not made by Factory for tenant " + spec.name);
+  // stringData is write-only: the API server keeps the key base64 in data.
+  const std::string b64 =
+      s->value("/data"_json_pointer, json::object()).value(kApiKeyKey, std::string());
+  auto key = pki::base64_decode(b64);
+  if (!key)
+    return key.error().with_context("Secret " + spec.ns + "/" + api_key_secret_name(spec.name));
+  return *key;
+}
+
+Status KubeVirtProvider::put_api_key(const VmSpec& spec, const std::string& key,
+                                     std::vector<VmObject>& created) {
+  auto c = client();
+  if (!c) return c.error();
+  const std::string name = api_key_secret_name(spec.name);
+  auto before = c->get(kube::kSecret, spec.ns, name);
+  if (!before && before.error().code != Errc::not_found) return before.error();
+  // Applied, not patched: the Secret holds exactly the one key, so the old
+  // one is gone from it the moment this returns.
+  auto applied = c->apply(api_key_secret(spec, key));
+  if (!applied) return applied.error().with_context("Secret " + spec.ns + "/" + name);
+  if (!before) created.push_back({"Secret", spec.ns, name});
+  return {};
+}
+
 Status KubeVirtProvider::provision(const VmSpec& spec, const std::string& userdata,
                                    std::vector<VmObject>& created) {
   auto c = client();
@@ -363,14 +402,18 @@ Status KubeVirtProvider::provision(const VmSpec& spec, const std::string& userda
     std::string name;
     json obj;
   };
-  const Step steps[] = {{&kube::kVirtualMachine, spec.name, virtual_machine(spec)},
-                        {&kube::kService, ssh_service_name(spec.name), ssh_service(spec)}};
+  std::vector<Step> steps = {{&kube::kVirtualMachine, spec.name, virtual_machine(spec)}};
+  if (spec.ssh_service)
+    steps.push_back({&kube::kService, ssh_service_name(spec.name), ssh_service(spec)});
+  if (spec.endpoint_port != 0)
+    steps.push_back({&kube::kService, endpoint_service_name(spec.name), endpoint_service(spec)});
   for (const auto& s : steps) {
     auto before = c->get(*s.kind, spec.ns, s.name);
     if (!before && before.error().code != Errc::not_found) return before.error();
     auto applied = c->apply(s.obj);
     if (!applied) {
-      if (s.kind == &kube::kService) return ssh_service_error(applied.error(), spec);
+      if (s.kind == &kube::kService && s.name == ssh_service_name(spec.name))
+        return ssh_service_error(applied.error(), spec);
       return applied.error().with_context(s.kind->kind + " " + spec.ns + "/" + s.name);
     }
     if (!before) created.push_back({s.kind->kind, spec.ns, s.name});
@@ -413,11 +456,13 @@ Result<std::vector<VmObject>> KubeVirtProvider::destroy(const std::string& tenan
   // VMI and DataVolume, which are named here too in case it does not.
   const std::pair<const kube::Kind*, std::string> known[] = {
       {&kube::kService, ssh_service_name(tenant)},
+      {&kube::kService, endpoint_service_name(tenant)},
       {&kube::kVirtualMachine, tenant},
       {&kube::kVirtualMachineInstance, tenant},
       {&kube::kDataVolume, root_volume_name(tenant)},
       {&kube::kPersistentVolumeClaim, root_volume_name(tenant)},
-      {&kube::kSecret, cloud_init_secret_name(tenant)}};
+      {&kube::kSecret, cloud_init_secret_name(tenant)},
+      {&kube::kSecret, api_key_secret_name(tenant)}};
   for (const auto& [kind, name] : known) {
     // Only what Factory made: a same-named object of someone else stays.
     auto obj = c->get(*kind, ns, name);
@@ -486,6 +531,13 @@ Result<VmObservation> KubeVirtProvider::observe(const std::string& tenant, const
         o.ssh_node_port = p.value("nodePort", 0);
   } else if (svc.error().code != Errc::not_found) {
     return svc.error();
+  }
+  auto ep = c->get(kube::kService, ns, endpoint_service_name(tenant));
+  if (ep) {
+    for (const auto& p : ep->value("/spec/ports"_json_pointer, json::array()))
+      if (p.value("name", "") == "https") o.endpoint_node_port = p.value("nodePort", 0);
+  } else if (ep.error().code != Errc::not_found) {
+    return ep.error();
   }
   return o;
 }

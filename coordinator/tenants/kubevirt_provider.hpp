@@ -52,6 +52,9 @@ class KubeVirtProvider : public VmProvider {
 
   Status preflight(VmSpec& spec) override;
   Result<bool> has_user_data(const VmSpec& spec) override;
+  Result<std::string> api_key(const VmSpec& spec) override;
+  Status put_api_key(const VmSpec& spec, const std::string& key,
+                     std::vector<VmObject>& created) override;
   Status provision(const VmSpec& spec, const std::string& userdata,
                    std::vector<VmObject>& created) override;
   std::vector<std::pair<VmObject, Error>> remove(const std::vector<VmObject>& objects) override;

@@ -59,6 +59,14 @@ std::string ssh_service_name(const std::string& vm_name) {
   return vm_name + "-ssh";
 }
 
+std::string endpoint_service_name(const std::string& vm_name) {
+  return vm_name + "-endpoint";
+}
+
+std::string api_key_secret_name(const std::string& vm_name) {
+  return vm_name + "-endpoint-key";
+}
+
 Status validate_vm_spec(const VmSpec& spec) {
   if (auto st = validate_vm_name(spec.name); !st.ok()) return st;
   if (auto st = validate_namespace_name(spec.ns); !st.ok()) return st;
@@ -177,21 +185,48 @@ json virtual_machine(const VmSpec& spec) {
   };
 }
 
-json ssh_service(const VmSpec& spec) {
-  json port = {{"name", "ssh"}, {"port", 22}, {"targetPort", 22}};
-  if (spec.ssh_node_port != 0) port["nodePort"] = spec.ssh_node_port;
+namespace {
+
+// A NodePort Service in front of the VM's launcher pod, one port.
+json node_port_service(const VmSpec& spec, const std::string& name, json port) {
   return {{"apiVersion", "v1"},
           {"kind", "Service"},
-          {"metadata", object_meta(spec, ssh_service_name(spec.name))},
+          {"metadata", object_meta(spec, name)},
           {"spec",
            {{"type", "NodePort"},
             {"selector", {{kDomainLabel, spec.name}}},
-            {"ports", json::array({port})}}}};
+            {"ports", json::array({std::move(port)})}}}};
 }
 
-std::vector<json> tenant_objects(const VmSpec& spec, const std::string& userdata) {
-  return {namespace_object(spec.ns), cloud_init_secret(spec, userdata), virtual_machine(spec),
-          ssh_service(spec)};
+}  // namespace
+
+json ssh_service(const VmSpec& spec) {
+  json port = {{"name", "ssh"}, {"port", 22}, {"targetPort", 22}};
+  if (spec.ssh_node_port != 0) port["nodePort"] = spec.ssh_node_port;
+  return node_port_service(spec, ssh_service_name(spec.name), std::move(port));
+}
+
+json endpoint_service(const VmSpec& spec) {
+  return node_port_service(spec, endpoint_service_name(spec.name),
+                           {{"name", "https"}, {"port", 443}, {"targetPort", spec.endpoint_port}});
+}
+
+json api_key_secret(const VmSpec& spec, const std::string& api_key) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Secret"},
+          {"metadata", object_meta(spec, api_key_secret_name(spec.name))},
+          {"type", "Opaque"},
+          {"stringData", {{kApiKeyKey, api_key}}}};
+}
+
+std::vector<json> tenant_objects(const VmSpec& spec, const std::string& userdata,
+                                 const std::string& api_key) {
+  std::vector<json> out = {namespace_object(spec.ns), cloud_init_secret(spec, userdata)};
+  if (spec.endpoint_port != 0) out.push_back(api_key_secret(spec, api_key));
+  out.push_back(virtual_machine(spec));
+  if (spec.ssh_service) out.push_back(ssh_service(spec));
+  if (spec.endpoint_port != 0) out.push_back(endpoint_service(spec));
+  return out;
 }
 
 }  // namespace factory::tenants

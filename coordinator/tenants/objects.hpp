@@ -40,6 +40,12 @@ struct VmSpec {
   int ssh_node_port = 0;     // 0 = let Kubernetes pick
   std::string tier;          // catalog tier, e.g. gpu-vm
   bool needs_mig = false;    // the tier cuts its card into MIG slices (tier_needs_mig)
+  // The SSH NodePort Service exists: a tier with login, or an admin who gave
+  // --ssh-key to one without (catalog AccessSpec).
+  bool ssh_service = true;
+  // The guest port of the tier's model endpoint (catalog EndpointSpec), 0 for
+  // none; exposed by the NodePort Service `<name>-endpoint` on port 443.
+  int endpoint_port = 0;
   std::map<std::string, std::string> labels;  // extra labels for every object of the tenant
 };
 
@@ -47,6 +53,12 @@ struct VmSpec {
 std::string cloud_init_secret_name(const std::string& vm_name);  // <name>-cloud-init
 std::string root_volume_name(const std::string& vm_name);        // <name>-root
 std::string ssh_service_name(const std::string& vm_name);        // <name>-ssh
+std::string endpoint_service_name(const std::string& vm_name);   // <name>-endpoint
+std::string api_key_secret_name(const std::string& vm_name);     // <name>-endpoint-key
+// The key in the API key Secret's data.
+inline constexpr const char* kApiKeyKey = "api-key";
+// `--dry-run` shows the Secret with this instead of a key.
+inline constexpr const char* kApiKeyPlaceholder = "<API key: generated at apply time>";
 
 // Checks every field against what Kubernetes, KubeVirt and CDI accept, so a
 // bad spec is refused before the first object is created.
@@ -73,8 +85,17 @@ nlohmann::json virtual_machine(const VmSpec& spec);
 // NodePort Service `<name>-ssh`: port 22 of the VM's launcher pod.
 nlohmann::json ssh_service(const VmSpec& spec);
 
+// NodePort Service `<name>-endpoint`: port 443 to the endpoint's guest port.
+nlohmann::json endpoint_service(const VmSpec& spec);
+// Secret `<name>-endpoint-key`, type Opaque, stringData.api-key = the tenant's
+// API key: the only place the key itself is kept (the guest has its SHA-256).
+nlohmann::json api_key_secret(const VmSpec& spec, const std::string& api_key);
+
 // All of the tenant's objects in the order they are created (Namespace,
-// Secret, VirtualMachine, Service); delete goes in reverse.
-std::vector<nlohmann::json> tenant_objects(const VmSpec& spec, const std::string& userdata);
+// Secret, the API key Secret when the tier has an endpoint, VirtualMachine,
+// the SSH Service when there is login, the endpoint Service); delete goes in
+// reverse. `api_key` is shown only in the API key Secret.
+std::vector<nlohmann::json> tenant_objects(const VmSpec& spec, const std::string& userdata,
+                                           const std::string& api_key = kApiKeyPlaceholder);
 
 }  // namespace factory::tenants

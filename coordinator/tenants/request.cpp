@@ -1,5 +1,6 @@
 #include "coordinator/tenants/request.hpp"
 
+#include <cctype>
 #include <cstdint>
 #include <set>
 
@@ -27,7 +28,9 @@ const std::set<std::string> kKeys = {"name",
                                      "namespace",
                                      "ssh_node_port",
                                      "ssh_authorized_keys",
+                                     "models",
                                      "password"};
+constexpr std::size_t kMaxModels = 8;
 
 Status read_string(const json& j, const char* key, std::string& out) {
   if (!j.contains(key) || j[key].is_null()) return {};
@@ -52,6 +55,7 @@ json TenantRequest::to_json(bool with_password) const {
   put("namespace", ns);
   if (ssh_node_port != 0) j["ssh_node_port"] = ssh_node_port;
   j["ssh_authorized_keys"] = ssh_authorized_keys;
+  if (!models.empty()) j["models"] = models;
   if (with_password && !password.empty()) j["password"] = password;
   return j;
 }
@@ -102,9 +106,32 @@ Result<TenantRequest> TenantRequest::from_json(const json& j) {
       r.ssh_authorized_keys.push_back(k.get<std::string>());
     }
   }
+  if (j.contains("models") && !j["models"].is_null()) {
+    if (!j["models"].is_array() || j["models"].size() > kMaxModels)
+      return invalid("'models' must be a list of at most " + std::to_string(kMaxModels) +
+                     " Ollama model names");
+    for (auto& m : j["models"]) {
+      if (!m.is_string()) return invalid("'models' must be a list of strings");
+      if (auto st = validate_model_name(m.get<std::string>()); !st.ok()) return st.error();
+      r.models.push_back(m.get<std::string>());
+    }
+  }
   if (r.name.empty()) return invalid("no tenant name");
   if (r.tier.empty()) return invalid("no tier for tenant " + r.name + " (--tier gpu-vm|gpu-k8s)");
   return r;
+}
+
+Status validate_model_name(const std::string& model) {
+  bool ok =
+      !model.empty() && model.size() <= 128 && std::isalnum(static_cast<unsigned char>(model[0]));
+  for (char c : model)
+    ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+                c == ':' || c == '/' || c == '-');
+  if (!ok)
+    return invalid("model '" + model.substr(0, 64) +
+                   "' is not an Ollama model name (lower-case letters, digits and . _ : / -, e.g. "
+                   "llama3.2:1b)");
+  return {};
 }
 
 Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequest& req,
@@ -138,6 +165,22 @@ Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequ
     if (auto st = validate_node_port(req.ssh_node_port); !st.ok()) return st.error();
   }
   s.ssh_node_port = req.ssh_node_port;
+  // No login: no SSH Service, unless the admin asked for key-only login.
+  s.ssh_service = (*tier)->access.login || !req.ssh_authorized_keys.empty();
+  if (!s.ssh_service && req.ssh_node_port != 0)
+    return Error(Errc::invalid_argument,
+                 "--ssh-node-port: tier " + s.tier +
+                     " has no login, so no SSH Service; give --ssh-key too for the admin's own");
+  if ((*tier)->endpoint) s.endpoint_port = (*tier)->endpoint->port;
+  if (!req.models.empty()) {
+    bool has_model_steps = false;
+    for (const auto& st : (*tier)->steps) has_model_steps |= st.kind == "ollama_model";
+    if (!has_model_steps)
+      return Error(Errc::invalid_argument,
+                   "--model: tier " + s.tier + " pulls no Ollama model, so it has none to replace");
+    for (const auto& m : req.models)
+      if (auto st = validate_model_name(m); !st.ok()) return st.error();
+  }
   // validate_vm_spec wants a resource name for a VM with GPUs; "any
   // allowlisted" is resolved later (or shown as a placeholder), so check the
   // rest with a stand-in and put the empty name back.
@@ -159,6 +202,10 @@ json spec_json(const VmSpec& vm, const TenantRequest& req) {
             {"gpu_resource", vm.gpu_resource},
             {"ssh_node_port", vm.ssh_node_port},
             {"ssh_authorized_keys", req.ssh_authorized_keys}};
+  // Only when they differ from a login tier's, so older records read the same.
+  if (!vm.ssh_service) j["ssh_service"] = false;
+  if (vm.endpoint_port != 0) j["endpoint_port"] = vm.endpoint_port;
+  if (!req.models.empty()) j["models"] = req.models;
   return j;
 }
 
@@ -184,6 +231,7 @@ Status same_request(const json& stored, const TenantRequest& req) {
   if (!d && req.ssh_node_port != 0) d = differs("ssh_node_port", req.ssh_node_port);
   if (!d && !req.ssh_authorized_keys.empty())
     d = differs("ssh_authorized_keys", req.ssh_authorized_keys);
+  if (!d && !req.models.empty()) d = differs("models", req.models);
   if (!d) return {};
   return Error(Errc::already_exists,
                "tenant " + req.name + " exists with a different spec (" + *d +

@@ -30,6 +30,9 @@ struct TenantRequest {
   std::string ns;         // "" = the coordinator's kube.namespace
   int ssh_node_port = 0;  // 0 = Kubernetes picks a free one
   std::vector<std::string> ssh_authorized_keys;
+  // Ollama models in place of the tier's (its ollama_model steps, and the
+  // health probe's model); empty = the tier's. Only for tiers with such steps.
+  std::vector<std::string> models;
   // The ubuntu user's password; "" = generated. Never stored by the
   // coordinator (it goes into the cloud-init Secret only).
   std::string password;
@@ -49,6 +52,10 @@ struct TenantRequest {
 Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequest& req,
                                const std::string& default_namespace,
                                bool fill_gpu_placeholder = false);
+
+// An Ollama model name as `ollama pull` takes it ("llama3.2:1b",
+// "hf.co/org/model:q4"): at most 128 characters of [a-z0-9._:/-].
+Status validate_model_name(const std::string& model);
 
 // The stored form of a resolved request: what `tenant show` prints as spec,
 // and what a re-run of create is compared with.

@@ -6,7 +6,9 @@
 
 #include "common/durations.hpp"
 #include "common/mig_cards.hpp"
+#include "common/net/http_client.hpp"
 #include "common/pins.hpp"
+#include "common/pki.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
 
@@ -44,7 +46,15 @@ VmSpec vm_spec_from_stored(const json& s, const std::string& name) {
   v.gpus = s.value("gpus", 0);
   v.gpu_resource = s.value("gpu_resource", "");
   v.ssh_node_port = s.value("ssh_node_port", 0);
+  v.ssh_service = s.value("ssh_service", true);
+  v.endpoint_port = s.value("endpoint_port", 0);
   return v;
+}
+
+// A model endpoint's API key: 40 characters of [a-z0-9], about 206 bits,
+// with a prefix that says what it is when one turns up in a paste.
+std::string new_api_key() {
+  return "fmk-" + pki::random_token_chars(40);
 }
 
 std::vector<std::string> refs(const std::vector<VmObject>& objects) {
@@ -112,6 +122,29 @@ std::optional<json> TenantService::plan_for(const store::TenantRecord& t) const 
     return std::nullopt;
   }
   json plan = catalog::plan_for(*tier);
+  // --model: the tenant's models replace the tier's ollama_model steps, in
+  // the place of the first, each a copy of it; the probe asks the first.
+  if (t.spec.contains("models") && t.spec["models"].is_array() && !t.spec["models"].empty()) {
+    json steps = json::array();
+    bool placed = false;
+    for (const auto& step : plan["steps"]) {
+      if (step.value("kind", "") != "ollama_model") {
+        steps.push_back(step);
+        continue;
+      }
+      if (placed) continue;
+      placed = true;
+      for (const auto& m : t.spec["models"]) {
+        json copy = step;
+        copy["id"] = "model-" + m.get<std::string>();
+        copy["params"]["model"] = m;
+        steps.push_back(copy);
+      }
+    }
+    plan["steps"] = steps;
+    if (plan.contains("health") && plan["health"].contains("probe"))
+      plan["health"]["probe"]["model"] = t.spec["models"][0];
+  }
   // The host's ranges read at create travel to the agent in its rke2 step,
   // which adds the guest's own and picks (or checks the catalog's).
   if (const json* gr = t.spec.contains("guest_ranges") ? &t.spec["guest_ranges"] : nullptr)
@@ -189,11 +222,20 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
 
   // Everything that can be checked without acting is checked before the
   // record exists: bad input and an unreachable cluster leave nothing behind.
+  const catalog::Tier* tier_def = catalog_.find(vm.tier);
+  const bool login = tier_def == nullptr || tier_def->access.login;
+  if (!login && !req.password.empty())
+    return Error(Errc::invalid_argument, "tier " + vm.tier +
+                                             " has no login: it takes no password (--ssh-key "
+                                             "gives the admin key-only login)");
   CloudInitParams params;
   params.tenant = req.name;
   params.hostname = req.name;
   params.ssh_authorized_keys = effective.ssh_authorized_keys;
-  params.password = req.password.empty() ? std::string(kPasswordPlaceholder) : req.password;
+  params.login = login;
+  params.password = !login                 ? std::string()
+                    : req.password.empty() ? std::string(kPasswordPlaceholder)
+                                           : req.password;
   params.coordinator_url = opts_.coordinator_url;
   params.agent_binary_url = opts_.agent_binary_url;
   params.ca_pem = opts_.ca_pem;
@@ -254,7 +296,7 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
     auto token = deps_.tokens.issue(req.name, opts_.token_ttl);
     if (!token) return rollback(rec, record_is_new, token_id, out.objects, token.error()).error();
     token_id = token->id;
-    if (req.password.empty()) {
+    if (req.password.empty() && login) {
       auto pw = generate_password();
       if (!pw) return rollback(rec, record_is_new, token_id, out.objects, pw.error()).error();
       params.password = *pw;
@@ -271,8 +313,31 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
         provider_->user_data_location(vm);
   }
 
+  // The endpoint's key hash is recorded before the VM exists: its agent is
+  // told it as soon as it connects. The key itself goes into its Secret once
+  // the namespace is there (after provision). One kept from an earlier
+  // attempt stays.
+  std::string new_key;
+  if (vm.endpoint_port != 0) {
+    auto have = provider_->api_key(vm);
+    if (!have) return rollback(rec, record_is_new, token_id, out.objects, have.error()).error();
+    std::string key = *have;
+    if (key.empty()) new_key = key = new_api_key();
+    rec.endpoint = {{"key_sha256", pki::sha256_hex(key)},
+                    {"port", vm.endpoint_port},
+                    {"host", opts_.endpoint_host},
+                    {"rotated_at", rec.endpoint.value("rotated_at", now_str())}};
+    if (auto st = store.put_tenant(rec); !st.ok())
+      return rollback(rec, record_is_new, token_id, out.objects, st.error()).error();
+  }
+
   if (auto st = provider_->provision(vm, userdata, out.objects); !st.ok())
     return rollback(rec, record_is_new, token_id, out.objects, st.error()).error();
+  if (!new_key.empty()) {
+    if (auto st = provider_->put_api_key(vm, new_key, out.objects); !st.ok())
+      return rollback(rec, record_is_new, token_id, out.objects, st.error()).error();
+    out.api_key = new_key;
+  }
 
   auto now = store.get_tenant(req.name).value_or(rec);
   if (now.phase == "creating" || now.phase == "failed") {
@@ -294,6 +359,12 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
   now.status["kube"] = ks;
   now.tier = vm.tier;
   now.spec = rec.spec;
+  if (vm.endpoint_port != 0) {
+    now.endpoint = rec.endpoint;
+    // The URL needs the node port Kubernetes picked for the Service.
+    if (auto obs = provider_->observe(vm.name, vm.ns); obs && obs->endpoint_node_port != 0)
+      now.endpoint["url"] = endpoint_url(obs->endpoint_node_port);
+  }
   if (auto st = store.put_tenant(now); !st.ok())
     return st.error().with_context("recording tenant " + req.name +
                                    " (its objects exist: run "
@@ -439,8 +510,107 @@ Result<json> TenantService::show(const std::string& name) {
     auto obs = provider_->observe(name, record_namespace(*rec, opts_.default_namespace));
     // The record stands on its own: a cluster that does not answer is shown, not fatal.
     j["vm"] = obs ? obs->to_json() : json{{"error", obs.error().message}};
+    if (!rec->endpoint.empty()) j["endpoint"] = endpoint_view(*rec, obs ? &*obs : nullptr);
   }
   return j;
+}
+
+std::string TenantService::endpoint_url(int node_port) const {
+  if (node_port == 0 || opts_.endpoint_host.empty()) return "";
+  const bool v6 = opts_.endpoint_host.find(':') != std::string::npos;
+  return "https://" + (v6 ? "[" + opts_.endpoint_host + "]" : opts_.endpoint_host) + ":" +
+         std::to_string(node_port);
+}
+
+json TenantService::endpoint_view(const store::TenantRecord& t, const VmObservation* obs) {
+  json v = {{"url", t.endpoint.value("url", "")},
+            {"rotated_at", t.endpoint.value("rotated_at", "")},
+            {"answers", false}};
+  if (obs && obs->endpoint_node_port != 0) v["url"] = endpoint_url(obs->endpoint_node_port);
+  const std::string url = v["url"].get<std::string>();
+  if (url.empty()) {
+    v["error"] = "no URL yet: the endpoint Service has no node port";
+    return v;
+  }
+  auto key = provider_->api_key(vm_spec_from_stored(t.spec, t.name));
+  if (!key || key->empty()) {
+    v["error"] = key ? "no API key stored" : key.error().message;
+    return v;
+  }
+  // What a caller with the key sees: the whole path, TLS to the guest's
+  // proxy included. Bounded: show must not hang on a guest that is away.
+  net::TlsClientOptions tls;
+  tls.ca_pem = opts_.endpoint_ca_pem;
+  net::HttpClient client(tls);
+  net::HttpRequest r;
+  r.url = url + "/v1/models";
+  r.headers["Authorization"] = "Bearer " + *key;
+  r.timeout = std::chrono::seconds(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto resp = client.request(r);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!resp) {
+    v["error"] = resp.error().message;
+    return v;
+  }
+  v["status"] = resp->status;
+  v["latency_ms"] = static_cast<int64_t>(ms + 0.5);
+  v["answers"] = resp->status == 200;
+  if (resp->status != 200) v["error"] = "GET /v1/models answered " + std::to_string(resp->status);
+  return v;
+}
+
+Result<json> TenantService::credentials(const std::string& name, bool rotate) {
+  std::lock_guard changes(changes_mu_);
+  if (auto st = enroll::validate_tenant_name(name); !st.ok()) return st.error();
+  auto rec = deps_.store.get_tenant(name);
+  if (!rec) return Error(Errc::not_found, "no tenant named " + name);
+  if (rec->endpoint.empty())
+    return Error(Errc::failed_precondition, "tenant " + name + " (tier " +
+                                                (rec->tier.empty() ? "none" : rec->tier) +
+                                                ") serves no model endpoint: it has no API key");
+  VmSpec vm = vm_spec_from_stored(rec->spec, name);
+  if (vm.ns.empty()) vm.ns = opts_.default_namespace;
+  auto key = provider_->api_key(vm);
+  if (!key) return key.error().with_context("reading tenant " + name + "'s API key");
+  if (key->empty() && !rotate)
+    return Error(Errc::failed_precondition, "tenant " + name + " has no API key stored (" +
+                                                api_key_secret_name(name) +
+                                                " is missing): run `factory tenant credentials " +
+                                                name + " --rotate` to make one");
+  json out = {{"tenant", name}, {"rotated", false}};
+  if (rotate) {
+    std::string fresh = new_api_key();
+    std::vector<VmObject> created;
+    if (auto st = provider_->put_api_key(vm, fresh, created); !st.ok())
+      return st.error().with_context("rotating tenant " + name + "'s API key");
+    auto now = deps_.store.get_tenant(name).value_or(*rec);
+    now.endpoint["key_sha256"] = pki::sha256_hex(fresh);
+    now.endpoint["rotated_at"] = now_str();
+    if (auto st = deps_.store.put_tenant(now); !st.ok())
+      return st.error().with_context("recording the new key of tenant " + name +
+                                     " (the Secret has it already: rotate again)");
+    *rec = now;
+    *key = fresh;
+    const bool told = deps_.agents.push_endpoint(name);
+    out["rotated"] = true;
+    out["guest_told"] = told;
+    if (!told)
+      out["note"] =
+          "the guest's agent is not connected: its proxy still takes the old key until the agent "
+          "reconnects, which applies the new one at once";
+    spdlog::info("tenants: rotated the API key of {} (guest {})", name,
+                 told ? "told" : "not connected; told when it reconnects");
+  }
+  std::string url = rec->endpoint.value("url", "");
+  if (auto obs = provider_->observe(name, vm.ns); obs && obs->endpoint_node_port != 0)
+    url = endpoint_url(obs->endpoint_node_port);
+  out["url"] = url;
+  out["api_key"] = *key;
+  out["ca"] = opts_.endpoint_ca_pem;
+  out["rotated_at"] = rec->endpoint.value("rotated_at", "");
+  return out;
 }
 
 Result<json> TenantService::retry(const std::string& name, const std::string& step) {
@@ -490,6 +660,7 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
               j["password_kept_in"] = provider_->user_data_location(*vm);
           }
           if (!out->note.empty()) j["note"] = out->note;
+          if (!out->api_key.empty()) j["api_key"] = out->api_key;
           if (auto shown = show(tr->name)) j["tenant"] = *shown;
           return coordinator::json_response(j, out->created ? 201 : 200);
         });
@@ -510,6 +681,25 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
         return guarded("DELETE /v1/tenants/{name}", [&] {
           auto it = req.query.find("namespace");
           auto j = remove(p.at("name"), it == req.query.end() ? "" : it->second);
+          return j ? coordinator::json_response(*j) : error_reply(j.error());
+        });
+      },
+      kBlocking);
+  // Admin only (no read_only): the answer holds the key.
+  r.add(
+      "GET", "/v1/tenants/{name}/credentials",
+      [this](auto&, const coordinator::PathParams& p) {
+        return guarded("GET /v1/tenants/{name}/credentials", [&] {
+          auto j = credentials(p.at("name"), false);
+          return j ? coordinator::json_response(*j) : error_reply(j.error());
+        });
+      },
+      kBlocking);
+  r.add(
+      "POST", "/v1/tenants/{name}/credentials/rotate",
+      [this](auto&, const coordinator::PathParams& p) {
+        return guarded("POST /v1/tenants/{name}/credentials/rotate", [&] {
+          auto j = credentials(p.at("name"), true);
           return j ? coordinator::json_response(*j) : error_reply(j.error());
         });
       },

@@ -59,6 +59,11 @@ struct TenantServiceOptions {
   // and where they are picked (cluster_ranges.hpp).
   std::vector<ranges::Fact> guest_ranges_avoid;
   ranges::Pool guest_ranges_pool;
+  // Model endpoints (tiers with an endpoint section): the CA their
+  // certificates chain to (what callers trust), and the host in their URLs
+  // and certificates (endpoints.host, or external_url's host).
+  std::string endpoint_ca_pem;
+  std::string endpoint_host;
 };
 
 // What the service works with, all owned by the server and outliving it.
@@ -73,6 +78,7 @@ struct CreateOutcome {
   bool created = false;           // false: it existed complete already, nothing changed
   std::vector<VmObject> objects;  // what this call created
   std::string password;           // set when this call wrote the user-data
+  std::string api_key;            // set when this call made the endpoint's API key
   std::string note;               // e.g. why no password is shown
 };
 
@@ -93,6 +99,10 @@ class TenantService {
   // The record as the status feed shows it, plus the VM as the provider sees
   // it now ("vm") and the plan's steps in plan order ("plan_steps").
   Result<nlohmann::json> show(const std::string& name);
+  // A model endpoint's URL, API key and CA; with rotate, a new key first:
+  // stored in the provider's Secret, its hash recorded and sent to the
+  // connected agent, whose proxy refuses the old key from then on.
+  Result<nlohmann::json> credentials(const std::string& name, bool rotate);
   // Asks the tenant's agent to re-run its failed plan (from `step` if set).
   Result<nlohmann::json> retry(const std::string& name, const std::string& step);
 
@@ -106,6 +116,11 @@ class TenantService {
   Status rollback(store::TenantRecord& rec, bool record_is_new, const std::string& token_id,
                   const std::vector<VmObject>& created, const Error& cause);
   nlohmann::json plan_steps(const store::TenantRecord& t) const;
+  // https://<endpoint host>:<node port>, "" until the Service has its port.
+  std::string endpoint_url(int node_port) const;
+  // What `tenant show` says of a model endpoint: its URL and whether it
+  // answers an authenticated GET /v1/models now (a call to the guest).
+  nlohmann::json endpoint_view(const store::TenantRecord& t, const VmObservation* obs);
   // For a tier with an rke2 step: {"avoid": facts, "pool", "planned": the
   // ranges the agent will get unless the guest's own networks move it,
   // "fixed": whether the catalog fixes them}; null for other tiers. Reads the

@@ -31,8 +31,9 @@ struct VmObservation {
   std::string status;   // KubeVirt's printableStatus: Starting, Running, ErrorUnschedulable
   std::string phase;    // the VMI's phase: Pending, Scheduling, Scheduled, Running ("" none)
   std::string ip, node;
-  std::string reason;     // why it is not running, when the provider says
-  int ssh_node_port = 0;  // where `ssh -p` reaches it on the node
+  std::string reason;          // why it is not running, when the provider says
+  int ssh_node_port = 0;       // where `ssh -p` reaches it on the node
+  int endpoint_node_port = 0;  // where the model endpoint listens on the node (its tier has one)
   // What only some providers know; empty / 0 when not.
   std::string provider;            // "kubevirt" or "qemu"
   std::string ssh_host;            // qemu: the host address the SSH port listens on
@@ -81,6 +82,14 @@ class VmProvider {
   // its ranges around (cluster_ranges.hpp). KubeVirt: read from the host
   // cluster's API (host_ranges.hpp). A provider with no host cluster has none.
   virtual Result<std::vector<ranges::Fact>> host_ranges() = 0;
+
+  // The tenant's API key (a tier with a model endpoint): "" when none is
+  // stored yet. The provider is the only keeper of the key itself.
+  virtual Result<std::string> api_key(const VmSpec& spec) = 0;
+  // Stores the API key, replacing one stored before (a rotation). What this
+  // call creates is appended to `created`, for the caller's rollback.
+  virtual Status put_api_key(const VmSpec& spec, const std::string& key,
+                             std::vector<VmObject>& created) = 0;
 
   // Where the VM's user-data (and so the ubuntu password) is kept, as the
   // admin would look for it: "Secret tenants/tenant-1-cloud-init".

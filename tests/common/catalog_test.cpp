@@ -72,7 +72,8 @@ TEST(Catalog, BuiltInValidatesWithTheTwoTiersInOrder) {
   auto c = cat::builtin();
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->source, "built-in");
-  EXPECT_EQ(c->names(), (std::vector<std::string>{"gpu-vm", "gpu-k8s", "gpu-k8s-mig"}));
+  EXPECT_EQ(c->names(),
+            (std::vector<std::string>{"gpu-vm", "gpu-k8s", "gpu-k8s-mig", "model-endpoint"}));
 }
 
 TEST(Catalog, BuiltInIsTheFileInTheSourceTree) {
@@ -219,7 +220,8 @@ TEST(Catalog, UnknownTierNamesTheKnownOnes) {
   ASSERT_TRUE(c.ok());
   auto t = c->tier("gpu-xl");
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.error().message, "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s, gpu-k8s-mig)");
+  EXPECT_EQ(t.error().message,
+            "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s, gpu-k8s-mig, model-endpoint)");
   EXPECT_FALSE(cat::plan_for(*c, "x").ok());
 }
 
@@ -269,7 +271,7 @@ TEST(Catalog, ErrorsNameTheTierStepAndKey) {
   EXPECT_EQ(error_of(replace(m, "    settings:", "    setings:")),
             "catalog test.yaml: tier 'mini': unknown key 'setings' (known: name, description, "
             "cost, vm, versions, "
-            "settings, steps, health)");
+            "settings, steps, health, access, endpoint)");
   EXPECT_EQ(error_of(replace(m, "version: 1", "version: 2")),
             "catalog test.yaml: unsupported catalog version 2 (this factory reads version 1)");
   EXPECT_NE(error_of("version: 1\ntiers: [\n").find("catalog test.yaml: invalid YAML at line"),
@@ -422,8 +424,9 @@ TEST(Catalog, HealthSectionErrorsNameTheKey) {
   auto with = [](const std::string& section) {
     return replace(kMini, "    steps:\n", "    health: " + section + "\n    steps:\n");
   };
-  EXPECT_EQ(error_of(with("{olama: true}")),
-            "catalog test.yaml: tier 'mini': health: unknown key 'olama' (known: ollama, k8s)");
+  EXPECT_EQ(
+      error_of(with("{olama: true}")),
+      "catalog test.yaml: tier 'mini': health: unknown key 'olama' (known: ollama, k8s, probe)");
   EXPECT_EQ(error_of(with("{ollama: yes please}")),
             "catalog test.yaml: tier 'mini': health.ollama: must be true or false");
   EXPECT_EQ(error_of(with("{k8s: {resource: gpus}}")),
@@ -438,4 +441,61 @@ TEST(Catalog, HealthSectionErrorsNameTheKey) {
   EXPECT_EQ(error_of(with("{k8s: {kubeconfig: \"${settings.kube}\"}}")),
             "catalog test.yaml: tier 'mini': health.k8s.kubeconfig: unknown reference "
             "${settings.kube} (known: settings.count)");
+}
+
+// The runbook's third customer: gpu-vm's own steps (the YAML alias keeps
+// them one list), no login, an endpoint on 8443, and a health probe; the
+// other tiers' plans are as they were (no probe key, no endpoint key).
+TEST(Catalog, ModelEndpointIsGpuVmsGuestBehindAKey) {
+  auto c = cat::builtin();
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const cat::Tier* me = c->find("model-endpoint");
+  const cat::Tier* vm = c->find("gpu-vm");
+  ASSERT_NE(me, nullptr);
+  ASSERT_NE(vm, nullptr);
+  EXPECT_FALSE(me->access.login);
+  EXPECT_TRUE(vm->access.login);
+  ASSERT_TRUE(me->endpoint.has_value());
+  EXPECT_EQ(me->endpoint->port, 8443);
+  EXPECT_FALSE(vm->endpoint.has_value());
+  json mp = me->plan(), vp = vm->plan();
+  EXPECT_EQ(mp["steps"], vp["steps"]) << "the same guest as gpu-vm";
+  EXPECT_EQ(mp["endpoint"], (json{{"port", 8443}}));
+  EXPECT_EQ(mp["health"]["probe"]["every_seconds"], 300);
+  EXPECT_EQ(mp["health"]["probe"]["model"], "llama3.2:1b");
+  EXPECT_FALSE(vp.contains("endpoint"));
+  EXPECT_FALSE(vp["health"].contains("probe")) << "the probe is off on gpu-vm unless asked for";
+  EXPECT_NE(me->cost.find("no customer access"), std::string::npos) << me->cost;
+}
+
+TEST(Catalog, EndpointAccessAndProbeAreChecked) {
+  const std::string base = R"(version: 1
+tiers:
+  - name: t
+    description: d
+    vm: {cpu: "1", memory: 1Gi, disk: 1Gi, image: "https://x.example/i.img", gpus: 1}
+    access: {login: false}
+    endpoint: {port: 8443}
+    health:
+      ollama: true
+      probe: {every: 5m, model: "llama3.2:1b"}
+    steps:
+      - id: one
+        kind: script
+        params: {run: "true"}
+)";
+  auto ok = cat::parse(base, "test.yaml");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->tiers[0].health->probe_prompt, "Say OK.") << "a default prompt";
+  EXPECT_NE(error_of(replace(base, "port: 8443", "port: 80")).find("endpoint.port"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(base, "login: false", "login: no-thanks")).find("access.login"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(base, "every: 5m", "every: 5s")).find("at least 30s"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(base, "ollama: true", "ollama: false")).find("needs health.ollama"),
+            std::string::npos);
+  EXPECT_NE(error_of(replace(base, "endpoint: {port: 8443}", "endpoint: {port: 8443, tls: off}"))
+                .find("tls"),
+            std::string::npos);
 }

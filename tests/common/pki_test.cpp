@@ -228,3 +228,16 @@ TEST(Pki, SecureEquals) {
   std::string with_nul("a\0b", 3), other("a\0c", 3);
   EXPECT_FALSE(pki::secure_equals(with_nul, other));
 }
+
+// Kubernetes Secret data is standard padded base64 (the API server's
+// encoding of stringData); anything else is refused, never half-decoded.
+TEST(Pki, Base64DecodesWhatTheApiServerWrites) {
+  EXPECT_EQ(*pki::base64_decode(""), "");
+  EXPECT_EQ(*pki::base64_decode("Zg=="), "f");
+  EXPECT_EQ(*pki::base64_decode("Zm8="), "fo");
+  EXPECT_EQ(*pki::base64_decode("Zm9v"), "foo");
+  EXPECT_EQ(*pki::base64_decode("Zm1rLWFiYw=="), "fmk-abc");
+  EXPECT_FALSE(pki::base64_decode("Zm9").ok()) << "length";
+  EXPECT_FALSE(pki::base64_decode("Zm9v\n").ok()) << "a newline";
+  EXPECT_FALSE(pki::base64_decode("Zm-v").ok()) << "the URL-safe alphabet";
+}

@@ -84,3 +84,13 @@ TEST(Durations, ParseAndFormat) {
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(factory::format_rfc3339(*t), "2026-11-30T09:00:00Z");
 }
+
+// What an agent sends as a time is untrusted: a year past 2262 overflowed
+// the nanosecond time_point (UBSan under the agent_messages fuzz target).
+TEST(Durations, TimestampsOutOfRangeAreRefusedNotOverflowed) {
+  EXPECT_FALSE(factory::parse_rfc3339("4052-12-01T16:29:35Z").ok());
+  EXPECT_FALSE(factory::parse_rfc3339("1969-12-31T23:59:59Z").ok());
+  EXPECT_FALSE(factory::parse_rfc3339("2026-13-01T00:00:00Z").ok());
+  EXPECT_FALSE(factory::parse_rfc3339("2026-12-01T24:00:00Z").ok());
+  EXPECT_TRUE(factory::parse_rfc3339("2200-01-01T00:00:00Z").ok());
+}

@@ -45,10 +45,11 @@ TEST(CatalogCli, ListJsonShowsEveryBuiltInTier) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   json doc = json::parse(r.output);
   EXPECT_EQ(doc["source"], "built-in");
-  ASSERT_EQ(doc["tiers"].size(), 3u);
+  ASSERT_EQ(doc["tiers"].size(), 4u);
   EXPECT_EQ(doc["tiers"][0]["name"], "gpu-vm");
   EXPECT_EQ(doc["tiers"][1]["name"], "gpu-k8s");
   EXPECT_EQ(doc["tiers"][2]["name"], "gpu-k8s-mig");
+  EXPECT_EQ(doc["tiers"][3]["name"], "model-endpoint");
   EXPECT_EQ(doc["tiers"][0]["vm"]["memory"], "16Gi");
   EXPECT_EQ(doc["tiers"][0]["versions"]["nvidia_driver"], "615.71.09");
   // The hash the CLI shows is the one the library computes for the plan.
@@ -97,7 +98,9 @@ TEST(CatalogCli, UnknownTierIsOneClearLine) {
   TempDir dir;
   auto r = run(fac(dir, {"catalog", "show", "gpu-xl"}));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_EQ(r.output, "factory: unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s, gpu-k8s-mig)\n");
+  EXPECT_EQ(
+      r.output,
+      "factory: unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s, gpu-k8s-mig, model-endpoint)\n");
 }
 
 TEST(CatalogCli, OwnCatalogByFlagAndByConfig) {

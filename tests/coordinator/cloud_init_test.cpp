@@ -627,5 +627,45 @@ TEST_F(InstallScriptRealCurl, RefusesAServerItsCaDidNotSign) {
   EXPECT_FALSE(fs::exists(dir_ / "systemctl.log"));
 }
 
+// A tier without login (model-endpoint): no password anywhere, password SSH
+// off, no user to log in as; with an admin key, that key only and the password
+// locked. Both pass cloud-init's schema; a password is refused outright.
+TEST(CloudInit, NoLoginTierHasNoPasswordAndNoUserUnlessAnAdminKey) {
+  TempDir dir("ci-nologin");
+  auto p = sample_cloud_init_params("t5");
+  p.login = false;
+  p.ssh_authorized_keys.clear();
+  p.password.clear();
+  auto ud = render_ok(p);
+  expect_cloud_init_valid(ud.text, dir, "no login");
+  auto doc = factory::parse_yaml(ud.text, "user-data");
+  ASSERT_TRUE(doc.ok());
+  EXPECT_FALSE(doc->contains("chpasswd"));
+  EXPECT_EQ((*doc)["ssh_pwauth"], false);
+  ASSERT_EQ((*doc)["users"].size(), 1u) << "no \"default\": cloud-init makes no ubuntu user";
+  const auto& u = (*doc)["users"][0];
+  EXPECT_EQ(u["name"], "factory");
+  EXPECT_EQ(u["lock_passwd"], true);
+  EXPECT_EQ(u["shell"], "/usr/sbin/nologin");
+  EXPECT_FALSE(u.contains("ssh_authorized_keys"));
+  EXPECT_FALSE(u.contains("sudo"));
+  EXPECT_EQ(ud.text.find("password"), std::string::npos) << ud.text;
+  EXPECT_EQ(ud.text.find("<none"), std::string::npos) << "the stand-in value never leaves";
+
+  p.ssh_authorized_keys = {kTestEd25519Key};
+  auto keyed = render_ok(p);
+  expect_cloud_init_valid(keyed.text, dir, "admin key only");
+  auto kd = factory::parse_yaml(keyed.text, "user-data");
+  ASSERT_TRUE(kd.ok());
+  ASSERT_EQ((*kd)["users"].size(), 1u);
+  EXPECT_EQ((*kd)["users"][0]["lock_passwd"], true);
+  EXPECT_FALSE(kd->contains("chpasswd"));
+
+  p.password = "Xq7mR2pLk9vT4wZs8nHc";
+  auto refused = render_user_data(p);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("no login"), std::string::npos) << refused.error().message;
+}
+
 }  // namespace
 }  // namespace factory::testing

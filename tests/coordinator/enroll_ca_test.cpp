@@ -361,3 +361,41 @@ TEST(TenantName, AcceptsDns1123Labels) {
   EXPECT_EQ(std::string(63, 'a').size(), factory::enroll::kMaxTenantNameLength);
   EXPECT_TRUE(validate_tenant_name(std::string(63, 'a')).ok());
 }
+
+// A model endpoint's certificate: from the endpoint CA (its own files and
+// name beside the agents' CA), for the host the coordinator names, whatever
+// the guest's CSR asks; serverAuth only; and the agents' CA never accepts it,
+// so a guest holding it cannot pose as the coordinator.
+TEST(EnrollCa, EndpointCertificatesComeFromTheirOwnCaForTheCoordinatorsHost) {
+  TempDir tmp("ca-endpoint");
+  CertificateAuthority agents_ca = make_ca(tmp.path());
+  auto ep = CertificateAuthority::load_or_create(tmp.path(), factory::enroll::kEndpointCaFiles);
+  ASSERT_TRUE(ep.ok()) << ep.error().message;
+  EXPECT_TRUE(std::filesystem::exists(tmp.path() / "endpoint-ca.key"));
+  EXPECT_NE(ep->certificate_pem(), agents_ca.certificate_pem());
+  auto again = CertificateAuthority::load_or_create(tmp.path(), factory::enroll::kEndpointCaFiles);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->certificate_pem(), ep->certificate_pem()) << "reloaded, not made anew";
+
+  auto key = pki::generate_private_key();
+  ASSERT_TRUE(key.ok());
+  auto csr = pki::make_csr(*key, "evil.example.com");
+  ASSERT_TRUE(csr.ok());
+  auto issued = ep->sign_endpoint_csr(*csr, "t5", {"127.0.0.1"}, 24h);
+  ASSERT_TRUE(issued.ok()) << issued.error().message;
+  auto chain = pki::split_pem_certificates(issued->certificate_pem);
+  ASSERT_EQ(chain.size(), 2u);
+  EXPECT_TRUE(pki::key_matches_certificate(*key, chain[0]));
+  auto info = pki::inspect_certificate(chain[0]);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->issuer_cn, "factory model endpoint CA");
+  EXPECT_EQ(info->ip_addresses, (std::vector<std::string>{"127.0.0.1"}));
+  EXPECT_TRUE(info->dns_names.empty()) << "the CSR's name is not taken";
+  EXPECT_EQ(verify(chain[0], ep->certificate_pem(), X509_PURPOSE_SSL_SERVER, "", "127.0.0.1"), "");
+  EXPECT_NE(verify(chain[0], ep->certificate_pem(), X509_PURPOSE_SSL_CLIENT), "");
+  EXPECT_NE(verify(chain[0], agents_ca.certificate_pem(), X509_PURPOSE_SSL_SERVER, "", "127.0.0.1"),
+            "")
+      << "the agents' CA must not accept an endpoint's certificate";
+  EXPECT_FALSE(ep->sign_endpoint_csr(*csr, "t5", {}, 24h).ok()) << "a host is required";
+  EXPECT_FALSE(ep->sign_endpoint_csr("not a csr", "t5", {"127.0.0.1"}, 24h).ok());
+}

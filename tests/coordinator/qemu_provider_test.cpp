@@ -291,6 +291,25 @@ TEST_F(QemuProviderTest, AMigTierIsRefusedOnTheRunbooksL4WithTheReason) {
   EXPECT_TRUE(p->preflight(s).ok());
 }
 
+// A model endpoint needs its port forwarded and its key kept, which this
+// provider does not do yet: refused before anything is made, saying so.
+TEST_F(QemuProviderTest, AModelEndpointTierIsRefusedWithTheReason) {
+  auto p = provider();
+  auto s = spec("vm-endpoint");
+  s.tier = "model-endpoint";
+  s.endpoint_port = 8443;
+  auto st = p->preflight(s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, Errc::failed_precondition);
+  EXPECT_NE(st.error().message.find("QEMU provider cannot expose yet"), std::string::npos)
+      << st.error().message;
+  EXPECT_NE(st.error().message.find("provider: kubevirt"), std::string::npos);
+  EXPECT_FALSE(fs::exists(vm_dir("vm-endpoint")));
+  std::vector<tenants::VmObject> made;
+  EXPECT_FALSE(p->put_api_key(s, "fmk-x", made).ok());
+  EXPECT_TRUE(made.empty());
+}
+
 TEST_F(QemuProviderTest, NeverTwoTenantsOnOneCard) {
   namespace ht = factory::testing::hosttree;
   TempDir hdir("gh");

@@ -116,7 +116,7 @@ TEST(ResolveVmSpec, BadInputIsOneLineNamingIt) {
   TenantRequest r;
   r.name = "tenant-1";
   r.tier = "gpu-xl";
-  EXPECT_EQ(msg(r), "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s, gpu-k8s-mig)");
+  EXPECT_EQ(msg(r), "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s, gpu-k8s-mig, model-endpoint)");
   r.tier = "gpu-vm";
   r.name = "Tenant_1";
   EXPECT_NE(msg(r).find("tenant name: invalid tenant name 'Tenant_1'"), std::string::npos);

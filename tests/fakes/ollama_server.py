@@ -15,26 +15,72 @@ with Ollama's own JSON shapes (docs/api.md in github.com/ollama/ollama):
                       file does not exist"} (what Ollama relays from the registry)
   POST /api/generate  {"model", "keep_alive"} with no prompt loads the model
                       ({"done_reason": "load"}); unknown -> 404 {"error": ...}
+                      With a prompt it also answers: streamed by default
+                      (application/x-ndjson, one {"model", "created_at",
+                      "response": <token>, "done": false} per token, then
+                      {"done": true, "done_reason": "stop" | "length",
+                      "context", "total_duration", "load_duration",
+                      "prompt_eval_count", "prompt_eval_duration",
+                      "eval_count", "eval_duration"}), or one object with
+                      "stream": false; options.num_predict caps the tokens
+  POST /api/chat      {"model", "messages", "stream"}: the same, each chunk
+                      carrying "message": {"role": "assistant", "content"}
+  GET  /v1/models     OpenAI's list, as Ollama's openai/openai.go makes it:
+                      {"object": "list", "data": [{"id", "object": "model",
+                      "created", "owned_by": "library"}]} ("data": null when
+                      nothing is pulled, as Ollama's nil slice encodes)
+  GET  /v1/models/M   one such model; unknown -> 404
+  POST /v1/chat/completions
+                      non-streaming (the default): a "chat.completion" with
+                      choices[0].message and usage; "stream": true:
+                      text/event-stream, one `data: {"object":
+                      "chat.completion.chunk", "choices": [{"index": 0,
+                      "delta": {"role": "assistant", "content"},
+                      "finish_reason": null}]}` per token, a last chunk with
+                      finish_reason "stop" (or "length"), a usage chunk when
+                      stream_options.include_usage, then `data: [DONE]`
+  POST /v1/completions
+                      the same for "text_completion" (choices[0].text)
   GET  /api/ps        loaded models with size and size_vram: all of the model on
                       the GPU when the simulated guest had its nvidia module
                       loaded and the GPU bound to it when this server started
                       (Ollama discovers GPUs at startup), none otherwise
 
+The answer is a fixed sentence made from the prompt (answer_for), split into
+tokens the way a model streams them (a word with its leading space). An
+unknown or not-pulled model is 404 as Ollama says it: {"error": "model \"M\"
+not found, try pulling it first"} on /api, the same message in OpenAI's error
+object {"error": {"message", "type": "not_found_error", "param": null,
+"code": null}} on /v1 (middleware/openai.go's writeError); /v1/models/M
+says "model 'M' not found" (Ollama's /api/show). A prompt for a model not
+loaded loads it first (counted as ollama.load.<model>), as Ollama does.
+
 What it does NOT do: download or run any model (sizes are the real models'
 approximate sizes, digests are made up except the 12-character model ID the
-runbook's `ollama ps` shows), chat/embeddings/create/push/delete, or auth.
+runbook's `ollama ps` shows), embeddings/show/create/push/delete, or auth.
 
 State under <root>/.guestsim/state/ollama/ (models.json, partial/, loaded.json,
 gpu-resident) survives a restart, like Ollama's model store. Counters in
 <root>/.guestsim/state/counters/ (one integer per file, flock'ed like the bash
 stand-ins): ollama.pull_request.<model>, ollama.download_complete.<model>,
-ollama.bytes.<model>, ollama.load.<model>.
+ollama.bytes.<model>, ollama.load.<model>; ollama.authorization_seen
+(requests that carried an Authorization header: a proxy in front must not
+pass the customer's key on), ollama.answers (prompts answered) and
+ollama.stream_abandoned (an answer stream whose reader went away before its
+end). Every request is
+logged on stderr as it is answered ("ollama_server: "POST /api/chat
+HTTP/1.1" 200 -"): what a test reads to show a request never got here.
+(No counter counts every request: a plan run again must leave the counters
+as they were, and its checks read /api/tags and /api/ps.)
 
 Failure knobs, files in <root>/.guestsim/knobs/:
   ollama_pull_cut        N: the pull stream is cut (connection closed mid-body)
                          once the download passes N percent
   ollama_vram_fraction   F (0..1): only this fraction of a model fits on the GPU
   ollama_pull_delay      seconds between progress lines (default 0.01)
+  ollama_token_delay     seconds between streamed answer tokens (default 0.005)
+  ollama_answer_cut      N: an answer stream is cut (connection closed, no
+                         final chunk) after N tokens, as when the runner dies
 
   /usr/bin/python3 ollama_server.py --root SIM_ROOT --port PORT [--pidfile F]
 """
@@ -49,6 +95,7 @@ import socket
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -90,6 +137,39 @@ def normalize(name):
 
 def now_rfc3339():
     return datetime.datetime.now(datetime.timezone.utc).astimezone().isoformat()
+
+
+def unix_of(rfc3339):
+    try:
+        return int(datetime.datetime.fromisoformat(rfc3339).timestamp())
+    except (TypeError, ValueError):
+        return int(time.time())
+
+
+def answer_for(prompt):
+    """The stand-in's answer: a fixed sentence that quotes the prompt's first
+    words, so a test can tell answers to different prompts apart."""
+    words = " ".join((prompt or "").split()[:6])
+    return ("The guest simulator's Ollama read \"%s\" and answers with this fixed sentence, "
+            "since no model runs here." % words)
+
+
+def tokens_of(text):
+    """Splits text the way a model streams it: each word with its leading space."""
+    return re.findall(r"\s*\S+", text)
+
+
+def compact(obj):
+    """JSON as Go's encoding/json writes it (no spaces), for streamed chunks."""
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def word_count(text):
+    return len((text or "").split())
+
+
+class ClientGone(Exception):
+    """The reader of an answer stream went away."""
 
 
 def parse_keep_alive(v):
@@ -219,6 +299,14 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):
         sys.stderr.write("ollama_server: " + (fmt % args) + "\n")
 
+    def parse_request(self):
+        ok = super().parse_request()
+        if ok:
+            # Ollama ignores it; a proxy in front must not hand it the customer's key.
+            if self.headers.get("Authorization"):
+                self.sim.count("ollama.authorization_seen")
+        return ok
+
     # --- helpers
     def send_json(self, status, obj):
         body = (json.dumps(obj) + "\n").encode()
@@ -238,6 +326,32 @@ class Handler(BaseHTTPRequestHandler):
         data = (json.dumps(obj) + "\n").encode()
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+
+    def start_answer_stream(self, content_type):
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def answer_chunk(self, data):
+        """One chunk of an answer stream; ClientGone when its reader left."""
+        try:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+        except OSError:  # BrokenPipeError, ConnectionResetError
+            self.close_connection = True
+            raise ClientGone()
+
+    def send_openai_error(self, status, message):
+        # middleware/openai.go's writeError: openai.NewError's type by status.
+        etype = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
+        body = (json.dumps({"error": {"message": message, "type": etype, "param": None,
+                                      "code": None}}) + "\n").encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def end_stream(self):
         self.wfile.write(b"0\r\n\r\n")
@@ -285,6 +399,16 @@ class Handler(BaseHTTPRequestHandler):
                             "size": sum(s for _, s in reg["layers"]), "digest": reg["digest"][7:],
                             "details": reg["details"]})
             self.send_json(200, {"models": out})
+        elif self.path == "/v1/models":
+            data = [self.openai_model(name, meta) for name, meta in sorted(sim.models().items())]
+            self.send_json(200, {"object": "list", "data": data or None})
+        elif self.path.startswith("/v1/models/") and "/" not in self.path[len("/v1/models/"):]:
+            raw = urllib.parse.unquote(self.path[len("/v1/models/"):])
+            meta = sim.models().get(normalize(raw))
+            if meta is None:
+                self.send_openai_error(404, "model '%s' not found" % raw)
+            else:
+                self.send_json(200, self.openai_model(raw, meta))
         elif self.path == "/api/ps":
             out = []
             for name, l in sorted(self.sim.loaded().items()):
@@ -299,6 +423,13 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(200, {"models": out})
         else:
             self.send_404()
+
+    @staticmethod
+    def openai_model(name, meta):
+        base = name.rsplit("/", 1)
+        owner = base[0].rsplit("/", 1)[-1] if len(base) == 2 else "library"
+        return {"id": name, "object": "model", "created": unix_of(meta.get("modified_at")),
+                "owned_by": owner}
 
     def send_404(self):
         body = b"404 page not found"
@@ -317,6 +448,12 @@ class Handler(BaseHTTPRequestHandler):
             self.pull(req)
         elif self.path == "/api/generate":
             self.generate(req)
+        elif self.path == "/api/chat":
+            self.chat(req)
+        elif self.path == "/v1/chat/completions":
+            self.openai_chat(req)
+        elif self.path == "/v1/completions":
+            self.openai_completion(req)
         else:
             self.send_404()
 
@@ -404,12 +541,180 @@ class Handler(BaseHTTPRequestHandler):
                 sim.count("ollama.load." + name)
             sim.set_loaded(loaded)
         prompt = req.get("prompt") or ""
-        out = {"model": name, "created_at": now_rfc3339(), "response": "", "done": True,
-               "done_reason": "unload" if keep == 0 else "load"}
-        if prompt:
-            out["response"] = "(guestsim: no model runs here)"
-            out["done_reason"] = "stop"
-        self.send_json(200, out)
+        if not prompt:
+            out = {"model": name, "created_at": now_rfc3339(), "response": "", "done": True,
+                   "done_reason": "unload" if keep == 0 else "load"}
+            self.send_json(200, out)
+            return
+        self.answer_ollama(req, prompt, lambda tok: {"response": tok})
+
+    # --- answers
+    def loaded_model(self, raw):
+        """The model a prompt is for, loaded as Ollama loads it on first use;
+        None when it is not pulled."""
+        sim = self.sim
+        name = normalize(raw or "")
+        if name not in sim.models():
+            return None
+        reg = REGISTRY[name]
+        with sim.lock:
+            loaded = sim.loaded()
+            if name not in loaded:
+                size = reg["loaded_size"]
+                frac = float(sim.knob("ollama_vram_fraction") or 1.0) if sim.gpu_usable else 0.0
+                loaded[name] = {"size": size, "size_vram": int(size * max(0.0, min(1.0, frac))),
+                                "expires": time.time() + 300}
+                sim.set_loaded(loaded)
+                sim.count("ollama.load." + name)
+        return name
+
+    def answer_tokens(self, prompt, limit):
+        toks = tokens_of(answer_for(prompt))
+        reason = "stop"
+        if isinstance(limit, int) and 0 < limit < len(toks):
+            toks, reason = toks[:limit], "length"
+        return toks, reason
+
+    def token_delay(self):
+        return float(self.sim.knob("ollama_token_delay") or 0.005)
+
+    def stream_tokens(self, toks, emit):
+        """emit(tok) per token, paced; counts an abandoned stream. The
+        ollama_answer_cut knob closes the connection after that many tokens,
+        as when the runner dies (ClientGone ends the answer there too)."""
+        delay = self.token_delay()
+        cut = self.sim.knob("ollama_answer_cut")
+        cut = int(cut) if cut not in (None, "") else None
+        for i, tok in enumerate(toks):
+            if cut is not None and i >= cut:
+                self.cut()
+                raise ClientGone()
+            try:
+                emit(tok)
+            except ClientGone:
+                self.sim.count("ollama.stream_abandoned")
+                raise
+            time.sleep(delay)
+
+    def answer_ollama(self, req, prompt, piece):
+        """/api/generate and /api/chat: piece(tok) is the part that differs."""
+        model = req.get("model") or ""
+        if self.loaded_model(model) is None:
+            self.send_json(404, {"error": 'model "%s" not found, try pulling it first' % model})
+            return
+        self.sim.count("ollama.answers")
+        opts = req.get("options") or {}
+        toks, reason = self.answer_tokens(prompt, opts.get("num_predict"))
+        t0 = time.time()
+        prompt_count = word_count(prompt)
+
+        def final(text):
+            took = int((time.time() - t0) * 1e9) + 1
+            out = {"model": model, "created_at": now_rfc3339()}
+            out.update(piece(text))
+            out.update({"done": True, "done_reason": reason, "total_duration": took + 1500000,
+                        "load_duration": 1500000, "prompt_eval_count": prompt_count,
+                        "prompt_eval_duration": 250000, "eval_count": len(toks),
+                        "eval_duration": took})
+            if "response" in out:
+                out["context"] = list(range(1, prompt_count + len(toks) + 1))
+            return out
+
+        if req.get("stream", True) is False:
+            self.send_json(200, final("".join(toks)))
+            return
+        self.start_answer_stream("application/x-ndjson")
+
+        def emit(tok):
+            obj = {"model": model, "created_at": now_rfc3339()}
+            obj.update(piece(tok))
+            obj["done"] = False
+            self.answer_chunk((compact(obj) + "\n").encode())
+        try:
+            self.stream_tokens(toks, emit)
+            self.answer_chunk((compact(final("")) + "\n").encode())
+            self.end_stream()
+        except ClientGone:
+            pass
+
+    def chat(self, req):
+        msgs = req.get("messages") or []
+        prompt = next((m.get("content") or "" for m in reversed(msgs)
+                       if isinstance(m, dict) and m.get("role") == "user"), "")
+        self.answer_ollama(req, prompt,
+                           lambda tok: {"message": {"role": "assistant", "content": tok}})
+
+    def openai_answer(self, req, prompt, prompt_count, kind):
+        """/v1/chat/completions (kind "chat") and /v1/completions ("text")."""
+        model = req.get("model") or ""
+        if self.loaded_model(model) is None:
+            self.send_openai_error(404, 'model "%s" not found, try pulling it first' % model)
+            return
+        self.sim.count("ollama.answers")
+        toks, reason = self.answer_tokens(prompt, req.get("max_tokens"))
+        seed = int(hashlib.sha256(prompt.encode()).hexdigest()[:6], 16) % 999
+        ident = ("chatcmpl-%d" if kind == "chat" else "cmpl-%d") % seed
+        created = int(time.time())
+        usage = {"prompt_tokens": prompt_count, "completion_tokens": len(toks),
+                 "total_tokens": prompt_count + len(toks)}
+        head = {"id": ident, "object": "chat.completion" if kind == "chat" else "text_completion",
+                "created": created, "model": model, "system_fingerprint": "fp_ollama"}
+
+        def choice(text, finish, stream):
+            if kind == "text":
+                return {"text": text, "index": 0, "finish_reason": finish}
+            msg = {"role": "assistant", "content": text}
+            return ({"index": 0, "delta": msg, "finish_reason": finish} if stream
+                    else {"index": 0, "message": msg, "finish_reason": finish})
+
+        if not req.get("stream", False):
+            out = dict(head)
+            out["choices"] = [choice("".join(toks), reason, False)]
+            out["usage"] = usage
+            self.send_json(200, out)
+            return
+        if kind == "chat":
+            head["object"] = "chat.completion.chunk"
+        self.start_answer_stream("text/event-stream")
+
+        def event(obj):
+            self.answer_chunk(b"data: " + compact(obj).encode() + b"\n\n")
+
+        def emit(tok):
+            c = dict(head)
+            c["created"] = int(time.time())
+            c["choices"] = [choice(tok, None, True)]
+            event(c)
+        try:
+            self.stream_tokens(toks, emit)
+            last = dict(head)
+            last["choices"] = [choice("", reason, True)]
+            event(last)
+            if (req.get("stream_options") or {}).get("include_usage"):
+                u = dict(head)
+                u["choices"] = []
+                u["usage"] = usage
+                event(u)
+            self.answer_chunk(b"data: [DONE]\n\n")
+            self.end_stream()
+        except ClientGone:
+            pass
+
+    def openai_chat(self, req):
+        msgs = req.get("messages") or []
+        if not msgs:
+            self.send_openai_error(400, "[] is too short - 'messages'")
+            return
+        prompt = next((m.get("content") or "" for m in reversed(msgs)
+                       if isinstance(m, dict) and m.get("role") == "user"
+                       and isinstance(m.get("content"), str)), "")
+        count = sum(word_count(m.get("content")) for m in msgs
+                    if isinstance(m, dict) and isinstance(m.get("content"), str))
+        self.openai_answer(req, prompt, count, "chat")
+
+    def openai_completion(self, req):
+        prompt = req.get("prompt") or ""
+        self.openai_answer(req, prompt, word_count(prompt), "text")
 
 
 def main():

@@ -17,7 +17,11 @@ VirtualMachineInstance the (fake) Kubernetes API reports Running, it:
      the CA from the user-data, and its hash really checked; systemctl is the
      simulator's stand-in, and the rest of the PATH is the guest's listed
      host tools and guards (tests/guestsim/guestsim.sh);
-  4. supervises the installed agent as systemd would (Restart=on-failure,
+  4. stands in for a NodePort Service in front of the VM: a model endpoint's
+     Service `<name>-endpoint` (port 443 to the guest's endpoint port) is
+     modelled by telling the agent's proxy to listen on 127.0.0.1:<nodePort>,
+     where callers on "the node" (this machine's loopback) reach it;
+  5. supervises the installed agent as systemd would (Restart=on-failure,
      RestartPreventExitStatus=3), with the guest simulator's PATH and
      --root; a SIGKILL after the `reboot` stand-in counts as the guest's
      reboot, and the agent is started again as after boot.
@@ -109,6 +113,7 @@ class Guest:
         self.stopped = False
         self.boots = 0
         self.next_start = 0.0
+        self.endpoint_node_port = 0
 
     def sh(self, *argv, env=None, check=True):
         return subprocess.run(list(argv), env=env, check=check, capture_output=True, text=True)
@@ -209,6 +214,8 @@ class Guest:
         argv = [self.agent_bin(), "--config", os.path.join(etc, "agent.yaml"), "--root", self.root,
                 "--ca-file", os.path.join(etc, "ca.crt"), "--token-file", os.path.join(etc, "bootstrap-token"),
                 "--state-dir", os.path.join(self.root, "var/lib/factory-agent"), "--ollama-url", self.ollama_url]
+        if self.endpoint_node_port:
+            argv += ["--endpoint-listen", "127.0.0.1:%d" % self.endpoint_node_port]
         argv += self.args.agent_arg
         env = dict(os.environ)
         env["PATH"] = self.path
@@ -258,7 +265,7 @@ class Guest:
         log("%s: guest stopped" % self.name)
 
 
-TIER_PROFILES = {"gpu-vm": "l4", "gpu-k8s": "l4-k8s"}
+TIER_PROFILES = {"gpu-vm": "l4", "gpu-k8s": "l4-k8s", "model-endpoint": "l4"}
 
 
 def free_port():
@@ -317,6 +324,10 @@ def main():
                 else:
                     userdata = sec.get("stringData", {}).get("userdata", "")
             g = Guest(args, ns, name, userdata)
+            svc = kube.get("/api/v1/namespaces/%s/services/%s-endpoint" % (ns, name)) or {}
+            for port in svc.get("spec", {}).get("ports", []):
+                if port.get("name") == "https" and port.get("nodePort"):
+                    g.endpoint_node_port = int(port["nodePort"])
             guests[key] = g
             tier = vmi["metadata"].get("labels", {}).get("factory.dev/tier", "")
             try:

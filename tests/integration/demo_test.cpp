@@ -1,6 +1,7 @@
 // The README's main job (`make demo`) as a test: coordinator with its file
 // store, the Kubernetes API test double playing KubeVirt, `factory tenant
-// create tenant-1 --tier gpu-vm --wait` (and tenant-2 --tier gpu-k8s), and a
+// create tenant-1 --tier gpu-vm --wait` (tenant-2 --tier gpu-k8s, t5 --tier
+// model-endpoint and one chat completion through its endpoint), and a
 // simulated guest running the
 // rendered user-data (agent downloaded from the coordinator, hash checked),
 // enrolling and provisioning itself through the driver's reboot (counted).
@@ -15,6 +16,14 @@ using namespace factory::testing;
 namespace fs = std::filesystem;
 
 namespace {
+// The tenant of that name in a list of them ({} when it is missing).
+nlohmann::json by_name(const nlohmann::json& list, const std::string& name) {
+  for (const auto& t : list)
+    if (t.value("name", "") == name) return t;
+  ADD_FAILURE() << "no tenant " << name << " in " << list.dump().substr(0, 2000);
+  return nlohmann::json::object();
+}
+
 int count(const std::string& hay, const std::string& needle) {
   int n = 0;
   for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
@@ -29,8 +38,8 @@ TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
   ASSERT_EQ(r.exit_code, 0) << r.output << slurp(dir.path() / "coordinator.log").substr(0, 4000);
   EXPECT_NE(r.output.find("SIMULATED"), std::string::npos) << "the output says what is simulated";
   auto status = nlohmann::json::parse(slurp(dir.path() / "status.json"));
-  ASSERT_EQ(status["tenants"].size(), 2u);
-  auto& t = status["tenants"][0];
+  ASSERT_EQ(status["tenants"].size(), 3u);
+  auto t = by_name(status["tenants"], "tenant-1");
   EXPECT_EQ(t["name"], "tenant-1");
   EXPECT_EQ(t["phase"], "ready");
   EXPECT_EQ(t["tier"], "gpu-vm");
@@ -54,7 +63,7 @@ TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
   EXPECT_EQ(count(slurp(dir.path() / "tenant-1-agent.log"), "---- agent start "), 2);
   // tenant-2: the catalog's second item on the runbook's tenant-2 guest. The
   // GPU Operator brings its own driver: no reboot.
-  auto& k = status["tenants"][1];
+  auto k = by_name(status["tenants"], "tenant-2");
   EXPECT_EQ(k["name"], "tenant-2");
   EXPECT_EQ(k["tier"], "gpu-k8s");
   EXPECT_EQ(k["phase"], "ready");
@@ -74,7 +83,7 @@ TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
   // with the DCGM series of both tenants' GPUs.
   const std::string metrics = slurp(dir.path() / "metrics.txt");
   EXPECT_EQ(promtool_complaints(metrics), "");
-  EXPECT_NE(metrics.find("factory_tenants{phase=\"ready\"} 2"), std::string::npos);
+  EXPECT_NE(metrics.find("factory_tenants{phase=\"ready\"} 3"), std::string::npos);
   for (const std::string t : {"tenant-1", "tenant-2"}) {
     bool found = false;
     std::istringstream lines(metrics);
@@ -95,9 +104,23 @@ TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
   // The status feed as the demo recorded it: GET /v1/tenants, the event
   // stream of the whole run, and the dashboard in Chromium.
   auto tenants = nlohmann::json::parse(slurp(dir.path() / "tenants.json"));
-  ASSERT_EQ(tenants["tenants"].size(), 2u);
-  EXPECT_TRUE(tenants["tenants"][0]["health"].is_object());
-  EXPECT_TRUE(tenants["tenants"][1]["health"].is_object());
+  ASSERT_EQ(tenants["tenants"].size(), 3u);
+  for (const auto& each : tenants["tenants"])
+    EXPECT_TRUE(each["health"].is_object()) << each.value("name", "");
+  // t5, the runbook's third customer: a keyed model API, no login. The demo
+  // printed one chat completion through its endpoint and the 401 without the key.
+  auto e = by_name(status["tenants"], "t5");
+  EXPECT_EQ(e["tier"], "model-endpoint");
+  EXPECT_EQ(e["phase"], "ready");
+  auto chat = nlohmann::json::parse(slurp(dir.path() / "t5-chat-completion.json"), nullptr, false);
+  EXPECT_EQ(chat.value("object", ""), "chat.completion")
+      << slurp(dir.path() / "t5-chat-completion.json");
+  EXPECT_NE(r.output.find("without the key: HTTP 401"), std::string::npos) << r.output;
+  auto t5 = nlohmann::json::parse(slurp(dir.path() / "t5.json"));
+  EXPECT_EQ(t5["endpoint"]["answers"], true) << t5["endpoint"].dump();
+  EXPECT_NE(metrics.find("factory_endpoint_up{tenant=\"t5\",tier=\"model-endpoint\"} 1"),
+            std::string::npos)
+      << metrics;
   const std::string events = slurp(dir.path() / "events.txt");
   for (const std::string t : {"tenant-1", "tenant-2"}) {
     bool connect = false, health = false, ready = false;

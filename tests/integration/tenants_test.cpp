@@ -317,8 +317,9 @@ TEST_F(Tenants, BadInputGetsOneLineAndLeavesNothingHalfMade) {
       << ::testing::PrintToString(everything_in(kube_, "tenants"));
   const auto before = everything_in(kube_, "tenants");
 
-  expect_one_line_failure(create("tenant-x", "gpu-xl"),
-                          "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s, gpu-k8s-mig)");
+  expect_one_line_failure(
+      create("tenant-x", "gpu-xl"),
+      "unknown tier 'gpu-xl' (known: gpu-vm, gpu-k8s, gpu-k8s-mig, model-endpoint)");
   expect_one_line_failure(create("Tenant_X", "gpu-vm"), "invalid tenant name 'Tenant_X'");
   expect_one_line_failure(create("9tenant", "gpu-vm"), "9tenant");
   expect_one_line_failure(create("tenant-x", "gpu-vm", {"--ssh-node-port", "80"}),

@@ -1,0 +1,106 @@
+#include "agent/endpoint/routes.hpp"
+
+#include <array>
+#include <nlohmann/json.hpp>
+
+namespace factory::agent::endpoint {
+
+namespace {
+
+struct Allowed {
+  std::string_view path;
+  std::string_view method;
+};
+
+// proxy.hpp's list: inference and read-only model facts, nothing that
+// changes what is installed.
+constexpr std::array<Allowed, 12> kAllowed{{
+    {"/v1/models", "GET"},
+    {"/api/tags", "GET"},
+    {"/api/version", "GET"},
+    {"/api/ps", "GET"},
+    {"/v1/chat/completions", "POST"},
+    {"/v1/completions", "POST"},
+    {"/v1/embeddings", "POST"},
+    {"/api/generate", "POST"},
+    {"/api/chat", "POST"},
+    {"/api/embed", "POST"},
+    {"/api/embeddings", "POST"},
+    {"/api/show", "POST"},
+}};
+// Plus GET /v1/models/{model}, one path segment, matched apart.
+
+bool unreserved(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '.' || c == '_' || c == '~' || c == ':';
+}
+
+std::string percent_encode(std::string_view s) {
+  static const char hex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (unreserved(c)) {
+      out += static_cast<char>(c);
+    } else {
+      out += '%';
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out;
+}
+
+Route decide(std::string_view method, std::string_view allowed_method, std::string target) {
+  Route r;
+  if (method != allowed_method) {
+    r.verdict = RouteVerdict::wrong_method;
+    r.allow = std::string(allowed_method);
+    return r;
+  }
+  r.verdict = RouteVerdict::pass;
+  r.upstream_target = std::move(target);
+  return r;
+}
+
+}  // namespace
+
+std::optional<std::string> bearer_token(std::string_view h) {
+  while (!h.empty() && (h.front() == ' ' || h.front() == '\t')) h.remove_prefix(1);
+  constexpr std::string_view kScheme = "bearer";
+  if (h.size() <= kScheme.size()) return std::nullopt;
+  for (std::size_t i = 0; i < kScheme.size(); i++) {
+    char c = h[i];
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if (c != kScheme[i]) return std::nullopt;
+  }
+  h.remove_prefix(kScheme.size());
+  if (h.front() != ' ' && h.front() != '\t') return std::nullopt;
+  while (!h.empty() && (h.front() == ' ' || h.front() == '\t')) h.remove_prefix(1);
+  while (!h.empty() && (h.back() == ' ' || h.back() == '\t')) h.remove_suffix(1);
+  if (h.empty()) return std::nullopt;
+  // A key is one token68 (RFC 7235): anything with a space inside is not one.
+  if (h.find_first_of(" \t") != std::string_view::npos) return std::nullopt;
+  return std::string(h);
+}
+
+Route match_route(std::string_view method, std::string_view path) {
+  constexpr std::string_view kModel = "/v1/models/";
+  if (path.size() > kModel.size() && path.substr(0, kModel.size()) == kModel) {
+    std::string_view model = path.substr(kModel.size());
+    if (model.find('/') != std::string_view::npos) return {};
+    return decide(method, "GET", std::string(kModel) + percent_encode(model));
+  }
+  for (const auto& a : kAllowed) {
+    if (a.path == path) return decide(method, a.method, std::string(a.path));
+  }
+  return {};
+}
+
+std::string error_body(const std::string& type, const std::string& code,
+                       const std::string& message) {
+  nlohmann::json j = {
+      {"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", code}}}};
+  return j.dump();
+}
+
+}  // namespace factory::agent::endpoint

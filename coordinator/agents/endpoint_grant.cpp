@@ -1,0 +1,48 @@
+#include "coordinator/agents/endpoint_grant.hpp"
+
+#include "common/durations.hpp"
+
+namespace factory::coordinator {
+
+using nlohmann::json;
+
+namespace {
+
+bool is_hex64(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+}  // namespace
+
+std::optional<json> EndpointGrant::offer(const std::string& tenant) const {
+  auto rec = store_.get_tenant(tenant);
+  if (!rec || rec->endpoint.empty()) return std::nullopt;
+  const std::string sha = rec->endpoint.value("key_sha256", "");
+  if (!is_hex64(sha)) return std::nullopt;
+  json body = {{"key_sha256", sha}};
+  const std::string url = rec->endpoint.value("url", "");
+  if (!url.empty()) body["url"] = url;
+  return body;
+}
+
+Answer<json> EndpointGrant::sign(const std::string& tenant, const std::string& csr_pem) const {
+  auto body = offer(tenant);
+  if (!body)
+    return Refusal{"not_an_endpoint", "tenant " + tenant + " serves no model endpoint", ""};
+  if (!ca_) return Refusal{"unavailable", "this coordinator has no endpoint CA; ask its admin", ""};
+  auto rec = store_.get_tenant(tenant);
+  const std::string host = rec ? rec->endpoint.value("host", "") : "";
+  if (host.empty())
+    return Refusal{"unavailable", "tenant " + tenant + "'s endpoint has no host yet", ""};
+  auto issued = ca_->sign_endpoint_csr(csr_pem, tenant, {host}, ttl_);
+  if (!issued) return Refusal{"bad_request", issued.error().message, ""};
+  (*body)["certificate"] = issued->certificate_pem;
+  (*body)["ca"] = ca_->certificate_pem();
+  (*body)["expires_at"] = format_rfc3339(issued->not_after);
+  return *body;
+}
+
+}  // namespace factory::coordinator
