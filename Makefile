@@ -14,7 +14,7 @@ endif
 # `make test`'s business.
 DEMO_TARGETS = factory factory-agent
 
-.PHONY: all deps demo-deps test-deps build demo test e2e-vm clean format tidy fuzz sanitize ci-sanitizers
+.PHONY: all deps demo-deps test-deps build demo test e2e-vm clean format tidy fuzz sanitize ci-sanitizers bench-endpoint
 
 all: build
 
@@ -49,9 +49,17 @@ e2e-vm: test-deps $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target factory factory-agent vm_e2e
 	cd $(BUILD_DIR) && ctest -L e2e-vm --output-on-failure -V --timeout 1200
 
-# Sanitizer and fuzz builds: clang, Release, no debug info (clang 14 fails on
-# the coroutine code of common/net/ws_client.cpp when it emits line tables:
-# "Cannot represent a difference across sections"). Stacks still name functions.
+# What the model endpoint's proxy costs against Ollama direct, in one run
+# (bench/endpoint_bench.cpp; docs/model-endpoint.md quotes it).
+bench-endpoint: test-deps $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target endpoint_bench
+	$(BUILD_DIR)/bench/endpoint_bench
+
+# Sanitizer and fuzz builds: clang, Release, no debug info. clang 14 cannot
+# compile the two files with coroutines (common/net/ws_client.cpp,
+# agent/link/link.cpp) under ASan ("Cannot represent a difference across
+# sections"), with or without line tables: those two are built without
+# sanitizers there (common/ and agent/CMakeLists.txt). Stacks still name functions.
 SANITIZER_FLAGS = -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS= -DFACTORY_PCH=OFF
 
 # libFuzzer targets with ASan+UBSan (clang), each run FUZZ_SECONDS.
