@@ -87,7 +87,9 @@ Route match_route(std::string_view method, std::string_view path) {
   constexpr std::string_view kModel = "/v1/models/";
   if (path.size() > kModel.size() && path.substr(0, kModel.size()) == kModel) {
     std::string_view model = path.substr(kModel.size());
-    if (model.find('/') != std::string_view::npos) return {};
+    // One segment, and not a dot segment: "/v1/models/.." re-encoded is
+    // still "..", which a path-cleaning router upstream reads as /v1/.
+    if (model.find('/') != std::string_view::npos || model == "." || model == "..") return {};
     return decide(method, "GET", std::string(kModel) + percent_encode(model));
   }
   for (const auto& a : kAllowed) {

@@ -657,6 +657,9 @@ TEST(EndpointRoutes, Allowlist) {
   EXPECT_EQ(pass("GET", "/v1/models/a b?"), "/v1/models/a%20b%3F");
   EXPECT_EQ(match_route("GET", "/v1/models/").verdict, RouteVerdict::not_found);
   EXPECT_EQ(match_route("GET", "/v1/models/a/b").verdict, RouteVerdict::not_found);
+  EXPECT_EQ(match_route("GET", "/v1/models/..").verdict, RouteVerdict::not_found);
+  EXPECT_EQ(match_route("GET", "/v1/models/.").verdict, RouteVerdict::not_found);
+  EXPECT_EQ(match_route("GET", "/v1/models/..x").verdict, RouteVerdict::pass);
   EXPECT_EQ(match_route("POST", "/api/pull").verdict, RouteVerdict::not_found);
   EXPECT_EQ(match_route("POST", "/api/generate/").verdict, RouteVerdict::not_found);
   EXPECT_EQ(match_route("POST", "/API/GENERATE").verdict, RouteVerdict::not_found);
