@@ -117,7 +117,7 @@ mount_in /dev --rbind /dev
 mount --make-rslave "$root/dev"
 mount_in /dev/shm -t tmpfs -o mode=1777 shm
 
-run_phase "clone $(git -C "$top" rev-parse --short HEAD)" sh -c '
+run_phase "clone ${commit:0:7}" sh -c '
   git clone -q --no-hardlinks "$1" "$2" && git -C "$2" checkout -q --detach "$3"' \
   sh "$top" "$root/root/factory" "$commit"
 
