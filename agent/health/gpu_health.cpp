@@ -103,9 +103,12 @@ proto::GpuSection read_gpu_section(const GuestEnv& env, std::chrono::millisecond
     auto chrooted = query_nvidia_smi({"chroot", smi.driver_root}, timeout);
     if (chrooted) {
       out = section_of(*chrooted);
+      // Where a GPU Operator guest keeps its nvidia-smi is how it is meant
+      // to be, not something wrong: `via` says it, and no diagnosis does
+      // (one here was an active diagnosis on every healthy gpu-k8s tenant in
+      // `factory status`). The plan's rules still name it when a step needs
+      // nvidia-smi on the PATH.
       out.via = "chroot " + smi.driver_root;
-      out.diagnoses.push_back(
-          diagnosis_sample(diagnoses::gpu_operator_nvidia_smi_chroot(smi.driver_root)));
       return out;
     }
     hung |= chrooted.error().code == Errc::timeout;

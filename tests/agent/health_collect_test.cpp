@@ -138,8 +138,9 @@ TEST_F(Health, GpuOperatorGuestGoesThroughTheDriverRoot) {
   EXPECT_EQ(h["via"], "chroot " + (sim_->root() / "run/nvidia/driver").string());
   ASSERT_EQ(h["gpus"].size(), 1u);
   EXPECT_EQ(h["gpus"][0]["name"], "NVIDIA L4");
-  EXPECT_EQ(codes(h), std::vector<std::string>{"gpu_operator_nvidia_smi_chroot"});
-  EXPECT_NE(h["diagnoses"][0]["fix"].get<std::string>().find("chroot"), std::string::npos);
+  // The expected state of such a guest: said by `via`, not as a diagnosis
+  // that would stand as a problem on a healthy tenant.
+  EXPECT_TRUE(codes(h).empty()) << h.dump(2);
 }
 
 TEST_F(Health, NoCardIsAHealthStateWithItsDiagnosis) {
