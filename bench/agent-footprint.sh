@@ -16,8 +16,9 @@
 #   bench/agent-footprint.sh [--seconds N] [--interval S] [--repeat R] [--out DIR]
 #
 # The binaries come from FACTORY_BIN and FACTORY_AGENT, else from beside this
-# script, else from build/. Needs python3 (for JSON and rusage). Ports are
-# picked on 127.0.0.1 only. Exit 0 when it measured, 2 when it could not run.
+# script, else from build/coordinator/ and build/agent/. Needs python3 (for
+# JSON and rusage). Ports are picked on 127.0.0.1 only.
+# Exit 0 when it measured, 2 when it could not run.
 set -u
 
 seconds=60
@@ -30,21 +31,21 @@ while [ $# -gt 0 ]; do
     --interval) interval="$2"; shift 2 ;;
     --repeat) repeat="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "agent-footprint: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
 
 here="$(cd "$(dirname "$0")" && pwd)"
-pick() {  # pick NAME: the binary from the environment, beside us, or build/
-  local env="$1" name="$2"
+pick() {  # pick ENV NAME DIR: the binary from the environment, beside us, or build/DIR/
+  local env="$1" name="$2" dir="$3"
   if [ -n "${!env:-}" ]; then echo "${!env}"; return; fi
-  for c in "$here/$name" "$here/../build/$name"; do
+  for c in "$here/$name" "$here/../build/$dir/$name"; do
     [ -x "$c" ] && { echo "$c"; return; }
   done
 }
-factory="$(pick FACTORY_BIN factory)"
-agent="$(pick FACTORY_AGENT factory-agent)"
+factory="$(pick FACTORY_BIN factory coordinator)"
+agent="$(pick FACTORY_AGENT factory-agent agent)"
 die() { echo "agent-footprint: $*" >&2; exit 2; }
 [ -n "$factory" ] && [ -x "$factory" ] || die "no factory binary (set FACTORY_BIN or build it)"
 [ -n "$agent" ] && [ -x "$agent" ] || die "no factory-agent binary (set FACTORY_AGENT or build it)"
@@ -143,13 +144,15 @@ for _ in range(n):
     t = time.monotonic()
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     walls.append((time.monotonic() - t) * 1000)
-    if r.returncode != 0:
+    # factory-agent health exits 1 when the sample has a problem (no GPU):
+    # it still sampled. Anything else did not run.
+    if r.returncode not in (0, 1):
         print("  %-34s exit %d (%s)" % (label, r.returncode, " ".join(cmd)))
         sys.exit(0)
 walls.sort()
 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-print("  %-34s median %7.1f ms  min %7.1f ms  peak RSS %6.1f MB  (%d runs)"
-      % (label, walls[len(walls) // 2], walls[0], peak / 1024, n))
+print("  %-34s median %7.1f ms  min %7.1f ms  peak RSS %6.1f MB  (%d runs, last exit %d)"
+      % (label, walls[len(walls) // 2], walls[0], peak / 1024, n, r.returncode))
 PY
 }
 

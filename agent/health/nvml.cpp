@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <limits>
+#include <mutex>
 
 namespace factory::agent {
 
@@ -409,10 +410,42 @@ std::vector<std::string> nvml_library_candidates(const GuestEnv& env) {
   return out;
 }
 
+namespace {
+
+struct KeptNvml {
+  std::mutex mu;
+  std::vector<std::string> candidates;
+  std::unique_ptr<NvmlLibrary> lib;
+};
+
+// Never destroyed: at exit a thread may still be inside a wedged NVML, and
+// an nvmlShutdown from a static destructor would wait on it.
+KeptNvml& kept_nvml() {
+  static auto* kept = new KeptNvml();
+  return *kept;
+}
+
+}  // namespace
+
 Result<GpuReport> read_gpus_via_nvml(const GuestEnv& env, nlohmann::json* raw) {
-  auto lib = NvmlLibrary::load(nvml_library_candidates(env));
-  if (!lib) return lib.error();
-  return (*lib)->read(raw);
+  auto candidates = nvml_library_candidates(env);
+  KeptNvml& kept = kept_nvml();
+  std::unique_lock lock(kept.mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    auto lib = NvmlLibrary::load(candidates);
+    if (!lib) return lib.error();
+    return (*lib)->read(raw);
+  }
+  if (!kept.lib || kept.candidates != candidates) {
+    kept.lib.reset();
+    auto lib = NvmlLibrary::load(candidates);
+    if (!lib) return lib.error();
+    kept.lib = std::move(*lib);
+    kept.candidates = std::move(candidates);
+  }
+  auto report = kept.lib->read(raw);
+  if (!report) kept.lib.reset();
+  return report;
 }
 
 }  // namespace factory::agent
