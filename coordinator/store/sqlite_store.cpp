@@ -252,13 +252,20 @@ class SqliteStore final : public Store {
   }
 
   void close() override {
+    bool writer_running = false;
     {
       std::lock_guard lk(queue_mu_);
-      if (stopping_ || !writer_.joinable()) return;
+      if (stopping_) return;
       stopping_ = true;
+      writer_running = writer_.joinable();
     }
-    queue_cv_.notify_all();
-    writer_.join();
+    if (writer_running) {
+      queue_cv_.notify_all();
+      writer_.join();
+    }
+    // An open that failed half way (a newer schema, say) never started the
+    // writer but holds the database: it is closed here too (LeakSanitizer
+    // found the handle of every refused database left open).
     if (db_) {
       // Statements first: sqlite3_close refuses a database with live statements.
       stmts_.reset();
