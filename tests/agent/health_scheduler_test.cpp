@@ -194,7 +194,6 @@ TEST_F(HealthSchedule, HealthFlowsWhileAPlanStepRunsForMinutes) {
   };
   ASSERT_TRUE(eventually([&] { return step_state() == "running"; }, 60s));
   size_t before = got.size();
-  auto t0 = std::chrono::steady_clock::now();
   // The step cannot end before the test writes its file: samples counted
   // here flowed while it ran. How fast they came is not asserted (a timed
   // unit test): on a loaded 2-core machine one sample through the
