@@ -5,7 +5,8 @@
 // as JSON; durable events are appended to one file and fdatasync'd in batches
 // (group commit: whatever arrived while the last sync ran goes in the next),
 // then acknowledged and published on GET /v1/events (Server-Sent Events), as
-// the coordinator does; health is kept as the latest sample per tenant.
+// the coordinator does; health is kept as the latest sample per tenant and
+// published on the feed, as the coordinator does.
 //
 //   node baseline_server.js --port P --cert SERVER.pem --ca CA.pem
 //        --events FILE --token ADMIN_TOKEN
@@ -138,7 +139,12 @@ wss.on('connection', (ws, req) => {
         flush();
         break;
       case 'health':
+        // State, as the coordinator keeps it, and on the live feed as it publishes it.
         health.set(ws.tenant, m.body);
+        if (feeds.size) {
+          const chunk = `id: ${++feedId}\nevent: health\ndata: ${JSON.stringify({tenant: ws.tenant, health: m.body})}\n\n`;
+          for (const f of feeds) f.write(chunk);
+        }
         break;
       case 'heartbeat':
         send(ws, 'ack', {}, m.seq);

@@ -291,6 +291,36 @@ async def measure_handshakes(res: TargetResult, port: int, pid: int, ca: str, ce
     res.resumed_note = f"{resumed}/{count} resumed"
 
 
+# --- a profile of the coordinator under the largest load ----------------------------------
+
+def start_perf(pid: int, data: str, seconds: float) -> subprocess.Popen:
+    """perf record over the load window. This machine kind has no hardware
+    counters (perf stat -e instructions: not supported), so it samples the
+    software cpu-clock, which needs none."""
+    log(f"    perf record -e cpu-clock -F 499 -g -p {pid} over {seconds:.0f} s -> {data}")
+    return subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "499", "-g", "-p", str(pid),
+                             "-o", data, "--", "sleep", str(seconds)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def finish_perf(p: subprocess.Popen, data: str) -> None:
+    p.wait()
+    report = data + ".txt"
+    with open(report, "w") as f:
+        f.write(f"# perf record -e cpu-clock -F 499 -g -p <factory serve> -- sleep <window>\n"
+                f"# perf report -i {os.path.basename(data)} --stdio --no-children --sort symbol "
+                f"--percent-limit 0.5 -g none\n")
+        f.flush()
+        subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "--sort",
+                        "symbol", "--percent-limit", "0.5", "-g", "none"],
+                       stdout=f, stderr=subprocess.DEVNULL)
+        f.write("\n# by shared object / thread: perf report --stdio --no-children --sort comm,dso\n")
+        f.flush()
+        subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "--sort",
+                        "comm,dso", "-g", "none"], stdout=f, stderr=subprocess.DEVNULL)
+    log(f"    profile: {report}")
+
+
 # --- one target --------------------------------------------------------------------------
 
 async def bench_target(name: str, pid_of, target: Target, identities: list[Identity],
@@ -339,9 +369,14 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
             st.errors["fewer sessions than asked"] = n - st.opened
         fleet.stats = loadgen.Stats()
         feed.take()
+        perf = None
+        if a.perf and name == "factory" and n == a.series[-1]:
+            perf = start_perf(pid, a.perf, a.window)
         c0, t0 = cpu_s(pid), time.monotonic()
         await fleet.load(a.window)
         await asyncio.sleep(a.drain)
+        if perf:
+            await asyncio.to_thread(finish_perf, perf, a.perf)
         c1, t1 = cpu_s(pid), time.monotonic()
         s = fleet.stats
         st.msgs = sum(s.sent.values())
@@ -680,8 +715,9 @@ def parse_args():
     ap.add_argument("--health-fixture", default=DEFAULT_FIXTURE, help="a real agent health sample")
     ap.add_argument("--connect-concurrency", type=int, default=64, help="handshakes in flight (64)")
     ap.add_argument("--handshakes", type=int, default=300, help="sequential handshakes measured (300)")
-    ap.add_argument("--flood-sessions", type=int, default=100, help="(100)")
-    ap.add_argument("--flood-window", type=int, default=16, help="events in flight per session (16)")
+    ap.add_argument("--flood-sessions", type=int, default=200,
+                    help="sessions flooding; each stays under the 250/s per-tenant quota (200)")
+    ap.add_argument("--flood-window", type=int, default=8, help="events in flight per session (8)")
     ap.add_argument("--flood-seconds", type=float, default=15, help="0 skips the flood (15)")
     ap.add_argument("--no-storm", dest="storm", action="store_false", help="skip the restart")
     ap.add_argument("--storm-timeout", type=float, default=180, help="seconds (180)")
@@ -694,6 +730,9 @@ def parse_args():
     ap.add_argument("--no-agent", dest="real_agent", action="store_false",
                     help="skip the real factory-agent footprint")
     ap.add_argument("--out", help="also write everything printed to this file")
+    ap.add_argument("--perf", metavar="FILE",
+                    help="perf record the coordinator over the largest N's load window into FILE "
+                         "(and FILE.txt, the report)")
     a = ap.parse_args()
     try:
         a.series = [int(x) for x in a.series.split(",") if x.strip()]
@@ -737,6 +776,8 @@ def check_deps(a) -> None:
             "run with /usr/bin/python3)")
     if not os.path.exists(a.health_fixture):
         die(f"{a.health_fixture} is missing")
+    if a.perf and not shutil.which("perf"):
+        die("--perf needs perf (apt-get install linux-perf)")
 
 
 def raise_fd_limit(n_max: int) -> int:
