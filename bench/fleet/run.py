@@ -93,6 +93,16 @@ def write_bytes(pid: int) -> int:
     return 0
 
 
+def tcp_mem_kib() -> int:
+    """The kernel's TCP buffer memory, every socket (/proc/net/sockstat, pages)."""
+    with open("/proc/net/sockstat") as f:
+        for line in f:
+            if line.startswith("TCP:"):
+                p = line.split()
+                return int(p[p.index("mem") + 1]) * PAGE_KIB
+    return 0
+
+
 def loadavg() -> str:
     return open("/proc/loadavg").read().strip()
 
@@ -219,6 +229,7 @@ class Step:
     connect_per_cpu_s: Optional[float] = None
     rss_idle_kib: float = 0
     rss_load_kib: float = 0
+    tcp_kib: float = 0
     msgs: int = 0
     msgs_per_s: float = 0
     cpu_s: float = 0
@@ -242,6 +253,7 @@ class TargetResult:
     resumed_hs_per_cpu_s: Optional[float] = None
     resumed_note: str = ""
     steps: list = field(default_factory=list)
+    tls_only_kib: Optional[float] = None
     flood: dict = field(default_factory=dict)
     storm: dict = field(default_factory=dict)
 
@@ -321,6 +333,31 @@ def finish_perf(p: subprocess.Popen, data: str) -> None:
     log(f"    profile: {report}")
 
 
+async def tls_only_probe(target: Target, identities: list[Identity], pid: int, k: int,
+                         settle: float) -> Optional[float]:
+    r0 = rss_kib(pid)
+    conns = []
+    sem = asyncio.Semaphore(32)
+
+    async def one(i: int):
+        async with sem:
+            try:
+                ctx = identities[i].context(target.ca_pem)
+                _, w = await asyncio.open_connection(
+                    target.host, target.port, ssl=ctx, server_hostname="127.0.0.1",
+                    local_addr=(target.sources[i % len(target.sources)], 0))
+                conns.append(w)
+            except (OSError, ssl.SSLError, ConnectionError):
+                pass
+    await asyncio.gather(*(one(i) for i in range(min(k, len(identities)))))
+    await asyncio.sleep(settle)
+    r1 = rss_kib(pid)
+    for w in conns:
+        w.close()
+    await asyncio.sleep(1)
+    return (r1 - r0) / len(conns) if conns else None
+
+
 # --- one target --------------------------------------------------------------------------
 
 async def bench_target(name: str, pid_of, target: Target, identities: list[Identity],
@@ -352,6 +389,8 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
         st = Step(n)
         c0 = cpu_s(pid)
         before = len(fleet.sessions)
+        if before == 0:
+            tcp0 = tcp_mem_kib()
         g = await fleet.grow(n)
         c1 = cpu_s(pid)
         st.opened = len(fleet.sessions)
@@ -362,6 +401,7 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
             st.errors.update({"connect " + k: v for k, v in g["failures"].items()})
         await asyncio.sleep(a.settle)
         st.rss_idle_kib = (rss_kib(pid) - res.base_rss_kib) / max(1, st.opened)
+        st.tcp_kib = (tcp_mem_kib() - tcp0) / max(1, st.opened)
         log(f"  N={n}: {st.opened} open ({g['wanted'] - g['opened']} failed) in "
             f"{st.connect_wall_s:.1f} s; {fmt(st.connect_per_cpu_s)} sessions per CPU s; "
             f"idle {st.rss_idle_kib:.1f} KiB/agent; load {loadavg()}")
@@ -401,6 +441,12 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
         res.steps.append(st)
     if feed.error:
         log(f"  feed: {feed.error}")
+    # How much of a session is the TLS connection alone: k more connections
+    # that finish their mTLS handshake and then send nothing.
+    if a.tls_only > 0 and fleet.sessions:
+        res.tls_only_kib = await tls_only_probe(target, identities, pid, a.tls_only, a.settle)
+        log(f"  {a.tls_only} more mTLS connections, handshake only (no request, no websocket): "
+            f"{fmt(res.tls_only_kib, 1)} KiB each")
     # Flood: durable events as fast as acks allow.
     if a.flood_seconds > 0 and fleet.sessions:
         fleet.stats = loadgen.Stats()
@@ -637,6 +683,8 @@ def print_table(fr: TargetResult, nr: Optional[TargetResult], ro: dict, agent: d
             fmt(b.rss_idle_kib, 1) if b else "-", ratio(s.rss_idle_kib, b.rss_idle_kib if b else None))
         row("  resident KiB per agent, after load", fmt(s.rss_load_kib, 1),
             fmt(b.rss_load_kib, 1) if b else "-", ratio(s.rss_load_kib, b.rss_load_kib if b else None))
+        row("  kernel TCP buffers KiB per connection (both ends)", fmt(s.tcp_kib, 1),
+            fmt(b.tcp_kib, 1) if b else "-")
         row("  connect+hello per CPU s", fmt(s.connect_per_cpu_s),
             fmt(b.connect_per_cpu_s) if b else "-",
             ratio(s.connect_per_cpu_s, b.connect_per_cpu_s if b else None))
@@ -651,6 +699,9 @@ def print_table(fr: TargetResult, nr: Optional[TargetResult], ro: dict, agent: d
             f"{fmt(b.feed_p50, 1)} / {fmt(b.feed_p99, 1)}" if b else "-")
         row("  send->ack ms p50 / p99", f"{fmt(s.ack_p50, 1)} / {fmt(s.ack_p99, 1)}",
             f"{fmt(b.ack_p50, 1)} / {fmt(b.ack_p99, 1)}" if b else "-")
+    row("mTLS connection alone (no websocket), KiB each", fmt(fr.tls_only_kib, 1),
+        fmt(nr.tls_only_kib, 1) if nr else "-",
+        ratio(fr.tls_only_kib, nr.tls_only_kib if nr else None))
     ff, nf = fr.flood, (nr.flood if nr else {})
     if ff:
         row(f"flood ({ff['sessions']} x {ff['window']} in flight): events/s stored",
@@ -715,6 +766,8 @@ def parse_args():
     ap.add_argument("--health-fixture", default=DEFAULT_FIXTURE, help="a real agent health sample")
     ap.add_argument("--connect-concurrency", type=int, default=64, help="handshakes in flight (64)")
     ap.add_argument("--handshakes", type=int, default=300, help="sequential handshakes measured (300)")
+    ap.add_argument("--tls-only", type=int, default=1000,
+                    help="extra handshake-only connections measured after the series; 0 skips (1000)")
     ap.add_argument("--flood-sessions", type=int, default=200,
                     help="sessions flooding; each stays under the 250/s per-tenant quota (200)")
     ap.add_argument("--flood-window", type=int, default=8, help="events in flight per session (8)")
