@@ -898,7 +898,9 @@ async def amain(a) -> int:
         log(f"factory serve up again in {t:.1f} s with {n_max + a.rollout} tenants (pid {coord.pid})")
         ca = coord.ca_pem()
         ca_file = os.path.join(coord.state, "ca.crt")
-        sources = [f"127.0.0.{i}" for i in range(2, 18)]
+        # Many source addresses: N can pass 64k ports, and no address comes near the
+        # coordinator's 256 handshakes in flight per address (a fleet has one per VM).
+        sources = [f"127.0.0.{i}" for i in range(2, 102)]
         agent_res = {}
         if a.real_agent:
             agent = RealAgent(os.path.abspath(a.agent), coord, work)
