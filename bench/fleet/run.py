@@ -597,7 +597,7 @@ def project(marks: list, n: int) -> Optional[float]:
     mx = sum(p[0] for p in pts) / len(pts)
     my = sum(p[1] for p in pts) / len(pts)
     den = sum((p[0] - mx) ** 2 for p in pts)
-    slope = sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else 0.0
+    slope = max(0.0, sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else 0.0)
     c0 = my - slope * mx
     return c0 * n + slope * n * n / 2
 
@@ -683,8 +683,6 @@ def print_table(fr: TargetResult, nr: Optional[TargetResult], ro: dict, agent: d
             fmt(b.rss_idle_kib, 1) if b else "-", ratio(s.rss_idle_kib, b.rss_idle_kib if b else None))
         row("  resident KiB per agent, after load", fmt(s.rss_load_kib, 1),
             fmt(b.rss_load_kib, 1) if b else "-", ratio(s.rss_load_kib, b.rss_load_kib if b else None))
-        row("  kernel TCP buffers KiB per connection (both ends)", fmt(s.tcp_kib, 1),
-            fmt(b.tcp_kib, 1) if b else "-")
         row("  connect+hello per CPU s", fmt(s.connect_per_cpu_s),
             fmt(b.connect_per_cpu_s) if b else "-",
             ratio(s.connect_per_cpu_s, b.connect_per_cpu_s if b else None))
@@ -750,8 +748,10 @@ def parse_args():
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 2)[2])
     ap.add_argument("--build-dir", default="build", help="where factory and factory-agent are (build)")
-    ap.add_argument("--factory", help="factory binary (default BUILD_DIR/factory)")
-    ap.add_argument("--agent", help="factory-agent binary (default BUILD_DIR/factory-agent)")
+    ap.add_argument("--factory", help="factory binary (default BUILD_DIR/coordinator/factory, "
+                                      "else BUILD_DIR/factory)")
+    ap.add_argument("--agent", help="factory-agent binary (default BUILD_DIR/agent/factory-agent, "
+                                    "else BUILD_DIR/factory-agent)")
     ap.add_argument("--node", default=shutil.which("node") or "/usr/bin/node", help="node binary")
     ap.add_argument("--work", help="scratch folder (default a new one under BUILD_DIR/bench-fleet)")
     ap.add_argument("--series", default="100,1000,5000,10000",
@@ -811,8 +811,12 @@ class Tee:
 
 
 def check_deps(a) -> None:
-    a.factory = a.factory or os.path.join(a.build_dir, "factory")
-    a.agent = a.agent or os.path.join(a.build_dir, "factory-agent")
+    def first(*paths):  # a CMake build tree's layout, else the two binaries side by side
+        return next((p for p in paths if os.access(p, os.X_OK)), paths[0])
+    a.factory = a.factory or first(os.path.join(a.build_dir, "coordinator", "factory"),
+                                   os.path.join(a.build_dir, "factory"))
+    a.agent = a.agent or first(os.path.join(a.build_dir, "agent", "factory-agent"),
+                               os.path.join(a.build_dir, "factory-agent"))
     for p, what in ((a.factory, "factory (build it: cmake --build BUILD_DIR --target factory)"),
                     (a.agent, "factory-agent (cmake --build BUILD_DIR --target factory-agent)")):
         if not os.access(p, os.X_OK):
