@@ -271,6 +271,36 @@ class FeedReader:
             self.task.cancel()
 
 
+# --- the load generator's own lateness ---------------------------------------------------
+
+class LoopLag:
+    """How late this process's event loop runs what it scheduled: a latency
+    figure includes it (the load generator shares the machine's cores), so
+    the runner prints it beside the latencies."""
+
+    def __init__(self, period: float = 0.05):
+        self.period = period
+        self.lags_ms: list[float] = []
+        self.task: Optional[asyncio.Task] = None
+
+    def start(self):
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self):
+        while True:
+            t = time.monotonic()
+            await asyncio.sleep(self.period)
+            self.lags_ms.append(max(0.0, (time.monotonic() - t - self.period) * 1000))
+
+    def take(self) -> list[float]:
+        out, self.lags_ms = self.lags_ms, []
+        return out
+
+    def stop(self):
+        if self.task:
+            self.task.cancel()
+
+
 # --- sessions ---------------------------------------------------------------------
 
 @dataclass

@@ -30,6 +30,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -242,6 +243,8 @@ class Step:
     feed_p99: Optional[float] = None
     ack_p50: Optional[float] = None
     ack_p99: Optional[float] = None
+    lag_p50: Optional[float] = None
+    lag_p99: Optional[float] = None
     errors: dict = field(default_factory=dict)
 
 
@@ -318,44 +321,24 @@ def start_perf(pid: int, data: str, seconds: float) -> subprocess.Popen:
 def finish_perf(p: subprocess.Popen, data: str) -> None:
     p.wait()
     report = data + ".txt"
+    views = [("symbol", ["--sort", "symbol", "--percent-limit", "0.4"]),
+             ("shared object", ["--sort", "dso"]),
+             ("thread", ["--sort", "tid", "--percent-limit", "0.5"])]
     with open(report, "w") as f:
-        f.write(f"# perf record -e cpu-clock -F 499 -g -p <factory serve> -- sleep <window>\n"
-                f"# perf report -i {os.path.basename(data)} --stdio --no-children --sort symbol "
-                f"--percent-limit 0.5 -g none\n")
-        f.flush()
-        subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "--sort",
-                        "symbol", "--percent-limit", "0.5", "-g", "none"],
-                       stdout=f, stderr=subprocess.DEVNULL)
-        f.write("\n# by shared object / thread: perf report --stdio --no-children --sort comm,dso\n")
-        f.flush()
-        subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "--sort",
-                        "comm,dso", "-g", "none"], stdout=f, stderr=subprocess.DEVNULL)
+        f.write("# perf record -e cpu-clock -F 499 -g -p <factory serve> -- sleep <window>\n"
+                "# (no hardware counters on this machine kind: the software cpu-clock is sampled)\n")
+        for title, args in views:
+            cmd = ["perf", "report", "-i", data, "--stdio", "--no-children", "-g", "none"] + args
+            f.write(f"\n# by {title}: {' '.join(cmd[:3])} {os.path.basename(data)} "
+                    f"{' '.join(cmd[5:])}\n")
+            out = subprocess.run(cmd, capture_output=True, text=True).stdout
+            for line in out.splitlines():
+                if not line.strip() or line.startswith("# ...") or line.startswith("# Overhead"):
+                    continue
+                # perf pads every line to the longest symbol, then adds empty IPC columns.
+                line = re.sub(r"\s+-\s+-\s*$", "", line).rstrip()
+                f.write(re.sub(r" {3,}", "  ", line)[:240] + "\n")
     log(f"    profile: {report}")
-
-
-async def tls_only_probe(target: Target, identities: list[Identity], pid: int, k: int,
-                         settle: float) -> Optional[float]:
-    r0 = rss_kib(pid)
-    conns = []
-    sem = asyncio.Semaphore(32)
-
-    async def one(i: int):
-        async with sem:
-            try:
-                ctx = identities[i].context(target.ca_pem)
-                _, w = await asyncio.open_connection(
-                    target.host, target.port, ssl=ctx, server_hostname="127.0.0.1",
-                    local_addr=(target.sources[i % len(target.sources)], 0))
-                conns.append(w)
-            except (OSError, ssl.SSLError, ConnectionError):
-                pass
-    await asyncio.gather(*(one(i) for i in range(min(k, len(identities)))))
-    await asyncio.sleep(settle)
-    r1 = rss_kib(pid)
-    for w in conns:
-        w.close()
-    await asyncio.sleep(1)
-    return (r1 - r0) / len(conns) if conns else None
 
 
 # --- one target --------------------------------------------------------------------------
@@ -378,6 +361,8 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
         die(f"{name}: the live feed did not answer: {feed.error}")
     fleet = Fleet(target, identities, health_body, a.health_interval, a.heartbeat_interval,
                   a.event_interval, a.connect_concurrency)
+    lag = loadgen.LoopLag()
+    lag.start()
     await asyncio.sleep(1.0)
     res.base_rss_kib = rss_kib(pid)
     log(f"  resident before any agent: {res.base_rss_kib} KiB")
@@ -412,6 +397,7 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
         perf = None
         if a.perf and name == "factory" and n == a.series[-1]:
             perf = start_perf(pid, a.perf, a.window)
+        lag.take()
         c0, t0 = cpu_s(pid), time.monotonic()
         await fleet.load(a.window)
         await asyncio.sleep(a.drain)
@@ -430,6 +416,8 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
         st.feed_p50, st.feed_p99 = percentile(lat, 50), percentile(lat, 99)
         st.ack_p50, st.ack_p99 = percentile(s.ack_latencies_ms, 50), percentile(s.ack_latencies_ms, 99)
         st.rss_load_kib = (rss_kib(pid) - res.base_rss_kib) / max(1, st.opened)
+        lags = lag.take()
+        st.lag_p50, st.lag_p99 = percentile(lags, 50), percentile(lags, 99)
         st.errors.update(s.errors)
         if s.backpressure:
             st.errors["sends skipped (client send buffer full)"] = s.backpressure
@@ -437,7 +425,8 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
             f"{fmt(st.cpu_per_1000, 3)} CPU s per 1000, events acked {st.events_acked}/"
             f"{st.events_sent}, feed {st.feed_n} p50 {fmt(st.feed_p50, 1)} p99 "
             f"{fmt(st.feed_p99, 1)} ms, ack p50 {fmt(st.ack_p50, 1)} p99 {fmt(st.ack_p99, 1)} ms, "
-            f"{st.rss_load_kib:.1f} KiB/agent after load; errors {st.errors or 'none'}")
+            f"{st.rss_load_kib:.1f} KiB/agent after load; load generator's loop late p50 "
+            f"{fmt(st.lag_p50, 1)} p99 {fmt(st.lag_p99, 1)} ms; errors {st.errors or 'none'}")
         res.steps.append(st)
     if feed.error:
         log(f"  feed: {feed.error}")
@@ -472,6 +461,7 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
             f"{f['acked']} events stored+acked, {f['per_s']:.0f}/s, {fmt(f['per_cpu_s'])} per CPU s, "
             f"ack p50 {fmt(f['ack_p50'], 1)} p99 {fmt(f['ack_p99'], 1)} ms; errors {f['errors'] or 'none'}")
     feed.stop()
+    lag.stop()
     # Restart: every session reconnects with the agent's backoff and jitter.
     if a.storm and fleet.sessions:
         n = len(fleet.sessions)
@@ -697,6 +687,8 @@ def print_table(fr: TargetResult, nr: Optional[TargetResult], ro: dict, agent: d
             f"{fmt(b.feed_p50, 1)} / {fmt(b.feed_p99, 1)}" if b else "-")
         row("  send->ack ms p50 / p99", f"{fmt(s.ack_p50, 1)} / {fmt(s.ack_p99, 1)}",
             f"{fmt(b.ack_p50, 1)} / {fmt(b.ack_p99, 1)}" if b else "-")
+        row("  (load generator late ms p50 / p99)", f"{fmt(s.lag_p50, 1)} / {fmt(s.lag_p99, 1)}",
+            f"{fmt(b.lag_p50, 1)} / {fmt(b.lag_p99, 1)}" if b else "-")
     row("mTLS connection alone (no websocket), KiB each", fmt(fr.tls_only_kib, 1),
         fmt(nr.tls_only_kib, 1) if nr else "-",
         ratio(fr.tls_only_kib, nr.tls_only_kib if nr else None))
@@ -858,9 +850,10 @@ def raise_fd_limit(n_max: int) -> int:
 async def amain(a) -> int:
     n_max = a.series[-1]
     fd = raise_fd_limit(n_max)
-    if fd < 2 * n_max + 1000:
-        die(f"the file-descriptor limit is {fd}, too low for {n_max} agents; run as root or "
-            f"raise `ulimit -Hn`")
+    # This process holds one target's sessions at a time, plus the handshake-only probe.
+    if fd < n_max + a.tls_only + 1000:
+        die(f"the file-descriptor limit is {fd}, too low for {n_max} agents (+{a.tls_only} "
+            f"probe connections); raise `ulimit -Hn` (as root) or ask for fewer")
     work = a.work or os.path.join(a.build_dir, "bench-fleet", time.strftime("%Y%m%d-%H%M%S"))
     if os.path.exists(os.path.join(work, "state")):
         die(f"{work} is not fresh (it has a state folder); pass another --work")
