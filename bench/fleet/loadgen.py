@@ -402,7 +402,6 @@ class Session:
     async def read_loop(self) -> None:
         """Reads until the connection ends, then (if the fleet says so)
         reconnects with the agent's backoff."""
-        st = self.fleet.stats
         while True:
             try:
                 while True:
@@ -433,7 +432,7 @@ class Session:
                     break
                 except (asyncio.TimeoutError, ConnectionError, OSError, ssl.SSLError,
                         asyncio.IncompleteReadError) as e:
-                    st.error(f"reconnect: {type(e).__name__}")
+                    self.fleet.stats.error(f"reconnect: {type(e).__name__}")  # the current window's
                     if self.writer:
                         self.writer.close()
                     self.writer = None
