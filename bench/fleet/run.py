@@ -712,6 +712,11 @@ def print_table(fr: TargetResult, nr: Optional[TargetResult], ro: dict, agent: d
             fmt(ns.get("all_back_s"), 1) if ns else "-")
         row("  back / failed attempts", f"{fs['back']} / {sum(fs['errors'].values())}",
             f"{ns['back']} / {sum(ns['errors'].values())}" if ns else "-")
+        row("  server CPU s for the storm", fmt(fs["cpu_s"], 1),
+            fmt(ns.get("cpu_s"), 1) if ns else "-", ratio(fs["cpu_s"], ns.get("cpu_s")))
+        if "server_refusals" in fs:
+            row("  refused: stranger pool full (handshakes in flight)", fmt(fs["server_refusals"]),
+                "-")
     w = max(len(r[0]) for r in rows) + 2
     log(f"{'':{w}}{'factory':>22}{'node':>22}{'ratio':>10}")
     for label, f, n, r in rows:
@@ -912,6 +917,12 @@ async def amain(a) -> int:
             "factory", lambda: coord.pid, Target("factory", "127.0.0.1", coord.agents_port, ca, sources),
             ids, health_body, a, coord.api_port, loadgen.client_context(ca), coord.admin_token(),
             restart_coord)
+        if fr.storm:
+            with open(os.path.join(work, f"coordinator.{coord.starts}.log"), errors="replace") as f:
+                fr.storm["server_refusals"] = sum(
+                    "too many connections without a certificate" in line for line in f)
+            log(f"  the restarted coordinator refused {fr.storm['server_refusals']} connections "
+                f"for its stranger pool (handshakes in flight, common/net/server.hpp StrangerLimits)")
         if agent:
             agent_res = agent.sample()
             log(f"\nfactory-agent: {agent_res}")
