@@ -323,7 +323,7 @@ def finish_perf(p: subprocess.Popen, data: str) -> None:
     report = data + ".txt"
     views = [("symbol", ["--sort", "symbol", "--percent-limit", "0.4"]),
              ("shared object", ["--sort", "dso"]),
-             ("thread", ["--sort", "tid", "--percent-limit", "0.5"])]
+             ("thread", ["--sort", "pid", "--percent-limit", "0.5"])]
     with open(report, "w") as f:
         f.write("# perf record -e cpu-clock -F 499 -g -p <factory serve> -- sleep <window>\n"
                 "# (no hardware counters on this machine kind: the software cpu-clock is sampled)\n")
