@@ -780,6 +780,7 @@ def parse_args():
     ap.add_argument("--no-agent", dest="real_agent", action="store_false",
                     help="skip the real factory-agent footprint")
     ap.add_argument("--out", help="also write everything printed to this file")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     ap.add_argument("--perf", metavar="FILE",
                     help="perf record the coordinator over the largest N's load window into FILE "
                          "(and FILE.txt, the report)")
@@ -873,7 +874,8 @@ async def amain(a) -> int:
     log(f"factory {a.factory} (sha256 {hashlib.sha256(open(a.factory, 'rb').read()).hexdigest()[:16]}), "
         f"node {subprocess.run([a.node, '--version'], capture_output=True, text=True).stdout.strip() if a.node_baseline else '-'}, "
         f"{ssl.OPENSSL_VERSION} (client)")
-    log(f"load average at start: {loadavg()}; fd limit {fd}; work {work}")
+    load_start = loadavg()
+    log(f"load average at start: {load_start}; fd limit {fd}; work {work}")
     log(f"series {a.series}; health {a.health_bytes} B every {a.health_interval:g} s, heartbeat "
         f"{a.heartbeat_interval:g} s, event {a.event_interval:g} s; window {a.window:g} s")
 
@@ -944,6 +946,16 @@ async def amain(a) -> int:
                 restart_node)
         print_table(fr, nr, ro, agent_res, a)
         log(f"\nload average at end: {loadavg()}")
+        if a.json:
+            import dataclasses
+            with open(a.json, "w") as f:
+                json.dump({"factory": dataclasses.asdict(fr),
+                           "node": dataclasses.asdict(nr) if nr else None,
+                           "rollout": ro, "agent": agent_res, "series": a.series,
+                           "projection_s": {"tokens": project(ro.get("tokens_marks", []), 10000),
+                                            "enrollments": project(ro.get("enroll_marks", []), 10000)}
+                           if ro else None,
+                           "load_start": load_start, "load_end": loadavg()}, f, indent=1)
         return 0
     finally:
         if agent:
