@@ -341,6 +341,33 @@ def finish_perf(p: subprocess.Popen, data: str) -> None:
     log(f"    profile: {report}")
 
 
+async def tls_only_probe(target: Target, identities: list[Identity], pid: int, k: int,
+                         settle: float) -> Optional[float]:
+    """k more connections that finish their mTLS handshake and send nothing:
+    the server's resident memory for each."""
+    r0 = rss_kib(pid)
+    conns = []
+    sem = asyncio.Semaphore(32)
+
+    async def one(i: int):
+        async with sem:
+            try:
+                ctx = identities[i].context(target.ca_pem)
+                _, w = await asyncio.open_connection(
+                    target.host, target.port, ssl=ctx, server_hostname="127.0.0.1",
+                    local_addr=(target.sources[i % len(target.sources)], 0))
+                conns.append(w)
+            except (OSError, ssl.SSLError, ConnectionError):
+                pass
+    await asyncio.gather(*(one(i) for i in range(min(k, len(identities)))))
+    await asyncio.sleep(settle)
+    r1 = rss_kib(pid)
+    for w in conns:
+        w.close()
+    await asyncio.sleep(1)
+    return (r1 - r0) / len(conns) if conns else None
+
+
 # --- one target --------------------------------------------------------------------------
 
 async def bench_target(name: str, pid_of, target: Target, identities: list[Identity],
