@@ -39,6 +39,7 @@ from typing import Callable, Optional
 asyncio.sslproto.SSLProtocol.max_size = 32 * 1024
 
 AGENT_PATH = "/v1/agent"
+SLOW_MS = 250.0  # an ack later than this is listed by when its event was sent
 AGENT_VERSION = "0.1.0-bench"
 
 # The agent's shipped reconnect policy (agent/link/link.hpp, common/backoff.cpp).
@@ -332,6 +333,7 @@ class Stats:
     errors: dict = field(default_factory=dict)
     ack_latencies_ms: list = field(default_factory=list)
     backpressure: int = 0
+    slow_sends: list = field(default_factory=list)  # monotonic send times of acks slower than SLOW_MS
 
     def error(self, what: str):
         self.errors[what] = self.errors.get(what, 0) + 1
@@ -458,7 +460,11 @@ class Session:
             # Acks are cumulative: everything up to eid is stored.
             now = time.monotonic_ns()
             for e in [e for e in self.in_flight if e <= eid]:
-                st.ack_latencies_ms.append((now - self.in_flight.pop(e)) / 1e6)
+                sent = self.in_flight.pop(e)
+                ms = (now - sent) / 1e6
+                st.ack_latencies_ms.append(ms)
+                if ms > SLOW_MS:
+                    st.slow_sends.append(sent / 1e9)
             if self.flood_window and self.fleet.flooding:
                 while len(self.in_flight) < self.flood_window:
                     self.send_event()

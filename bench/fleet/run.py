@@ -448,6 +448,12 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
         st.errors.update(s.errors)
         if s.backpressure:
             st.errors["sends skipped (client send buffer full)"] = s.backpressure
+        if s.slow_sends:
+            # When in the window the slow events were sent: one cluster is one stall.
+            rel = sorted(x - t0 for x in s.slow_sends)
+            secs = sorted({int(x) for x in rel})
+            log(f"    {len(rel)} events acked later than {loadgen.SLOW_MS:.0f} ms, sent at second(s) "
+                f"{secs[:20]}{' ...' if len(secs) > 20 else ''} of the window")
         log(f"    load {a.window:.0f} s: {st.msgs} msgs ({s.sent}), {st.msgs_per_s:.0f}/s, "
             f"{fmt(st.cpu_per_1000, 3)} CPU s per 1000, events acked {st.events_acked}/"
             f"{st.events_sent}, feed {st.feed_n} p50 {fmt(st.feed_p50, 1)} p99 "
