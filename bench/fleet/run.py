@@ -94,13 +94,14 @@ def write_bytes(pid: int) -> int:
     return 0
 
 
-def tcp_mem_kib() -> int:
-    """The kernel's TCP buffer memory, every socket (/proc/net/sockstat, pages)."""
-    with open("/proc/net/sockstat") as f:
+def slab_unreclaimable_kib() -> int:
+    """The kernel's unreclaimable slab (sockets, their inodes, epoll items):
+    /proc/meminfo SUnreclaim. Machine-wide: both ends of a loopback
+    connection count, and so does whatever else runs."""
+    with open("/proc/meminfo") as f:
         for line in f:
-            if line.startswith("TCP:"):
-                p = line.split()
-                return int(p[p.index("mem") + 1]) * PAGE_KIB
+            if line.startswith("SUnreclaim:"):
+                return int(line.split()[1])
     return 0
 
 
@@ -230,7 +231,7 @@ class Step:
     connect_per_cpu_s: Optional[float] = None
     rss_idle_kib: float = 0
     rss_load_kib: float = 0
-    tcp_kib: float = 0
+    slab_kib: float = 0
     msgs: int = 0
     msgs_per_s: float = 0
     cpu_s: float = 0
@@ -402,7 +403,7 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
         c0 = cpu_s(pid)
         before = len(fleet.sessions)
         if before == 0:
-            tcp0 = tcp_mem_kib()
+            slab0 = slab_unreclaimable_kib()
         g = await fleet.grow(n)
         c1 = cpu_s(pid)
         st.opened = len(fleet.sessions)
@@ -413,10 +414,11 @@ async def bench_target(name: str, pid_of, target: Target, identities: list[Ident
             st.errors.update({"connect " + k: v for k, v in g["failures"].items()})
         await asyncio.sleep(a.settle)
         st.rss_idle_kib = (rss_kib(pid) - res.base_rss_kib) / max(1, st.opened)
-        st.tcp_kib = (tcp_mem_kib() - tcp0) / max(1, st.opened)
+        st.slab_kib = (slab_unreclaimable_kib() - slab0) / max(1, st.opened)
         log(f"  N={n}: {st.opened} open ({g['wanted'] - g['opened']} failed) in "
             f"{st.connect_wall_s:.1f} s; {fmt(st.connect_per_cpu_s)} sessions per CPU s; "
-            f"idle {st.rss_idle_kib:.1f} KiB/agent; load {loadavg()}")
+            f"idle {st.rss_idle_kib:.1f} KiB/agent; kernel slab {st.slab_kib:.1f} KiB per "
+            f"connection (both ends); load {loadavg()}")
         if st.opened < n * 0.99:
             st.errors["fewer sessions than asked"] = n - st.opened
         fleet.stats = loadgen.Stats()
@@ -706,6 +708,8 @@ def print_table(fr: TargetResult, nr: Optional[TargetResult], ro: dict, agent: d
             fmt(b.rss_idle_kib, 1) if b else "-", ratio(s.rss_idle_kib, b.rss_idle_kib if b else None))
         row("  resident KiB per agent, after load", fmt(s.rss_load_kib, 1),
             fmt(b.rss_load_kib, 1) if b else "-", ratio(s.rss_load_kib, b.rss_load_kib if b else None))
+        row("  kernel slab KiB per connection (both ends)", fmt(s.slab_kib, 1),
+            fmt(b.slab_kib, 1) if b else "-")
         row("  connect+hello per CPU s", fmt(s.connect_per_cpu_s),
             fmt(b.connect_per_cpu_s) if b else "-",
             ratio(s.connect_per_cpu_s, b.connect_per_cpu_s if b else None))
