@@ -758,6 +758,13 @@ def print_table(fr: TargetResult, nr: Optional[TargetResult], ro: dict, agent: d
     log(f"{'':{w}}{'factory':>22}{'node':>22}{'ratio':>10}")
     for label, f, n, r in rows:
         log(f"{label:{w}}{f:>22}{n:>22}{r:>10}")
+    print_rollout(ro)
+    if agent:
+        log(f"\nfactory-agent (no GPU, health every 10 s, heartbeat 15 s): "
+            + ", ".join(f"{k} {fmt(v, 2) if isinstance(v, float) else v}" for k, v in agent.items()))
+
+
+def print_rollout(ro: dict) -> None:
     if ro:
         log(f"\nrollout through the API and the agent port (fresh coordinator):")
         log(f"  tokens: {ro['tokens']} in {ro['tokens_s']:.1f} s, CPU {ro['tokens_cpu_s']:.1f} s, "
@@ -770,9 +777,6 @@ def print_table(fr: TargetResult, nr: Optional[TargetResult], ro: dict, agent: d
         pt, pe = project(ro["tokens_marks"], 10000), project(ro["enroll_marks"], 10000)
         log(f"  projected for 10,000 + 10,000 (cost per item growing as measured): tokens "
             f"{fmt(pt)} s + enrollments {fmt(pe)} s")
-    if agent:
-        log(f"\nfactory-agent (no GPU, health every 10 s, heartbeat 15 s): "
-            + ", ".join(f"{k} {fmt(v, 2) if isinstance(v, float) else v}" for k, v in agent.items()))
 
 
 # --- main ----------------------------------------------------------------------------------
@@ -810,6 +814,7 @@ def parse_args():
     ap.add_argument("--storm-timeout", type=float, default=180, help="seconds (180)")
     ap.add_argument("--rollout", type=int, default=1000, help="tokens + enrollments; 0 skips (1000)")
     ap.add_argument("--rollout-cap", type=float, default=120, help="seconds per half (120)")
+    ap.add_argument("--only-rollout", action="store_true", help="the rollout phase alone")
     ap.add_argument("--enroll-concurrency", type=int, default=8, help="(8)")
     ap.add_argument("--target-budget", type=float, default=900,
                     help="seconds per target before larger N are skipped (900)")
@@ -925,6 +930,10 @@ async def amain(a) -> int:
         ro = {}
         if a.rollout > 0:
             ro = await rollout(coord, a.rollout, a.rollout_cap, a.enroll_concurrency)
+            if a.only_rollout:
+                print_rollout(ro)
+                log(f"\nload average at end: {loadavg()}")
+                return 0
         coord.stop()
         import identities
         t0 = time.monotonic()
