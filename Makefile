@@ -14,7 +14,7 @@ endif
 # `make test`'s business.
 DEMO_TARGETS = factory factory-agent
 
-.PHONY: all deps demo-deps test-deps build demo test e2e-vm clean format tidy fuzz sanitize ci-sanitizers bench-endpoint
+.PHONY: all deps demo-deps test-deps build demo test e2e-vm clean format tidy fuzz sanitize ci-sanitizers bench-endpoint bench-fleet
 
 all: build
 
@@ -54,6 +54,15 @@ e2e-vm: test-deps $(BUILD_DIR)/build.ninja
 bench-endpoint: test-deps $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target endpoint_bench
 	$(BUILD_DIR)/bench/endpoint_bench
+
+# The fleet benchmark (bench/fleet/run.py; docs/scale.md quotes it): a real
+# `factory serve` and a Node.js baseline on loopback, the same agent load on
+# both, the table with the ratios. Debian's python3 (with python3-cryptography),
+# not a pyenv one; root or a high `ulimit -Hn` for 10,000 agents.
+BENCH_FLEET_ARGS ?=
+bench-fleet: test-deps $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target factory factory-agent
+	/usr/bin/python3 bench/fleet/run.py --build-dir $(BUILD_DIR) --out $(BUILD_DIR)/bench-fleet/last.txt $(BENCH_FLEET_ARGS)
 
 # Sanitizer and fuzz builds: clang, Release, no debug info. clang 14 cannot
 # compile the two files with coroutines (common/net/ws_client.cpp,

@@ -26,9 +26,10 @@ demo_pkgs=(
 # moves the real binaries' clocks; clang builds the fuzz targets (libFuzzer);
 # clang-format and clang-tidy are the lint tests' (tests/lint, version 14);
 # QEMU, debootstrap and genisoimage boot the real guests of `make e2e-vm`
-# (the provider's seed ISO, the base image, the VMs).
+# (the provider's seed ISO, the base image, the VMs). python3-cryptography
+# issues the fleet benchmark's agent certificates (make bench-fleet).
 test_pkgs=(
-  cloud-init prometheus testssl.sh
+  cloud-init prometheus testssl.sh python3-cryptography
   iproute2 binutils systemd faketime
   clang libclang-rt-14-dev clang-format clang-tidy
   qemu-system-x86 qemu-utils debootstrap genisoimage e2fsprogs
