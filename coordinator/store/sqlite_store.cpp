@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -312,7 +313,7 @@ class SqliteStore final : public Store {
   };
 
   Status refuse_on_writer(const char* what) const {
-    if (std::this_thread::get_id() == writer_id_)
+    if (std::this_thread::get_id() == writer_id_.load())
       return Error(Errc::internal, std::string("store: ") + what +
                                        " called from a store callback would wait for itself");
     return {};
@@ -379,7 +380,10 @@ class SqliteStore final : public Store {
   bool stopping_ = false;
   StoreStats stats_;
   std::thread writer_;
-  std::thread::id writer_id_;
+  // Set by the writer as it starts, read by every caller (refuse_on_writer):
+  // atomic, or the first calls race the writer's start (ThreadSanitizer, in
+  // make ci-sanitizers, on every store test that reopened a store).
+  std::atomic<std::thread::id> writer_id_{};
 };
 
 Status SqliteStore::open() {
