@@ -42,10 +42,11 @@ const eventsPath = arg('events');
 const token = arg('token');
 const idleTimeoutMs = Number(arg('idle-timeout', '60')) * 1000;
 
-const keyStart = pem.indexOf('-----BEGIN PRIVATE KEY-----');
+// The file is the certificate and its key in one PEM bundle (identities.py
+// writes it at run time): OpenSSL reads each from it and skips the other.
 const server = https.createServer({
-  cert: pem.slice(0, keyStart),
-  key: pem.slice(keyStart),
+  cert: pem,
+  key: pem,
   ca,
   requestCert: true,
   rejectUnauthorized: true,
