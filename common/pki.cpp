@@ -206,6 +206,13 @@ std::string sha256_hex(std::string_view data) {
   return to_hex(md, n);
 }
 
+bool is_sha256_hex(std::string_view text) {
+  if (text.size() != 64) return false;
+  for (char c : text)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
 Result<std::string> base64_decode(std::string_view text) {
   if (text.size() % 4 != 0)
     return Error(Errc::invalid_argument, "not base64: length is not a multiple of 4");

@@ -37,6 +37,8 @@ bool key_matches_certificate(const std::string& key_pem, const std::string& cert
 std::string random_hex(size_t bytes);
 std::string random_token_chars(size_t n);  // [a-z0-9]
 std::string sha256_hex(std::string_view data);
+// Whether text is a SHA-256 as sha256_hex writes it: 64 lower-case hex digits.
+bool is_sha256_hex(std::string_view text);
 // Standard base64 (RFC 4648, padded), as Kubernetes Secret data is: an
 // invalid_argument error for anything else.
 Result<std::string> base64_decode(std::string_view text);

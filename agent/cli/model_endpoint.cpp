@@ -10,17 +10,6 @@ namespace factory::agent {
 
 using nlohmann::json;
 
-namespace {
-
-bool is_hex64(const std::string& s) {
-  if (s.size() != 64) return false;
-  for (char c : s)
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
-}
-
-}  // namespace
-
 ModelEndpoint::ModelEndpoint(ModelEndpointOptions opts) : opts_(std::move(opts)) {}
 
 ModelEndpoint::~ModelEndpoint() {
@@ -86,7 +75,7 @@ void ModelEndpoint::on_endpoint(const json& body) {
   std::lock_guard lk(mu_);
   if (!proxy_ || stopping_) return;
   const std::string sha = body.value("key_sha256", "");
-  if (!is_hex64(sha)) {
+  if (!pki::is_sha256_hex(sha)) {
     spdlog::warn("endpoint: the coordinator's endpoint frame has no key hash; ignored");
     return;
   }

@@ -34,13 +34,6 @@ net::HttpResponseOut error_response(int status, const std::string& type, const s
   return net::HttpResponseOut::json(status, error_body(type, code, message));
 }
 
-bool is_lower_hex64(const std::string& s) {
-  if (s.size() != 64) return false;
-  for (char c : s)
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
-}
-
 std::string trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.erase(0, 1);
@@ -58,7 +51,7 @@ Result<std::int64_t> validate(const Credentials& c) {
     return Error(
         Errc::invalid_argument,
         "the endpoint certificate is not for this guest's key (serial " + info->serial_hex + ")");
-  if (!is_lower_hex64(c.key_sha256))
+  if (!pki::is_sha256_hex(c.key_sha256))
     return Error(Errc::invalid_argument,
                  "the API key hash is not 64 lower-case hex characters (SHA-256)");
   return unix_seconds(info->not_after);

@@ -1,27 +1,17 @@
 #include "coordinator/agents/endpoint_grant.hpp"
 
 #include "common/durations.hpp"
+#include "common/pki.hpp"
 
 namespace factory::coordinator {
 
 using nlohmann::json;
 
-namespace {
-
-bool is_hex64(const std::string& s) {
-  if (s.size() != 64) return false;
-  for (char c : s)
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  return true;
-}
-
-}  // namespace
-
 std::optional<json> EndpointGrant::offer(const std::string& tenant) const {
   auto rec = store_.get_tenant(tenant);
   if (!rec || rec->endpoint.empty()) return std::nullopt;
   const std::string sha = rec->endpoint.value("key_sha256", "");
-  if (!is_hex64(sha)) return std::nullopt;
+  if (!pki::is_sha256_hex(sha)) return std::nullopt;
   json body = {{"key_sha256", sha}};
   const std::string url = rec->endpoint.value("url", "");
   if (!url.empty()) body["url"] = url;
