@@ -16,9 +16,11 @@
 #include <boost/beast/http/status.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <csignal>
+#include <deque>
 #include <list>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -244,9 +246,24 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   mutable std::mutex tls_mu;
   std::shared_ptr<asio::ssl::context> tls_ctx;
 
+  // The stranger pool: connections still in their handshake, or done with
+  // it without a certificate. When it is full the acceptor stops taking
+  // connections (they wait in the kernel's listen queue) instead of closing
+  // them: a closed connection doubles a returning agent's backoff, and after
+  // a restart every agent of the fleet returns at once. An address over its
+  // share waits in a bounded queue of accepted sockets (no TLS state yet) for
+  // one of its own slots; only past that bound is it refused.
+  struct Waiting {
+    tcp::socket sock;
+    std::size_t thread;
+    Clock::time_point since;
+  };
   std::mutex strangers_mu;
   std::unordered_map<std::string, std::size_t> strangers_by_address;
+  std::unordered_map<std::string, std::deque<Waiting>> waiting_by_address;
   std::size_t strangers_total = 0;
+  std::size_t waiting_total = 0;
+  bool accept_paused = false;
 
   std::vector<std::shared_ptr<ThreadConns>> threads;  // one per io context
   std::size_t next_thread = 0;                        // the acceptor's, on the main thread
@@ -260,8 +277,16 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
 
   void accept_next();
   void on_accept(const boost::system::error_code& ec, tcp::socket sock, std::size_t thread);
-  bool take_stranger_slot(const std::string& address);
+  void admit(tcp::socket sock, std::size_t thread);
+  void start_conn(tcp::socket sock, std::size_t thread, bool stranger_slot, std::string address);
+  enum class Slot { granted, waiting, refused };
+  // Takes a slot for address, or queues sock to wait for one (then sock is
+  // moved from), or refuses.
+  Slot take_stranger_slot(const std::string& address, tcp::socket& sock, std::size_t thread);
+  // Hands the slot to the next connection waiting at that address, or
+  // returns it to the pool (and resumes a paused acceptor).
   void release_stranger_slot(const std::string& address);
+  void drop_waiting();
   std::shared_ptr<asio::ssl::context> context() const {
     std::lock_guard lk(tls_mu);
     return tls_ctx;
@@ -1136,27 +1161,91 @@ void ThreadConns::close_all() {
   }
 }
 
-bool Server::Impl::take_stranger_slot(const std::string& address) {
+Server::Impl::Slot Server::Impl::take_stranger_slot(const std::string& address, tcp::socket& sock,
+                                                    std::size_t thread) {
   std::lock_guard lk(strangers_mu);
   auto& mine = strangers_by_address[address];
-  if (strangers_total >= opts.strangers.max_total || mine >= opts.strangers.max_per_address) {
-    if (mine == 0) strangers_by_address.erase(address);
-    return false;
+  if (strangers_total < opts.strangers.max_total && mine < opts.strangers.max_per_address) {
+    ++mine;
+    ++strangers_total;
+    return Slot::granted;
   }
-  ++mine;
-  ++strangers_total;
-  return true;
+  if (mine == 0) strangers_by_address.erase(address);
+  if (mine == 0 || waiting_total >= opts.strangers.max_waiting) return Slot::refused;
+  waiting_by_address[address].push_back({std::move(sock), thread, Clock::now()});
+  ++waiting_total;
+  return Slot::waiting;
 }
 
 void Server::Impl::release_stranger_slot(const std::string& address) {
-  std::lock_guard lk(strangers_mu);
-  auto it = strangers_by_address.find(address);
-  if (it != strangers_by_address.end() && --it->second == 0) strangers_by_address.erase(it);
-  if (strangers_total > 0) --strangers_total;
+  std::optional<Waiting> next;
+  bool resume = false;
+  std::vector<tcp::socket> expired;  // closed outside the lock
+  {
+    std::lock_guard lk(strangers_mu);
+    auto wit = waiting_by_address.find(address);
+    if (wit != waiting_by_address.end()) {
+      // The slot passes to the next one waiting at this address that has
+      // not waited past a stranger's deadline (its client has given up).
+      auto& q = wit->second;
+      const auto oldest = Clock::now() - opts.strangers.deadline;
+      while (!q.empty() && !next) {
+        Waiting w = std::move(q.front());
+        q.pop_front();
+        --waiting_total;
+        if (w.since < oldest || stopped)
+          expired.push_back(std::move(w.sock));
+        else
+          next = std::move(w);
+      }
+      if (q.empty()) waiting_by_address.erase(wit);
+    }
+    if (!next) {
+      auto it = strangers_by_address.find(address);
+      if (it != strangers_by_address.end() && --it->second == 0) strangers_by_address.erase(it);
+      if (strangers_total > 0) --strangers_total;
+      if (accept_paused && strangers_total < opts.strangers.max_total) {
+        accept_paused = false;
+        resume = true;
+      }
+    }
+  }
+  counters.deadline_closes += expired.size();
+  for (auto& s : expired) {
+    boost::system::error_code ec;
+    s.close(ec);
+  }
+  if (next) {
+    start_conn(std::move(next->sock), next->thread, true, address);
+  } else if (resume) {
+    asio::post(pool.main(), [self = shared_from_this()] { self->accept_next(); });
+  }
+}
+
+void Server::Impl::drop_waiting() {
+  std::unordered_map<std::string, std::deque<Waiting>> dropped;
+  {
+    std::lock_guard lk(strangers_mu);
+    dropped.swap(waiting_by_address);
+    waiting_total = 0;
+  }
+  for (auto& [address, q] : dropped)
+    for (auto& w : q) {
+      boost::system::error_code ec;
+      w.sock.close(ec);
+    }
 }
 
 void Server::Impl::accept_next() {
   if (stopped) return;
+  if (strangers_apply) {
+    std::lock_guard lk(strangers_mu);
+    if (strangers_total >= opts.strangers.max_total) {
+      // Newcomers wait in the listen queue until a slot is released.
+      accept_paused = true;
+      return;
+    }
+  }
   // Connections are dealt to the io threads in turn; each stays on its own.
   const std::size_t index = next_thread++ % threads.size();
   acceptor.async_accept(
@@ -1178,8 +1267,14 @@ void Server::Impl::on_accept(const boost::system::error_code& ec, tcp::socket so
         [self = shared_from_this(), t](const boost::system::error_code&) { self->accept_next(); });
     return;
   }
-  accept_next();
   counters.accepted++;
+  // Admitted before the next accept, so that the pool's count is current
+  // when accept_next looks at it.
+  admit(std::move(sock), index);
+  accept_next();
+}
+
+void Server::Impl::admit(tcp::socket sock, std::size_t index) {
   boost::system::error_code rec;
   auto remote = sock.remote_endpoint(rec);
   if (rec) return;
@@ -1193,14 +1288,23 @@ void Server::Impl::on_accept(const boost::system::error_code& ec, tcp::socket so
   bool slot = false;
   if (strangers_apply) {
     // Every connection is a stranger until its handshake shows a certificate.
-    if (!take_stranger_slot(address)) {
-      counters.refused_capacity++;
-      spdlog::warn("{}: refusing {}: too many connections without a certificate", opts.name,
-                   address);
-      return;
+    switch (take_stranger_slot(address, sock, index)) {
+      case Slot::granted:
+        slot = true;
+        break;
+      case Slot::waiting:
+        return;
+      case Slot::refused:
+        counters.refused_capacity++;
+        spdlog::warn("{}: refusing {}: too many connections without a certificate from it",
+                     opts.name, address);
+        return;
     }
-    slot = true;
   }
+  start_conn(std::move(sock), index, slot, std::move(address));
+}
+
+void Server::Impl::start_conn(tcp::socket sock, std::size_t index, bool slot, std::string address) {
   auto ctx = context();
   SSL* ssl = SSL_new(ctx->native_handle());
   if (!ssl) {
@@ -1286,6 +1390,7 @@ void Server::stop() {
     boost::system::error_code ec;
     impl->acceptor.close(ec);
   });
+  impl_->drop_waiting();
   for (auto& t : impl_->threads) asio::post(t->io, [t] { t->close_all(); });
 }
 
@@ -1317,6 +1422,7 @@ ServerStats Server::stats() const {
   {
     std::lock_guard lk(impl_->strangers_mu);
     s.strangers_open = impl_->strangers_total;
+    s.strangers_waiting = impl_->waiting_total;
   }
   return s;
 }

@@ -183,8 +183,14 @@ struct StrangerLimits {
   std::size_t max_message = 64 * 1024;  // websocket messages before a certificate
   std::size_t max_request_body = 4 * 1024;
   std::chrono::seconds deadline{10};  // a stranger's whole connection
-  std::size_t max_total = 4096;       // strangers (and handshakes) at once
+  // Strangers (and handshakes) at once. When the pool is full, new
+  // connections wait in the listen queue: they are not refused.
+  std::size_t max_total = 4096;
+  // One address's share of the pool. Past it, its connections wait (up to
+  // max_waiting of them in all, each at most `deadline`) for a slot of that
+  // address: many agents behind one NAT come back after a restart.
   std::size_t max_per_address = 256;
+  std::size_t max_waiting = 16384;
 };
 
 struct ServerOptions {
@@ -211,7 +217,8 @@ struct ServerStats {
   std::uint64_t accepted = 0;
   std::uint64_t open = 0;
   std::uint64_t strangers_open = 0;
-  std::uint64_t refused_capacity = 0;  // max_connections or stranger pool full
+  std::uint64_t strangers_waiting = 0;  // accepted, waiting for their address's slot
+  std::uint64_t refused_capacity = 0;  // max_connections, or an address past its share and the wait
   std::uint64_t handshake_failures = 0;
   std::uint64_t handshakes_full = 0;
   std::uint64_t handshakes_resumed = 0;

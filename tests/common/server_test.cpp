@@ -13,6 +13,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -517,6 +518,7 @@ TEST_F(ServerTest, StrangersAreCappedPerAddressButNotThoseWithCertificates) {
   });
   auto o = options(true);
   o.strangers.max_per_address = 3;
+  o.strangers.max_waiting = 0;  // no queue: past its share an address is refused
   start(o);
   std::vector<std::unique_ptr<RawTlsClient>> held;
   for (int i = 0; i < 3; ++i) held.push_back(connect());
@@ -551,6 +553,110 @@ TEST_F(ServerTest, StrangersAreCappedPerAddressButNotThoseWithCertificates) {
     EXPECT_NE(r->find("\"cert\":true"), std::string::npos);
     agents.push_back(std::move(a));
   }
+}
+
+// What a returning agent does after a coordinator restart: connect with its
+// certificate while the stranger pool is full of handshakes. It waits in the
+// listen queue and is served when a slot frees; it is not refused (a refusal
+// doubles its backoff, and a fleet returning at once would mostly be refused).
+TEST_F(ServerTest, WhenTheStrangerPoolIsFullNewcomersWaitAndAreNotRefused) {
+  http_ = immediate([](auto&, const PeerInfo& p) {
+    return HttpResponseOut::json(
+        200, std::string("{\"cert\":") + (p.has_client_cert ? "true" : "false") + "}");
+  });
+  auto o = options(true);
+  o.strangers.max_total = 2;
+  start(o);
+  std::vector<std::unique_ptr<RawTlsClient>> held;
+  held.push_back(connect());
+  auto other = client_options();
+  other.source_address = "127.0.0.2";
+  held.push_back(connect(other));
+  ASSERT_TRUE(factory::testing::eventually([&] { return server_->stats().strangers_open == 2; }));
+
+  auto copts = client_options();
+  copts.cert_pem = pem("client.crt");
+  copts.key_pem = pem("client.key");
+  copts.source_address = "127.0.0.3";
+  copts.timeout = 10s;
+  auto agent = std::async(std::launch::async, [copts]() -> Result<std::string> {
+    auto c = RawTlsClient::connect(copts);
+    if (!c) return c.error();
+    if (auto st = (*c)->write(get("/x")); !st.ok()) return st.error();
+    return (*c)->read_until("}", 10s);
+  });
+  // Its TCP connection is in the listen queue; its handshake has not begun.
+  EXPECT_EQ(agent.wait_for(700ms), std::future_status::timeout);
+  EXPECT_EQ(server_->stats().refused_capacity, 0u);
+
+  held.erase(held.begin());  // a stranger leaves: its slot goes to the one waiting
+  ASSERT_EQ(agent.wait_for(8s), std::future_status::ready);
+  auto r = agent.get();
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_NE(r->find("\"cert\":true"), std::string::npos) << *r;
+  EXPECT_EQ(server_->stats().refused_capacity, 0u);
+  // Once its handshake showed a certificate it is no stranger: the slot is
+  // back in the pool, and the acceptor takes the next newcomer at once.
+  ASSERT_TRUE(factory::testing::eventually([&] { return server_->stats().strangers_open == 1; }));
+  auto next = connect(other);
+  ASSERT_TRUE(next);
+  ASSERT_TRUE(next->write(get("/x")).ok());
+  EXPECT_TRUE(next->read_until("}", 5s).ok());
+}
+
+// Many agents behind one NAT: an address past its share waits for a slot of
+// its own (other addresses are served meanwhile), in a bounded queue; past
+// the queue it is refused.
+TEST_F(ServerTest, AnAddressPastItsShareWaitsForItsOwnSlotInABoundedQueue) {
+  http_ = immediate([](auto&, const PeerInfo& p) {
+    return HttpResponseOut::json(
+        200, std::string("{\"cert\":") + (p.has_client_cert ? "true" : "false") + "}");
+  });
+  auto o = options(true);
+  o.strangers.max_per_address = 2;
+  o.strangers.max_waiting = 1;
+  start(o);
+  std::vector<std::unique_ptr<RawTlsClient>> held;
+  for (int i = 0; i < 2; ++i) held.push_back(connect());
+  ASSERT_TRUE(factory::testing::eventually([&] { return server_->stats().strangers_open == 2; }));
+
+  auto copts = client_options();
+  copts.cert_pem = pem("client.crt");
+  copts.key_pem = pem("client.key");
+  copts.timeout = 10s;
+  auto agent = std::async(std::launch::async, [copts]() -> Result<std::string> {
+    auto c = RawTlsClient::connect(copts);
+    if (!c) return c.error();
+    if (auto st = (*c)->write(get("/x")); !st.ok()) return st.error();
+    return (*c)->read_until("}", 10s);
+  });
+  ASSERT_TRUE(
+      factory::testing::eventually([&] { return server_->stats().strangers_waiting == 1; }));
+  EXPECT_EQ(agent.wait_for(300ms), std::future_status::timeout);
+
+  // The queue is full: one more from that address is refused.
+  auto refused_opts = client_options();
+  refused_opts.timeout = 3s;
+  auto refused = RawTlsClient::connect(refused_opts);
+  if (refused.ok()) {
+    EXPECT_TRUE((*refused)->wait_closed(2s));
+  }
+  EXPECT_EQ(server_->stats().refused_capacity, 1u);
+
+  // Another address is served meanwhile.
+  auto other_opts = client_options();
+  other_opts.source_address = "127.0.0.2";
+  auto other = connect(other_opts);
+  ASSERT_TRUE(other);
+  ASSERT_TRUE(other->write(get("/x")).ok());
+  EXPECT_TRUE(other->read_until("}", 5s).ok());
+
+  held.pop_back();  // the address's own slot frees: the one waiting is served
+  ASSERT_EQ(agent.wait_for(8s), std::future_status::ready);
+  auto r = agent.get();
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_NE(r->find("\"cert\":true"), std::string::npos) << *r;
+  EXPECT_EQ(server_->stats().strangers_waiting, 0u);
 }
 
 TEST_F(ServerTest, ClientCertificateIsInThePeerInfo) {
