@@ -1,7 +1,11 @@
 #include "coordinator/enroll/tokens.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <tuple>
 
 #include "common/atomic_file.hpp"
 #include "common/pki.hpp"
@@ -14,6 +18,12 @@ using nlohmann::json;
 namespace {
 
 constexpr int kFormatVersion = 1;
+constexpr int kJournalVersion = 1;
+// A journal is folded into the snapshot once it holds more records than the
+// book has tokens, and never below this many.
+constexpr std::uint64_t kMinCompactRecords = 256;
+// Retention is applied at most this often: each pass looks at every token.
+constexpr std::chrono::minutes kPruneEvery{1};
 
 bool token_chars(std::string_view s, size_t len) {
   return s.size() == len && std::all_of(s.begin(), s.end(), [](char c) {
@@ -93,6 +103,20 @@ Result<TokenRecord> from_json(const json& j) {
   return t;
 }
 
+std::optional<std::uint64_t> generation_of(const json& doc, const char* key) {
+  if (!doc.contains(key)) return std::nullopt;
+  if (!doc[key].is_number_unsigned()) return std::nullopt;
+  return doc[key].get<std::uint64_t>();
+}
+
+std::string journal_header(std::uint64_t generation) {
+  return json{{"journal", kJournalVersion}, {"generation", generation}}.dump() + "\n";
+}
+
+bool older_than_retention(const TokenRecord& t, Clock::time_point now) {
+  return now - t.expires_at > kTokenRetention || (t.used_at && now - *t.used_at > kTokenRetention);
+}
+
 Error unauthenticated(const std::string& why) {
   return Error(Errc::unauthenticated, why);
 }
@@ -106,46 +130,186 @@ std::string token_state(const TokenRecord& t, Clock::time_point now) {
   return "active";
 }
 
+namespace {
+
+// One journal line applied to the book being loaded.
+Status apply_record(const json& r, std::unordered_map<std::string, TokenRecord>& tokens) {
+  if (!r.is_object() || !r.contains("op") || !r["op"].is_string())
+    return Error(Errc::invalid_argument, "a record without an 'op'");
+  const std::string op = r["op"].get<std::string>();
+  auto known = [&](const json& id) -> Result<TokenRecord*> {
+    if (!id.is_string()) return Error(Errc::invalid_argument, op + ": an id that is not a string");
+    auto it = tokens.find(id.get<std::string>());
+    if (it == tokens.end())
+      return Error(Errc::invalid_argument, op + " of unknown token " + id.get<std::string>());
+    return &it->second;
+  };
+  if (op == "issue") {
+    if (!r.contains("token")) return Error(Errc::invalid_argument, "issue without a token");
+    auto t = from_json(r["token"]);
+    if (!t.ok()) return t.error();
+    if (tokens.contains(t->id))
+      return Error(Errc::invalid_argument, "token id " + t->id + " appears twice");
+    std::string id = t->id;
+    tokens.emplace(std::move(id), std::move(*t));
+    return {};
+  }
+  if (op == "use") {
+    if (!r.contains("id")) return Error(Errc::invalid_argument, "use without an id");
+    auto t = known(r["id"]);
+    if (!t.ok()) return t.error();
+    auto at = time_field(r, "at");
+    if (!at.ok()) return at.error();
+    (*t)->used_at = *at;
+    return {};
+  }
+  if (op == "revoke") {
+    if (!r.contains("ids") || !r["ids"].is_array())
+      return Error(Errc::invalid_argument, "revoke without an 'ids' array");
+    for (const json& id : r["ids"]) {
+      auto t = known(id);
+      if (!t.ok()) return t.error();
+      (*t)->revoked = true;
+    }
+    return {};
+  }
+  return Error(Errc::invalid_argument, "unknown op '" + op + "'");
+}
+
+}  // namespace
+
 Result<TokenBook> TokenBook::load(const fs::path& path) {
   TokenBook book(path);
   std::error_code ec;
-  if (!fs::exists(path, ec)) {
-    if (ec) return Error(Errc::io, "token book " + path.string() + ": " + ec.message());
-    return book;
+  const bool have_snapshot = fs::exists(path, ec);
+  if (ec) return Error(Errc::io, "token book " + path.string() + ": " + ec.message());
+  if (have_snapshot) {
+    auto text = read_file(path);
+    if (!text.ok()) return text.error().with_context("load token book");
+    auto corrupt = [&](const std::string& why) {
+      return Error(
+          Errc::failed_precondition,
+          "token book " + path.string() + " is corrupt (" + why +
+              "); repair it, or remove it and its journal to start empty (outstanding tokens "
+              "then stop working)");
+    };
+    json doc = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) return corrupt("not valid JSON");
+    if (!doc.is_object() || !doc.contains("tokens") || !doc["tokens"].is_array())
+      return corrupt("no 'tokens' array");
+    if (!doc.contains("version") || doc["version"] != kFormatVersion)
+      return corrupt("unsupported format version, expected " + std::to_string(kFormatVersion));
+    if (doc.contains("generation")) {
+      auto g = generation_of(doc, "generation");
+      if (!g) return corrupt("'generation' is not a non-negative integer");
+      book.generation_ = *g;
+    }
+    for (const json& entry : doc["tokens"]) {
+      auto t = from_json(entry);
+      if (!t.ok()) return corrupt(t.error().message);
+      if (book.tokens_.contains(t->id)) return corrupt("token id " + t->id + " appears twice");
+      std::string id = t->id;
+      book.tokens_.emplace(std::move(id), std::move(*t));
+    }
   }
-  auto text = read_file(path);
-  if (!text.ok()) return text.error().with_context("load token book");
-  auto corrupt = [&](const std::string& why) {
-    return Error(
-        Errc::failed_precondition,
-        "token book " + path.string() + " is corrupt (" + why +
-            "); repair it, or remove it to start empty (outstanding tokens then stop working)");
-  };
-  json doc = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return corrupt("not valid JSON");
-  if (!doc.is_object() || !doc.contains("tokens") || !doc["tokens"].is_array())
-    return corrupt("no 'tokens' array");
-  if (!doc.contains("version") || doc["version"] != kFormatVersion)
-    return corrupt("unsupported format version, expected " + std::to_string(kFormatVersion));
-  for (const json& entry : doc["tokens"]) {
-    auto t = from_json(entry);
-    if (!t.ok()) return corrupt(t.error().message);
-    for (const TokenRecord& other : book.tokens_)
-      if (other.id == t->id) return corrupt("token id " + t->id + " appears twice");
-    book.tokens_.push_back(std::move(*t));
+
+  const fs::path jpath = book.journal_path();
+  if (fs::exists(jpath, ec)) {
+    auto text = read_file(jpath);
+    if (!text.ok()) return text.error().with_context("load token journal");
+    auto corrupt = [&](std::size_t offset, const std::string& why) {
+      return Error(Errc::failed_precondition,
+                   "token journal " + jpath.string() + " is corrupt at byte " +
+                       std::to_string(offset) + " (" + why +
+                       "); repair that line, or remove the journal and revoke the tokens issued "
+                       "since " +
+                       path.filename().string() +
+                       " was written (the uses and revocations it holds are lost with it)");
+    };
+    std::size_t pos = 0;
+    bool header = true;
+    while (pos < text->size()) {
+      std::size_t nl = text->find('\n', pos);
+      // A last line without its newline is an append a crash cut short: it
+      // was never acknowledged, so it is dropped (and cut off before the
+      // next append).
+      if (nl == std::string::npos) break;
+      json r = json::parse(std::string_view(*text).substr(pos, nl - pos), nullptr,
+                           /*allow_exceptions=*/false);
+      if (header) {
+        header = false;
+        auto g = r.is_object() && r.value("journal", 0) == kJournalVersion
+                     ? generation_of(r, "generation")
+                     : std::nullopt;
+        if (!g) return corrupt(pos, "not a journal header");
+        if (*g > book.generation_)
+          return corrupt(pos, "generation " + std::to_string(*g) + " is newer than the book's " +
+                                  std::to_string(book.generation_));
+        // Older: a compaction already folded it into the snapshot (a crash
+        // came before the new journal replaced it). Not replayed.
+        if (*g < book.generation_) break;
+        book.journal_current_ = true;
+      } else {
+        if (r.is_discarded()) return corrupt(pos, "not valid JSON");
+        if (auto st = apply_record(r, book.tokens_); !st.ok())
+          return corrupt(pos, st.error().message);
+        ++book.journal_lines_;
+      }
+      pos = nl + 1;
+      book.journal_good_bytes_ = pos;
+    }
+  } else if (ec) {
+    return Error(Errc::io, "token journal " + jpath.string() + ": " + ec.message());
   }
+  book.compact_after_ = std::max<std::uint64_t>(kMinCompactRecords, book.tokens_.size());
   return book;
 }
 
-Status TokenBook::save(Clock::time_point now) {
-  // Old used / expired entries only make the file grow; after a day a retry
-  // with such a token reads "unknown token", which is just as much a refusal.
-  std::erase_if(tokens_, [&](const TokenRecord& t) {
-    return now - t.expires_at > kTokenRetention ||
-           (t.used_at && now - *t.used_at > kTokenRetention);
+Status TokenBook::open_journal() {
+  if (journal_.is_open()) return {};
+  const fs::path jpath = journal_path();
+  std::error_code ec;
+  fs::path dir = path_.parent_path();
+  if (!dir.empty() && !fs::exists(dir, ec)) {
+    if (auto st = ensure_dir(dir, 0700); !st.ok()) return st;
+  }
+  if (!journal_current_) {
+    // A book's first change: with no snapshot and no journal nothing is on
+    // disk yet, so an empty snapshot says so (and the book's file exists,
+    // 0600, from the start).
+    if (!fs::exists(path_, ec)) {
+      json empty = {
+          {"version", kFormatVersion}, {"generation", generation_}, {"tokens", json::array()}};
+      if (auto st = write_file_atomic(path_, empty.dump() + "\n", 0600); !st.ok()) return st;
+    }
+    // This generation's journal starts empty, replacing a folded one whole.
+    std::string h = journal_header(generation_);
+    if (auto st = write_file_atomic(jpath, h, 0600); !st.ok()) return st;
+    journal_current_ = true;
+    journal_lines_ = 0;
+    journal_good_bytes_ = h.size();
+  } else if (fs::file_size(jpath, ec) > journal_good_bytes_ && !ec) {
+    // A torn tail (a crash, or an append that failed part way): cut it off
+    // so the next record does not follow half a line.
+    if (::truncate(jpath.c_str(), static_cast<off_t>(journal_good_bytes_)) != 0)
+      return errno_error("truncate " + jpath.string(), errno);
+  }
+  auto a = DurableAppender::open(jpath, 0600);
+  if (!a.ok()) return a.error();
+  journal_ = std::move(*a);
+  return {};
+}
+
+Status TokenBook::compact() {
+  std::vector<TokenRecord> all;
+  all.reserve(tokens_.size());
+  for (const auto& [id, t] : tokens_) all.push_back(t);
+  std::sort(all.begin(), all.end(), [](const TokenRecord& a, const TokenRecord& b) {
+    return std::tie(a.created_at, a.id) < std::tie(b.created_at, b.id);
   });
-  json doc = {{"version", kFormatVersion}, {"tokens", json::array()}};
-  for (const TokenRecord& t : tokens_) doc["tokens"].push_back(to_json(t));
+  json doc = {
+      {"version", kFormatVersion}, {"generation", generation_ + 1}, {"tokens", json::array()}};
+  for (const TokenRecord& t : all) doc["tokens"].push_back(to_json(t));
   std::error_code ec;
   fs::path dir = path_.parent_path();
   if (!dir.empty() && !fs::exists(dir, ec)) {
@@ -153,7 +317,43 @@ Status TokenBook::save(Clock::time_point now) {
   }
   // The file holds no secrets, only their hashes; 0600 anyway, as the hashes
   // and tenant names are nobody else's business.
-  return write_file_atomic(path_, doc.dump(2) + "\n", 0600);
+  if (auto st = write_file_atomic(path_, doc.dump(1) + "\n", 0600); !st.ok()) return st;
+  ++generation_;
+  journal_.close();
+  journal_current_ = false;  // the next change starts the new generation's journal
+  journal_lines_ = 0;
+  compact_after_ = std::max<std::uint64_t>(kMinCompactRecords, tokens_.size());
+  return {};
+}
+
+Status TokenBook::record(const std::string& line) {
+  if (auto st = open_journal(); !st.ok()) return st;
+  if (auto st = journal_.append(line + "\n"); !st.ok()) {
+    // What reached the file is cut off before the next append.
+    journal_.close();
+    return st;
+  }
+  ++journal_lines_;
+  journal_good_bytes_ += line.size() + 1;
+  if (journal_lines_ >= compact_after_) {
+    // The change is already durable in the journal: a snapshot that cannot
+    // be written now is tried again after as many records more.
+    if (!compact().ok())
+      compact_after_ += std::max<std::uint64_t>(kMinCompactRecords, tokens_.size());
+  }
+  return {};
+}
+
+void TokenBook::prune(Clock::time_point now) {
+  // Old used / expired entries only make the book grow; after a day a retry
+  // with such a token reads "unknown token", which is just as much a refusal.
+  if (now >= last_prune_ && now - last_prune_ < kPruneEvery) return;
+  last_prune_ = now;
+  auto n =
+      std::erase_if(tokens_, [&](const auto& kv) { return older_than_retention(kv.second, now); });
+  // Only a snapshot forgets: a failure leaves them in the files, where the
+  // next pass finds them again.
+  if (n > 0) (void)compact();
 }
 
 Result<IssuedToken> TokenBook::issue(const std::string& tenant, std::chrono::seconds ttl,
@@ -164,68 +364,71 @@ Result<IssuedToken> TokenBook::issue(const std::string& tenant, std::chrono::sec
   if (ttl <= std::chrono::seconds(0))
     return Error(Errc::invalid_argument, "create token: TTL must be positive (e.g. 1h)");
   now = floor_seconds(now);
+  prune(now);
   TokenRecord rec;
   // 36^6 ids: a clash is rare but would make one of two tokens unusable.
   do {
     rec.id = pki::random_token_chars(kTokenIdLength);
-  } while (std::any_of(tokens_.begin(), tokens_.end(),
-                       [&](const TokenRecord& t) { return t.id == rec.id; }));
+  } while (tokens_.contains(rec.id));
   std::string secret = pki::random_token_chars(kTokenSecretLength);
   rec.tenant = tenant;
   rec.secret_sha256 = pki::sha256_hex(secret);
   rec.created_at = now;
   rec.expires_at = now + ttl;
-  tokens_.push_back(rec);
-  if (auto st = save(now); !st.ok()) {
+  tokens_.emplace(rec.id, rec);
+  if (auto st = record(json{{"op", "issue"}, {"token", to_json(rec)}}.dump()); !st.ok()) {
     // Never shown, so never usable: take it back out.
-    std::erase_if(tokens_, [&](const TokenRecord& t) { return t.id == rec.id; });
+    tokens_.erase(rec.id);
     return st.error().with_context("create token");
   }
   return IssuedToken{rec.id + "." + secret, rec.id, rec.tenant, rec.expires_at};
 }
 
-Result<std::vector<TokenRecord>::iterator> TokenBook::find_valid(std::string_view token,
-                                                                 Clock::time_point now) {
+Result<TokenRecord*> TokenBook::find_valid(std::string_view token, Clock::time_point now) {
   token = trim(token);
   size_t dot = token.find('.');
   if (dot == std::string_view::npos || !token_chars(token.substr(0, dot), kTokenIdLength) ||
       !token_chars(token.substr(dot + 1), kTokenSecretLength))
     return unauthenticated("token malformed (expected <6 chars>.<32 chars> of a-z0-9)");
-  std::string_view id = token.substr(0, dot);
+  std::string id(token.substr(0, dot));
   std::string_view secret = token.substr(dot + 1);
 
-  auto it = std::find_if(tokens_.begin(), tokens_.end(),
-                         [&](const TokenRecord& t) { return t.id == id; });
+  auto it = tokens_.find(id);
   // Hash, then compare in constant time, so the time taken says nothing about
   // how much of the secret was right.
-  if (it == tokens_.end() || !pki::secure_equals(pki::sha256_hex(secret), it->secret_sha256))
-    return unauthenticated("unknown token '" + std::string(id) + "'");
-  if (it->revoked) return unauthenticated("token revoked");
-  if (it->used_at) return unauthenticated("token already used at " + format_rfc3339(*it->used_at));
-  if (now >= it->expires_at)
-    return unauthenticated("token expired at " + format_rfc3339(it->expires_at));
-  return it;
+  std::string hash = pki::sha256_hex(secret);
+  if (it == tokens_.end() || !pki::secure_equals(hash, it->second.secret_sha256))
+    return unauthenticated("unknown token '" + id + "'");
+  TokenRecord& t = it->second;
+  if (t.revoked) return unauthenticated("token revoked");
+  if (t.used_at) return unauthenticated("token already used at " + format_rfc3339(*t.used_at));
+  if (now >= t.expires_at)
+    return unauthenticated("token expired at " + format_rfc3339(t.expires_at));
+  return &t;
 }
 
 Result<std::string> TokenBook::check(std::string_view token, Clock::time_point now) const {
   std::lock_guard lk(*mu_);
-  auto it = const_cast<TokenBook*>(this)->find_valid(token, floor_seconds(now));
-  if (!it) return it.error();
-  return (*it)->tenant;
+  auto t = const_cast<TokenBook*>(this)->find_valid(token, floor_seconds(now));
+  if (!t) return t.error();
+  return (*t)->tenant;
 }
 
 Result<std::string> TokenBook::redeem(std::string_view token, Clock::time_point now) {
   std::lock_guard lk(*mu_);
   now = floor_seconds(now);
+  prune(now);
   auto found = find_valid(token, now);
   if (!found) return found.error();
-  auto it = *found;
+  TokenRecord& t = **found;
   // Fail closed: once we try to record the use, the token stays used in this
   // process even if the write failed (the admin makes a new token).
-  it->used_at = now;
-  std::string tenant = it->tenant;
-  if (auto st = save(now); !st.ok())
-    return Error(Errc::unavailable, "could not record token '" + it->id + "' as used (" +
+  t.used_at = now;
+  std::string tenant = t.tenant;
+  std::string id = t.id;
+  json r = {{"op", "use"}, {"id", id}, {"at", format_rfc3339(now)}};
+  if (auto st = record(r.dump()); !st.ok())
+    return Error(Errc::unavailable, "could not record token '" + id + "' as used (" +
                                         st.error().message +
                                         "); it is refused, create a new token");
   return tenant;
@@ -233,22 +436,30 @@ Result<std::string> TokenBook::redeem(std::string_view token, Clock::time_point 
 
 std::vector<TokenRecord> TokenBook::list() const {
   std::lock_guard lk(*mu_);
-  return tokens_;
+  std::vector<TokenRecord> all;
+  all.reserve(tokens_.size());
+  for (const auto& [id, t] : tokens_) all.push_back(t);
+  std::sort(all.begin(), all.end(), [](const TokenRecord& a, const TokenRecord& b) {
+    return std::tie(a.created_at, a.id) < std::tie(b.created_at, b.id);
+  });
+  return all;
 }
 
 Result<size_t> TokenBook::revoke_tenant(const std::string& tenant, Clock::time_point now) {
   std::lock_guard lk(*mu_);
-  size_t n = 0;
-  for (TokenRecord& t : tokens_) {
+  now = floor_seconds(now);
+  prune(now);
+  json ids = json::array();
+  for (auto& [id, t] : tokens_) {
     if (t.tenant == tenant && !t.used_at && !t.revoked) {
       t.revoked = true;
-      ++n;
+      ids.push_back(id);
     }
   }
-  if (n == 0) return n;
-  if (auto st = save(floor_seconds(now)); !st.ok())
+  if (ids.empty()) return size_t{0};
+  if (auto st = record(json{{"op", "revoke"}, {"ids", ids}}.dump()); !st.ok())
     return st.error().with_context("revoke tokens of " + tenant);
-  return n;
+  return ids.size();
 }
 
 }  // namespace factory::enroll

@@ -3,8 +3,18 @@
 // "<id>.<secret>", id 6 and secret 32 characters of [a-z0-9]. The id names
 // the token in listings and logs; the secret is shown once, when issued, and
 // only its SHA-256 is kept (the secret's ~165 random bits make a slow hash
-// unnecessary). The book lives in one JSON file, mode 0600, rewritten
-// atomically on every change. Thread-safe.
+// unnecessary). Thread-safe.
+//
+// On disk (mode 0600): a snapshot, `tokens.json`, and a journal beside it,
+// `tokens.json.journal`, one JSON line per change (issue, use, revoke),
+// fdatasync'd before the change is acknowledged. The snapshot is rewritten
+// only when the journal has grown past the live tokens (or something was
+// pruned), so a fleet's rollout writes in proportion to its size, not its
+// square. Both carry a generation: a journal whose generation is not the
+// snapshot's was folded into it by a compaction a crash interrupted, and is
+// not replayed. A torn last line (a crash mid-append, never acknowledged) is
+// dropped; any other damage refuses the load, as for the snapshot: a lost
+// "use" or "revoke" would make a token good again.
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -12,8 +22,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
+#include "common/atomic_file.hpp"
 #include "common/durations.hpp"
 #include "common/error.hpp"
 
@@ -70,19 +82,34 @@ class TokenBook {
   // Revokes every unused token of the tenant not revoked yet; returns how many.
   Result<size_t> revoke_tenant(const std::string& tenant, Clock::time_point now = Clock::now());
 
+  // Every token the book holds, oldest first.
   std::vector<TokenRecord> list() const;
   const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path journal_path() const { return path_.string() + ".journal"; }
 
  private:
   explicit TokenBook(std::filesystem::path path)
       : path_(std::move(path)), mu_(std::make_unique<std::mutex>()) {}
-  Status save(Clock::time_point now);
+  // Appends one change to the journal (opening or starting it first), then
+  // compacts when the journal has outgrown the book.
+  Status record(const std::string& line);
+  Status open_journal();
+  // Rewrites the snapshot as the book is now, then starts an empty journal.
+  Status compact();
+  // Drops tokens past their retention; compacts when any went.
+  void prune(Clock::time_point now);
   // The token's entry if it may be redeemed now, else why not.
-  Result<std::vector<TokenRecord>::iterator> find_valid(std::string_view token,
-                                                        Clock::time_point now);
+  Result<TokenRecord*> find_valid(std::string_view token, Clock::time_point now);
 
   std::filesystem::path path_;
-  std::vector<TokenRecord> tokens_;
+  std::unordered_map<std::string, TokenRecord> tokens_;  // by id
+  std::uint64_t generation_ = 0;
+  DurableAppender journal_;
+  std::uint64_t journal_lines_ = 0;       // records in the current journal
+  std::uint64_t journal_good_bytes_ = 0;  // before a torn tail found at load
+  bool journal_current_ = false;          // the file on disk is this generation's
+  std::uint64_t compact_after_ = 0;       // journal records that trigger a compaction
+  Clock::time_point last_prune_{};
   // Enrollments (on workers) and the API (token create) use the book at once.
   std::unique_ptr<std::mutex> mu_;
 };

@@ -1,8 +1,12 @@
 // Bootstrap tokens: one use each, bound to a tenant, stored hashed, and the
 // book on disk is the truth (a fresh load after every operation sees it).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <csignal>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "common/atomic_file.hpp"
@@ -156,7 +160,8 @@ TEST(EnrollTokens, TheFileNeverHoldsTheSecret) {
   ASSERT_TRUE(book.redeem(t2, t0).ok());
   ASSERT_TRUE(book.revoke_tenant("team-a", t0).ok());
 
-  std::string text = factory::testing::slurp(path);
+  // The snapshot and the journal together hold every change.
+  std::string text = factory::testing::slurp(path) + factory::testing::slurp(book.journal_path());
   for (const std::string& t : {t1, t2}) {
     std::string secret = t.substr(7);
     EXPECT_EQ(text.find(secret), std::string::npos) << "secret of " << t.substr(0, 6) << " on disk";
@@ -165,13 +170,16 @@ TEST(EnrollTokens, TheFileNeverHoldsTheSecret) {
     EXPECT_NE(text.find(t.substr(0, 6)), std::string::npos);  // the id is not secret
   }
   // And grep, as an admin would check it.
-  auto grep = factory::testing::run({"grep", "-c", t1.substr(7), path.string()});
+  auto grep = factory::testing::run(
+      {"grep", "-c", t1.substr(7), path.string(), book.journal_path().string()});
   EXPECT_EQ(grep.exit_code, 1) << grep.output;
-  struct stat st {};
-  ASSERT_EQ(::stat(path.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 07777, 0600u);
-  // No temp files left beside it.
-  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()), 1);
+  for (const fs::path& p : {path, book.journal_path()}) {
+    struct stat st {};
+    ASSERT_EQ(::stat(p.c_str(), &st), 0) << p;
+    EXPECT_EQ(st.st_mode & 07777, 0600u) << p;
+  }
+  // No temp files left beside them.
+  EXPECT_EQ(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()), 2);
 }
 
 TEST(EnrollTokens, ReloadKeepsEveryField) {
@@ -269,10 +277,24 @@ TEST(EnrollTokens, FailedWritesFailClosed) {
   fs::path dir = tmp / "state";
   TokenBook book = load(dir / "tokens.json");
   std::string token = issue(book, "team-a");
-  // Make every later write fail: the state dir is replaced by a plain file
-  // (chmod would not stop root, which the tests may run as).
-  fs::rename(dir, tmp / "moved");
-  ASSERT_TRUE(factory::write_file_atomic(dir, "not a dir").ok());
+  // Make every later write fail as on a full disk: no file may grow past
+  // the journal's size now (chmod would not stop root, which the tests may
+  // run as; the journal is held open, so moving the folder would not either).
+  const auto size = fs::file_size(book.journal_path());
+  struct rlimit before {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit full = before;
+  full.rlim_cur = size;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &full), 0);
+  struct Restore {
+    rlimit limit;
+    decltype(old_handler) handler;
+    ~Restore() {
+      ::setrlimit(RLIMIT_FSIZE, &limit);
+      ::signal(SIGXFSZ, handler);
+    }
+  } restore{before, old_handler};
 
   auto issued = book.issue("team-a", 1h, t0);
   ASSERT_FALSE(issued.ok());
@@ -285,4 +307,126 @@ TEST(EnrollTokens, FailedWritesFailClosed) {
   EXPECT_EQ(r.error().message.find(token.substr(7)), std::string::npos);  // no secret in errors
   // Not recorded on disk, so not honoured again by this process either.
   expect_refused(book.redeem(token, t0), "token already used at");
+}
+
+// A fleet's rollout: every change is one journal line; the snapshot is
+// rewritten only when the journal has outgrown the book, so N tokens cost
+// O(N) writes, not N rewrites of a book of N (the O(N^2) that made 10,000
+// tokens take 391 s).
+TEST(EnrollTokens, ARolloutAppendsAndRewritesTheBookOnlyAsItDoubles) {
+  TempDir tmp("tok");
+  fs::path path = tmp / "tokens.json";
+  TokenBook book = load(path);
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 600; ++i) tokens.push_back(issue(book, "r" + std::to_string(i), 1h, t0));
+  for (const auto& t : tokens) ASSERT_TRUE(book.redeem(t, t0 + 1min).ok());
+  // 1,200 changes: three snapshots (at 256 records, at 512 with 512 tokens,
+  // then 512 records later), not 1,200.
+  auto snapshot = nlohmann::json::parse(factory::testing::slurp(path));
+  EXPECT_EQ(snapshot["generation"], 3);
+  EXPECT_LE(factory::testing::slurp(book.journal_path()).size(), 600u * 200);
+  TokenBook again = load(path);
+  auto all = again.list();
+  ASSERT_EQ(all.size(), 600u);
+  for (const auto& t : all) EXPECT_EQ(t.used_at, t0 + 1min) << t.id;
+  expect_refused(again.redeem(tokens[599], t0 + 2min), "token already used at");
+}
+
+// A crash in the middle of an append leaves half a line that was never
+// acknowledged: dropped at load, and cut off before the next append.
+TEST(EnrollTokens, ATornLastLineIsDroppedAndCutBeforeTheNextAppend) {
+  TempDir tmp("tok");
+  fs::path path = tmp / "tokens.json";
+  std::string a, b;
+  {
+    TokenBook book = load(path);
+    a = issue(book, "team-a");
+    b = issue(book, "team-b");
+  }
+  {
+    std::ofstream j(path.string() + ".journal", std::ios::app);
+    j << "{\"op\":\"use\",\"id\":\"" << a.substr(0, 6) << "\",\"at";
+  }
+  TokenBook book = load(path);
+  ASSERT_EQ(book.list().size(), 2u);
+  EXPECT_FALSE(book.list()[0].used_at);
+  ASSERT_TRUE(book.redeem(a, t0).ok());
+  std::string c = issue(book, "team-c");
+  TokenBook again = load(path);
+  ASSERT_EQ(again.list().size(), 3u);
+  expect_refused(again.redeem(a, t0), "token already used at");
+  EXPECT_TRUE(again.redeem(b, t0).ok());
+  EXPECT_TRUE(again.redeem(c, t0).ok());
+}
+
+// A damaged line anywhere else is not a torn tail: skipping a "use" or a
+// "revoke" would make a token good again, so the load is refused, naming
+// the file and the offset.
+TEST(EnrollTokens, ADamagedLineInTheJournalRefusesTheLoadNamingFileAndOffset) {
+  TempDir tmp("tok");
+  fs::path path = tmp / "tokens.json";
+  std::string a;
+  {
+    TokenBook book = load(path);
+    a = issue(book, "team-a");
+    ASSERT_TRUE(book.redeem(a, t0).ok());
+    issue(book, "team-b");
+  }
+  fs::path journal = path.string() + ".journal";
+  std::string text = factory::testing::slurp(journal);
+  std::size_t op = text.find("\"op\":\"use\"");
+  ASSERT_NE(op, std::string::npos) << text;
+  const std::size_t use = text.rfind('\n', op) + 1;  // where its line starts
+  text[op + 2] = '#';                                // "o#": a record without an op
+  ASSERT_TRUE(factory::write_file_atomic(journal, text, 0600).ok());
+  auto b = TokenBook::load(path);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.error().message.find(journal.string() + " is corrupt at byte " + std::to_string(use)),
+            std::string::npos)
+      << b.error().message;
+
+  // A use of a token the book never issued is damage too.
+  std::string header = "{\"journal\":1,\"generation\":0}\n";
+  ASSERT_TRUE(factory::write_file_atomic(
+                  journal,
+                  header + "{\"op\":\"use\",\"id\":\"zzzzzz\",\"at\":\"2030-01-01T00:00:00Z\"}\n",
+                  0600)
+                  .ok());
+  b = TokenBook::load(path);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.error().message.find("unknown token zzzzzz"), std::string::npos) << b.error().message;
+}
+
+// A crash between a compaction's new snapshot and its new journal leaves the
+// old journal beside a snapshot that already holds it: not replayed (its
+// "issue" lines would otherwise read as tokens appearing twice). A journal
+// newer than its snapshot cannot come from this code: refused.
+TEST(EnrollTokens, AJournalAlreadyFoldedIntoTheSnapshotIsNotReplayed) {
+  TempDir tmp("tok");
+  fs::path path = tmp / "tokens.json";
+  fs::path journal = path.string() + ".journal";
+  std::string hash(64, 'a');
+  std::string token = "{\"id\":\"abcdef\",\"tenant\":\"t\",\"secret_sha256\":\"" + hash +
+                      "\",\"created_at\":\"2030-03-17T17:00:00Z\",\"expires_at\":"
+                      "\"2030-03-18T17:00:00Z\"";
+  ASSERT_TRUE(factory::write_file_atomic(path,
+                                         "{\"version\":1,\"generation\":2,\"tokens\":[" + token +
+                                             ",\"used_at\":\"2030-03-17T17:10:00Z\"}]}",
+                                         0600)
+                  .ok());
+  std::string old_journal =
+      "{\"journal\":1,\"generation\":1}\n{\"op\":\"issue\",\"token\":" + token + "}}\n";
+  ASSERT_TRUE(factory::write_file_atomic(journal, old_journal, 0600).ok());
+  TokenBook book = load(path);
+  ASSERT_EQ(book.list().size(), 1u);
+  EXPECT_TRUE(book.list()[0].used_at.has_value());
+  // The next change replaces the folded journal with this generation's.
+  issue(book, "team-b");
+  EXPECT_EQ(factory::testing::slurp(journal).rfind("{\"generation\":2,\"journal\":1}\n", 0), 0u);
+  EXPECT_EQ(load(path).list().size(), 2u);
+
+  ASSERT_TRUE(factory::write_file_atomic(journal, "{\"journal\":1,\"generation\":3}\n", 0600).ok());
+  auto b = TokenBook::load(path);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.error().message.find("newer than the book"), std::string::npos) << b.error().message;
 }
