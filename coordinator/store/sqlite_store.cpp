@@ -157,10 +157,14 @@ class SqliteStore final : public Store {
     return it == counts_.end() ? 0 : it->second;
   }
   std::optional<nlohmann::json> get_health(const std::string& tenant) const override {
-    std::lock_guard lk(health_mu_);
-    auto it = health_.find(tenant);
-    if (it == health_.end()) return std::nullopt;
-    return it->second.sample;
+    std::shared_ptr<const nlohmann::json> sample;
+    {
+      std::lock_guard lk(health_mu_);
+      auto it = health_.find(tenant);
+      if (it == health_.end()) return std::nullopt;
+      sample = it->second.sample;
+    }
+    return *sample;
   }
   StoreStats stats() const override {
     std::lock_guard lk(queue_mu_);
@@ -246,9 +250,10 @@ class SqliteStore final : public Store {
   }
 
   void put_health(const std::string& tenant, nlohmann::json health) override {
+    auto sample = std::make_shared<const nlohmann::json>(std::move(health));
     std::lock_guard lk(health_mu_);
     auto& h = health_[tenant];
-    h.sample = std::move(health);
+    h.sample = std::move(sample);
     h.dirty = true;
   }
 
@@ -307,8 +312,11 @@ class SqliteStore final : public Store {
         del_tenant, del_events, del_cursors, del_count, del_health, trim_tenant, expire;
   };
 
+  // Shared and immutable, so the writer's flush copies a pointer under
+  // health_mu_, not a sample: put_health (on an io thread) never waits on
+  // the copying of ten thousand samples.
   struct HealthEntry {
-    nlohmann::json sample;
+    std::shared_ptr<const nlohmann::json> sample;
     bool dirty = false;
   };
 
@@ -354,7 +362,8 @@ class SqliteStore final : public Store {
   bool write_record(const TenantRecord& rec);
   bool apply_retention(Overlay& ov, std::uint64_t& expired);
   bool expire_old(Overlay& ov, Clock::time_point now, std::uint64_t& expired);
-  bool flush_health(std::vector<std::pair<std::string, nlohmann::json>>& written);
+  bool flush_health(
+      std::vector<std::pair<std::string, std::shared_ptr<const nlohmann::json>>>& written);
   Status load();
   Status import_file_store();
 
@@ -492,7 +501,8 @@ Status SqliteStore::load() {
   Stmt h(db_, "SELECT tenant, sample FROM health");
   while (h.step() == SQLITE_ROW) {
     auto j = nlohmann::json::parse(h.text(1), nullptr, false);
-    if (!j.is_discarded()) health_[h.text(0)] = {std::move(j), false};
+    if (!j.is_discarded())
+      health_[h.text(0)] = {std::make_shared<const nlohmann::json>(std::move(j)), false};
   }
   return {};
 }
@@ -762,7 +772,7 @@ void SqliteStore::run_batch(std::deque<Op>& batch, bool maintenance_due, bool he
   // age rule at maintenance.
   if (good && (maintenance_due || stored > 0)) good = apply_retention(ov, expired);
   if (good && maintenance_due) good = expire_old(ov, now_sys, expired);
-  std::vector<std::pair<std::string, nlohmann::json>> health_written;
+  std::vector<std::pair<std::string, std::shared_ptr<const nlohmann::json>>> health_written;
   if (good && health_due) good = flush_health(health_written);
   if (good) good = s.commit.run();
   if (!good) {
@@ -865,7 +875,8 @@ bool SqliteStore::expire_old(Overlay& ov, Clock::time_point now, std::uint64_t& 
   return ok;
 }
 
-bool SqliteStore::flush_health(std::vector<std::pair<std::string, nlohmann::json>>& written) {
+bool SqliteStore::flush_health(
+    std::vector<std::pair<std::string, std::shared_ptr<const nlohmann::json>>>& written) {
   {
     std::lock_guard lk(health_mu_);
     for (auto& [tenant, h] : health_) {
@@ -875,7 +886,7 @@ bool SqliteStore::flush_health(std::vector<std::pair<std::string, nlohmann::json
     }
   }
   for (auto& [tenant, sample] : written)
-    if (!stmts_->put_health.bind(1, tenant).bind(2, sample.dump()).run()) return false;
+    if (!stmts_->put_health.bind(1, tenant).bind(2, sample->dump()).run()) return false;
   return true;
 }
 
