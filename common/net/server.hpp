@@ -46,9 +46,9 @@ class IoPool {
   IoPool& operator=(const IoPool&) = delete;
 
   std::size_t size() const { return contexts_.size(); }
-  boost::asio::io_context& at(std::size_t i) { return *contexts_.at(i); }
+  boost::asio::io_context& at(std::size_t i);
   // The one that runs on the thread calling run(): timers and signals go here.
-  boost::asio::io_context& main() { return *contexts_.front(); }
+  boost::asio::io_context& main();
   // Round robin, for spreading connections.
   boost::asio::io_context& next();
 
@@ -58,7 +58,8 @@ class IoPool {
   void stop();
 
  private:
-  std::vector<std::unique_ptr<boost::asio::io_context>> contexts_;
+  struct Context;
+  std::vector<std::unique_ptr<Context>> contexts_;
   std::vector<std::thread> threads_;
   std::atomic<std::size_t> next_{0};
 };
