@@ -284,7 +284,14 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   std::unordered_map<std::string, std::deque<Waiting>> waiting_by_address;
   std::size_t strangers_total = 0;
   std::size_t waiting_total = 0;
+  // TLS handshakes under way. Bounded apart from the pool: a few thousand at
+  // once on two cores all miss their deadline together (a restart storm
+  // stalled 35 s that way); a few hundred finish in well under a second.
+  std::size_t handshaking = 0;
   bool accept_paused = false;
+  bool room_locked() const {
+    return strangers_total < opts.strangers.max_total && handshaking < opts.max_handshakes;
+  }
 
   std::vector<std::shared_ptr<ThreadConns>> threads;  // one per io context
   std::size_t next_thread = 0;                        // the acceptor's, on the main thread
@@ -308,6 +315,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   // returns it to the pool (and resumes a paused acceptor).
   void release_stranger_slot(const std::string& address);
   void drop_waiting();
+  void handshake_ended();
   std::shared_ptr<asio::ssl::context> context() const {
     std::lock_guard lk(tls_mu);
     return tls_ctx;
@@ -458,6 +466,12 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   State state_ = State::handshake;
   Clock::time_point opened_, deadline_ = Clock::time_point::max();
   bool stranger_slot_ = false;
+  bool handshaking_ = true;  // counted in Impl::handshaking until it ends
+  void end_handshake() {
+    if (!handshaking_) return;
+    handshaking_ = false;
+    srv_->handshake_ended();
+  }
   bool trusted_ = false;  // proved a client certificate
 
   // HTTP
@@ -607,6 +621,7 @@ void Conn::do_handshake() {
   ERR_clear_error();
   int r = SSL_do_handshake(ssl_);
   if (r == 1) {
+    end_handshake();
     peer_.resumed = SSL_session_reused(ssl_) == 1;
     (peer_.resumed ? srv_->counters.handshakes_resumed : srv_->counters.handshakes_full)++;
     fill_peer_certificate(ssl_, peer_, srv_->opts.tls.accept_expired_client_certs);
@@ -629,6 +644,7 @@ void Conn::do_handshake() {
   if (e == SSL_ERROR_WANT_READ) return wait_read();
   if (e == SSL_ERROR_WANT_WRITE) return wait_write();
   srv_->counters.handshake_failures++;
+  end_handshake();
   unsigned long err = ERR_peek_last_error();
   char buf[256] = {0};
   if (err) ERR_error_string_n(err, buf, sizeof buf);
@@ -1105,6 +1121,7 @@ void Conn::finish() {
   }
   boost::system::error_code ec;
   sock_.close(ec);
+  end_handshake();
   if (stranger_slot_) {
     srv_->release_stranger_slot(peer_.address);
     stranger_slot_ = false;
@@ -1233,7 +1250,7 @@ void Server::Impl::release_stranger_slot(const std::string& address) {
       auto it = strangers_by_address.find(address);
       if (it != strangers_by_address.end() && --it->second == 0) strangers_by_address.erase(it);
       if (strangers_total > 0) --strangers_total;
-      if (accept_paused && strangers_total < opts.strangers.max_total) {
+      if (accept_paused && room_locked()) {
         accept_paused = false;
         resume = true;
       }
@@ -1249,6 +1266,20 @@ void Server::Impl::release_stranger_slot(const std::string& address) {
   } else if (resume) {
     asio::post(pool.main(), [self = shared_from_this()] { self->accept_next(); });
   }
+}
+
+void Server::Impl::handshake_ended() {
+  bool resume = false;
+  {
+    std::lock_guard lk(strangers_mu);
+    if (handshaking > 0) --handshaking;
+    if (accept_paused && room_locked()) {
+      accept_paused = false;
+      resume = true;
+    }
+  }
+  if (resume && !stopped)
+    asio::post(pool.main(), [self = shared_from_this()] { self->accept_next(); });
 }
 
 void Server::Impl::drop_waiting() {
@@ -1269,7 +1300,7 @@ void Server::Impl::accept_next() {
   if (stopped) return;
   if (strangers_apply) {
     std::lock_guard lk(strangers_mu);
-    if (strangers_total >= opts.strangers.max_total) {
+    if (!room_locked()) {
       // Newcomers wait in the listen queue until a slot is released.
       accept_paused = true;
       return;
@@ -1342,6 +1373,10 @@ void Server::Impl::start_conn(tcp::socket sock, std::size_t index, bool slot, st
     return;
   }
   counters.open++;
+  {
+    std::lock_guard lk(strangers_mu);
+    ++handshaking;
+  }
   auto tc = threads[index];
   asio::post(tc->io, [self = shared_from_this(), tc, s = std::move(sock), ssl, slot,
                       address = std::move(address)]() mutable {

@@ -7,9 +7,13 @@
 // ones too), and io threads.
 #include "common/net/server.hpp"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <condition_variable>
@@ -602,6 +606,45 @@ TEST_F(ServerTest, WhenTheStrangerPoolIsFullNewcomersWaitAndAreNotRefused) {
   ASSERT_TRUE(next);
   ASSERT_TRUE(next->write(get("/x")).ok());
   EXPECT_TRUE(next->read_until("}", 5s).ok());
+}
+
+// Handshakes under way are bounded apart from the pool: thousands at once on
+// two cores would all miss their deadline together (a restart of 10,000
+// agents stalled 35 s that way). Past the bound, newcomers wait in the listen
+// queue.
+TEST_F(ServerTest, HandshakesUnderWayAreBoundedAndTheRestWaitInTheListenQueue) {
+  http_ = immediate([](auto&, const PeerInfo&) { return HttpResponseOut::json(200, "{}"); });
+  auto o = options(true);
+  o.max_handshakes = 1;
+  start(o);
+  // A peer that opens TCP and never says hello holds the one handshake.
+  int silent = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(server_->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_TRUE(factory::testing::eventually([&] { return server_->stats().accepted == 1; }));
+
+  auto copts = client_options();
+  copts.cert_pem = pem("client.crt");
+  copts.key_pem = pem("client.key");
+  copts.timeout = 10s;
+  auto agent = std::async(std::launch::async, [copts]() -> Result<std::string> {
+    auto c = RawTlsClient::connect(copts);
+    if (!c) return c.error();
+    if (auto st = (*c)->write(get("/x")); !st.ok()) return st.error();
+    return (*c)->read_until("}", 10s);
+  });
+  EXPECT_EQ(agent.wait_for(700ms), std::future_status::timeout);
+  EXPECT_EQ(server_->stats().accepted, 1u);
+
+  ::close(silent);  // its handshake fails: the next one is accepted
+  ASSERT_EQ(agent.wait_for(8s), std::future_status::ready);
+  auto r = agent.get();
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(server_->stats().refused_capacity, 0u);
 }
 
 // Many agents behind one NAT: an address past its share waits for a slot of
