@@ -147,6 +147,36 @@ class ServerTest : public ::testing::Test {
   }
   std::unique_ptr<RawTlsClient> connect() { return connect(client_options()); }
 
+  // A client with the agents' certificate, as an agent returning after a
+  // restart: its GET /x answered, on a thread of its own (it may wait).
+  std::future<Result<std::string>> agent_get(RawTlsOptions o) {
+    o.cert_pem = pem("client.crt");
+    o.key_pem = pem("client.key");
+    o.timeout = 10s;
+    return std::async(std::launch::async, [o]() -> Result<std::string> {
+      auto c = RawTlsClient::connect(o);
+      if (!c) return c.error();
+      if (auto st = (*c)->write(get("/x")); !st.ok()) return st.error();
+      return (*c)->read_until("}", 10s);
+    });
+  }
+
+  // Connects, asks GET /x and expects the answer.
+  void expect_served(const RawTlsOptions& o) {
+    auto c = connect(o);
+    ASSERT_TRUE(c);
+    ASSERT_TRUE(c->write(get("/x")).ok());
+    EXPECT_TRUE(c->read_until("}", 5s).ok());
+  }
+
+  // Answers {"cert":true|false}: whether the peer showed a certificate.
+  static HttpHandler says_whether_certified() {
+    return immediate([](auto&, const PeerInfo& p) {
+      return HttpResponseOut::json(
+          200, std::string("{\"cert\":") + (p.has_client_cert ? "true" : "false") + "}");
+    });
+  }
+
   static std::string get(const std::string& path, bool close = false) {
     return "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n" +
            (close ? "Connection: close\r\n" : "") + "\r\n";
@@ -516,10 +546,7 @@ TEST_F(ServerTest, StrangerIsClosedAtItsDeadlineEvenWhileItTalks) {
 
 TEST_F(ServerTest, StrangersAreCappedPerAddressButNotThoseWithCertificates) {
   ws_ = [&](auto&, auto&) { return std::make_shared<Recorder>(); };
-  http_ = immediate([](auto&, const PeerInfo& p) {
-    return HttpResponseOut::json(
-        200, std::string("{\"cert\":") + (p.has_client_cert ? "true" : "false") + "}");
-  });
+  http_ = says_whether_certified();
   auto o = options(true);
   o.strangers.max_per_address = 3;
   o.strangers.max_waiting = 0;  // no queue: past its share an address is refused
@@ -564,10 +591,7 @@ TEST_F(ServerTest, StrangersAreCappedPerAddressButNotThoseWithCertificates) {
 // listen queue and is served when a slot frees; it is not refused (a refusal
 // doubles its backoff, and a fleet returning at once would mostly be refused).
 TEST_F(ServerTest, WhenTheStrangerPoolIsFullNewcomersWaitAndAreNotRefused) {
-  http_ = immediate([](auto&, const PeerInfo& p) {
-    return HttpResponseOut::json(
-        200, std::string("{\"cert\":") + (p.has_client_cert ? "true" : "false") + "}");
-  });
+  http_ = says_whether_certified();
   auto o = options(true);
   o.strangers.max_total = 2;
   start(o);
@@ -578,17 +602,9 @@ TEST_F(ServerTest, WhenTheStrangerPoolIsFullNewcomersWaitAndAreNotRefused) {
   held.push_back(connect(other));
   ASSERT_TRUE(factory::testing::eventually([&] { return server_->stats().strangers_open == 2; }));
 
-  auto copts = client_options();
-  copts.cert_pem = pem("client.crt");
-  copts.key_pem = pem("client.key");
-  copts.source_address = "127.0.0.3";
-  copts.timeout = 10s;
-  auto agent = std::async(std::launch::async, [copts]() -> Result<std::string> {
-    auto c = RawTlsClient::connect(copts);
-    if (!c) return c.error();
-    if (auto st = (*c)->write(get("/x")); !st.ok()) return st.error();
-    return (*c)->read_until("}", 10s);
-  });
+  auto from3 = client_options();
+  from3.source_address = "127.0.0.3";
+  auto agent = agent_get(from3);
   // Its TCP connection is in the listen queue; its handshake has not begun.
   EXPECT_EQ(agent.wait_for(700ms), std::future_status::timeout);
   EXPECT_EQ(server_->stats().refused_capacity, 0u);
@@ -602,10 +618,7 @@ TEST_F(ServerTest, WhenTheStrangerPoolIsFullNewcomersWaitAndAreNotRefused) {
   // Once its handshake showed a certificate it is no stranger: the slot is
   // back in the pool, and the acceptor takes the next newcomer at once.
   ASSERT_TRUE(factory::testing::eventually([&] { return server_->stats().strangers_open == 1; }));
-  auto next = connect(other);
-  ASSERT_TRUE(next);
-  ASSERT_TRUE(next->write(get("/x")).ok());
-  EXPECT_TRUE(next->read_until("}", 5s).ok());
+  expect_served(other);
 }
 
 // Handshakes under way are bounded apart from the pool: thousands at once on
@@ -627,16 +640,7 @@ TEST_F(ServerTest, HandshakesUnderWayAreBoundedAndTheRestWaitInTheListenQueue) {
   ASSERT_EQ(::connect(silent, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   ASSERT_TRUE(factory::testing::eventually([&] { return server_->stats().accepted == 1; }));
 
-  auto copts = client_options();
-  copts.cert_pem = pem("client.crt");
-  copts.key_pem = pem("client.key");
-  copts.timeout = 10s;
-  auto agent = std::async(std::launch::async, [copts]() -> Result<std::string> {
-    auto c = RawTlsClient::connect(copts);
-    if (!c) return c.error();
-    if (auto st = (*c)->write(get("/x")); !st.ok()) return st.error();
-    return (*c)->read_until("}", 10s);
-  });
+  auto agent = agent_get(client_options());
   EXPECT_EQ(agent.wait_for(700ms), std::future_status::timeout);
   EXPECT_EQ(server_->stats().accepted, 1u);
 
@@ -651,10 +655,7 @@ TEST_F(ServerTest, HandshakesUnderWayAreBoundedAndTheRestWaitInTheListenQueue) {
 // its own (other addresses are served meanwhile), in a bounded queue; past
 // the queue it is refused.
 TEST_F(ServerTest, AnAddressPastItsShareWaitsForItsOwnSlotInABoundedQueue) {
-  http_ = immediate([](auto&, const PeerInfo& p) {
-    return HttpResponseOut::json(
-        200, std::string("{\"cert\":") + (p.has_client_cert ? "true" : "false") + "}");
-  });
+  http_ = says_whether_certified();
   auto o = options(true);
   o.strangers.max_per_address = 2;
   o.strangers.max_waiting = 1;
@@ -663,16 +664,7 @@ TEST_F(ServerTest, AnAddressPastItsShareWaitsForItsOwnSlotInABoundedQueue) {
   for (int i = 0; i < 2; ++i) held.push_back(connect());
   ASSERT_TRUE(factory::testing::eventually([&] { return server_->stats().strangers_open == 2; }));
 
-  auto copts = client_options();
-  copts.cert_pem = pem("client.crt");
-  copts.key_pem = pem("client.key");
-  copts.timeout = 10s;
-  auto agent = std::async(std::launch::async, [copts]() -> Result<std::string> {
-    auto c = RawTlsClient::connect(copts);
-    if (!c) return c.error();
-    if (auto st = (*c)->write(get("/x")); !st.ok()) return st.error();
-    return (*c)->read_until("}", 10s);
-  });
+  auto agent = agent_get(client_options());
   ASSERT_TRUE(
       factory::testing::eventually([&] { return server_->stats().strangers_waiting == 1; }));
   EXPECT_EQ(agent.wait_for(300ms), std::future_status::timeout);
@@ -689,10 +681,7 @@ TEST_F(ServerTest, AnAddressPastItsShareWaitsForItsOwnSlotInABoundedQueue) {
   // Another address is served meanwhile.
   auto other_opts = client_options();
   other_opts.source_address = "127.0.0.2";
-  auto other = connect(other_opts);
-  ASSERT_TRUE(other);
-  ASSERT_TRUE(other->write(get("/x")).ok());
-  EXPECT_TRUE(other->read_until("}", 5s).ok());
+  expect_served(other_opts);
 
   held.pop_back();  // the address's own slot frees: the one waiting is served
   ASSERT_EQ(agent.wait_for(8s), std::future_status::ready);
