@@ -292,6 +292,16 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   bool room_locked() const {
     return strangers_total < opts.strangers.max_total && handshaking < opts.max_handshakes;
   }
+  // Under strangers_mu, when a slot or a handshake ended: true when the
+  // acceptor was paused and there is room again (then resume_accepting()).
+  bool unpause_locked() {
+    if (!accept_paused || !room_locked()) return false;
+    accept_paused = false;
+    return true;
+  }
+  void resume_accepting() {
+    asio::post(pool.main(), [self = shared_from_this()] { self->accept_next(); });
+  }
 
   std::vector<std::shared_ptr<ThreadConns>> threads;  // one per io context
   std::size_t next_thread = 0;                        // the acceptor's, on the main thread
@@ -1250,10 +1260,7 @@ void Server::Impl::release_stranger_slot(const std::string& address) {
       auto it = strangers_by_address.find(address);
       if (it != strangers_by_address.end() && --it->second == 0) strangers_by_address.erase(it);
       if (strangers_total > 0) --strangers_total;
-      if (accept_paused && room_locked()) {
-        accept_paused = false;
-        resume = true;
-      }
+      resume = unpause_locked();
     }
   }
   counters.deadline_closes += expired.size();
@@ -1264,7 +1271,7 @@ void Server::Impl::release_stranger_slot(const std::string& address) {
   if (next) {
     start_conn(std::move(next->sock), next->thread, true, address);
   } else if (resume) {
-    asio::post(pool.main(), [self = shared_from_this()] { self->accept_next(); });
+    resume_accepting();
   }
 }
 
@@ -1273,13 +1280,9 @@ void Server::Impl::handshake_ended() {
   {
     std::lock_guard lk(strangers_mu);
     if (handshaking > 0) --handshaking;
-    if (accept_paused && room_locked()) {
-      accept_paused = false;
-      resume = true;
-    }
+    resume = unpause_locked();
   }
-  if (resume && !stopped)
-    asio::post(pool.main(), [self = shared_from_this()] { self->accept_next(); });
+  if (resume) resume_accepting();
 }
 
 void Server::Impl::drop_waiting() {

@@ -113,6 +113,16 @@ std::string journal_header(std::uint64_t generation) {
   return json{{"journal", kJournalVersion}, {"generation", generation}}.dump() + "\n";
 }
 
+std::vector<TokenRecord> oldest_first(const std::unordered_map<std::string, TokenRecord>& tokens) {
+  std::vector<TokenRecord> all;
+  all.reserve(tokens.size());
+  for (const auto& [id, t] : tokens) all.push_back(t);
+  std::sort(all.begin(), all.end(), [](const TokenRecord& a, const TokenRecord& b) {
+    return std::tie(a.created_at, a.id) < std::tie(b.created_at, b.id);
+  });
+  return all;
+}
+
 bool older_than_retention(const TokenRecord& t, Clock::time_point now) {
   return now - t.expires_at > kTokenRetention || (t.used_at && now - *t.used_at > kTokenRetention);
 }
@@ -265,22 +275,30 @@ Result<TokenBook> TokenBook::load(const fs::path& path) {
   return book;
 }
 
-Status TokenBook::open_journal() {
-  if (journal_.is_open()) return {};
-  const fs::path jpath = journal_path();
+Status TokenBook::write_snapshot(const std::vector<TokenRecord>& tokens, std::uint64_t generation) {
+  json doc = {{"version", kFormatVersion}, {"generation", generation}, {"tokens", json::array()}};
+  for (const TokenRecord& t : tokens) doc["tokens"].push_back(to_json(t));
   std::error_code ec;
   fs::path dir = path_.parent_path();
   if (!dir.empty() && !fs::exists(dir, ec)) {
     if (auto st = ensure_dir(dir, 0700); !st.ok()) return st;
   }
+  // The file holds no secrets, only their hashes; 0600 anyway, as the hashes
+  // and tenant names are nobody else's business.
+  return write_file_atomic(path_, doc.dump(1) + "\n", 0600);
+}
+
+Status TokenBook::open_journal() {
+  if (journal_.is_open()) return {};
+  const fs::path jpath = journal_path();
+  std::error_code ec;
+  // The folder exists once the snapshot does, which is written first.
   if (!journal_current_) {
     // A book's first change: with no snapshot and no journal nothing is on
     // disk yet, so an empty snapshot says so (and the book's file exists,
     // 0600, from the start).
     if (!fs::exists(path_, ec)) {
-      json empty = {
-          {"version", kFormatVersion}, {"generation", generation_}, {"tokens", json::array()}};
-      if (auto st = write_file_atomic(path_, empty.dump() + "\n", 0600); !st.ok()) return st;
+      if (auto st = write_snapshot({}, generation_); !st.ok()) return st;
     }
     // This generation's journal starts empty, replacing a folded one whole.
     std::string h = journal_header(generation_);
@@ -301,23 +319,7 @@ Status TokenBook::open_journal() {
 }
 
 Status TokenBook::compact() {
-  std::vector<TokenRecord> all;
-  all.reserve(tokens_.size());
-  for (const auto& [id, t] : tokens_) all.push_back(t);
-  std::sort(all.begin(), all.end(), [](const TokenRecord& a, const TokenRecord& b) {
-    return std::tie(a.created_at, a.id) < std::tie(b.created_at, b.id);
-  });
-  json doc = {
-      {"version", kFormatVersion}, {"generation", generation_ + 1}, {"tokens", json::array()}};
-  for (const TokenRecord& t : all) doc["tokens"].push_back(to_json(t));
-  std::error_code ec;
-  fs::path dir = path_.parent_path();
-  if (!dir.empty() && !fs::exists(dir, ec)) {
-    if (auto st = ensure_dir(dir, 0700); !st.ok()) return st;
-  }
-  // The file holds no secrets, only their hashes; 0600 anyway, as the hashes
-  // and tenant names are nobody else's business.
-  if (auto st = write_file_atomic(path_, doc.dump(1) + "\n", 0600); !st.ok()) return st;
+  if (auto st = write_snapshot(oldest_first(tokens_), generation_ + 1); !st.ok()) return st;
   ++generation_;
   journal_.close();
   journal_current_ = false;  // the next change starts the new generation's journal
@@ -436,13 +438,7 @@ Result<std::string> TokenBook::redeem(std::string_view token, Clock::time_point 
 
 std::vector<TokenRecord> TokenBook::list() const {
   std::lock_guard lk(*mu_);
-  std::vector<TokenRecord> all;
-  all.reserve(tokens_.size());
-  for (const auto& [id, t] : tokens_) all.push_back(t);
-  std::sort(all.begin(), all.end(), [](const TokenRecord& a, const TokenRecord& b) {
-    return std::tie(a.created_at, a.id) < std::tie(b.created_at, b.id);
-  });
-  return all;
+  return oldest_first(tokens_);
 }
 
 Result<size_t> TokenBook::revoke_tenant(const std::string& tenant, Clock::time_point now) {

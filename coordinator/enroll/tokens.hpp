@@ -94,6 +94,8 @@ class TokenBook {
   // compacts when the journal has outgrown the book.
   Status record(const std::string& line);
   Status open_journal();
+  // The snapshot file: these tokens at that generation, written atomically.
+  Status write_snapshot(const std::vector<TokenRecord>& tokens, std::uint64_t generation);
   // Rewrites the snapshot as the book is now, then starts an empty journal.
   Status compact();
   // Drops tokens past their retention; compacts when any went.
