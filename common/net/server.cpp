@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -24,6 +25,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "common/net/url.hpp"
 #include "common/net/ws_codec.hpp"
 #include "common/pki.hpp"
 
@@ -107,6 +109,24 @@ HttpHandler immediate(std::function<HttpResponseOut(const HttpRequestIn&, const 
   };
 }
 
+std::optional<std::string> bearer_token(std::string_view h) {
+  auto blank = [](char c) { return c == ' ' || c == '\t'; };
+  while (!h.empty() && blank(h.front())) h.remove_prefix(1);
+  constexpr std::string_view kScheme = "bearer";
+  if (h.size() <= kScheme.size()) return std::nullopt;
+  for (std::size_t i = 0; i < kScheme.size(); i++) {
+    char c = h[i];
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if (c != kScheme[i]) return std::nullopt;
+  }
+  h.remove_prefix(kScheme.size());
+  if (!blank(h.front())) return std::nullopt;
+  while (!h.empty() && blank(h.front())) h.remove_prefix(1);
+  while (!h.empty() && blank(h.back())) h.remove_suffix(1);
+  if (h.empty() || std::find_if(h.begin(), h.end(), blank) != h.end()) return std::nullopt;
+  return std::string(h);
+}
+
 Result<std::pair<std::string, std::uint16_t>> split_host_port(std::string_view hp) {
   std::string host;
   std::string_view port;
@@ -136,29 +156,6 @@ Result<std::pair<std::string, std::uint16_t>> split_host_port(std::string_view h
 }
 
 namespace {
-
-std::string percent_decode(std::string_view s, bool plus_is_space) {
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size()) {
-      int h = hex(s[i + 1]), l = hex(s[i + 2]);
-      if (h >= 0 && l >= 0) {
-        out.push_back(static_cast<char>(h * 16 + l));
-        i += 2;
-        continue;
-      }
-    }
-    out.push_back(plus_is_space && s[i] == '+' ? ' ' : s[i]);
-  }
-  return out;
-}
 
 HttpRequestIn to_request_in(const http::request<http::string_body>& req) {
   HttpRequestIn in;
@@ -423,6 +420,9 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
                          const std::map<std::string, std::string>& headers);  // any thread
   void begin_stream();
   bool queue_stream_chunk(std::string chunk, bool past_limit = false);  // any thread
+  bool queue_stream_chunk(std::shared_ptr<const std::string> chunk);    // any thread
+  // Has the io thread flush what was queued from another thread.
+  void post_flush();
   void finish_stream(bool keep_alive);
   bool gone() const { return gone_.load(); }
   void set_on_gone(std::function<void()> f) { on_gone_ = std::move(f); }
@@ -553,6 +553,10 @@ class Exchange : public HttpExchange {
   }
   bool write(std::string chunk) override {
     if (!streaming_ || ended_) return false;
+    return conn_->queue_stream_chunk(std::move(chunk));
+  }
+  bool write_shared(std::shared_ptr<const std::string> chunk) override {
+    if (!streaming_ || ended_ || !chunk) return false;
     return conn_->queue_stream_chunk(std::move(chunk));
   }
   void end() override {
@@ -923,11 +927,18 @@ void Conn::begin_stream() {
   pump();
 }
 
+namespace {
+// A chunk's size line, as chunked transfer coding frames it.
+std::string chunk_size_line(std::size_t n) {
+  char line[24];
+  int len = std::snprintf(line, sizeof line, "%zx\r\n", n);
+  return std::string(line, static_cast<std::size_t>(len));
+}
+}  // namespace
+
 bool Conn::queue_stream_chunk(std::string chunk, bool past_limit) {
   if (chunk.empty()) return true;
-  char size_line[24];
-  int n = std::snprintf(size_line, sizeof size_line, "%zx\r\n", chunk.size());
-  std::string framed(size_line, static_cast<std::size_t>(n));
+  std::string framed = chunk_size_line(chunk.size());
   framed += chunk;
   framed += "\r\n";
   bool post = false;
@@ -939,16 +950,37 @@ bool Conn::queue_stream_chunk(std::string chunk, bool past_limit) {
     out_.push_back({std::move(framed), nullptr, 0});
     if (!flush_posted_) post = flush_posted_ = true;
   }
-  if (post) {
-    asio::post(tc_.io, [self = shared_from_this()] {
-      {
-        std::lock_guard lk(self->out_mu_);
-        self->flush_posted_ = false;
-      }
-      self->pump();
-    });
-  }
+  if (post) post_flush();
   return true;
+}
+
+bool Conn::queue_stream_chunk(std::shared_ptr<const std::string> chunk) {
+  if (chunk->empty()) return true;
+  std::string size_line = chunk_size_line(chunk->size());
+  const std::size_t bytes = size_line.size() + chunk->size() + 2;
+  bool post = false;
+  {
+    std::lock_guard lk(out_mu_);
+    if (closing_output_ || gone_) return false;
+    if (out_bytes_ + bytes > srv_->opts.max_stream_queue) return false;
+    out_bytes_ += bytes;
+    out_.push_back({std::move(size_line), nullptr, 0});
+    out_.push_back({{}, std::move(chunk), 0});
+    out_.push_back({"\r\n", nullptr, 0});
+    if (!flush_posted_) post = flush_posted_ = true;
+  }
+  if (post) post_flush();
+  return true;
+}
+
+void Conn::post_flush() {
+  asio::post(tc_.io, [self = shared_from_this()] {
+    {
+      std::lock_guard lk(self->out_mu_);
+      self->flush_posted_ = false;
+    }
+    self->pump();
+  });
 }
 
 void Conn::finish_stream(bool keep_alive) {
@@ -1066,18 +1098,10 @@ bool Conn::enqueue_ws(std::string frame) {
     out_.push_back({std::move(frame), nullptr, 0});
     if (!flush_posted_) post = flush_posted_ = true;
   }
-  if (post) {
-    // Always through the io context, never inline: a handler sending to
-    // another connection of this thread must not run that connection's read
-    // loop (and its use of the thread's read buffer) in the middle of its own.
-    asio::post(tc_.io, [self = shared_from_this()] {
-      {
-        std::lock_guard lk(self->out_mu_);
-        self->flush_posted_ = false;
-      }
-      self->pump();
-    });
-  }
+  // Always through the io context, never inline: a handler sending to
+  // another connection of this thread must not run that connection's read
+  // loop (and its use of the thread's read buffer) in the middle of its own.
+  if (post) post_flush();
   return true;
 }
 

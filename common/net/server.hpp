@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -82,8 +83,11 @@ struct PeerInfo {
 
 struct HttpRequestIn {
   std::string method;
-  std::string target;                          // path + query
-  std::string path;                            // without the query, percent-decoded
+  std::string target;  // path + query, as sent (percent-encoded)
+  // Without the query, percent-decoded: for logs and fixed paths. A router
+  // that takes names out of the path splits `target` into segments and
+  // decodes each one, so an encoded '/' or '?' inside a name stays in it.
+  std::string path;
   std::map<std::string, std::string> query;    // percent-decoded
   std::map<std::string, std::string> headers;  // lower-case keys
   std::string body;
@@ -92,6 +96,12 @@ struct HttpRequestIn {
     return it == headers.end() ? "" : it->second;
   }
 };
+
+// The credentials of an `Authorization: Bearer <token>` header, nullopt for
+// any other scheme or shape. The scheme is case-insensitive (RFC 9110
+// 11.1: "bearer" and "BEARER" are "Bearer"); the token is one token68, so
+// one with a space inside is none.
+std::optional<std::string> bearer_token(std::string_view authorization);
 
 struct HttpResponseOut {
   int status = 200;
@@ -126,6 +136,10 @@ class HttpExchange {
   virtual void start_stream(int status, std::string content_type,
                             std::map<std::string, std::string> headers = {}) = 0;
   virtual bool write(std::string chunk) = 0;
+  // The same bytes queued by reference: many readers of one stream (the
+  // status feed) hold one copy of an event between them, not one each. The
+  // bytes count against max_stream_queue as if they were copied.
+  virtual bool write_shared(std::shared_ptr<const std::string> chunk) = 0;
   virtual void end() = 0;
   // Queues `last` past max_stream_queue, then ends the stream and the
   // connection: how a reader that fell behind is told it is dropped. The

@@ -4,6 +4,7 @@
 // them, strict about what it accepts (ports, IPv6 literals, no user info).
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "common/error.hpp"
 
@@ -26,5 +27,14 @@ struct Url {
 };
 
 Result<Url> parse_url(const std::string& url);
+
+// One path segment or query value as a client puts it in a URL: RFC 3986's
+// unreserved characters stay, every other byte becomes %XX. A name that
+// holds '/', '?' or '%' then stays one segment, whoever chose it.
+std::string percent_encode(std::string_view s);
+// The inverse, as a server reads a segment or a query value: %XX becomes the
+// byte (a '%' not followed by two hex digits stays as it is); in a query,
+// plus_is_space reads '+' as a space (application/x-www-form-urlencoded).
+std::string percent_decode(std::string_view s, bool plus_is_space = false);
 
 }  // namespace factory::net

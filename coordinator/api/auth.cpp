@@ -73,30 +73,56 @@ std::vector<ReadOnlyToken> ApiAuth::read_only_tokens() const {
   return out;
 }
 
-Access ApiAuth::bearer(std::string_view token) const {
-  if (token.empty()) return Access::none;
-  if (pki::secure_equals(token, admin_)) return Access::admin;
+Caller ApiAuth::lookup(std::string_view token) const {
+  if (token.empty()) return {};
+  if (pki::secure_equals(token, admin_)) return {Access::admin, kAdminPrincipal, false};
   const std::string h = pki::sha256_hex(token);
   std::lock_guard lk(mu_);
   for (const auto& t : tokens_)
-    if (pki::secure_equals(h, t.sha256)) return Access::read_only;
-  return Access::none;
+    if (pki::secure_equals(h, t.sha256)) return {Access::read_only, "read-only:" + t.id, false};
+  return {};
 }
 
-std::optional<ApiAuth::Session> ApiAuth::sign_in(std::string_view token) {
-  Access a = bearer(token);
-  if (a == Access::none) return std::nullopt;
-  Session s{pki::random_token_chars(48), a, Clock::now() + kSessionLife};
+Access ApiAuth::bearer(std::string_view token) const {
+  return lookup(token).access;
+}
+
+Caller ApiAuth::identify(const net::HttpRequestIn& req) const {
+  const std::string auth = req.header("authorization");
+  if (auto token = net::bearer_token(auth)) return lookup(*token);
+  // A wrong or odd Authorization is not rescued by a cookie beside it.
+  if (!auth.empty()) return {};
+  return session_caller(session_cookie(req)).value_or(Caller{});
+}
+
+Result<ApiAuth::Session> ApiAuth::sign_in(std::string_view token) {
+  Caller who = lookup(token);
+  if (who.access == Access::none)
+    return Error(Errc::unauthenticated,
+                 "not the admin token or a read-only token of this coordinator");
+  Session s{pki::random_token_chars(48), who.access, Clock::now() + kSessionLife, who.principal};
   std::lock_guard lk(mu_);
   const auto now = Clock::now();
   for (auto it = sessions_.begin(); it != sessions_.end();)
     it = it->second.expires_at <= now ? sessions_.erase(it) : std::next(it);
-  // Full: the one closest to its end makes room.
-  while (sessions_.size() >= kMaxSessions) {
-    auto oldest = sessions_.begin();
-    for (auto it = sessions_.begin(); it != sessions_.end(); ++it)
-      if (it->second.expires_at < oldest->second.expires_at) oldest = it;
-    sessions_.erase(oldest);
+  std::size_t mine = 0, read_only = 0;
+  auto my_oldest = sessions_.end();
+  for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+    if (it->second.principal != kAdminPrincipal) ++read_only;
+    if (it->second.principal != who.principal) continue;
+    ++mine;
+    if (my_oldest == sessions_.end() || it->second.expires_at < my_oldest->second.expires_at)
+      my_oldest = it;
+  }
+  // A token at its own cap makes room with its own oldest session; nobody
+  // else's is ever evicted for it.
+  if (mine >= kMaxSessionsPerToken) {
+    if (my_oldest->second.principal != kAdminPrincipal) --read_only;
+    sessions_.erase(my_oldest);
+  } else if (who.principal != kAdminPrincipal && read_only >= kMaxReadOnlySessions) {
+    return Error(Errc::unavailable, "too many dashboard sessions of read-only tokens (" +
+                                        std::to_string(kMaxReadOnlySessions) +
+                                        "); try again later, or sign out elsewhere");
   }
   Session kept = s;
   kept.cookie_value.clear();
@@ -104,13 +130,24 @@ std::optional<ApiAuth::Session> ApiAuth::sign_in(std::string_view token) {
   return s;
 }
 
-Access ApiAuth::session(std::string_view cookie_value) const {
-  if (cookie_value.empty()) return Access::none;
+std::optional<Caller> ApiAuth::session_caller(std::string_view cookie_value) const {
+  if (cookie_value.empty()) return std::nullopt;
   const std::string h = pki::sha256_hex(cookie_value);
   std::lock_guard lk(mu_);
   auto it = sessions_.find(h);
-  if (it == sessions_.end() || it->second.expires_at <= Clock::now()) return Access::none;
-  return Access::read_only;
+  if (it == sessions_.end() || it->second.expires_at <= Clock::now()) return std::nullopt;
+  // A session only reads, whichever token opened it; its limits are that token's.
+  return Caller{Access::read_only, it->second.principal, true};
+}
+
+Access ApiAuth::session(std::string_view cookie_value) const {
+  auto c = session_caller(cookie_value);
+  return c ? c->access : Access::none;
+}
+
+std::size_t ApiAuth::session_count() const {
+  std::lock_guard lk(mu_);
+  return sessions_.size();
 }
 
 void ApiAuth::sign_out(std::string_view cookie_value) {

@@ -11,6 +11,14 @@
 // itself is printed once. Sessions live in memory (a restart signs everyone
 // out). Thread-safe; every check is a hash and a map lookup (no waiting on
 // an io thread); creating a token writes the file (call it from a worker).
+//
+// What is limited is accounted per token (its "principal"), so that no
+// read-only token can take what the admin needs: each token holds at most
+// kMaxSessionsPerToken sessions (its own oldest makes room for its next);
+// the admin token's sessions are never evicted by anyone else's, and
+// read-only tokens together hold at most kMaxReadOnlySessions (past it a
+// sign-in is refused, no one else's session is evicted). The status feed
+// counts its readers the same way (feed/event_bus.hpp).
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -29,6 +37,15 @@ enum class Access { none, read_only, admin };
 const char* access_name(Access a);  // "none" | "read-only" | "admin"
 
 inline constexpr const char* kSessionCookie = "factory_session";
+
+// Who made a request, as far as the limits care.
+struct Caller {
+  Access access = Access::none;
+  // "admin", or "read-only:<token id>"; a session is its opening token's.
+  std::string principal;
+  bool by_session = false;
+};
+inline constexpr const char* kAdminPrincipal = "admin";
 
 struct ReadOnlyToken {
   std::string id, created_at;
@@ -49,22 +66,32 @@ class ApiAuth {
 
   // What an Authorization: Bearer token may do.
   Access bearer(std::string_view token) const;
+  // The caller of a request: its bearer token or, without an Authorization
+  // header, its session cookie. access none: neither is good.
+  Caller identify(const net::HttpRequestIn& req) const;
 
   struct Session {
     std::string cookie_value;
     Access opened_with = Access::none;
     std::chrono::system_clock::time_point expires_at;
+    std::string principal;  // the token that opened it
   };
-  // A new session for a valid token (nullopt: the token is not one).
-  std::optional<Session> sign_in(std::string_view token);
+  // A new session for a valid token. Errors: unauthenticated (not a token
+  // of this coordinator), unavailable (read-only sessions are at their cap).
+  Result<Session> sign_in(std::string_view token);
   // The access a session cookie's value grants: read_only or none.
   Access session(std::string_view cookie_value) const;
   void sign_out(std::string_view cookie_value);
+  std::size_t session_count() const;
 
   static constexpr std::chrono::hours kSessionLife{12};
-  static constexpr std::size_t kMaxSessions = 1024;
+  static constexpr std::size_t kMaxSessionsPerToken = 64;
+  static constexpr std::size_t kMaxReadOnlySessions = 960;
 
  private:
+  // The access and principal of a bearer token (none: not one).
+  Caller lookup(std::string_view token) const;
+  std::optional<Caller> session_caller(std::string_view cookie_value) const;
   Status save_locked() const;
   std::string admin_;
   mutable std::mutex mu_;

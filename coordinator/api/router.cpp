@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "common/net/url.hpp"
+
 namespace factory::coordinator {
 
 std::vector<std::string> split_path(const std::string& path) {
@@ -30,9 +32,18 @@ void ApiRouter::add_stream(const std::string& method, const std::string& pattern
   routes_.push_back({method, split_path(pattern), nullptr, std::move(h), o});
 }
 
+std::vector<std::string> decoded_segments(const std::string& target) {
+  auto segs = split_path(target.substr(0, target.find('?')));
+  for (auto& s : segs) s = net::percent_decode(s);
+  return segs;
+}
+
 const ApiRouter::Route* ApiRouter::match(const net::HttpRequestIn& req, const net::PeerInfo& peer,
                                          PathParams& params, net::HttpResponseOut& refusal) const {
-  auto segs = split_path(req.path);
+  // Split before decoding: "/v1/tenants/t5%2Fcredentials" is one name,
+  // "t5/credentials", which no route's {name} accepts as a tenant, never the
+  // credentials route of t5.
+  auto segs = decoded_segments(req.target);
   bool path_matched = false;
   for (auto& r : routes_) {
     if (r.segments.size() != segs.size()) continue;
@@ -49,16 +60,9 @@ const ApiRouter::Route* ApiRouter::match(const net::HttpRequestIn& req, const ne
     path_matched = true;
     if (r.method != req.method) continue;
     if (!r.options.public_route) {
-      std::string auth = req.header("authorization");
-      const std::string prefix = "Bearer ";
-      Access access = Access::none;
-      bool by_cookie = false;
-      if (auth.rfind(prefix, 0) == 0) {
-        access = auth_.bearer(std::string_view(auth).substr(prefix.size()));
-      } else if (auth.empty()) {
-        access = auth_.session(session_cookie(req));
-        by_cookie = access != Access::none;
-      }
+      const Caller who = auth_.identify(req);
+      const Access access = who.access;
+      const bool by_cookie = who.by_session;
       if (access == Access::none) {
         spdlog::warn("api: unauthenticated {} {} from {}", req.method, req.path, peer.remote);
         refusal = net::HttpResponseOut::error(

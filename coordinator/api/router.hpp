@@ -67,6 +67,9 @@ class ApiRouter {
 };
 
 std::vector<std::string> split_path(const std::string& path);
+// A request target's path (the query cut off) as segments, each one
+// percent-decoded after the split: what routes match.
+std::vector<std::string> decoded_segments(const std::string& target);
 
 // A JSON answer as every route gives it: pretty, with a final newline.
 net::HttpResponseOut json_response(const nlohmann::json& j, int status = 200);

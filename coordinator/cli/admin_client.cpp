@@ -5,6 +5,7 @@
 
 #include "common/atomic_file.hpp"
 #include "common/net/http_client.hpp"
+#include "common/net/url.hpp"
 #include "coordinator/server/coordinator.hpp"
 
 namespace factory::cli {
@@ -155,6 +156,12 @@ Status AdminClient::follow(const std::string& path, const std::string& last_even
     return e;
   }
   return {};
+}
+
+std::string api_path(std::initializer_list<std::string_view> segments) {
+  std::string path;
+  for (auto s : segments) path += "/" + net::percent_encode(s);
+  return path;
 }
 
 Result<nlohmann::json> call_coordinator(const GlobalOptions& g, const std::string& method,

@@ -3,8 +3,10 @@
 // admin token all come from the same --config the server reads, so on the
 // coordinator's host no other flag is needed (--server / --token-file override).
 #include <functional>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "common/error.hpp"
 #include "coordinator/cli/context.hpp"
@@ -40,6 +42,12 @@ class AdminClient {
   coordinator::CoordinatorConfig cfg_;
   std::string base_, token_, ca_pem_;
 };
+
+// An API path from its segments, each percent-encoded:
+// api_path({"v1", "tenants", name, "retry"}) is "/v1/tenants/<name>/retry"
+// whatever the name holds ('/', '?', '%', ..), and the coordinator routes
+// it as one segment.
+std::string api_path(std::initializer_list<std::string_view> segments);
 
 // One call for a command that needs nothing else of the client: connects
 // with the global options and returns the answer, or why there is none.

@@ -4,6 +4,8 @@
 
 #include "common/cli/app.hpp"
 #include "common/display.hpp"
+#include "coordinator/enroll/tenant_name.hpp"
+#include "coordinator/tenants/k8s_names.hpp"
 
 namespace factory::cli {
 
@@ -28,6 +30,24 @@ int fail(const Error& e) {
   // A message may quote what a guest reported (a failed step's message).
   std::cerr << "factory: " << display::sanitize(e.message) << "\n";
   return e.code == Errc::invalid_argument ? kExitUsage : kExitError;
+}
+
+CLI::Validator tenant_name_rule() {
+  return CLI::Validator(
+      [](std::string& name) -> std::string {
+        auto st = enroll::validate_tenant_name(name);
+        return st.ok() ? "" : st.error().message;
+      },
+      "NAME");
+}
+
+CLI::Validator namespace_rule() {
+  return CLI::Validator(
+      [](std::string& ns) -> std::string {
+        auto st = tenants::validate_namespace_name(ns);
+        return st.ok() ? "" : st.error().message;
+      },
+      "NAMESPACE");
 }
 
 Result<coordinator::CoordinatorConfig> load_config(const GlobalOptions& g) {

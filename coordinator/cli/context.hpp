@@ -40,6 +40,14 @@ void add_global_options(CLI::App& app, GlobalOptions& g);
 // <what to do>". Returns the exit status for it (2 for bad input, else 1).
 int fail(const Error& e);
 
+// The check of every argument or option that names a tenant: a name that
+// breaks a rule is a usage error (exit 2, naming the rule) before any
+// request is made, so a name a script passes along never becomes part of
+// another path or a query.
+CLI::Validator tenant_name_rule();
+// The same for a Kubernetes namespace (a DNS-1123 label).
+CLI::Validator namespace_rule();
+
 // The coordinator config --config names. The default path may be absent
 // (then defaults apply); a path given explicitly must exist.
 Result<coordinator::CoordinatorConfig> load_config(const GlobalOptions& g);

@@ -190,7 +190,9 @@ void add_kubevirt_commands(CLI::App& app, Context& ctx) {
   a->add_option("--resource-name", o->resource_name,
                 "Resource name for --pci-id (default: from pci.ids, as NVIDIA's device plugin "
                 "names it, e.g. nvidia.com/AD104GL_L4)");
-  a->add_option("--namespace,-n", o->ns, "Namespace of the KubeVirt CR")->capture_default_str();
+  a->add_option("--namespace,-n", o->ns, "Namespace of the KubeVirt CR")
+      ->capture_default_str()
+      ->check(namespace_rule());
   restrict_to(
       a->add_option("--via", o->via,
                     "Who advertises the cards: driverctl (virt-handler does), gpu-operator (its "

@@ -12,6 +12,7 @@
 
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
+#include "common/net/url.hpp"
 #include "common/yaml_json.hpp"
 #include "coordinator/catalog/source.hpp"
 #include "coordinator/cli/admin_client.hpp"
@@ -199,7 +200,7 @@ int wait_for(const AdminClient& client, const std::string& name, std::chrono::se
     return "[" + std::string(t.size() < 6 ? 6 - t.size() : 0, ' ') + t + "] " + name + ": ";
   };
   while (true) {
-    auto r = client.call("GET", "/v1/tenants/" + name);
+    auto r = client.call("GET", api_path({"v1", "tenants", name}));
     if (!r) {
       if (r.error().code != Errc::unavailable) return fail(r.error());
       // The coordinator restarting is no reason to give up the wait.
@@ -320,7 +321,7 @@ void print_tenants(const json& res) {
 }
 
 int show(const Context& ctx, const std::string& name, OutputFormat out) {
-  auto res = call_coordinator(ctx.global, "GET", "/v1/tenants/" + name);
+  auto res = call_coordinator(ctx.global, "GET", api_path({"v1", "tenants", name}));
   if (!res) return fail(res.error());
   if (print_document(std::cout, out, *res)) return 0;
   const json& t = *res;
@@ -468,8 +469,8 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
 int remove(const Context& ctx, const std::string& name, const std::string& ns) {
   if (auto st = enroll::validate_tenant_name(name); !st.ok())
     return fail(st.error().with_context("tenant name"));
-  std::string path = "/v1/tenants/" + name;
-  if (!ns.empty()) path += "?namespace=" + ns;
+  std::string path = api_path({"v1", "tenants", name});
+  if (!ns.empty()) path += "?namespace=" + net::percent_encode(ns);
   auto res = call_coordinator(ctx.global, "DELETE", path);
   if (!res) return fail(res.error());
   if (!res->value("found", false)) {
@@ -486,7 +487,7 @@ int remove(const Context& ctx, const std::string& name, const std::string& ns) {
 int retry(const Context& ctx, const std::string& name, const std::string& step) {
   json body = json::object();
   if (!step.empty()) body["step"] = step;
-  auto res = call_coordinator(ctx.global, "POST", "/v1/tenants/" + name + "/retry", body);
+  auto res = call_coordinator(ctx.global, "POST", api_path({"v1", "tenants", name, "retry"}), body);
   if (!res) return fail(res.error());
   std::cout << "asked the agent of " << name << " to retry its plan"
             << (step.empty() ? " from the failed step" : " from step " + step)
@@ -497,10 +498,11 @@ int retry(const Context& ctx, const std::string& name, const std::string& step) 
 int credentials(const Context& ctx, const std::string& name, bool rotate, OutputFormat out) {
   if (auto st = enroll::validate_tenant_name(name); !st.ok())
     return fail(st.error().with_context("tenant name"));
-  auto res = rotate
-                 ? call_coordinator(ctx.global, "POST",
-                                    "/v1/tenants/" + name + "/credentials/rotate", json::object())
-                 : call_coordinator(ctx.global, "GET", "/v1/tenants/" + name + "/credentials");
+  auto res = rotate ? call_coordinator(ctx.global, "POST",
+                                       api_path({"v1", "tenants", name, "credentials", "rotate"}),
+                                       json::object())
+                    : call_coordinator(ctx.global, "GET",
+                                       api_path({"v1", "tenants", name, "credentials"}));
   if (!res) return fail(res.error());
   if (print_document(std::cout, out, *res)) return 0;
   const json& c = *res;
@@ -535,7 +537,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
       "endpoint: its API key Secret and endpoint Service, no login) (idempotent: running it "
       "again finishes an interrupted create)");
   c->add_option("NAME", o->name, "Tenant name (DNS-1123 label, starting with a letter)")
-      ->required();
+      ->required()
+      ->check(tenant_name_rule());
   c->add_option("--tier", o->tier, "Catalog tier, e.g. gpu-vm or gpu-k8s (factory catalog list)")
       ->required();
   o->gpus_opt = c->add_option("--gpus", o->gpus, "GPUs for the VM (default: the tier's)");
@@ -556,7 +559,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
                 "NodePort for SSH, 30000-32767 (default: Kubernetes picks a free one)");
   c->add_option("--namespace", o->ns,
                 "Namespace for the tenant's objects (default: the "
-                "coordinator's kube.namespace, tenants)");
+                "coordinator's kube.namespace, tenants)")
+      ->check(namespace_rule());
   c->add_flag("--wait", o->wait,
               "Follow the VM and then the agent's plan, step by step, until the tenant is ready");
   c->add_option("--timeout", o->timeout, "How long --wait waits, e.g. 30m")->capture_default_str();
@@ -602,7 +606,7 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   auto so = std::make_shared<NameOpts>();
   auto* s = group->add_subcommand(
       "show", "Show one tenant: its VM in the cluster, its agent, its plan step by step");
-  s->add_option("NAME", so->name, "Tenant name")->required();
+  s->add_option("NAME", so->name, "Tenant name")->required()->check(tenant_name_rule());
   add_output_option(*s, so->out);
   set_examples(*s, {{"factory tenant show alice", "VM, agent, plan steps, diagnoses"},
                     {"factory tenant show alice -o json", "the same as the API answers it"}});
@@ -613,9 +617,10 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
       "delete",
       "Delete a tenant: every object Factory made for it, its agent certificate and unused "
       "tokens, its record (idempotent)");
-  d->add_option("NAME", dopt->name, "Tenant name")->required();
+  d->add_option("NAME", dopt->name, "Tenant name")->required()->check(tenant_name_rule());
   d->add_option("--namespace", dopt->ns,
-                "Where to look for its objects when the coordinator has no record of it");
+                "Where to look for its objects when the coordinator has no record of it")
+      ->check(namespace_rule());
   set_examples(*d, {{"factory tenant delete alice", "everything made for alice"}});
   d->callback(
       [&ctx, dopt] { ctx.run = [&ctx, dopt] { return remove(ctx, dopt->name, dopt->ns); }; });
@@ -623,7 +628,7 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   auto ro = std::make_shared<NameOpts>();
   auto* r = group->add_subcommand(
       "retry", "Ask the tenant's agent to re-run its failed plan from the failed step");
-  r->add_option("NAME", ro->name, "Tenant name")->required();
+  r->add_option("NAME", ro->name, "Tenant name")->required()->check(tenant_name_rule());
   r->add_option("--step", ro->step, "Re-run from this step instead (an id from `tenant show`)");
   set_examples(*r, {{"factory tenant retry alice", "from the step that failed"},
                     {"factory tenant retry alice --step ollama", "from the step named"}});
@@ -640,7 +645,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
       "Print a model endpoint's URL, API key and CA; --rotate makes a new key first (the old one "
       "is refused as soon as the guest's agent is told, at once when it is connected)");
   cr->add_option("NAME", co->name, "Tenant name (a tier with an endpoint, e.g. model-endpoint)")
-      ->required();
+      ->required()
+      ->check(tenant_name_rule());
   cr->add_flag("--rotate", co->rotate, "Replace the API key");
   add_output_option(*cr, co->out);
   set_examples(*cr, {{"factory tenant credentials t5", "URL, key and CA of t5's endpoint"},

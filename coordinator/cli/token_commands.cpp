@@ -23,7 +23,8 @@ void add_token_commands(CLI::App& app, Context& ctx) {
   auto* create = token->add_subcommand(
       "create", "Create a one-time token bound to one tenant (printed once, stored hashed)");
   auto* tenant_opt =
-      create->add_option("--tenant", o->tenant, "Tenant the token enrolls (DNS-1123 label)");
+      create->add_option("--tenant", o->tenant, "Tenant the token enrolls (DNS-1123 label)")
+          ->check(tenant_name_rule());
   auto* ttl_opt = create->add_option("--ttl", o->ttl,
                                      "Lifetime, e.g. 30m, 1h (default: tokens.default_ttl, 1h)");
   auto* ro = create->add_flag("--read-only", o->read_only,

@@ -43,6 +43,8 @@ void EventBus::close() {
     if (closed_) return;
     closed_ = true;
     subs.swap(subs_);
+    per_principal_.clear();
+    unreserved_ = 0;
     stats_.subscribers = 0;
   }
   cv_.notify_all();
@@ -59,9 +61,9 @@ std::uint64_t EventBus::publish(const std::string& type, const std::string& tena
   // U+FFFD instead of an exception on a publisher's thread.
   std::string text = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::lock_guard lk(mu_);
-  FeedEvent e{next_id_++, type, tenant, std::move(text)};
+  const std::uint64_t id = next_id_++;
+  auto bytes = std::make_shared<const std::string>(format_sse({id, type, tenant, std::move(text)}));
   ++stats_.published;
-  const std::string bytes = format_sse(e);
   for (auto it = subs_.begin(); it != subs_.end();) {
     auto cur = it++;
     if (!cur->second.tenant.empty() && cur->second.tenant != tenant) continue;
@@ -69,13 +71,12 @@ std::uint64_t EventBus::publish(const std::string& type, const std::string& tena
       drop_slow(cur);
       continue;
     }
-    cur->second.last_sent = e.id;
+    cur->second.last_sent = id;
   }
-  const std::uint64_t id = e.id;
-  ring_bytes_ += bytes.size();
-  ring_.push_back(std::move(e));
+  ring_bytes_ += bytes->size();
+  ring_.push_back({id, tenant, std::move(bytes)});
   while (ring_.size() > 1 && (ring_.size() > opts_.history || ring_bytes_ > opts_.history_bytes)) {
-    ring_bytes_ -= format_sse(ring_.front()).size();
+    ring_bytes_ -= ring_.front().sse->size();
     ring_.pop_front();
   }
   return id;
@@ -83,6 +84,10 @@ std::uint64_t EventBus::publish(const std::string& type, const std::string& tena
 
 bool EventBus::deliver(Sub& s, const std::string& bytes) {
   return s.sink->write(bytes);
+}
+
+bool EventBus::deliver(Sub& s, const std::shared_ptr<const std::string>& bytes) {
+  return s.sink->write_shared(bytes);
 }
 
 void EventBus::drop_slow(std::map<std::uint64_t, Sub>::iterator it) {
@@ -93,16 +98,46 @@ void EventBus::drop_slow(std::map<std::uint64_t, Sub>::iterator it) {
                          "Last-Event-ID to resume"},
                         {"last_event_id", std::to_string(it->second.last_sent)}};
   it->second.sink->close_with(control_event("dropped", why));
+  erase_locked(it);
+}
+
+void EventBus::erase_locked(std::map<std::uint64_t, Sub>::iterator it) {
+  const Reader& r = it->second.reader;
+  if (auto p = per_principal_.find(r.principal); p != per_principal_.end() && --p->second == 0)
+    per_principal_.erase(p);
+  if (!r.reserved) --unreserved_;
   subs_.erase(it);
   stats_.subscribers = subs_.size();
 }
 
-EventBus::Subscribed EventBus::subscribe(std::shared_ptr<EventSink> sink, std::string tenant,
-                                         std::optional<std::uint64_t> after) {
+std::string EventBus::refusal(const Reader& reader) const {
   std::lock_guard lk(mu_);
-  if (closed_ || subs_.size() >= opts_.max_subscribers) return {};
+  return refusal_locked(reader);
+}
+
+std::string EventBus::refusal_locked(const Reader& reader) const {
+  if (closed_) return "the coordinator is stopping";
+  if (subs_.size() >= opts_.max_subscribers)
+    return "too many readers of /v1/events (" + std::to_string(opts_.max_subscribers) + ")";
+  if (!reader.reserved && unreserved_ + opts_.reserved >= opts_.max_subscribers)
+    return "too many readers of /v1/events with read-only tokens; the last " +
+           std::to_string(opts_.reserved) + " places are kept for the admin token";
+  auto p = per_principal_.find(reader.principal);
+  if (p != per_principal_.end() && p->second >= opts_.max_per_principal)
+    return "this token already reads /v1/events " + std::to_string(p->second) + " times (at most " +
+           std::to_string(opts_.max_per_principal) + " per token)";
+  return "";
+}
+
+EventBus::Subscribed EventBus::subscribe(std::shared_ptr<EventSink> sink, std::string tenant,
+                                         std::optional<std::uint64_t> after, Reader reader) {
+  std::lock_guard lk(mu_);
+  if (auto why = refusal_locked(reader); !why.empty()) return {0, 0, std::move(why)};
   const std::uint64_t handle = next_handle_++;
-  auto [it, inserted] = subs_.emplace(handle, Sub{std::move(sink), std::move(tenant), 0});
+  ++per_principal_[reader.principal];
+  if (!reader.reserved) ++unreserved_;
+  auto [it, inserted] =
+      subs_.emplace(handle, Sub{std::move(sink), std::move(tenant), 0, std::move(reader)});
   stats_.subscribers = subs_.size();
   Sub& s = it->second;
   s.last_sent = after.value_or(next_id_ - 1);
@@ -134,7 +169,7 @@ EventBus::Subscribed EventBus::subscribe(std::shared_ptr<EventSink> sink, std::s
   for (const auto& e : ring_) {
     if (e.id <= *after) continue;
     if (!s.tenant.empty() && e.tenant != s.tenant) continue;
-    if (!deliver(s, format_sse(e))) {
+    if (!deliver(s, e.sse)) {
       drop_slow(it);
       return {};
     }
@@ -146,8 +181,7 @@ EventBus::Subscribed EventBus::subscribe(std::shared_ptr<EventSink> sink, std::s
 
 void EventBus::unsubscribe(std::uint64_t handle) {
   std::lock_guard lk(mu_);
-  subs_.erase(handle);
-  stats_.subscribers = subs_.size();
+  if (auto it = subs_.find(handle); it != subs_.end()) erase_locked(it);
 }
 
 void EventBus::heartbeat() {

@@ -43,6 +43,9 @@ class EventSink {
   virtual ~EventSink() = default;
   // False: the reader is gone, or too much waits for it already.
   virtual bool write(std::string chunk) = 0;
+  // An event's bytes, shared with every other reader of it (and the ring):
+  // a reader that does not read holds references, not copies.
+  virtual bool write_shared(std::shared_ptr<const std::string> chunk) { return write(*chunk); }
   // Queues `last` whatever waits already, then ends the stream.
   virtual void close_with(std::string last) = 0;
 };
@@ -50,9 +53,16 @@ class EventSink {
 struct EventBusOptions {
   std::size_t history = 4096;  // events kept for Last-Event-ID
   // ... and no more bytes than this, so that a reader's whole replay fits
-  // in its stream queue (the API server's is twice this).
-  std::size_t history_bytes = 4 << 20;
+  // in its stream queue (the API server's is twice this: 1 MiB, what a
+  // reader that never reads may hold before it is dropped).
+  std::size_t history_bytes = 512 << 10;
   std::size_t max_subscribers = 256;
+  // Readers are accounted per principal (the token behind the request,
+  // coordinator/api/auth.hpp), so one read-only token cannot take every
+  // slot: each principal holds at most max_per_principal, and the last
+  // `reserved` slots are only for readers marked reserved (the admin's).
+  std::size_t max_per_principal = 64;
+  std::size_t reserved = 32;
   std::chrono::milliseconds heartbeat{std::chrono::seconds(15)};
   // 0: the time the bus is made, in microseconds since the epoch.
   std::uint64_t first_id = 0;
@@ -74,10 +84,18 @@ class EventBus {
   // Adds "tenant" and "time" to data. Returns the event's id.
   std::uint64_t publish(const std::string& type, const std::string& tenant, nlohmann::json data);
 
+  // Who subscribes, for the limits.
+  struct Reader {
+    std::string principal;
+    // May use the reserved slots. False in Reader{}: value-initialized (a
+    // member initializer here would keep subscribe() from defaulting one).
+    bool reserved;
+  };
   // What subscribe() answers.
   struct Subscribed {
-    std::uint64_t handle = 0;  // 0: refused (too many subscribers)
+    std::uint64_t handle = 0;  // 0: refused, `refusal` says why
     std::size_t replayed = 0;  // events sent from the ring
+    std::string refusal;
   };
   // Sends what the ring holds after `after` (a Last-Event-ID), then every
   // new event, for one tenant ("" every tenant). When the ring no longer
@@ -85,8 +103,11 @@ class EventBus {
   // of another run), a `reset` event says so first: the reader reloads
   // GET /v1/tenants. Without `after`, only new events.
   Subscribed subscribe(std::shared_ptr<EventSink> sink, std::string tenant,
-                       std::optional<std::uint64_t> after);
+                       std::optional<std::uint64_t> after, Reader reader = {});
   void unsubscribe(std::uint64_t handle);
+  // Why `reader` would be refused now ("" when it would not): asked before
+  // a stream's head is sent, so a refusal can be a 503.
+  std::string refusal(const Reader& reader) const;
 
   // A comment line to every subscriber, so proxies and readers see the
   // stream alive; the bus's own thread calls it every opts.heartbeat.
@@ -103,18 +124,32 @@ class EventBus {
     std::shared_ptr<EventSink> sink;
     std::string tenant;
     std::uint64_t last_sent = 0;  // the id a reader that reconnects resumes after
+    Reader reader;
   };
+  // With mu_ held: why `reader` may not take a slot now ("" when it may).
+  std::string refusal_locked(const Reader& reader) const;
+  void erase_locked(std::map<std::uint64_t, Sub>::iterator it);
   // With mu_ held: writes or drops.
   bool deliver(Sub& s, const std::string& bytes);
+  bool deliver(Sub& s, const std::shared_ptr<const std::string>& bytes);
   void drop_slow(std::map<std::uint64_t, Sub>::iterator it);
   void heartbeat_loop();
 
   EventBusOptions opts_;
   mutable std::mutex mu_;
   std::uint64_t next_id_;
-  std::deque<FeedEvent> ring_;
+  // The ring holds each event as its readers get it, formatted once and
+  // shared with every reader's queue.
+  struct Held {
+    std::uint64_t id = 0;
+    std::string tenant;
+    std::shared_ptr<const std::string> sse;
+  };
+  std::deque<Held> ring_;
   std::size_t ring_bytes_ = 0;
   std::map<std::uint64_t, Sub> subs_;
+  std::map<std::string, std::size_t> per_principal_;
+  std::size_t unreserved_ = 0;  // readers not marked reserved
   std::uint64_t next_handle_ = 1;
   BusStats stats_;
   bool closed_ = false;

@@ -80,9 +80,12 @@ void FeedState::event_stored(const std::string& tenant, const nlohmann::json& ev
   nlohmann::json plan;
   if (after && after->status.contains("plan") && after->status["plan"].is_object()) {
     // Where the plan is (state, steps_done, steps_total) without every
-    // step's record, which the progress event itself updates.
-    plan = after->status["plan"];
-    plan.erase("steps");
+    // step's record, which the progress event itself updates: copied key by
+    // key, never the steps (a copy of them per event was most of a flood's
+    // allocations).
+    plan = nlohmann::json::object();
+    for (const auto& [k, v] : after->status["plan"].items())
+      if (k != "steps") plan[k] = v;
   }
   if (kind == "progress" || kind == "plan") {
     nlohmann::json d = event;

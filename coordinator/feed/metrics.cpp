@@ -310,6 +310,15 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
           "Stored agent events dropped by retention, oldest first (agents.quota.max_events_stored, "
           "max_event_age).",
           store.stats().events_expired);
+  const BusStats bus = state.bus().stats();
+  x.family("factory_feed_readers", "gauge", "Readers of GET /v1/events now.");
+  x.sample("factory_feed_readers", "", static_cast<double>(bus.subscribers));
+  counter("factory_feed_readers_dropped_total",
+          "Readers of GET /v1/events dropped for falling behind (a full 1 MiB queue).",
+          bus.dropped_slow);
+  x.family("factory_store_queued_operations", "gauge",
+           "Events and record changes waiting for the store's writer now.");
+  x.sample("factory_store_queued_operations", "", static_cast<double>(store.stats().queued));
   return x.str();
 }
 

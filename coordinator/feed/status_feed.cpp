@@ -16,6 +16,9 @@ class ExchangeSink : public EventSink {
  public:
   explicit ExchangeSink(std::shared_ptr<net::HttpExchange> x) : x_(std::move(x)) {}
   bool write(std::string chunk) override { return x_->write(std::move(chunk)); }
+  bool write_shared(std::shared_ptr<const std::string> chunk) override {
+    return x_->write_shared(std::move(chunk));
+  }
   void close_with(std::string last) override { x_->end_with(std::move(last)); }
 
  private:
@@ -49,7 +52,8 @@ std::string StatusFeed::metrics() const {
   return render_metrics(store_, state_);
 }
 
-void StatusFeed::stream_events(std::shared_ptr<net::HttpExchange> x) {
+void StatusFeed::stream_events(std::shared_ptr<net::HttpExchange> x,
+                               const coordinator::Caller& who) {
   const auto& req = x->request();
   std::string tenant;
   if (auto it = req.query.find("tenant"); it != req.query.end()) tenant = it->second;
@@ -67,14 +71,15 @@ void StatusFeed::stream_events(std::shared_ptr<net::HttpExchange> x) {
           400, "invalid_argument", "Last-Event-ID must be an event id (a number) from this feed"));
   }
   EventBus& bus = state_.bus();
-  if (bus.stats().subscribers >= bus.max_subscribers())
-    return x->respond(net::HttpResponseOut::error(
-        503, "unavailable", "too many readers of /v1/events; try again later"));
+  EventBus::Reader reader{who.principal, who.principal == coordinator::kAdminPrincipal};
+  if (auto why = bus.refusal(reader); !why.empty())
+    return x->respond(net::HttpResponseOut::error(503, "unavailable", why + "; try again later"));
   // Proxies (nginx) would otherwise hold the events back in a buffer.
   x->start_stream(200, "text/event-stream; charset=utf-8", {{"X-Accel-Buffering", "no"}});
-  auto sub = bus.subscribe(std::make_shared<ExchangeSink>(x), tenant, after);
+  auto sub = bus.subscribe(std::make_shared<ExchangeSink>(x), tenant, after, std::move(reader));
   if (!sub.handle) {
-    x->end_with(": too many readers of /v1/events; try again later\n\n");
+    // Taken in the meantime (or dropped already, which ended the stream).
+    x->end_with(": " + sub.refusal + "; try again later\n\n");
     return;
   }
   x->on_gone([&bus, h = sub.handle] { bus.unsubscribe(h); });
@@ -92,12 +97,16 @@ void StatusFeed::install_routes(coordinator::ApiRouter& r, bool metrics_public) 
   r.add("GET", "/v1/tenants",
         [this](auto&, auto&) { return coordinator::json_response(view_.tenants()); },
         {.read_only = true});
-  r.add_stream("GET", "/v1/events",
-               [this](std::shared_ptr<net::HttpExchange> x, auto&) { stream_events(std::move(x)); },
-               {.read_only = true});
-
   // The dashboard's sign-in: a token for a session cookie.
   auto& auth = r.auth();
+  r.add_stream("GET", "/v1/events",
+               [this, &auth](std::shared_ptr<net::HttpExchange> x, auto&) {
+                 // The router let it in; who it is decides which slots it may use.
+                 auto who = auth.identify(x->request());
+                 stream_events(std::move(x), who);
+               },
+               {.read_only = true});
+
   r.add("POST", "/v1/session",
         [&auth](const net::HttpRequestIn& req, auto&) {
           if (!coordinator::same_origin(req))
@@ -108,12 +117,11 @@ void StatusFeed::install_routes(coordinator::ApiRouter& r, bool metrics_public) 
               !body["token"].is_string())
             return net::HttpResponseOut::error(400, "bad_request", "want {\"token\": TOKEN}");
           auto s = auth.sign_in(body["token"].get<std::string>());
-          if (!s) {
+          if (!s && s.error().code == Errc::unauthenticated) {
             spdlog::warn("api: dashboard sign-in with a wrong token from {}", req.header("host"));
-            return net::HttpResponseOut::error(
-                401, "unauthenticated",
-                "not the admin token or a read-only token of this coordinator");
+            return net::HttpResponseOut::error(401, "unauthenticated", s.error().message);
           }
+          if (!s) return net::HttpResponseOut::error(503, "unavailable", s.error().message);
           auto out =
               coordinator::json_response({{"access", coordinator::access_name(s->opened_with)},
                                           {"expires_at", format_rfc3339(s->expires_at)}});

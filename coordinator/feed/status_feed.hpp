@@ -35,7 +35,7 @@ class StatusFeed {
   void install_routes(coordinator::ApiRouter& router, bool metrics_public = false);
 
  private:
-  void stream_events(std::shared_ptr<net::HttpExchange> x);
+  void stream_events(std::shared_ptr<net::HttpExchange> x, const coordinator::Caller& who);
   const store::Store& store_;
   FeedState state_;
   TenantView view_;

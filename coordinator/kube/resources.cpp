@@ -1,5 +1,7 @@
 #include "coordinator/kube/resources.hpp"
 
+#include "coordinator/kube/url_encode.hpp"
+
 namespace factory::kube {
 
 const std::vector<Resource>& known_resources() {
@@ -35,11 +37,13 @@ std::string Resource::base_path() const {
 
 std::string Resource::collection_path(const std::string& ns) const {
   if (!namespaced || ns.empty()) return base_path() + "/" + plural;
-  return base_path() + "/namespaces/" + ns + "/" + plural;
+  // Names are encoded like every segment a client builds: one that holds a
+  // '/' or '?' stays one segment, and the API server refuses it by name.
+  return base_path() + "/namespaces/" + url_encode(ns) + "/" + plural;
 }
 
 std::string Resource::object_path(const std::string& ns, const std::string& name) const {
-  return collection_path(namespaced ? ns : "") + "/" + name;
+  return collection_path(namespaced ? ns : "") + "/" + url_encode(name);
 }
 
 }  // namespace factory::kube

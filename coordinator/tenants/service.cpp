@@ -11,6 +11,7 @@
 #include "common/pki.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
+#include "coordinator/tenants/k8s_names.hpp"
 
 namespace factory::tenants {
 
@@ -429,6 +430,8 @@ Status TenantService::rollback(store::TenantRecord& rec, bool record_is_new,
 Result<json> TenantService::remove(const std::string& name, const std::string& ns_hint) {
   std::lock_guard changes(changes_mu_);
   if (auto st = enroll::validate_tenant_name(name); !st.ok()) return st.error();
+  if (!ns_hint.empty())
+    if (auto st = validate_namespace_name(ns_hint); !st.ok()) return st.error();
   auto& store = deps_.store;
   auto rec = store.get_tenant(name);
   const std::string ns =

@@ -3,10 +3,16 @@
 // help that shows the global flags and examples, FACTORY_* environment
 // variables, a checked --log-level, a config whose every key is checked, and
 // messages that say a URL or a path once.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "coordinator/enroll/ca.hpp"
 #include "tests/support/test_support.hpp"
@@ -322,4 +328,66 @@ TEST(CliConventions, ConfigKeysAreCheckedAtEveryDepthAndNamedByPath) {
     EXPECT_NE(r.output.find((dir / "a.yaml").string() + ": " + c.message), std::string::npos)
         << c.yaml << r.output;
   }
+}
+
+// Issue 23, point 4: a script that passes a customer's name along must not
+// be able to reach another route. `tenant retry 't5/credentials/rotate?'`
+// rotated t5's key; `tenant show 't5/credentials' -o json` printed it. Every
+// name is checked before any request: exit 2 naming the rule, and nothing
+// reaches the coordinator (a loopback listener here stands in for it and
+// counts who connects).
+TEST(CliConventions, TenantNamesAreCheckedBeforeAnyRequestIsSent) {
+  TempDir dir;
+  const fs::path state = make_state(dir);
+  write(dir / "c.yaml", "state_dir: " + state.string() + "\n");
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 16), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string server = "https://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  const std::vector<std::string> base = {"--config", (dir / "c.yaml").string(), "--server", server};
+  auto with = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), base.begin(), base.end());
+    return fac(args);
+  };
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"tenant", "retry", "t5/credentials/rotate?"},
+           {"tenant", "show", "t5/credentials", "-o", "json"},
+           {"tenant", "credentials", "t5/../t6"},
+           {"tenant", "delete", "t5%2Fx"},
+           {"tenant", "delete", "t5", "--namespace", "tenants?x=y"},
+           {"tenant", "create", "Bad_Name", "--tier", "gpu-vm"},
+           {"token", "create", "--tenant", "t5/credentials"},
+       }) {
+    auto r = with(args);
+    const std::string command = "factory " + args[0] + " " + args[1];
+    expect_usage_error(r, "factory", command);
+    EXPECT_NE(r.output.find("a-z, 0-9 and '-'"), std::string::npos)
+        << "the rule it broke: " << r.output;
+  }
+  // A valid name goes through: the stand-in, which speaks no TLS, is reached.
+  std::atomic<int> accepted{0};
+  std::atomic<bool> done{false};
+  std::thread stand_in([&] {
+    while (!done) {
+      int c = ::accept(listener, nullptr, nullptr);
+      if (c >= 0) {
+        ::close(c);  // the client fails at once, no handshake to wait for
+        ++accepted;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+  });
+  auto reached = with({"tenant", "retry", "t5"});
+  done = true;
+  stand_in.join();
+  ::close(listener);
+  EXPECT_EQ(reached.exit_code, 1) << reached.output;
+  EXPECT_EQ(accepted, 1) << "only the valid name's request reached the coordinator";
 }

@@ -63,7 +63,7 @@ TEST(Router, MatchesParamsAndRequiresTheToken) {
         {.public_route = true});
   net::HttpRequestIn req;
   req.method = "GET";
-  req.path = "/v1/tenants/t1";
+  req.target = req.path = "/v1/tenants/t1";
   EXPECT_EQ(r.handle_now(req, {}).status, 401);
   req.headers["authorization"] = "Bearer secret-token-secret-token-secret-token";
   auto out = r.handle_now(req, {});
@@ -72,11 +72,11 @@ TEST(Router, MatchesParamsAndRequiresTheToken) {
   req.method = "DELETE";
   EXPECT_EQ(r.handle_now(req, {}).status, 405);
   req.method = "GET";
-  req.path = "/v1/nothing";
+  req.target = req.path = "/v1/nothing";
   EXPECT_EQ(r.handle_now(req, {}).status, 404);
   net::HttpRequestIn h;
   h.method = "GET";
-  h.path = "/healthz";
+  h.target = h.path = "/healthz";
   EXPECT_EQ(r.handle_now(h, {}).status, 200);
 }
 

@@ -56,6 +56,9 @@ EventBusOptions opts(std::size_t history = 16) {
   o.history = history;
   o.heartbeat = 0ms;
   o.first_id = 100;
+  // Every reader here is the same anonymous one; the admin's reserve and
+  // the per-token caps have a test of their own.
+  o.reserved = 0;
   return o;
 }
 
@@ -195,6 +198,41 @@ TEST(EventBus, SubscribersAreBoundedAndCloseEndsEveryStream) {
   bus.close();
   EXPECT_TRUE(a->ended);
   EXPECT_TRUE(c->ended);
+}
+
+// Issue 23, point 5: 256 readers held with one read-only token made the
+// admin's own request 503. Readers are counted per token, and the last
+// places are the admin's.
+TEST(EventBus, AReadOnlyTokenCannotTakeTheAdminsPlacesOrEveryPlace) {
+  EventBusOptions o = opts();
+  o.max_subscribers = 20;
+  o.reserved = 4;
+  o.max_per_principal = 6;
+  EventBus bus(o);
+  std::vector<std::shared_ptr<Reader>> held;
+  auto reader = [&](const std::string& principal) {
+    held.push_back(std::make_shared<Reader>());
+    return bus.subscribe(held.back(), "", std::nullopt, {principal, principal == "admin"});
+  };
+  for (int i = 0; i < 6; ++i) ASSERT_NE(reader("read-only:ro-a").handle, 0u);
+  auto capped = reader("read-only:ro-a");
+  EXPECT_EQ(capped.handle, 0u);
+  EXPECT_NE(capped.refusal.find("at most 6 per token"), std::string::npos) << capped.refusal;
+  for (int i = 0; i < 6; ++i) ASSERT_NE(reader("read-only:ro-b").handle, 0u);
+  for (int i = 0; i < 4; ++i) ASSERT_NE(reader("read-only:ro-c").handle, 0u);
+  // 16 read-only readers: what is left is the admin's.
+  auto reserved = reader("read-only:ro-d");
+  EXPECT_EQ(reserved.handle, 0u);
+  EXPECT_NE(reserved.refusal.find("kept for the admin token"), std::string::npos)
+      << reserved.refusal;
+  EXPECT_EQ(bus.refusal({"read-only:ro-d", false}), reserved.refusal);
+  EXPECT_EQ(bus.refusal({"admin", true}), "");
+  for (int i = 0; i < 4; ++i) EXPECT_NE(reader("admin").handle, 0u) << i;
+  EXPECT_EQ(reader("admin").handle, 0u) << "every place is taken now";
+  // A read-only reader that leaves gives its place back to read-only readers.
+  bus.unsubscribe(1);
+  EXPECT_EQ(bus.refusal({"read-only:ro-d", false}), "");
+  EXPECT_EQ(bus.stats().subscribers, 19u);
 }
 
 // What the agents module reports becomes the feed's events.

@@ -19,6 +19,11 @@ using nlohmann::json;
 namespace {
 
 const std::string kMarkup = "<img src=x onerror=\"window.__factory_xss=1\"><b>bold</b>";
+// A right-to-left override (Trojan Source) and an escape sequence: the CLI
+// shows them escaped, and so must the page (issue 23, point 8).
+const std::string kBidi =
+    "\xe2\x80\xae"
+    "fdp.exe\x1b[2J";
 
 json vm_sample(int util, int temp) {
   return {{"time", "2026-12-01T00:00:00Z"},
@@ -61,7 +66,7 @@ json k8s_sample() {
                {"temperature_c", 38}}}},
             {"diagnoses",
              {{{"code", "gpu_ecc_errors"},
-               {"summary", "volatile uncorrected ECC errors " + kMarkup},
+               {"summary", "volatile uncorrected ECC errors " + kMarkup + kBidi},
                {"fix", "drain the node and reset the GPU"}}}}}},
           {"k8s", {{"resource", "nvidia.com/gpu"}, {"allocatable", 10}, {"capacity", 10}}}};
 }
@@ -152,6 +157,8 @@ TEST(Dashboard, ShowsTwoTenantsLiveInChromiumAndAGuestsMarkupAsText) {
   EXPECT_NE(diag.find("gpu_ecc_errors"), std::string::npos) << diag;
   EXPECT_NE(diag.find("fix: drain the node and reset the GPU"), std::string::npos) << diag;
   EXPECT_NE(diag.find(kMarkup), std::string::npos) << diag;
+  EXPECT_NE(diag.find("\\u202efdp.exe\\x1b[2J"), std::string::npos) << diag;
+  EXPECT_EQ(diag.find("\xe2\x80\xae"), std::string::npos) << "the override itself never shows";
   // A PNG, of a page with something on it.
   const std::string img = slurp(png);
   ASSERT_GT(img.size(), 10000u);

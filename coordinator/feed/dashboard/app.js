@@ -7,10 +7,26 @@ const tenants = new Map(); // name -> the tenant as GET /v1/tenants gives it
 let source = null;
 let reloadTimer = null;
 
+// What could act on the reader is shown escaped, as the CLI shows it
+// (common/display.hpp): C0 and C1 controls and DEL as \xHH (\n, \r, \t
+// by name), bidi controls and line/paragraph separators as \uHHHH. As text
+// a guest's markup is harmless; its U+202E would still reorder the line it
+// sits on (Trojan Source), so it never reaches the page as itself.
+const kActive = /[\u0000-\u001f\u007f-\u009f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+const kNamed = { '\n': '\\n', '\r': '\\r', '\t': '\\t' };
+function shown(text) {
+  return String(text).replace(kActive, (c) => {
+    if (kNamed[c]) return kNamed[c];
+    const n = c.charCodeAt(0);
+    return n < 0x80 ? '\\x' + n.toString(16).padStart(2, '0')
+                    : '\\u' + n.toString(16).padStart(4, '0');
+  });
+}
+
 function el(tag, cls, text) {
   const e = document.createElement(tag);
   if (cls) e.className = cls;
-  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (text !== undefined && text !== null) e.textContent = shown(text);
   return e;
 }
 
@@ -40,7 +56,7 @@ function showSignIn(message) {
   document.getElementById('signin').hidden = false;
   document.getElementById('signout').hidden = true;
   document.getElementById('cards').replaceChildren();
-  document.getElementById('signin-error').textContent = message || '';
+  document.getElementById('signin-error').textContent = shown(message || '');
   setLive(false, 'signed out');
 }
 
@@ -153,7 +169,7 @@ function diagnoses(list) {
   for (const x of list) {
     const li = field('li', '', 'diagnosis', '');
     li.appendChild(el('strong', '', x.code || '?'));
-    li.appendChild(document.createTextNode(': ' + (x.summary || '')));
+    li.appendChild(document.createTextNode(': ' + shown(x.summary || '')));
     if (x.fix) li.appendChild(el('div', 'fix', 'fix: ' + x.fix));
     ul.appendChild(li);
   }
