@@ -67,4 +67,25 @@ std::string redacted(std::string_view secret) {
   return "<redacted " + std::to_string(secret.size()) + " chars>";
 }
 
+LogThrottle::Verdict LogThrottle::admit(Clock::time_point now) {
+  std::lock_guard lk(mu_);
+  if (window_start_ == Clock::time_point{} || now - window_start_ >= window_) {
+    window_start_ = now;
+    in_window_ = 0;
+  }
+  if (in_window_ >= burst_) {
+    ++suppressed_;
+    return {};
+  }
+  ++in_window_;
+  Verdict v{true, suppressed_};
+  suppressed_ = 0;
+  return v;
+}
+
+std::string LogThrottle::Verdict::note() const {
+  if (suppressed == 0) return "";
+  return " (and " + std::to_string(suppressed) + " more like it, not logged)";
+}
+
 }  // namespace factory

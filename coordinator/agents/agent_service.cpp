@@ -23,7 +23,19 @@ AgentService::AgentService(store::Store& store, const enroll::CertificateAuthori
            [this](const store::TenantRecord& t, const std::string& step) {
              return step_kind(t, step);
            },
+           [this](const store::TenantRecord& t) { return plan_steps(t); },
            std::move(opts.server_version)} {}
+
+std::optional<std::vector<std::string>> AgentService::plan_steps(
+    const store::TenantRecord& t) const {
+  if (!plan_provider_) return std::nullopt;
+  auto plan = plan_provider_(t);
+  if (!plan || !plan->contains("plan")) return std::nullopt;
+  std::vector<std::string> ids;
+  for (const auto& s : (*plan)["plan"].value("steps", nlohmann::json::array()))
+    if (s.contains("id") && s["id"].is_string()) ids.push_back(s["id"].get<std::string>());
+  return ids;
+}
 
 std::string AgentService::step_kind(const store::TenantRecord& t, const std::string& step) const {
   if (!plan_provider_) return "";

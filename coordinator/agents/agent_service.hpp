@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/net/server.hpp"
 #include "common/worker_pool.hpp"
@@ -70,6 +71,7 @@ class AgentService {
 
  private:
   std::string step_kind(const store::TenantRecord& t, const std::string& step) const;
+  std::optional<std::vector<std::string>> plan_steps(const store::TenantRecord& t) const;
 
   store::Store& store_;
   feed::FeedState& feed_;

@@ -14,6 +14,14 @@ json& object_at(json& parent, const char* key) {
 
 }  // namespace
 
+std::string last_bytes(std::string_view tail, std::size_t max) {
+  if (tail.size() <= max) return std::string(tail);
+  tail.remove_prefix(tail.size() - max);
+  while (!tail.empty() && (static_cast<unsigned char>(tail.front()) & 0xC0) == 0x80)
+    tail.remove_prefix(1);
+  return std::string(tail);
+}
+
 bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
   json clean = ev.to_json();
   clean.erase("id");
@@ -29,6 +37,7 @@ bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
       s["started_at"] = *ev.time;
     for (auto& [k, v] : clean.items())
       if (k != "kind" && k != "step" && k != "plan_hash") s[k] = v;
+    if (p->output_tail) s["output_tail"] = last_bytes(*p->output_tail);
     if (t.phase == "pending" || t.phase == "enrolled") t.phase = "provisioning";
     return true;
   }

@@ -1,18 +1,28 @@
 #pragma once
 // Projection: what an agent's events make of its tenant's status (plan and
 // step progress, health, diagnoses) and phase, as the feed shows them.
-// It sees only decoded events (messages.hpp), and keeps the record bounded:
-// an agent that invents step ids or diagnosis codes without end adds no
-// more than kMaxProjectedSteps / kMaxProjectedDiagnoses entries.
+// It sees only decoded events (messages.hpp), and keeps the record bounded
+// whatever the agent sends within its quota: a step id outside the
+// tenant's plan is refused before it gets here (session.cpp), a tenant with
+// no plan (a token-only one) has at most kMaxProjectedSteps, diagnosis
+// codes at most kMaxProjectedDiagnoses, and each step keeps the last
+// kProjectedTailBytes of its output (the event in the history keeps it all).
 #include <cstddef>
+#include <string>
+#include <string_view>
 
 #include "coordinator/agents/messages.hpp"
 #include "coordinator/store/store.hpp"
 
 namespace factory::coordinator {
 
-inline constexpr std::size_t kMaxProjectedSteps = 256;
+inline constexpr std::size_t kMaxProjectedSteps = 64;
 inline constexpr std::size_t kMaxProjectedDiagnoses = 64;
+inline constexpr std::size_t kProjectedTailBytes = 4096;
+
+// The last `max` bytes of an output tail, starting on a character (a UTF-8
+// continuation byte is never first).
+std::string last_bytes(std::string_view tail, std::size_t max = kProjectedTailBytes);
 
 // Applies one agent event to the tenant's derived status and phase.
 // Returns true when the record changed and should be persisted.

@@ -259,6 +259,8 @@ void AgentSession::handle_hello(const proto::Envelope& env) {
   if (hello_done_) return;
   auto rec = ctx_.store.get_tenant(tenant_);
   agent_id_ = rec ? rec->agent.value("agent_id", "") : "";
+  if (rec && ctx_.plan_steps)
+    if (auto ids = ctx_.plan_steps(*rec)) plan_steps_.emplace(ids->begin(), ids->end());
   ctx_.sessions.attach(tenant_, shared_from_this());
   hello_done_ = true;
   feed::AgentPresence live;
@@ -295,13 +297,28 @@ void AgentSession::handle_event(const proto::Envelope& env) {
   auto checked = ctx_.ingestion.check(tenant_, env.body);
   if (auto* no = std::get_if<Refusal>(&checked)) return refuse(*no);
   IngestedEvent in = std::get<IngestedEvent>(std::move(checked));
+  if (const auto* p = std::get_if<ProgressEvent>(&in.event.body);
+      p && plan_steps_ && !plan_steps_->contains(p->step)) {
+    // What it would add to the tenant's record is bounded by the plan: a
+    // step the plan does not have is refused (not stored, not acknowledged;
+    // the agent's next acknowledged event passes it) and counted.
+    ctx_.ingestion.count(tenant_, "unknown_step");
+    ++ctx_.feed.counters().frames_rejected;
+    return refuse(Refusal{
+        "bad_event",
+        "progress for step '" + p->step.substr(0, 64) + "', which is not in this tenant's plan",
+        ""});
+  }
   store::StoredEvent e = std::move(in.stored);
   e.agent_id = agent_id_;
   const uint64_t id = e.id;
   const uint64_t seq = env.seq;
   auto failed = store_failed_;
-  // What the feed's counters read: the decoded event, as stored.
+  // What the feed's counters and readers get: the decoded event, its
+  // output tail as the record keeps it (the history keeps the whole).
   nlohmann::json body = e.event;
+  if (auto t = body.find("output_tail"); t != body.end() && t->is_string())
+    *t = last_bytes(t->get_ref<const std::string&>());
   // A health sample sent as an event (an agent older than the health
   // frame) is health all the same: the latest sample, not the record.
   if (const auto* h = std::get_if<HealthEvent>(&in.event.body)) handle_health(h->report);
@@ -321,14 +338,19 @@ void AgentSession::handle_event(const proto::Envelope& env) {
         } else {
           ++self->ctx_.feed.counters().events_duplicate;
         }
-        self->conn_->post([self, id, seq, r = std::move(r)] {
+        // Back to the io thread with the outcome, not the record (which may
+        // be large, and is the store's and the feed's business by now).
+        std::optional<std::string> failure;
+        if (!r) failure = r.error().message;
+        self->conn_->post([self, id, seq, failure = std::move(failure)] {
           if (self->closed_) return;
-          if (!r) {
+          if (failure) {
             // Never acknowledge past an event that is not stored: the agent
             // keeps everything from this one on and sends it again.
             ++self->ctx_.feed.counters().store_failures;
-            spdlog::error("agents: could not store event {} of {}: {}; closing the session", id,
-                          self->tenant_, r.error().message);
+            if (auto v = self->ctx_.store_failure_log.admit(); v.log)
+              spdlog::error("agents: could not store event {} of {}: {}; closing the session{}", id,
+                            self->tenant_, *failure, v.note());
             self->send_error("store_failed", "event " + std::to_string(id) +
                                                  " not stored; reconnect and send it again");
             self->conn_->close("store failed", 1011);

@@ -25,7 +25,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_set>
+#include <vector>
 
+#include "common/log.hpp"
 #include "common/net/server.hpp"
 #include "common/protocol.hpp"
 #include "common/worker_pool.hpp"
@@ -68,7 +71,13 @@ struct SessionContext {
   // The kind of a step of the tenant's plan ("" when unknown): labels the
   // step duration metric with what the catalog says, not what the agent does.
   std::function<std::string(const store::TenantRecord&, const std::string& step)> step_kind;
+  // The step ids of the plan the tenant's agent is given (nullopt: it has
+  // none, a token-only tenant): progress for any other step is refused.
+  std::function<std::optional<std::vector<std::string>>(const store::TenantRecord&)> plan_steps;
   std::string server_version;
+  // "could not store event": when the disk is full every session says it,
+  // and every agent comes back to say it again.
+  LogThrottle store_failure_log{};
 };
 
 class AgentSession : public net::WsHandler, public std::enable_shared_from_this<AgentSession> {
@@ -127,6 +136,8 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   int endpoint_signatures_ = 0;
   bool endpoint_signing_ = false;
   std::string ended_as_;  // set by end(): how the feed shows this disconnect
+  // The steps of the plan sent at hello; nullopt when the tenant has none.
+  std::optional<std::unordered_set<std::string>> plan_steps_;
   // Set by the store's writer when one of this session's events could not be
   // stored: no later one may be (store::Store::append_event).
   std::shared_ptr<std::atomic<bool>> store_failed_ = std::make_shared<std::atomic<bool>>(false);

@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 
@@ -23,6 +24,14 @@ void raise_open_files_limit() {
   r.rlim_cur = r.rlim_max;
   if (::setrlimit(RLIMIT_NOFILE, &r) == 0)
     spdlog::debug("open files limit raised from {} to {}", was, r.rlim_cur);
+}
+
+// A write past a file-size limit (RLIMIT_FSIZE, a quota) would kill the
+// coordinator with SIGXFSZ; ignored, it fails with EFBIG and is handled like
+// a full disk: the write is refused, nothing is acknowledged, the
+// coordinator stays up for everything that does not write.
+void writes_past_a_size_limit_fail() {
+  std::signal(SIGXFSZ, SIG_IGN);
 }
 }  // namespace
 
@@ -54,6 +63,7 @@ void add_serve_command(CLI::App& app, Context& ctx) {
         if (!lock) return fail(lock.error());
       }
       raise_open_files_limit();
+      writes_past_a_size_limit_fail();
       auto c = coordinator::Coordinator::open(*cfg);
       if (!c) return fail(c.error());
       if (auto st = (*c)->start(); !st.ok()) return fail(st.error());

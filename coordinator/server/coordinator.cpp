@@ -1,9 +1,11 @@
 #include "coordinator/server/coordinator.hpp"
 
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -81,6 +83,8 @@ struct Coordinator::Net {
   std::mutex cert_mu;
   Clock::time_point cert_issued{}, cert_expires{};
   bool renewing = false;  // one renewal on a worker at a time
+  std::unique_ptr<boost::asio::steady_timer> memory_trim;
+  std::atomic<bool> trimming{false};
 };
 
 Result<std::string> load_or_create_admin_token(const std::string& state_dir) {
@@ -269,15 +273,25 @@ void Coordinator::install_core_routes() {
           if (ttl < std::chrono::seconds(1) || ttl > std::chrono::hours(24 * 7))
             return net::HttpResponseOut::error(400, "invalid_argument",
                                                "ttl must be between 1s and 7d");
-          auto issued = p.tokens->issue(tenant, ttl);
-          if (!issued) return net::HttpResponseOut::error(500, "internal", issued.error().message);
+          // The tenant's record first, the token second: a token is good only
+          // with a record to enroll into, so one whose record could not be
+          // stored (a full disk) must never be left active in the book.
           if (!p.store->get_tenant(tenant)) {
             store::TenantRecord rec;
             rec.name = tenant;
             rec.created_at = format_rfc3339(Clock::now());
             if (auto st = p.store->put_tenant(rec); !st.ok())
-              return net::HttpResponseOut::error(500, "internal", st.error().message);
+              return net::HttpResponseOut::error(
+                  503, "store_failed",
+                  "could not store tenant " + tenant + ": " + st.error().message +
+                      "; no token was issued, try again once the store is writable");
           }
+          auto issued = p.tokens->issue(tenant, ttl);
+          if (!issued)
+            return net::HttpResponseOut::error(
+                503, "store_failed",
+                issued.error().message +
+                    "; no token was issued, try again once the token book is writable");
           spdlog::info("api: issued bootstrap token {} for tenant {} (expires {})", issued->id,
                        tenant, format_rfc3339(issued->expires_at));
           return json_response({{"tenant", tenant},
@@ -392,9 +406,12 @@ Status Coordinator::start() {
   po.listen = cfg_.api_listen;
   po.tls = tls;
   po.name = "api";
-  // A GET /v1/events reader's whole replay (the bus keeps at most 4 MiB of
-  // history) fits in its queue; past this it is too slow and is dropped.
-  po.max_stream_queue = 8 << 20;
+  // What a GET /v1/events reader that does not read may hold before it is
+  // dropped: 1 MiB of references to the feed's events (shared, not copied),
+  // so 100 such readers cost about 100 MiB at worst, and far less when they
+  // fell behind on the same events. Its whole replay (the bus keeps at most
+  // 512 KiB of history) fits.
+  po.max_stream_queue = 1 << 20;
   net_->api = std::make_unique<net::Server>(*net_->pool, po);
   net_->api->on_http(
       [&p](std::shared_ptr<net::HttpExchange> x) { p.router->handle(std::move(x)); });
@@ -414,7 +431,25 @@ Status Coordinator::start() {
         "client can verify this coordinator",
         cfg_.state_dir, format_rfc3339(p.ca->not_after()));
   schedule_renewal();
+  schedule_memory_trim();
   return {};
+}
+
+void Coordinator::schedule_memory_trim() {
+  net_->memory_trim = std::make_unique<boost::asio::steady_timer>(net_->pool->main());
+  net_->memory_trim->expires_after(kMemoryTrimEvery);
+  net_->memory_trim->async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    // On a worker: a trim walks every arena's free lists. One at a time.
+    if (!net_->trimming.exchange(true)) {
+      if (!parts_->workers->post([this] {
+            ::malloc_trim(0);
+            net_->trimming = false;
+          }))
+        net_->trimming = false;
+    }
+    schedule_memory_trim();
+  });
 }
 
 // The serving certificate is renewed once two thirds of its life have gone,

@@ -25,6 +25,11 @@ inline constexpr const char* kApiTokensFile = "api-tokens.json";
 // suspended host, or a clock set forward, finds it expired at once).
 inline constexpr std::chrono::hours kServingCertTtl{24 * 30};
 inline constexpr std::chrono::seconds kRenewalCheckEvery{10};
+// How often freed memory is handed back to the system (malloc_trim). glibc
+// keeps what a burst freed (an event flood, readers dropped) in its arenas
+// for reuse, and a coordinator that peaked once would look that large for
+// its life; trimming every so often gives it back within seconds.
+inline constexpr std::chrono::seconds kMemoryTrimEvery{5};
 // From when the coordinator (and `factory status`) warn that the CA expires.
 inline constexpr std::chrono::hours kCaExpiryWarning{24 * 30};
 
@@ -51,6 +56,7 @@ class Coordinator {
   Status issue_serving_certificate(net::TlsServerOptions& tls);
   net::TlsServerOptions agents_tls(const net::TlsServerOptions& serving) const;
   void schedule_renewal();
+  void schedule_memory_trim();
 
   CoordinatorConfig cfg_;
   struct Parts;  // every module's piece, in the order they are built

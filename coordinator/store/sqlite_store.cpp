@@ -21,6 +21,7 @@
 
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
+#include "common/log.hpp"
 #include "coordinator/store/store.hpp"
 
 namespace factory::store {
@@ -393,6 +394,8 @@ class SqliteStore final : public Store {
   // atomic, or the first calls race the writer's start (ThreadSanitizer, in
   // make ci-sanitizers, on every store test that reopened a store).
   std::atomic<std::thread::id> writer_id_{};
+  // A full disk fails every batch; the log says so a few times, then how often.
+  LogThrottle write_failure_log_{};
 };
 
 Status SqliteStore::open() {
@@ -709,7 +712,7 @@ void SqliteStore::run_batch(std::deque<Op>& batch, bool maintenance_due, bool he
                    .run() &&
                s.put_count.bind(1, op.tenant).bind(2, n).run();
         if (good && op.project) {
-          TenantRecord changed = *rec;
+          TenantRecord changed = std::move(*rec);
           bool did = false;
           try {
             did = op.project(changed);
@@ -777,7 +780,7 @@ void SqliteStore::run_batch(std::deque<Op>& batch, bool maintenance_due, bool he
   if (good) good = s.commit.run();
   if (!good) {
     Error e = db_error(db_, "write");
-    spdlog::error("{}", e.message);
+    if (auto v = write_failure_log_.admit(); v.log) spdlog::error("{}{}", e.message, v.note());
     s.rollback.run();
     {
       std::lock_guard lk(queue_mu_);
@@ -797,7 +800,7 @@ void SqliteStore::run_batch(std::deque<Op>& batch, bool maintenance_due, bool he
     std::unique_lock lk(mu_);
     for (auto& [name, rec] : ov.tenants) {
       if (rec)
-        tenants_[name] = *rec;
+        tenants_[name] = std::move(*rec);
       else
         tenants_.erase(name);
     }

@@ -276,6 +276,26 @@ TEST(AgentProjection, SeesOnlyDecodedFieldsAndStaysBounded) {
   EXPECT_EQ(t.phase, "ready");
 }
 
+// Issue 23, point 3: fifty step ids with 15 KB tails made a record of
+// 750 KB, rewritten and copied on every event. A step keeps the last 4 KiB
+// of its output; the event in the history keeps the whole tail.
+TEST(StatusProjection, AStepKeepsTheLastBytesOfItsOutputOnACharacter) {
+  store::TenantRecord t;
+  t.name = "t1";
+  // 4,098 bytes: the cut falls between the two bytes of the é.
+  std::string tail = "x\xc3\xa9" + std::string(kProjectedTailBytes - 4, 'a') + "END";
+  auto e = decode_event({{"id", 1}, {"kind", "progress"}, {"step", "s"}, {"output_tail", tail}});
+  ASSERT_TRUE(e.value);
+  ASSERT_EQ(*std::get<ProgressEvent>(e.value->body).output_tail, tail) << "decoded whole";
+  EXPECT_TRUE(project_event(t, *e.value));
+  const std::string kept = t.status["plan"]["steps"]["s"]["output_tail"];
+  EXPECT_EQ(kept.size(), kProjectedTailBytes - 1);
+  EXPECT_EQ(kept.substr(kept.size() - 3), "END");
+  EXPECT_NE(static_cast<unsigned char>(kept[0]) & 0xC0, 0x80) << "never half a character";
+  EXPECT_EQ(last_bytes("short"), "short");
+  EXPECT_EQ(last_bytes("\xc3\xa9xyz", 4), "xyz") << "the é would be cut: left out whole";
+}
+
 TEST(TenantQuotas, EventsPerSecondWithABurst) {
   QuotaOptions o;
   o.events_per_second = 10;

@@ -53,8 +53,13 @@ CoordinatorHarness::~CoordinatorHarness() {
 }
 
 void CoordinatorHarness::start() {
-  proc_ = Process({factory_bin(), "serve", "--config", config_path().string()},
-                  dir_ / ("coordinator." + std::to_string(++starts_) + ".log"), env_);
+  std::vector<std::string> argv = {factory_bin(), "serve", "--config", config_path().string()};
+  if (log_through_pipe_)
+    // bash replaces itself with the coordinator (the pid stays the one
+    // pid() names); the cat it started keeps the log file as its stdout.
+    argv.insert(argv.begin(),
+                {"/bin/bash", "-c", "exec > >(exec cat) 2>&1; exec \"$@\"", "coordinator"});
+  proc_ = Process(argv, dir_ / ("coordinator." + std::to_string(++starts_) + ".log"), env_);
   bool up = eventually([&] { return port_open(api_port_) && port_open(agents_port_); },
                        std::chrono::seconds(15));
   ASSERT_TRUE(up) << "factory serve did not start listening; its log:\n" << proc_.log();

@@ -27,6 +27,11 @@ class CoordinatorHarness {
   void set_env(std::map<std::string, std::string> env) { env_ = std::move(env); }
   const std::map<std::string, std::string>& env() const { return env_; }
 
+  // The coordinator's log goes through a pipe to a `cat` that writes the
+  // file, instead of to the file itself: a test that limits the
+  // coordinator's own file writes (prlimit RLIMIT_FSIZE, a full disk's
+  // stand-in) still reads what it logged. Call before start().
+  void log_through_pipe() { log_through_pipe_ = true; }
   void start();  // spawns `factory serve` and waits until the API answers
   void stop();   // SIGTERM
   void kill9();  // SIGKILL, as a crash would
@@ -72,6 +77,7 @@ class CoordinatorHarness {
   int agents_port_, api_port_;
   std::map<std::string, std::string> env_;
   Process proc_;
+  bool log_through_pipe_ = false;
   int starts_ = 0;
 };
 
