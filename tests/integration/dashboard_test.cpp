@@ -19,11 +19,13 @@ using nlohmann::json;
 namespace {
 
 const std::string kMarkup = "<img src=x onerror=\"window.__factory_xss=1\"><b>bold</b>";
-// A right-to-left override (Trojan Source) and an escape sequence: the CLI
-// shows them escaped, and so must the page (issue 23, point 8).
+// A right-to-left override (Trojan Source) and a left-to-right isolate:
+// the coordinator keeps them as sent (they are text; a C0 control in a
+// summary is dropped there), the CLI shows them escaped, and so must the
+// page (issue 23, point 8).
 const std::string kBidi =
     "\xe2\x80\xae"
-    "fdp.exe\x1b[2J";
+    "fdp.exe\xe2\x81\xa6";
 
 json vm_sample(int util, int temp) {
   return {{"time", "2026-12-01T00:00:00Z"},
@@ -157,7 +159,7 @@ TEST(Dashboard, ShowsTwoTenantsLiveInChromiumAndAGuestsMarkupAsText) {
   EXPECT_NE(diag.find("gpu_ecc_errors"), std::string::npos) << diag;
   EXPECT_NE(diag.find("fix: drain the node and reset the GPU"), std::string::npos) << diag;
   EXPECT_NE(diag.find(kMarkup), std::string::npos) << diag;
-  EXPECT_NE(diag.find("\\u202efdp.exe\\x1b[2J"), std::string::npos) << diag;
+  EXPECT_NE(diag.find("\\u202efdp.exe\\u2066"), std::string::npos) << diag;
   EXPECT_EQ(diag.find("\xe2\x80\xae"), std::string::npos) << "the override itself never shows";
   // A PNG, of a page with something on it.
   const std::string img = slurp(png);
