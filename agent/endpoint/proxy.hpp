@@ -20,9 +20,8 @@
 // lives at most the handshake's 10 s, 30 s before its head begins and 30 s
 // for the head, and sends at most a head's 16 KiB. Connections are capped in
 // all and per source address (max_connections, max_connections_per_address:
-// past either a newcomer is closed at once), so a flood of idle connections
-// can neither hold the others out from every address nor take the agent's
-// file descriptors.
+// past either a newcomer is closed at once), so one address's flood leaves
+// the others served, and no flood takes the agent's file descriptors.
 //
 // Threads: the server's own io thread accepts and checks; each admitted
 // request is answered from a worker (at most max_concurrent at once, 503
