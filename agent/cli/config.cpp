@@ -49,6 +49,9 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
                   m->read("log_level", cfg.log_level),
                   m->read("ollama_url", cfg.ollama_url),
                   m->read("endpoint_listen", cfg.endpoint_listen),
+                  m->read("endpoint_max_connections", cfg.endpoint_max_connections, 1'000'000),
+                  m->read("endpoint_max_connections_per_address",
+                          cfg.endpoint_max_connections_per_address, 1'000'000),
                   m->read("spool_max_events", cfg.spool_max_events, 100'000'000),
                   m->read("replay_rate_per_second", cfg.replay_rate_per_second, 1'000'000),
                   m->read("run_plan", cfg.run_plan),
@@ -59,6 +62,7 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
                   read_duration(*m, "backoff_base", cfg.backoff_base),
                   read_duration(*m, "backoff_cap", cfg.backoff_cap),
                   read_duration(*m, "first_connect_jitter", cfg.first_connect_jitter),
+                  read_duration(*m, "endpoint_first_byte_timeout", cfg.endpoint_first_byte_timeout),
                   m->done()})
     if (!st.ok()) return st;
   cfg.health_max_quiet = static_cast<int>(max_quiet);
@@ -84,6 +88,12 @@ Status validate(const AgentConfig& cfg) {
     return Error(Errc::invalid_argument, "health_max_quiet must be from 1 to 1000 intervals");
   if (cfg.backoff_cap > std::chrono::minutes(10))
     return Error(Errc::invalid_argument, "backoff_cap above 10m would hide an agent for too long");
+  if (cfg.endpoint_max_connections == 0 || cfg.endpoint_max_connections_per_address == 0)
+    return Error(Errc::invalid_argument,
+                 "endpoint_max_connections and endpoint_max_connections_per_address must be at "
+                 "least 1");
+  if (cfg.endpoint_first_byte_timeout < std::chrono::seconds(1))
+    return Error(Errc::invalid_argument, "endpoint_first_byte_timeout must be at least 1s");
   return {};
 }
 

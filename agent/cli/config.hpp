@@ -5,6 +5,7 @@
 #include <chrono>
 #include <string>
 
+#include "agent/endpoint/proxy.hpp"
 #include "agent/link/link.hpp"
 #include "common/error.hpp"
 
@@ -24,6 +25,14 @@ struct AgentConfig : LinkOptions {
   std::string ollama_url = "http://127.0.0.1:11434";
   // A model endpoint's proxy: "" = 0.0.0.0:<the plan's endpoint port>.
   std::string endpoint_listen;
+  // ... its connections at once, in all and from one source address, and how
+  // long Ollama may take to begin an answer (agent/endpoint/proxy.hpp says
+  // why these defaults).
+  size_t endpoint_max_connections = endpoint::ProxyOptions{}.max_connections;
+  size_t endpoint_max_connections_per_address =
+      endpoint::ProxyOptions{}.max_connections_per_address;
+  std::chrono::milliseconds endpoint_first_byte_timeout =
+      endpoint::ProxyOptions{}.upstream_first_byte_timeout;
   size_t spool_max_events = 10000;
   bool run_plan = true;  // false: link only (tests of the spine)
 };

@@ -1,9 +1,12 @@
 // factory-agent: provisions a guest VM at first boot and reports to the coordinator.
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 #include <thread>
 
@@ -20,6 +23,23 @@ using namespace factory;
 using namespace factory::agent;
 
 namespace {
+
+// Connections to the model endpoint, the requests to Ollama, health and the
+// link all take descriptors, and the soft limit systemd leaves a service
+// (1,024) is far below what the kernel allows it (the hard limit): a flood of
+// idle connections once used them all. The raise is for this process and
+// what it starts.
+void raise_descriptor_limit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+  const rlim_t was = rl.rlim_cur;
+  rl.rlim_cur = rl.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    spdlog::warn("cannot raise the open-file limit from {}: {}", was, std::strerror(errno));
+    return;
+  }
+  spdlog::info("open-file limit raised from {} to {} (the hard limit)", was, rl.rlim_cur);
+}
 
 int run_agent(int argc, char** argv) {
   // Named here, so help says "Usage: factory-agent ..." however it was started.
@@ -112,6 +132,9 @@ int run_agent(int argc, char** argv) {
     if (rr->count() == 0) cfg.replay_rate_per_second = from_file.replay_rate_per_second;
     cfg.run_plan = from_file.run_plan;
     cfg.endpoint_listen = from_file.endpoint_listen;
+    cfg.endpoint_max_connections = from_file.endpoint_max_connections;
+    cfg.endpoint_max_connections_per_address = from_file.endpoint_max_connections_per_address;
+    cfg.endpoint_first_byte_timeout = from_file.endpoint_first_byte_timeout;
   }
   if (health_interval_s > 0)
     cfg.health_interval = std::chrono::milliseconds(static_cast<int64_t>(health_interval_s * 1000));
@@ -128,6 +151,7 @@ int run_agent(int argc, char** argv) {
     return cli::kExitUsage;
   }
   setup_logging("factory-agent", cfg.log_level);
+  raise_descriptor_limit();
   if (auto st = ensure_dir(cfg.state_dir, 0700); !st.ok()) {
     std::cerr << "factory-agent: state dir: " << st.error().message << "\n";
     return cli::kExitError;
@@ -157,6 +181,9 @@ int run_agent(int argc, char** argv) {
   ro.health.max_quiet = cfg.health_max_quiet;
   ro.engine.retry_delay = cfg.retry_delay;
   ro.endpoint.listen = cfg.endpoint_listen;
+  ro.endpoint.max_connections = cfg.endpoint_max_connections;
+  ro.endpoint.max_connections_per_address = cfg.endpoint_max_connections_per_address;
+  ro.endpoint.first_byte_timeout = cfg.endpoint_first_byte_timeout;
   AgentRuntime runtime(env, **spool, std::move(ro));
   LinkCallbacks cb;
   cb.on_plan = [&runtime](const nlohmann::json& p) { runtime.on_plan(p); };

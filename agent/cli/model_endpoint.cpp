@@ -47,6 +47,9 @@ void ModelEndpoint::on_plan(const json& plan) {
   po.listen = opts_.listen.empty() ? "0.0.0.0:" + std::to_string(port) : opts_.listen;
   po.upstream = opts_.ollama_url;
   po.state_dir = opts_.state_dir / "endpoint";
+  po.max_connections = opts_.max_connections;
+  po.max_connections_per_address = opts_.max_connections_per_address;
+  po.upstream_first_byte_timeout = opts_.first_byte_timeout;
   proxy_ = std::make_unique<endpoint::Proxy>(po);
   port_ = port;
   auto saved = proxy_->load_saved();

@@ -29,6 +29,11 @@ struct ModelEndpointOptions {
   // "" = 0.0.0.0:<the plan's port>; the guest simulator sets where its
   // stand-in for the NodePort forwards (127.0.0.1:<node port>).
   std::string listen;
+  // The proxy's limits (endpoint::ProxyOptions says what each bounds).
+  std::size_t max_connections = endpoint::ProxyOptions{}.max_connections;
+  std::size_t max_connections_per_address = endpoint::ProxyOptions{}.max_connections_per_address;
+  std::chrono::milliseconds first_byte_timeout =
+      endpoint::ProxyOptions{}.upstream_first_byte_timeout;
   // Asked for a new certificate when less than this is left of it.
   std::chrono::seconds renew_before{std::chrono::hours(24 * 10)};
 };

@@ -57,6 +57,12 @@ Result<std::int64_t> validate(const Credentials& c) {
   return unix_seconds(info->not_after);
 }
 
+// "3m", or "250 ms" below a second.
+std::string duration_text(std::chrono::milliseconds d) {
+  if (d < std::chrono::seconds(1)) return std::to_string(d.count()) + " ms";
+  return format_duration(std::chrono::duration_cast<std::chrono::seconds>(d));
+}
+
 // Where the stream's format lets a late error be said: Ollama's own NDJSON
 // error line, or an SSE event with the OpenAI error object.
 std::string stream_error_chunk(const std::string& content_type, const std::string& message) {
@@ -102,28 +108,43 @@ struct Proxy::Impl {
     return !key_hash.empty() && pki::secure_equals(h, key_hash);
   }
 
-  // On the io thread: every check that costs nothing, then a worker.
-  void handle(const std::shared_ptr<net::HttpExchange>& x) {
-    const auto& req = x->request();
+  // On the io thread, on a request's head, before a byte of its body is
+  // read: the key, then the path. What is refused here is answered at once
+  // and its connection closed (net::HeadHandler), so a caller without the
+  // key never has a body buffered.
+  std::optional<net::HttpResponseOut> check_head(const net::HttpRequestIn& head) {
     requests++;
-    if (!authorized(req)) {
+    if (!authorized(head)) {
       unauthorized++;
       auto r = error_response(401, "invalid_request_error", "invalid_api_key",
                               "missing or invalid API key (Authorization: Bearer <key>)");
       r.headers["WWW-Authenticate"] = "Bearer";
-      return x->respond(std::move(r));
+      return r;
     }
-    auto route = match_route(req.method, req.path);
+    auto route = match_route(head.method, head.path);
     if (route.verdict == RouteVerdict::not_found) {
       refused_paths++;
-      return x->respond(error_response(404, "invalid_request_error", "unknown_url",
-                                       "no such endpoint: " + req.method + " " + req.path));
+      return error_response(404, "invalid_request_error", "unknown_url",
+                            "no such endpoint: " + head.method + " " + head.path);
     }
     if (route.verdict == RouteVerdict::wrong_method) {
       auto r = error_response(405, "invalid_request_error", "method_not_allowed",
-                              req.method + " is not allowed on " + req.path);
+                              head.method + " is not allowed on " + head.path);
       r.headers["Allow"] = route.allow;
-      return x->respond(std::move(r));
+      return r;
+    }
+    return std::nullopt;
+  }
+
+  // On the io thread, with the body read (check_head passed its head): a
+  // place among max_concurrent, then a worker.
+  void handle(const std::shared_ptr<net::HttpExchange>& x) {
+    const auto& req = x->request();
+    auto route = match_route(req.method, req.path);
+    if (route.verdict != RouteVerdict::pass) {
+      // check_head refused these; a key rotated in between lands here.
+      return x->respond(error_response(404, "invalid_request_error", "unknown_url",
+                                       "no such endpoint: " + req.method + " " + req.path));
     }
     if (in_flight.fetch_add(1) >= opts.max_concurrent) {
       in_flight--;
@@ -134,19 +155,34 @@ struct Proxy::Impl {
                                            " requests at once; retry shortly"));
     }
     std::string target = route.upstream_target;
-    if (!workers->post([this, x, target] { pass(*x, target); })) {
+    // The client hanging up ends the worker's wait on Ollama at once (the
+    // server watches the connection from here on), not at Ollama's next
+    // chunk, which a silent Ollama may never send.
+    auto cancel = std::make_shared<net::HttpCancel>();
+    x->on_gone([cancel] { cancel->cancel(); });
+    if (!workers->post([this, x, target, cancel] { pass(*x, target, cancel); })) {
       in_flight--;
       x->respond(error_response(503, "server_error", "stopping", "the endpoint is stopping"));
     }
   }
 
+  // Gives back the place handle() took, however pass() ends.
+  struct InFlight {
+    std::atomic<std::uint64_t>& count;
+    ~InFlight() { count--; }
+  };
+
   // On a worker: the request to Ollama, its answer back as it comes.
-  void pass(net::HttpExchange& x, const std::string& target) {
+  void pass(net::HttpExchange& x, const std::string& target,
+            const std::shared_ptr<net::HttpCancel>& cancel) {
+    InFlight place{in_flight};
     const auto& req = x.request();
     net::HttpRequest up;
     up.method = req.method;
     up.url = opts.upstream + target;
-    up.timeout = opts.upstream_idle_timeout;
+    up.timeout = opts.upstream_first_byte_timeout;
+    up.idle_timeout = opts.upstream_idle_timeout;
+    up.cancel = cancel;
     up.body = req.body;
     // Only what Ollama needs: never the customer's Authorization.
     if (auto ct = req.header("content-type"); !ct.empty()) up.headers["Content-Type"] = ct;
@@ -191,16 +227,24 @@ struct Proxy::Impl {
       return true;
     };
     auto r = client.stream(up, on_data, on_head);
+    if (cancel->cancelled()) client_gone = true;
 
-    if (!r) {
+    if (!r && !client_gone) {
       upstream_errors++;
       spdlog::warn("endpoint: {} {}: upstream: {}", req.method, target, r.error().message);
       if (started) {
         x.end_with(stream_error_chunk(content_type, "the model server cut the answer short"));
+      } else if (status == 0 && r.error().code == Errc::timeout) {
+        x.respond(error_response(504, "server_error", "upstream_timeout",
+                                 "the model server did not begin its answer within " +
+                                     duration_text(opts.upstream_first_byte_timeout) +
+                                     "; retry, or stream the answer"));
       } else {
         x.respond(error_response(502, "server_error", "upstream_unavailable",
                                  "the model server did not answer: " + r.error().message));
       }
+    } else if (!r) {
+      // The client left: nobody to answer, and Ollama is no longer read.
     } else if (started) {
       x.end();
     } else if (!client_gone) {
@@ -212,7 +256,6 @@ struct Proxy::Impl {
     }
     spdlog::debug("endpoint: {} {} -> {}{}", req.method, target, status,
                   client_gone ? " (client gone)" : "");
-    in_flight--;
   }
 
   Status save(const Credentials& c) {
@@ -241,8 +284,12 @@ struct Proxy::Impl {
     so.tls = tls_of(creds);
     so.name = "endpoint";
     so.max_request_body = opts.max_request_body;
+    so.max_connections = opts.max_connections;
+    so.max_connections_per_address = opts.max_connections_per_address;
     auto pool = std::make_unique<net::IoPool>(1);
     auto srv = std::make_unique<net::Server>(*pool, so);
+    srv->on_head(
+        [this](const net::HttpRequestIn& head, const net::PeerInfo&) { return check_head(head); });
     srv->on_http([this](std::shared_ptr<net::HttpExchange> x) { handle(x); });
     if (auto st = srv->start(); !st)
       return st.error().with_context("endpoint: listen " + opts.listen);

@@ -13,19 +13,34 @@
 // with `WWW-Authenticate: Bearer`, checked before the path so the allowlist
 // itself is not probed without a key.
 //
+// Strangers (anyone who reaches the port): the key and the path are judged
+// on the request's head, before a byte of its body is read; a refusal is
+// answered at once and the connection closed, so a request without the key
+// never has its body buffered. A connection that has not sent a keyed head
+// lives at most the handshake's 10 s, 30 s before its head begins and 30 s
+// for the head, and sends at most a head's 16 KiB. Connections are capped in
+// all and per source address (max_connections, max_connections_per_address:
+// past either a newcomer is closed at once), so one address's flood leaves
+// the others served, and no flood takes the agent's file descriptors.
+//
 // Threads: the server's own io thread accepts and checks; each admitted
 // request is answered from a worker (at most max_concurrent at once, 503
-// beyond), which streams Ollama's answer chunk by chunk to the client.
+// beyond), which streams Ollama's answer chunk by chunk to the client. A
+// client that leaves ends the worker's wait on Ollama at once, whatever it
+// waits for (the answer's head or its next chunk), and frees its place.
 //
 // What passes: the method, the allowed path itself (no query string; the
 // {model} segment percent-encoded again), Content-Type and the body; never
 // the client's Authorization or any other header. Back come Ollama's status
 // and Content-Type, and its body: collected and sent whole when Ollama gave
 // a Content-Length (up to 8 MiB), else streamed (chunked) as it arrives.
-// The client going away (or falling 1 MiB behind) stops the reading of
-// Ollama at its next chunk. A stream Ollama cuts short ends with an error in
-// the stream's own format: `data: {"error":{...}}` for text/event-stream,
-// an Ollama `{"error": "..."}` line otherwise; there is no [DONE] / done.
+// A client falling 1 MiB behind stops the reading of Ollama at its next
+// chunk; one that hangs up stops it at once. An Ollama that has not begun
+// its answer within upstream_first_byte_timeout is given up (504), one that
+// then says nothing for upstream_idle_timeout too (502). A stream Ollama cuts
+// short ends with an error in the stream's own format: `data:
+// {"error":{...}}` for text/event-stream, an Ollama `{"error": "..."}` line
+// otherwise; there is no [DONE] / done.
 //
 // The proxy's own errors (agent/endpoint/routes.hpp, error_body) have
 // OpenAI's shape, which the customer's OpenAI clients read:
@@ -33,6 +48,7 @@
 //   401 invalid_request_error/invalid_api_key (+ WWW-Authenticate: Bearer)
 //   404 invalid_request_error/unknown_url     405 .../method_not_allowed
 //   503 server_error/busy                     502 server_error/upstream_unavailable
+//   504 server_error/upstream_timeout
 // A body over max_request_body is refused by the server before the proxy
 // sees it: 413 {"error":{"code":"too_large","message":...}} (not counted).
 // Nothing logs a key: a refused request is counted, not logged.
@@ -63,7 +79,19 @@ struct ProxyOptions {
   std::filesystem::path state_dir;                  // endpoint.crt, endpoint.key, api-key.sha256
   std::size_t max_concurrent = 16;
   std::size_t max_request_body = 1 << 20;
-  // An upstream that says nothing for this long ends the request (502).
+  // Connections at once, in all and from one source address; past either a
+  // newcomer is closed as soon as it is accepted. Each holds a descriptor:
+  // 512 leave half of the default soft limit (1,024) to the rest of the
+  // agent should it not raise it; 64 is a client's whole connection pool
+  // (httpx keeps up to 100 open but 20 idle), and a NAT's few.
+  std::size_t max_connections = 512;
+  std::size_t max_connections_per_address = 64;
+  // Ollama's answer has not begun (its head) within this: 504. A non-streamed
+  // answer is silent until whole: 3 minutes fill Ollama's default 4,096-token
+  // context at 25 tokens a second, a slow card's pace.
+  std::chrono::milliseconds upstream_first_byte_timeout{std::chrono::minutes(3)};
+  // Once it has begun, an upstream that says nothing for this long ends the
+  // request (502; a stream already started ends with an error chunk).
   std::chrono::milliseconds upstream_idle_timeout{std::chrono::minutes(5)};
 };
 
@@ -74,7 +102,7 @@ struct ProxyStats {
   std::uint64_t unauthorized = 0;     // 401
   std::uint64_t refused_paths = 0;    // 404 outside the allowlist
   std::uint64_t busy = 0;             // 503 at max_concurrent
-  std::uint64_t upstream_errors = 0;  // Ollama unreachable or cut: 502
+  std::uint64_t upstream_errors = 0;  // Ollama unreachable, cut (502) or too slow to begin (504)
   std::uint64_t in_flight = 0;
 };
 
@@ -102,9 +130,8 @@ class Proxy {
   // The saved certificate's notAfter (unix seconds), 0 when none.
   std::int64_t certificate_not_after() const;
   // Closes the listener and every connection, then waits for the requests
-  // in flight: a streaming one ends at Ollama's next chunk, one that waits
-  // on a silent Ollama at upstream_idle_timeout at the latest. apply() may
-  // start it again. The destructor stops.
+  // in flight, which end at once with their clients. apply() may start it
+  // again. The destructor stops.
   void stop();
 
   struct Impl;

@@ -27,8 +27,9 @@ Result<std::optional<AgentIdentity>> load_identity(const fs::path& state_dir) {
   }
   auto j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object())
-    return Error(Errc::io, (state_dir / kIdentityFile).string() +
-                               " is corrupt; remove it and enroll again with a new token");
+    return Error(Errc::failed_precondition,
+                 (state_dir / kIdentityFile).string() +
+                     " is corrupt; remove it and enroll again with a new token");
   AgentIdentity id;
   id.tenant = j.value("tenant", "");
   id.agent_id = j.value("agent_id", "");
@@ -36,7 +37,8 @@ Result<std::optional<AgentIdentity>> load_identity(const fs::path& state_dir) {
   id.cert_pem = j.value("certificate", "");
   id.ca_pem = j.value("ca", "");
   if (id.tenant.empty() || id.key_pem.empty() || id.cert_pem.empty() || id.ca_pem.empty())
-    return Error(Errc::io, (state_dir / kIdentityFile).string() + " is incomplete");
+    return Error(Errc::failed_precondition,
+                 (state_dir / kIdentityFile).string() + " is incomplete");
   if (auto st = refresh_validity(id); !st.ok()) return st.error();
   if (auto t = parse_rfc3339(j.value("obtained_at", ""))) id.obtained_at = *t;
   return std::optional<AgentIdentity>(std::move(id));

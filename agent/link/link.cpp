@@ -51,7 +51,30 @@ bool refuses_identity(const std::string& code) {
   return code == "unauthenticated" || code == "permission_denied";
 }
 
+// Whether a session that got as far as the coordinator's welcome starts the
+// reconnect backoff over: only when the coordinator sent no error in it. One
+// that did (store_failed: its disk is full; over_quota) was refused as much
+// as a hello turned away, and the next attempt waits longer, not the base
+// delay: reset at every welcome, the agent came back several times a second
+// for as long as the disk stayed full.
+bool session_resets_backoff(const std::string& coordinator_error_code) {
+  return coordinator_error_code.empty();
+}
+
 }  // namespace
+
+int startup_exit_status(const Error& e) {
+  switch (e.code) {
+    case Errc::not_found:            // no bootstrap token: an admin writes one
+    case Errc::failed_precondition:  // an identity file that is not one
+    case Errc::invalid_argument:     // ... or holds no usable certificate
+      return kExitNeedsAdmin;
+    default:
+      // A read that failed (EMFILE, EIO): not a refusal, and the next start
+      // may well succeed.
+      return 1;
+  }
+}
 
 struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
   LinkOptions cfg;
@@ -265,7 +288,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
   }
 
   // One mTLS session: hello, welcome, then replay + live events, heartbeats
-  // and renewal until the connection drops.
+  // and renewal until the connection drops. The backoff starts over once it
+  // has ended well (session_resets_backoff).
   awaitable<Status> session(Backoff& backoff) {
     auto o = session_options();  // named: GCC 12 mishandles temporaries in co_await
     auto conn = co_await net::WsClient::connect(o);
@@ -299,7 +323,6 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       }
     }
     spdlog::info("link: connected to {} as tenant {}", ws->remote(), identity->tenant);
-    backoff.reset();
     // The coordinator stored everything up to server_has: those are delivered.
     if (auto st = spool.ack_through(server_has); !st.ok())
       spdlog::warn("link: spool: {}", st.error().message);
@@ -408,6 +431,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     co_await ws->close(why);
     if (!rs->finished) co_await rs->done.async_wait(use_tuple);
     if (!rs->fatal.empty()) throw IdentityRefused{rs->fatal};
+    if (session_resets_backoff(rs->coordinator_error)) backoff.reset();
     if (!result.ok()) co_return result;
     if (stopping) co_return Status{};
     co_return rs->error;
@@ -421,6 +445,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     bool open = true;
     bool finished = false;
     std::string fatal;
+    std::string coordinator_error;  // the code of the latest error frame
     Error error{Errc::unavailable, "connection closed"};
     asio::steady_timer done;
   };
@@ -438,7 +463,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
         spdlog::warn("link: ignoring a bad frame: {}", env.error().message);
         continue;
       }
-      handle(*env, rs->fatal);
+      handle(*env, *rs);
       if (!rs->fatal.empty()) break;
     }
     rs->open = false;
@@ -447,7 +472,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     wake();
   }
 
-  void handle(const proto::Envelope& env, std::string& fatal) {
+  void handle(const proto::Envelope& env, ReaderState& rs) {
     const auto& t = env.type;
     if (t == proto::type::kAck) {
       if (env.body.contains("event_id")) {
@@ -473,7 +498,8 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
       std::string code = env.body.value("code", "");
       std::string msg = env.body.value("message", "");
       spdlog::warn("link: coordinator says {}: {}", code, msg);
-      if (refuses_identity(code)) fatal = msg;
+      rs.coordinator_error = code.empty() ? "error" : code;
+      if (refuses_identity(code)) rs.fatal = msg;
     } else if (t == proto::type::kWelcome) {
     } else {
       spdlog::warn("link: ignoring frame of unknown type '{}'", t);
@@ -517,7 +543,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     auto id = load_identity(cfg.state_dir);
     if (!id) {
       spdlog::error("link: {}", id.error().message);
-      exit_code = kExitNeedsAdmin;
+      exit_code = startup_exit_status(id.error());
       co_return;
     }
     identity = *id;
@@ -529,11 +555,15 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
           auto token = read_file(cfg.token_file);
           if (!token) {
             // read_file's message names the file: said once.
-            spdlog::error(
-                "link: not enrolled, and no bootstrap token: {}; create one with "
-                "`factory token create --tenant NAME` and write it there",
-                token.error().message);
-            exit_code = kExitNeedsAdmin;
+            exit_code = startup_exit_status(token.error());
+            if (exit_code == kExitNeedsAdmin)
+              spdlog::error(
+                  "link: not enrolled, and no bootstrap token: {}; create one with "
+                  "`factory token create --tenant NAME` and write it there",
+                  token.error().message);
+            else
+              spdlog::error("link: not enrolled, and the bootstrap token could not be read: {}",
+                            token.error().message);
             co_return;
           }
           std::string tok = *token;

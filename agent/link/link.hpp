@@ -3,7 +3,9 @@
 // token (after checking the server against the pinned CA), then mTLS sessions
 // that replay the spool, send heartbeats, renew the certificate before it
 // expires, and hand plans and commands to the plan runner. Reconnects with
-// capped exponential backoff and full jitter, after a random first delay.
+// capped exponential backoff and full jitter, after a random first delay;
+// the backoff starts over only after a session the coordinator did not end
+// with an error (store_failed, over_quota: refusals like any other).
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -12,6 +14,7 @@
 #include <string>
 
 #include "agent/link/spool.hpp"
+#include "common/error.hpp"
 
 namespace factory::agent {
 
@@ -19,6 +22,13 @@ namespace factory::agent {
 // (token refused, certificate revoked). systemd's RestartPreventExitStatus=3
 // keeps it from restarting in a loop.
 inline constexpr int kExitNeedsAdmin = 3;
+
+// The exit status when the link cannot begin with what is on disk (its
+// identity, the bootstrap token): kExitNeedsAdmin only where waiting cannot
+// help and an admin must act (no token at all, an identity file that is not
+// one); 1 for anything a restart may cure (out of file descriptors, a disk
+// error), which systemd restarts. Never 3 for a failure that is not a refusal.
+int startup_exit_status(const Error& e);
 
 // How long a planned stop may take the link at most.
 inline constexpr std::chrono::seconds kStopDeadline{3};

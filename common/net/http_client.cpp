@@ -109,12 +109,31 @@ bool refused_client_certificate(const boost::system::error_code& ec) {
   }
 }
 
+// Asio says it could not make a resource (a descriptor for its reactor's
+// eventfd or epoll instance) by throwing. Here that is one request's error,
+// like any other: a process out of descriptors fails a request, it does not
+// abort (an uncaught throw on a worker thread did, under a connection flood).
+Error resource_error(const Url& url, const boost::system::system_error& e) {
+  return Error(Errc::unavailable, url.origin() + ": " + e.what());
+}
+
 // The connection: plain TCP, or TLS over TCP. Both carry the deadline on the
 // tcp_stream underneath, which is what expires_at acts on.
 class Connection {
  public:
-  Connection(const Url& url, const TlsClientOptions& tls, std::chrono::milliseconds timeout)
-      : url_(url), tls_opts_(tls), timeout_(timeout), deadline_(Clock::now() + timeout) {}
+  Connection(const Url& url, const TlsClientOptions& tls, const HttpRequest& req)
+      : url_(url),
+        tls_opts_(tls),
+        timeout_(req.timeout),
+        idle_timeout_(req.idle_timeout.count() > 0 ? req.idle_timeout : req.timeout),
+        deadline_(Clock::now() + req.timeout),
+        cancel_(req.cancel) {}
+  ~Connection() {
+    // After this no cancel() posts to ioc_, which goes with this object.
+    if (cancel_) cancel_->disarm();
+  }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
 
   Status open() {
     if (url_.tls) {
@@ -124,6 +143,10 @@ class Connection {
     } else {
       plain_.emplace(ioc_);
     }
+    // From here a cancel() on another thread cuts whatever waits: run on
+    // this io_context, the socket's operations end with operation_aborted.
+    if (cancel_ && !cancel_->arm([this] { asio::post(ioc_, [this] { lowest().cancel(); }); }))
+      return cancelled();
     tcp::resolver resolver(ioc_);
     boost::system::error_code ec;
     tcp::resolver::results_type endpoints;
@@ -162,6 +185,8 @@ class Connection {
   // "synchronous" step here is an async one waited for on our own io_context.
   template <class Initiate>
   boost::system::error_code await(Initiate&& initiate) {
+    // A cancel() that came between two steps: the next one does not start.
+    if (cancel_ && cancel_->cancelled()) return asio::error::operation_aborted;
     boost::system::error_code out;
     initiate([&out](boost::system::error_code ec, auto&&...) { out = ec; });
     ioc_.restart();
@@ -179,14 +204,18 @@ class Connection {
   // as data arrives (an idle timeout).
   void arm() { lowest().expires_at(deadline_); }
   void extend() {
-    deadline_ = Clock::now() + timeout_;
+    deadline_ = Clock::now() + idle_timeout_;
+    extended_ = true;
     arm();
   }
 
+  Error cancelled() const { return Error(Errc::unavailable, url_.origin() + ": cancelled"); }
+
   Error io_error(const std::string& what, const boost::system::error_code& ec) const {
+    if (cancel_ && cancel_->cancelled()) return cancelled();
     if (ec == beast::error::timeout)
-      return Error(Errc::timeout,
-                   url_.origin() + ": " + what + " timed out after " + seconds_text(timeout_));
+      return Error(Errc::timeout, url_.origin() + ": " + what + " timed out after " +
+                                      seconds_text(extended_ ? idle_timeout_ : timeout_));
     if (ec == asio::error::connection_refused || ec == asio::error::host_unreachable ||
         ec == asio::error::network_unreachable)
       return Error(Errc::unavailable, url_.origin() + ": " + reason(ec));
@@ -299,8 +328,10 @@ class Connection {
 
   const Url& url_;
   const TlsClientOptions& tls_opts_;
-  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds timeout_, idle_timeout_;
   Clock::time_point deadline_;
+  bool extended_ = false;  // past the head: waits are bounded by idle_timeout_
+  std::shared_ptr<HttpCancel> cancel_;
   asio::io_context ioc_;
   std::optional<ssl::context> ctx_;
   std::optional<beast::tcp_stream> plain_;
@@ -345,17 +376,13 @@ bool is_truncation(const boost::system::error_code& ec) {
          ec == asio::error::eof;
 }
 
-}  // namespace
-
-HttpClient::HttpClient(TlsClientOptions tls) : tls_(std::move(tls)) {}
-
-Result<HttpResponse> HttpClient::request(const HttpRequest& req) {
-  auto url = parse_http_url(req.url);
-  if (!url) return url.error();
-  Connection conn(*url, tls_, req.timeout);
+// One request on a connection of its own (HttpClient::request).
+Result<HttpResponse> request_on(const Url& url, const TlsClientOptions& tls,
+                                const HttpRequest& req) {
+  Connection conn(url, tls, req);
   if (auto st = conn.open(); !st) return st.error();
 
-  auto out = build_request(*url, req);
+  auto out = build_request(url, req);
   return conn.with_stream([&](auto& stream) -> Result<HttpResponse> {
     auto ec = conn.await([&](auto h) { http::async_write(stream, out, h); });
     if (ec) return conn.write_error(stream, ec);
@@ -372,7 +399,7 @@ Result<HttpResponse> HttpClient::request(const HttpRequest& req) {
       if (!eof_ec) ec = {};
     }
     if (ec == http::error::body_limit)
-      return Error(Errc::protocol, url->origin() + ": response body larger than 64 MiB");
+      return Error(Errc::protocol, url.origin() + ": response body larger than 64 MiB");
     if (ec) return conn.io_error("reading the response", ec);
     conn.close(true);
 
@@ -385,15 +412,14 @@ Result<HttpResponse> HttpClient::request(const HttpRequest& req) {
   });
 }
 
-Result<int> HttpClient::stream(const HttpRequest& req,
-                               const std::function<bool(std::string_view chunk)>& on_data,
-                               const std::function<bool(const HttpResponse& head)>& on_head) {
-  auto url = parse_http_url(req.url);
-  if (!url) return url.error();
-  Connection conn(*url, tls_, req.timeout);
+// One streamed request on a connection of its own (HttpClient::stream).
+Result<int> stream_on(const Url& url, const TlsClientOptions& tls, const HttpRequest& req,
+                      const std::function<bool(std::string_view chunk)>& on_data,
+                      const std::function<bool(const HttpResponse& head)>& on_head) {
+  Connection conn(url, tls, req);
   if (auto st = conn.open(); !st) return st.error();
 
-  auto out = build_request(*url, req);
+  auto out = build_request(url, req);
   return conn.with_stream([&](auto& stream) -> Result<int> {
     auto ec = conn.await([&](auto h) { http::async_write(stream, out, h); });
     if (ec) return conn.write_error(stream, ec);
@@ -431,7 +457,7 @@ Result<int> HttpClient::stream(const HttpRequest& req,
           ec = {};
         else
           return Error(Errc::unavailable,
-                       url->origin() + ": the server closed the stream mid-response");
+                       url.origin() + ": the server closed the stream mid-response");
       }
       if (ec) return conn.io_error("reading the response", ec);
       size_t n = chunk.size() - parser.get().body().size;
@@ -443,6 +469,55 @@ Result<int> HttpClient::stream(const HttpRequest& req,
     conn.close(true);
     return status;
   });
+}
+
+}  // namespace
+
+void HttpCancel::cancel() {
+  std::lock_guard lk(mu_);
+  cancelled_ = true;
+  if (stop_) stop_();
+}
+
+bool HttpCancel::cancelled() const {
+  std::lock_guard lk(mu_);
+  return cancelled_;
+}
+
+bool HttpCancel::arm(std::function<void()> stop) {
+  std::lock_guard lk(mu_);
+  if (cancelled_) return false;
+  stop_ = std::move(stop);
+  return true;
+}
+
+void HttpCancel::disarm() {
+  std::lock_guard lk(mu_);
+  stop_ = nullptr;
+}
+
+HttpClient::HttpClient(TlsClientOptions tls) : tls_(std::move(tls)) {}
+
+Result<HttpResponse> HttpClient::request(const HttpRequest& req) {
+  auto url = parse_http_url(req.url);
+  if (!url) return url.error();
+  try {
+    return request_on(*url, tls_, req);
+  } catch (const boost::system::system_error& e) {
+    return resource_error(*url, e);
+  }
+}
+
+Result<int> HttpClient::stream(const HttpRequest& req,
+                               const std::function<bool(std::string_view chunk)>& on_data,
+                               const std::function<bool(const HttpResponse& head)>& on_head) {
+  auto url = parse_http_url(req.url);
+  if (!url) return url.error();
+  try {
+    return stream_on(*url, tls_, req, on_data, on_head);
+  } catch (const boost::system::system_error& e) {
+    return resource_error(*url, e);
+  }
 }
 
 }  // namespace factory::net

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -22,12 +24,36 @@ struct TlsClientOptions {
   std::string server_name;  // override SNI / verified host name
 };
 
+// Ends a request under way from another thread (a proxy whose own client
+// hung up): whatever the request waits for (the connection, the answer's
+// head, more of its body) ends at once, and request() or stream() returns
+// Errc::unavailable "<origin>: cancelled". cancel() is thread-safe and may
+// come before, during or after the request.
+class HttpCancel {
+ public:
+  void cancel();
+  bool cancelled() const;
+  // For HttpClient: while a request runs, what cancel() calls to stop it
+  // (on the canceller's thread). False when cancel() came first.
+  bool arm(std::function<void()> stop);
+  void disarm();
+
+ private:
+  mutable std::mutex mu_;
+  bool cancelled_ = false;
+  std::function<void()> stop_;
+};
+
 struct HttpRequest {
   std::string method = "GET";
   std::string url;                             // http(s)://host[:port]/path?query
   std::map<std::string, std::string> headers;  // e.g. Authorization, Content-Type
   std::string body;
   std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  // stream() only: each wait for more of the body once the head is in
+  // (zero: timeout, which then bounds both).
+  std::chrono::milliseconds idle_timeout{0};
+  std::shared_ptr<HttpCancel> cancel;  // optional
 };
 
 struct HttpResponse {
@@ -39,7 +65,8 @@ struct HttpResponse {
 class HttpClient {
  public:
   explicit HttpClient(TlsClientOptions tls = {});
-  // Errors: unavailable (connect refused / DNS), timeout, protocol, and
+  // Errors: unavailable (connect refused / DNS, cancelled, or this process
+  // out of descriptors: never thrown), timeout, protocol, and
   // unauthenticated for a TLS verification failure. Messages start with the
   // origin ("https://127.0.0.1:6443: connection refused"). Bodies over 64 MiB
   // are refused (protocol). HTTP error statuses are
@@ -49,8 +76,9 @@ class HttpClient {
   // false to stop early. Returns the HTTP status. on_head, if given, sees the
   // status and headers before any body (so a caller can collect an error
   // body instead of parsing it as stream data); returning false stops there.
-  // req.timeout bounds the connect, handshake and headers, and then each wait
-  // for more body (an idle timeout), since a stream may run indefinitely.
+  // req.timeout bounds the connect, handshake and headers (the first byte
+  // of the answer), then req.idle_timeout (or timeout) each wait for more
+  // body, since a stream may run indefinitely.
   // A stream cut before its end (chunked body unfinished) is unavailable.
   Result<int> stream(const HttpRequest& req,
                      const std::function<bool(std::string_view chunk)>& on_data,

@@ -257,6 +257,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   ServerOptions opts;
   tcp::acceptor acceptor;
   HttpHandler http_handler;
+  HeadHandler head_handler;
   WsAcceptor ws_acceptor;
   std::atomic<bool> stopped{false};
   bool strangers_apply = false;
@@ -302,6 +303,23 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
 
   std::vector<std::shared_ptr<ThreadConns>> threads;  // one per io context
   std::size_t next_thread = 0;                        // the acceptor's, on the main thread
+
+  // Open connections by source address, for max_connections_per_address:
+  // taken by admit() on the main thread, given back by a connection's end
+  // on its own.
+  std::mutex addresses_mu;
+  std::unordered_map<std::string, std::size_t> open_by_address;
+  // False when the address has max_connections_per_address already.
+  bool take_address(const std::string& address);
+  void release_address(const std::string& address);
+
+  // On the main thread. A flood past the caps (thousands of connections a
+  // second) is said in one line every 10 s with its count, not one line a
+  // connection; accept failing for want of descriptors once, until it works.
+  std::uint64_t refusals_unlogged = 0;
+  Clock::time_point refusal_logged_at{};
+  std::uint64_t accept_failures = 0;
+  void log_refusal(const std::string& address, const std::string& why);
 
   struct Counters {
     std::atomic<std::uint64_t> accepted{0}, open{0}, refused_capacity{0}, handshake_failures{0},
@@ -364,7 +382,8 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
         tc_(tc),
         sock_(std::move(sock)),
         ssl_(ssl),
-        stranger_slot_(stranger_slot) {
+        stranger_slot_(stranger_slot),
+        address_counted_(srv_->opts.max_connections_per_address > 0) {
     peer_.address = std::move(address);
   }
   ~Conn() override {
@@ -425,7 +444,7 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   void post_flush();
   void finish_stream(bool keep_alive);
   bool gone() const { return gone_.load(); }
-  void set_on_gone(std::function<void()> f) { on_gone_ = std::move(f); }
+  void set_on_gone(std::function<void()> f);
   asio::io_context& io() { return tc_.io; }
 
  private:
@@ -453,6 +472,8 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   void on_bytes(std::string_view data);
   void on_http_bytes(std::string_view data);
   void on_ws_bytes(std::string_view data);
+  std::optional<HttpResponseOut> check_head();
+  void watch_departure();
   void handle_request();
   void upgrade(HttpRequestIn in, bool version_11);
   void respond_now(HttpResponseOut r, bool keep_alive);
@@ -476,7 +497,8 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   State state_ = State::handshake;
   Clock::time_point opened_, deadline_ = Clock::time_point::max();
   bool stranger_slot_ = false;
-  bool handshaking_ = true;  // counted in Impl::handshaking until it ends
+  bool address_counted_ = false;  // holds a place in Impl::open_by_address
+  bool handshaking_ = true;       // counted in Impl::handshaking until it ends
   void end_handshake() {
     if (!handshaking_) return;
     handshaking_ = false;
@@ -488,10 +510,16 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   std::unique_ptr<http::request_parser<http::string_body>> parser_;
   std::string held_in_;  // bytes read, not yet parsed
   bool request_started_ = false;
+  bool head_checked_ = false;  // check_head() ran for the request being parsed
   bool keep_alive_ = true;
   std::weak_ptr<Exchange> exchange_;
   std::function<void()> on_gone_;
   std::atomic<bool> gone_{false};
+  // While an answer is prepared (http_wait) with on_gone_ set, the socket is
+  // watched for the client's departure; bytes the client sends meanwhile
+  // (its next request, pipelined) end the watch: they wait, unread, for
+  // their turn as before.
+  bool departure_watch_over_ = false;
 
   // websocket
   std::unique_ptr<ws::Decoder> decoder_;
@@ -613,6 +641,8 @@ void Conn::step() {
   if (state_ == State::http_read || state_ == State::websocket || state_ == State::streaming ||
       state_ == State::closing)
     read_available();
+  else if (state_ == State::http_wait && on_gone_ && !departure_watch_over_)
+    watch_departure();
   if (state_ == State::closed) return;
   if (!flush()) return;
   if (state_ == State::closing) {
@@ -651,6 +681,7 @@ void Conn::do_handshake() {
     parser_->header_limit(static_cast<std::uint32_t>(srv_->opts.max_request_header));
     parser_->body_limit(stranger_limited() ? srv_->opts.strangers.max_request_body
                                            : srv_->opts.max_request_body);
+    head_checked_ = false;
     set_deadline(Clock::now() + srv_->opts.request_timeout);
     return;
   }
@@ -738,14 +769,26 @@ void Conn::on_http_bytes(std::string_view data) {
   std::size_t used = 0;
   boost::beast::error_code ec;
   while (used < buf.size() && !parser_->is_done()) {
+    // Not eager: the parser stops at the end of the head, so the head is
+    // judged before a byte of the body is taken.
     std::size_t n = parser_->put(asio::buffer(buf.data() + used, buf.size() - used), ec);
     used += n;
-    if (ec == http::error::need_more) {
-      ec = {};
-      break;
-    }
+    const bool need_more = ec == http::error::need_more;
+    if (need_more) ec = {};
     if (ec) break;
-    if (n == 0) break;
+    if (!head_checked_ && parser_->is_header_done()) {
+      head_checked_ = true;
+      if (auto early = check_head()) {
+        // Answered on its head: the body (if any) is never read; what comes
+        // of it is dropped as it arrives while the answer goes out, and the
+        // connection then closes.
+        std::string().swap(held_in_);
+        parser_.reset();
+        request_started_ = false;
+        return respond_now(std::move(*early), false);
+      }
+    }
+    if (need_more || n == 0) break;
   }
   // Keep what the parser did not take (a header not yet whole, or the next request).
   std::string rest(buf.substr(used));
@@ -763,6 +806,57 @@ void Conn::on_http_bytes(std::string_view data) {
     return;
   }
   if (parser_->is_done()) handle_request();
+}
+
+// What a request's head alone decides, before any of its body is read.
+std::optional<HttpResponseOut> Conn::check_head() {
+  const auto& head = parser_->get();
+  // RFC 9112 6.3: a request whose last transfer coding is not chunked has no
+  // length a server can tell, and must be refused; taken as "no body" (which
+  // Beast does), what follows would be read as the next request.
+  if (head.count(http::field::transfer_encoding) > 0 && !parser_->chunked()) {
+    spdlog::debug("{}: bad request from {}: Transfer-Encoding '{}'", srv_->opts.name, peer_.remote,
+                  std::string(head[http::field::transfer_encoding]));
+    return HttpResponseOut::error(
+        400, "bad_request", "malformed HTTP request: the last Transfer-Encoding must be chunked");
+  }
+  if (!srv_->head_handler) return std::nullopt;
+  try {
+    return srv_->head_handler(to_request_in(head), peer_);
+  } catch (const std::exception& e) {
+    spdlog::error("{}: head handler for {} threw: {}", srv_->opts.name, peer_.remote, e.what());
+    return HttpResponseOut::error(500, "internal", "internal error");
+  }
+}
+
+// A client that hangs up (close_notify, a FIN, a reset) while its answer is
+// prepared is noticed now, so the handler's on_gone can stop what it waits
+// on, rather than when the answer is written. SSL_peek takes nothing away:
+// bytes the client sent meanwhile (its next request) stay for their turn.
+void Conn::watch_departure() {
+  ERR_clear_error();
+  char byte = 0;
+  int n = SSL_peek(ssl_, &byte, 1);
+  if (n > 0) {
+    // It talks, so it is there; reading waits for the answer to be out.
+    departure_watch_over_ = true;
+    return;
+  }
+  int e = SSL_get_error(ssl_, n);
+  if (e == SSL_ERROR_WANT_READ) return wait_read();
+  if (e == SSL_ERROR_WANT_WRITE) {
+    want_write_ = true;
+    return wait_write();
+  }
+  ERR_clear_error();
+  spdlog::debug("{}: {} left before its answer", srv_->opts.name, peer_.remote);
+  finish();
+}
+
+void Conn::set_on_gone(std::function<void()> f) {
+  on_gone_ = std::move(f);
+  // The watch starts now (a handler registers while its answer is prepared).
+  if (state_ == State::http_wait) pump();
 }
 
 void Conn::handle_request() {
@@ -1047,6 +1141,11 @@ bool Conn::flush() {
     parser_->header_limit(static_cast<std::uint32_t>(srv_->opts.max_request_header));
     parser_->body_limit(stranger_limited() ? srv_->opts.strangers.max_request_body
                                            : srv_->opts.max_request_body);
+    head_checked_ = false;
+    // The answered request's hook is done with: the next request's client
+    // leaving is not news to it.
+    on_gone_ = nullptr;
+    departure_watch_over_ = false;
     set_deadline(Clock::now() + srv_->opts.keepalive_timeout);
     // The next request may already sit decrypted inside SSL, where no
     // socket readiness will announce it: read again.
@@ -1159,6 +1258,10 @@ void Conn::finish() {
   if (stranger_slot_) {
     srv_->release_stranger_slot(peer_.address);
     stranger_slot_ = false;
+  }
+  if (address_counted_) {
+    srv_->release_address(peer_.address);
+    address_counted_ = false;
   }
   srv_->counters.open--;
   parser_.reset();
@@ -1291,6 +1394,7 @@ void Server::Impl::release_stranger_slot(const std::string& address) {
   for (auto& s : expired) {
     boost::system::error_code ec;
     s.close(ec);
+    release_address(address);
   }
   if (next) {
     start_conn(std::move(next->sock), next->thread, true, address);
@@ -1320,6 +1424,7 @@ void Server::Impl::drop_waiting() {
     for (auto& w : q) {
       boost::system::error_code ec;
       w.sock.close(ec);
+      release_address(address);
     }
 }
 
@@ -1347,12 +1452,18 @@ void Server::Impl::on_accept(const boost::system::error_code& ec, tcp::socket so
   if (stopped) return;
   if (ec) {
     if (ec == asio::error::operation_aborted) return;
-    spdlog::warn("{}: accept failed: {}", opts.name, ec.message());
-    // Out of file descriptors and the like: pause instead of spinning.
+    // Out of file descriptors and the like: pause instead of spinning, and
+    // say so once, not ten times a second for as long as it lasts.
+    if (accept_failures++ == 0)
+      spdlog::warn("{}: accept failed: {}; trying again every 100 ms", opts.name, ec.message());
     auto t = std::make_shared<asio::steady_timer>(pool.main(), std::chrono::milliseconds(100));
     t->async_wait(
         [self = shared_from_this(), t](const boost::system::error_code&) { self->accept_next(); });
     return;
+  }
+  if (accept_failures > 0) {
+    spdlog::info("{}: accepting again after {} failed attempts", opts.name, accept_failures);
+    accept_failures = 0;
   }
   counters.accepted++;
   // Admitted before the next accept, so that the pool's count is current
@@ -1366,10 +1477,19 @@ void Server::Impl::admit(tcp::socket sock, std::size_t index) {
   auto remote = sock.remote_endpoint(rec);
   if (rec) return;
   std::string address = remote.address().to_string();
+  // Refused connections are closed here, as soon as accepted: a flood past
+  // the caps costs an accept and a close each, never a descriptor held.
   if (opts.max_connections && counters.open.load() >= opts.max_connections) {
     counters.refused_capacity++;
-    spdlog::warn("{}: refusing {}: {} connections open (max_connections)", opts.name, address,
-                 counters.open.load());
+    log_refusal(address,
+                std::to_string(counters.open.load()) + " connections open (max_connections)");
+    return;
+  }
+  // Held from here until the socket closes, waiting for a stranger's slot included.
+  if (!take_address(address)) {
+    counters.refused_capacity++;
+    log_refusal(address, "max_connections_per_address (" +
+                             std::to_string(opts.max_connections_per_address) + ") from it");
     return;
   }
   bool slot = false;
@@ -1383,6 +1503,7 @@ void Server::Impl::admit(tcp::socket sock, std::size_t index) {
         return;
       case Slot::refused:
         counters.refused_capacity++;
+        release_address(address);
         spdlog::warn("{}: refusing {}: too many connections without a certificate from it",
                      opts.name, address);
         return;
@@ -1391,11 +1512,44 @@ void Server::Impl::admit(tcp::socket sock, std::size_t index) {
   start_conn(std::move(sock), index, slot, std::move(address));
 }
 
+bool Server::Impl::take_address(const std::string& address) {
+  if (opts.max_connections_per_address == 0) return true;
+  std::lock_guard lk(addresses_mu);
+  auto& open = open_by_address[address];
+  if (open >= opts.max_connections_per_address) return false;
+  ++open;
+  return true;
+}
+
+void Server::Impl::release_address(const std::string& address) {
+  if (opts.max_connections_per_address == 0) return;
+  std::lock_guard lk(addresses_mu);
+  auto it = open_by_address.find(address);
+  if (it == open_by_address.end()) return;
+  if (--it->second == 0) open_by_address.erase(it);
+}
+
+void Server::Impl::log_refusal(const std::string& address, const std::string& why) {
+  ++refusals_unlogged;
+  const auto now = Clock::now();
+  if (now - refusal_logged_at < std::chrono::seconds(10)) return;
+  if (refusals_unlogged == 1)
+    spdlog::warn("{}: refusing {}: {}", opts.name, address, why);
+  else
+    spdlog::warn("{}: refused {} connections in the last {} s, the latest from {}: {}", opts.name,
+                 refusals_unlogged,
+                 std::chrono::duration_cast<std::chrono::seconds>(now - refusal_logged_at).count(),
+                 address, why);
+  refusals_unlogged = 0;
+  refusal_logged_at = now;
+}
+
 void Server::Impl::start_conn(tcp::socket sock, std::size_t index, bool slot, std::string address) {
   auto ctx = context();
   SSL* ssl = SSL_new(ctx->native_handle());
   if (!ssl) {
     if (slot) release_stranger_slot(address);
+    release_address(address);
     spdlog::error("{}: SSL_new failed", opts.name);
     return;
   }
@@ -1442,6 +1596,9 @@ Server::~Server() {
 
 void Server::on_http(HttpHandler h) {
   impl_->http_handler = std::move(h);
+}
+void Server::on_head(HeadHandler h) {
+  impl_->head_handler = std::move(h);
 }
 void Server::on_websocket(WsAcceptor a) {
   impl_->ws_acceptor = std::move(a);

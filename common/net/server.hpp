@@ -147,11 +147,24 @@ class HttpExchange {
   virtual void end_with(std::string last) = 0;
   virtual bool gone() const = 0;
   // Called once, on the connection's io thread, when the client goes away
-  // before the response or stream ended.
+  // before the response or stream ended. From then on the server watches
+  // the connection while the answer is prepared (not only once it is being
+  // written), so a client that hangs up is noticed at once: a handler
+  // waiting on something slow can stop waiting.
   virtual void on_gone(std::function<void()> f) = 0;
 };
 
 using HttpHandler = std::function<void(std::shared_ptr<HttpExchange>)>;
+
+// Sees a request's method, target, path and headers once its head is whole,
+// before a byte of its body is read (HttpRequestIn::body is empty). An answer
+// returned here is sent at once and the connection closed: the body is never
+// read, so a refusal costs no buffer (how a model endpoint turns away a
+// request without its key, whatever body it announces). nullopt: the request
+// goes on, its body is read, and the HttpHandler (or the websocket acceptor)
+// gets it. Runs on the io thread, so it must decide at once.
+using HeadHandler =
+    std::function<std::optional<HttpResponseOut>(const HttpRequestIn& head, const PeerInfo& peer)>;
 
 // A handler that answers at once, on the io thread (for cheap, in-memory answers).
 HttpHandler immediate(std::function<HttpResponseOut(const HttpRequestIn&, const PeerInfo&)> f);
@@ -223,6 +236,10 @@ struct ServerOptions {
   std::size_t max_stream_queue = 1 << 20;
   // 0: no cap but the file-descriptor limit (then accept pauses, it does not spin).
   std::size_t max_connections = 0;
+  // Connections from one source address at once, whatever they are; past it
+  // a newcomer from that address is closed as soon as it is accepted. 0: no
+  // cap. (Strangers have their own share below, which waits instead.)
+  std::size_t max_connections_per_address = 0;
   // TLS handshakes under way at once; past it, newcomers wait in the listen
   // queue. At about 2.6 ms of CPU each, 256 finish in a fraction of a second
   // on two cores, where thousands at once would all miss handshake_timeout.
@@ -237,7 +254,9 @@ struct ServerStats {
   std::uint64_t open = 0;
   std::uint64_t strangers_open = 0;
   std::uint64_t strangers_waiting = 0;  // accepted, waiting for their address's slot
-  std::uint64_t refused_capacity = 0;  // max_connections, or an address past its share and the wait
+  // max_connections or max_connections_per_address, or a stranger's address
+  // past its share and the wait
+  std::uint64_t refused_capacity = 0;
   std::uint64_t handshake_failures = 0;
   std::uint64_t handshakes_full = 0;
   std::uint64_t handshakes_resumed = 0;
@@ -253,6 +272,8 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   void on_http(HttpHandler h);
+  // Before start(); optional (see HeadHandler).
+  void on_head(HeadHandler h);
   void on_websocket(WsAcceptor a);
   // Binds and starts accepting. Errors: address in use, bad address, TLS setup.
   // Creates nothing that outlives a failure.

@@ -2,15 +2,25 @@
 // loopback, in front of the stand-in Ollama (tests/fakes/ollama_server.py:
 // it stands in for `ollama serve` on the guest, with Ollama's own response
 // shapes for the native and OpenAI-compatible paths, and logs every
-// request it gets, so a test can show that one never reached it). The
+// request it gets, so a test can show that one never reached it), or of a
+// silent one (SilentOllama below: an Ollama busy with a non-streamed
+// generation, which says nothing until the answer is whole). The
 // proxy's certificate is signed by a CA made here with the openssl command
 // (tests/fakes/testpki.py), standing in for the coordinator's endpoint CA;
 // its key and CSR are the ones make_key_and_csr makes in the guest.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -18,6 +28,7 @@
 #include "agent/endpoint/routes.hpp"
 #include "common/net/http_client.hpp"
 #include "common/pki.hpp"
+#include "tests/support/raw_tls_client.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace factory::agent::endpoint {
@@ -27,6 +38,8 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using factory::testing::eventually;
 using factory::testing::Process;
+using factory::testing::RawTlsClient;
+using factory::testing::RawTlsOptions;
 using factory::testing::slurp;
 using factory::testing::TempDir;
 using Json = nlohmann::json;
@@ -79,6 +92,80 @@ class TestCa {
  private:
   TempDir dir_{"endpoint-ca"};
   int serial_ = 1;
+};
+
+// Stands in for an Ollama busy with a non-streamed generation: it accepts
+// connections and reads what comes, but answers nothing, except GET
+// /api/version, which it answers at once (as Ollama does meanwhile). It
+// counts the connections it holds, so a test sees the proxy hang up.
+class SilentOllama {
+ public:
+  SilentOllama() {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    socklen_t len = sizeof a;
+    if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+        ::listen(listen_fd_, 64) != 0 ||
+        ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      factory::testing::setup_failed("silent Ollama: " + std::string(std::strerror(errno)));
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~SilentOllama() {
+    stop_ = true;
+    thread_.join();
+    ::close(listen_fd_);
+  }
+  SilentOllama(const SilentOllama&) = delete;
+  SilentOllama& operator=(const SilentOllama&) = delete;
+
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int held() const { return held_; }  // connections open now
+
+ private:
+  void serve() {
+    std::map<int, std::string> conns;  // fd -> what it sent
+    while (!stop_) {
+      std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
+      for (const auto& [fd, got] : conns) fds.push_back({fd, POLLIN, 0});
+      // A short timeout only so that stop_ is seen.
+      if (::poll(fds.data(), fds.size(), 50) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd >= 0) conns[fd];
+      }
+      for (std::size_t i = 1; i < fds.size(); ++i) {
+        if (!fds[i].revents) continue;
+        const int fd = fds[i].fd;
+        char buf[4096];
+        ssize_t n = ::read(fd, buf, sizeof buf);
+        std::string& got = conns[fd];
+        if (n > 0) got.append(buf, static_cast<std::size_t>(n));
+        const bool version =
+            got.rfind("GET /api/version ", 0) == 0 && got.find("\r\n\r\n") != std::string::npos;
+        if (version) {
+          const std::string answer =
+              "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 19\r\n"
+              "Connection: close\r\n\r\n{\"version\":\"0.5.7\"}";
+          (void)!::write(fd, answer.data(), answer.size());
+        }
+        if (n <= 0 || version) {
+          ::close(fd);
+          conns.erase(fd);
+        }
+      }
+      held_ = static_cast<int>(conns.size());
+    }
+    for (const auto& [fd, got] : conns) ::close(fd);
+  }
+
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> held_{0};
+  std::thread thread_;
 };
 
 class EndpointTest : public ::testing::Test {
@@ -174,6 +261,24 @@ class EndpointTest : public ::testing::Test {
     auto r = client().request(request(method, path, key, body));
     EXPECT_TRUE(r.ok()) << (r ? "" : r.error().message);
     return r ? *r : net::HttpResponse{};
+  }
+  // A raw TLS connection to the proxy: for requests no client library
+  // would send (a head without its body) and clients that hang up.
+  std::unique_ptr<RawTlsClient> raw() {
+    RawTlsOptions o;
+    o.port = proxy_->port();
+    o.ca_pem = ca_->ca_pem();
+    auto c = RawTlsClient::connect(o);
+    if (!c) factory::testing::setup_failed("connect to the proxy: " + c.error().message);
+    return std::move(*c);
+  }
+  static std::string head(const std::string& method, const std::string& path,
+                          const std::string& key, std::size_t content_length) {
+    std::string h = method + " " + path + " HTTP/1.1\r\nHost: endpoint\r\n";
+    if (!key.empty()) h += "Authorization: Bearer " + key + "\r\n";
+    return h +
+           "Content-Type: application/json\r\nContent-Length: " + std::to_string(content_length) +
+           "\r\n\r\n";
   }
   static std::string chat_body(bool stream, const std::string& prompt = "tell me about GPUs") {
     return Json{{"model", kModel},
@@ -514,6 +619,96 @@ TEST_F(EndpointTest, OllamaDownIs502) {
   EXPECT_EQ(r.status, 502) << r.body;
   EXPECT_EQ(Json::parse(r.body)["error"]["code"], "upstream_unavailable");
   EXPECT_EQ(proxy_->stats().upstream_errors, 1u);
+}
+
+// Issue 23: the proxy read a whole body before it looked at the key. The key
+// (and then the path) is judged on the head: a request without it is
+// answered 401 before a byte of its announced megabyte is sent, and its
+// connection closed, so nothing of it is ever buffered.
+TEST_F(EndpointTest, ARequestWithoutTheKeyIsRefusedOnItsHeadBeforeItsBody) {
+  start();
+  long before = ollama_requests();
+  auto c = raw();
+  ASSERT_TRUE(c->write(head("POST", "/v1/chat/completions", "", 1 << 20)).ok());
+  auto r = c->read_until("}}", 5s);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->rfind("HTTP/1.1 401", 0), 0u) << *r;
+  EXPECT_NE(r->find("WWW-Authenticate: Bearer"), std::string::npos) << *r;
+  EXPECT_NE(r->find("\"code\":\"invalid_api_key\""), std::string::npos) << *r;
+  EXPECT_TRUE(c->wait_closed(5s));
+
+  // With the key, a path outside the allowlist: 404, on its head as well.
+  auto k = raw();
+  ASSERT_TRUE(k->write(head("POST", "/api/pull", kKey, 1 << 20)).ok());
+  auto p = k->read_until("}}", 5s);
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  EXPECT_EQ(p->rfind("HTTP/1.1 404", 0), 0u) << *p;
+  EXPECT_TRUE(k->wait_closed(5s));
+  EXPECT_EQ(ollama_requests(), before);
+  auto s = proxy_->stats();
+  EXPECT_EQ(s.requests, 2u);
+  EXPECT_EQ(s.unauthorized, 1u);
+  EXPECT_EQ(s.refused_paths, 1u);
+}
+
+// Issue 23: 16 requests to an Ollama that said nothing, their clients then
+// gone, left every request 503 for 5 minutes: the proxy noticed a departed
+// client only at Ollama's next chunk. The server watches the connection
+// while the answer is prepared, and a client's departure ends the wait on
+// Ollama at once: the place is free, and Ollama's connection closed.
+TEST_F(EndpointTest, ClientsThatLeaveFreeTheirPlacesAtOnceWhileOllamaIsSilent) {
+  SilentOllama silent;
+  auto o = options();
+  o.upstream = silent.url();
+  o.upstream_first_byte_timeout = 60s;  // far beyond this test
+  start(o);
+  const std::string body = chat_body(false);
+  std::vector<std::unique_ptr<RawTlsClient>> clients;
+  for (int i = 0; i < 16; ++i) {
+    clients.push_back(raw());
+    ASSERT_TRUE(
+        clients.back()->write(head("POST", "/v1/chat/completions", kKey, body.size()) + body).ok());
+  }
+  ASSERT_TRUE(eventually([&] { return proxy_->stats().in_flight == 16 && silent.held() == 16; }))
+      << "in flight " << proxy_->stats().in_flight << ", held by Ollama " << silent.held();
+  EXPECT_EQ(call("GET", "/api/version").status, 503);  // every place taken
+
+  clients.clear();  // all sixteen hang up
+  const auto left = std::chrono::steady_clock::now();
+  ASSERT_TRUE(eventually([&] { return call("GET", "/api/version").status == 200; }, 5s))
+      << "in flight " << proxy_->stats().in_flight;
+  const auto served = std::chrono::steady_clock::now() - left;
+  EXPECT_LT(served, 1s);
+  std::cout << "measured: a keyed request served "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(served).count()
+            << " ms after 16 clients of a silent Ollama left\n";
+  EXPECT_TRUE(eventually([&] { return silent.held() == 0; }, 2s))
+      << "the proxy still holds " << silent.held() << " connections to Ollama for clients gone";
+  EXPECT_EQ(proxy_->stats().in_flight, 0u);
+  EXPECT_EQ(proxy_->stats().upstream_errors, 0u);  // a client leaving is no upstream error
+}
+
+// An Ollama that has not begun its answer within upstream_first_byte_timeout
+// is given up: 504 in the proxy's OpenAI shape, the place and Ollama's
+// connection given back.
+TEST_F(EndpointTest, AnOllamaThatDoesNotBeginItsAnswerInTimeIs504) {
+  SilentOllama silent;
+  auto o = options();
+  o.upstream = silent.url();
+  o.upstream_first_byte_timeout = 300ms;
+  start(o);
+  const auto asked = std::chrono::steady_clock::now();
+  auto r = call("POST", "/v1/chat/completions", kKey, chat_body(false));
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, 5s);
+  EXPECT_EQ(r.status, 504) << r.body;
+  auto j = Json::parse(r.body);
+  EXPECT_EQ(j["error"]["type"], "server_error");
+  EXPECT_EQ(j["error"]["code"], "upstream_timeout");
+  EXPECT_TRUE(j["error"]["param"].is_null());
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("300 ms"), std::string::npos) << r.body;
+  EXPECT_EQ(proxy_->stats().upstream_errors, 1u);
+  EXPECT_EQ(proxy_->stats().in_flight, 0u);
+  EXPECT_TRUE(eventually([&] { return silent.held() == 0; }, 2s));
 }
 
 // An agent restart: the saved credentials serve again without the coordinator.

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -220,6 +221,81 @@ TEST_F(HttpClientTest, DeadlineBoundsASlowPeer) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, Errc::timeout) << r.error().message;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
+// stream(): timeout bounds the wait for the answer's head (its first byte),
+// idle_timeout each wait for more of the body: a proxy gives a model server
+// a while to begin, then its own pace between tokens.
+TEST_F(HttpClientTest, StreamTimeoutBoundsTheHeadAndIdleTimeoutTheBody) {
+  auto s = start({});
+  std::string base = "http://127.0.0.1:" + std::to_string(s.port);
+  int lines = 0;
+  auto paced = HttpClient().stream(
+      {.url = base + "/stream?lines=3&delay_ms=500", .timeout = 300ms, .idle_timeout = 5s},
+      [&](std::string_view chunk) {
+        lines += static_cast<int>(std::count(chunk.begin(), chunk.end(), '\n'));
+        return true;
+      });
+  ASSERT_TRUE(paced.ok()) << paced.error().message;
+  EXPECT_EQ(lines, 3);
+
+  auto t0 = std::chrono::steady_clock::now();
+  auto silent =
+      HttpClient().stream({.url = base + "/sleep?ms=3000", .timeout = 300ms, .idle_timeout = 10s},
+                          [](std::string_view) { return true; });
+  ASSERT_FALSE(silent.ok());
+  EXPECT_EQ(silent.error().code, Errc::timeout) << silent.error().message;
+  EXPECT_NE(silent.error().message.find("300ms"), std::string::npos) << silent.error().message;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+}
+
+// A request cancelled from another thread (a proxy whose own client hung
+// up) ends at once, whatever it waits for; one cancelled before it starts
+// never connects.
+TEST_F(HttpClientTest, CancelEndsTheWaitAtOnce) {
+  auto s = start({});
+  std::string url = "http://127.0.0.1:" + std::to_string(s.port) + "/sleep?ms=5000";
+  auto cancel = std::make_shared<HttpCancel>();
+  std::thread canceller([cancel] {
+    // The cancel comes while the answer is awaited: that is the case.
+    std::this_thread::sleep_for(300ms);
+    cancel->cancel();
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = HttpClient().request({.url = url, .timeout = 10s, .cancel = cancel});
+  canceller.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::unavailable);
+  EXPECT_EQ(r.error().message, "http://127.0.0.1:" + std::to_string(s.port) + ": cancelled");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+
+  auto again = HttpClient().stream({.url = url, .timeout = 10s, .cancel = cancel},
+                                   [](std::string_view) { return true; });
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.error().message.find("cancelled"), std::string::npos);
+}
+
+// Issue 23: Asio throws when it cannot make its reactor's descriptors; on a
+// worker thread that aborted the agent. Out of descriptors, a request is an
+// error like any other.
+TEST_F(HttpClientTest, OutOfDescriptorsIsAnErrorNotAThrow) {
+  auto s = start({});
+  std::string url = "http://127.0.0.1:" + std::to_string(s.port) + "/echo";
+  Result<HttpResponse> r = Error(Errc::internal, "not asked");
+  Result<int> streamed = Error(Errc::internal, "not asked");
+  {
+    factory::testing::OutOfDescriptors full;
+    r = HttpClient().request({.url = url});
+    streamed = HttpClient().stream({.url = url}, [](std::string_view) { return true; });
+  }
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Errc::unavailable);
+  EXPECT_NE(r.error().message.find("Too many open files"), std::string::npos) << r.error().message;
+  ASSERT_FALSE(streamed.ok());
+  EXPECT_NE(streamed.error().message.find("Too many open files"), std::string::npos)
+      << streamed.error().message;
+  // With descriptors back, the same request works.
+  EXPECT_TRUE(HttpClient().request({.url = url}).ok());
 }
 
 TEST_F(HttpClientTest, ConnectionRefusedNamesTheServer) {

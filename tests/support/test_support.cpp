@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -113,6 +115,23 @@ bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds tim
     std::this_thread::sleep_for(every);
   }
   return pred();
+}
+
+OutOfDescriptors::OutOfDescriptors() {
+  rlimit rl{};
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  saved_soft_ = rl.rlim_cur;
+  rl.rlim_cur = std::min<rlim_t>(rl.rlim_cur, 64);
+  ::setrlimit(RLIMIT_NOFILE, &rl);
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) fillers_.push_back(fd);
+}
+
+OutOfDescriptors::~OutOfDescriptors() {
+  for (int fd : fillers_) ::close(fd);
+  rlimit rl{};
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = static_cast<rlim_t>(saved_soft_);
+  ::setrlimit(RLIMIT_NOFILE, &rl);
 }
 
 Process::Process(const std::vector<std::string>& argv, const fs::path& log_file,

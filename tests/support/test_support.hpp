@@ -66,6 +66,22 @@ bool eventually(const std::function<bool()>& pred,
                 std::chrono::milliseconds timeout = std::chrono::seconds(10),
                 std::chrono::milliseconds every = std::chrono::milliseconds(20));
 
+// While it lives, this process has no file descriptor left to open: what a
+// flood of connections does to a server (issue 23). A low soft limit
+// (RLIMIT_NOFILE), then every slot under it filled with /dev/null; the limit
+// and the slots are given back when it goes.
+class OutOfDescriptors {
+ public:
+  OutOfDescriptors();
+  ~OutOfDescriptors();
+  OutOfDescriptors(const OutOfDescriptors&) = delete;
+  OutOfDescriptors& operator=(const OutOfDescriptors&) = delete;
+
+ private:
+  unsigned long long saved_soft_ = 0;
+  std::vector<int> fillers_;
+};
+
 // A child process running in the background (a server, an agent), its output
 // going to a log file; killed (SIGTERM, then SIGKILL) when destroyed.
 class Process {
