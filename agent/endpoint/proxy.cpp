@@ -101,7 +101,7 @@ struct Proxy::Impl {
       upstream_errors{0}, in_flight{0};
 
   bool authorized(const net::HttpRequestIn& req) const {
-    auto key = bearer_token(req.header("authorization"));
+    auto key = net::bearer_token(req.header("authorization"));
     if (!key) return false;
     std::string h = pki::sha256_hex(*key);
     std::lock_guard lk(hash_mu);

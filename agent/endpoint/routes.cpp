@@ -35,6 +35,8 @@ bool unreserved(unsigned char c) {
          c == '.' || c == '_' || c == '~' || c == ':';
 }
 
+// Not net::percent_encode: a model name's ':' (llama3.2:1b) is a pchar
+// (RFC 3986) and reaches Ollama as it is, the way its clients send it.
 std::string percent_encode(std::string_view s) {
   static const char hex[] = "0123456789ABCDEF";
   std::string out;
@@ -63,25 +65,6 @@ Route decide(std::string_view method, std::string_view allowed_method, std::stri
 }
 
 }  // namespace
-
-std::optional<std::string> bearer_token(std::string_view h) {
-  while (!h.empty() && (h.front() == ' ' || h.front() == '\t')) h.remove_prefix(1);
-  constexpr std::string_view kScheme = "bearer";
-  if (h.size() <= kScheme.size()) return std::nullopt;
-  for (std::size_t i = 0; i < kScheme.size(); i++) {
-    char c = h[i];
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    if (c != kScheme[i]) return std::nullopt;
-  }
-  h.remove_prefix(kScheme.size());
-  if (h.front() != ' ' && h.front() != '\t') return std::nullopt;
-  while (!h.empty() && (h.front() == ' ' || h.front() == '\t')) h.remove_prefix(1);
-  while (!h.empty() && (h.back() == ' ' || h.back() == '\t')) h.remove_suffix(1);
-  if (h.empty()) return std::nullopt;
-  // A key is one token68 (RFC 7235): anything with a space inside is not one.
-  if (h.find_first_of(" \t") != std::string_view::npos) return std::nullopt;
-  return std::string(h);
-}
 
 Route match_route(std::string_view method, std::string_view path) {
   constexpr std::string_view kModel = "/v1/models/";

@@ -1,16 +1,13 @@
 #pragma once
 // What the proxy decides before Ollama is asked (proxy.hpp lists the paths):
-// the bearer key out of an Authorization header, a request's route, and the
-// error bodies it answers with. Pure functions, tested on their own.
+// a request's route, and the error bodies it answers with (the key comes out
+// of the Authorization header with net::bearer_token, the coordinator's
+// parser). Pure functions, tested on their own.
 #include <optional>
 #include <string>
 #include <string_view>
 
 namespace factory::agent::endpoint {
-
-// The key of `Authorization: Bearer <key>` (the scheme in any case, as RFC
-// 7235 says), or nothing for any other header or an empty key.
-std::optional<std::string> bearer_token(std::string_view authorization);
 
 enum class RouteVerdict { pass, not_found, wrong_method };
 

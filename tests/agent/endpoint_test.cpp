@@ -27,6 +27,7 @@
 #include "agent/endpoint/proxy.hpp"
 #include "agent/endpoint/routes.hpp"
 #include "common/net/http_client.hpp"
+#include "common/net/server.hpp"
 #include "common/pki.hpp"
 #include "tests/support/raw_tls_client.hpp"
 #include "tests/support/test_support.hpp"
@@ -827,16 +828,17 @@ TEST_F(EndpointTest, ProbeTimesOut) {
   EXPECT_FALSE(p.error.empty());
 }
 
+// The proxy reads the key with the coordinator's parser (common/net).
 TEST(EndpointRoutes, BearerToken) {
-  EXPECT_EQ(bearer_token("Bearer abc"), "abc");
-  EXPECT_EQ(bearer_token("bearer   abc  "), "abc");
-  EXPECT_EQ(bearer_token("BEARER abc"), "abc");
-  EXPECT_EQ(bearer_token("Bearer"), std::nullopt);
-  EXPECT_EQ(bearer_token("Bearer "), std::nullopt);
-  EXPECT_EQ(bearer_token("Bearerabc"), std::nullopt);
-  EXPECT_EQ(bearer_token("Basic abc"), std::nullopt);
-  EXPECT_EQ(bearer_token("Bearer a b"), std::nullopt);
-  EXPECT_EQ(bearer_token(""), std::nullopt);
+  EXPECT_EQ(net::bearer_token("Bearer abc"), "abc");
+  EXPECT_EQ(net::bearer_token("bearer   abc  "), "abc");
+  EXPECT_EQ(net::bearer_token("BEARER abc"), "abc");
+  EXPECT_EQ(net::bearer_token("Bearer"), std::nullopt);
+  EXPECT_EQ(net::bearer_token("Bearer "), std::nullopt);
+  EXPECT_EQ(net::bearer_token("Bearerabc"), std::nullopt);
+  EXPECT_EQ(net::bearer_token("Basic abc"), std::nullopt);
+  EXPECT_EQ(net::bearer_token("Bearer a b"), std::nullopt);
+  EXPECT_EQ(net::bearer_token(""), std::nullopt);
 }
 
 TEST(EndpointRoutes, Allowlist) {
