@@ -7,6 +7,7 @@
 
 #include "agent/guest/cluster.hpp"
 #include "agent/health/compare.hpp"
+#include "agent/health/fault_book.hpp"
 #include "agent/health/nvml.hpp"
 #include "agent/health/report.hpp"
 #include "agent/plan/engine.hpp"
@@ -16,6 +17,7 @@
 #include "common/catalog.hpp"
 #include "common/cli/app.hpp"
 #include "common/cli/output.hpp"
+#include "common/xid_catalog.hpp"
 
 namespace factory::agent {
 
@@ -24,6 +26,10 @@ namespace {
 struct Opts {
   std::string root = "/";
   std::string state_dir = "/var/lib/factory-agent/local";
+  // The service's state directory, where its fault book is (health, faults).
+  std::string agent_state_dir = "/var/lib/factory-agent";
+  std::string gpu_uuid;
+  int xid = 0;
   std::string ollama_url = "http://127.0.0.1:11434";
   std::string tier = "gpu-vm";
   std::string catalog;
@@ -220,6 +226,53 @@ int check_plan(const Opts& o, const nlohmann::json& plan) {
   return all_done ? 0 : 1;
 }
 
+// `factory-agent faults`: the fault book, as the running agent keeps it.
+int list_faults(const Opts& o) {
+  FaultBook book(FaultBook::file_in(o.agent_state_dir));
+  auto records = book.list();
+  if (!records) {
+    std::cerr << "factory-agent: " << records.error().message << "\n";
+    return 1;
+  }
+  json list = json::array();
+  for (const auto& r : *records) {
+    const gpu::XidEntry* e = gpu::find_xid(r.xid);
+    list.push_back({{"uuid", r.uuid},
+                    {"gpu", r.gpu_index},
+                    {"xid", r.xid},
+                    {"description", e ? std::string(e->description) : ""},
+                    {"impact", e ? std::string(gpu::impact_name(e->impact)) : "unknown"},
+                    {"count", r.count},
+                    {"first_at", r.first_at},
+                    {"last_at", r.last_at}});
+  }
+  if (cli::print_document(std::cout, o.output, json{{"xids", list}})) return 0;
+  if (list.empty()) {
+    std::cout << "No Xid recorded (" << book.file().string() << ").\n";
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& x : list)
+    rows.push_back({cell(x, "gpu"), cell(x, "uuid"), cell(x, "xid"), cell(x, "description"),
+                    cell(x, "impact"), cell(x, "count"), cell(x, "first_at"), cell(x, "last_at")});
+  cli::print_table(std::cout,
+                   {"gpu", "uuid", "xid", "description", "impact", "count", "first", "last"}, rows);
+  return 0;
+}
+
+int ack_faults(const Opts& o) {
+  FaultBook book(FaultBook::file_in(o.agent_state_dir));
+  auto gone = book.acknowledge(o.gpu_uuid, o.xid);
+  if (!gone) {
+    std::cerr << "factory-agent: " << gone.error().message << "\n";
+    return 1;
+  }
+  std::cout << "acknowledged " << *gone << " Xid record" << (*gone == 1 ? "" : "s")
+            << "; the next health sample no longer reports " << (*gone == 1 ? "it" : "them")
+            << "\n";
+  return 0;
+}
+
 int run_plan(const Opts& o, const nlohmann::json& plan) {
   StepRegistry reg;
   register_builtin_steps(reg);
@@ -255,12 +308,17 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
   health->add_option("--tier", o->tier, "Catalog tier whose health section chooses the collectors")
       ->each([o](const std::string&) { o->tier_given = true; });
   health->add_option("--catalog", o->catalog, "Catalog file (default: the built-in catalog)");
+  health
+      ->add_option("--state-dir", o->agent_state_dir,
+                   "The agent's state directory, whose fault book (Xids) the sample shows")
+      ->capture_default_str();
   health->add_flag("--raw", o->raw,
                    "Add NVML's memory info in bytes (v1 and v2) as `nvml_raw`, to check the MiB "
                    "figures against nvidia-smi's");
   health->callback([&chosen, o] {
     chosen.run = [o] {
       GuestEnv env = env_of(*o);
+      env.state_dir = o->agent_state_dir;
       HealthCollectors c;
       if (o->tier_given) {
         auto p = tier_plan(*o);
@@ -324,6 +382,29 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
         std::cout << result.to_text();
       return result.ok() ? 0 : 1;
     };
+  });
+
+  auto* faults = app.add_subcommand(
+      "faults",
+      "The Xids this guest's GPUs reported, kept (with their count and first and last time) "
+      "until acknowledged; `faults ack` acknowledges them");
+  faults->add_option("--state-dir", o->agent_state_dir, "The agent's state directory")
+      ->capture_default_str();
+  cli::add_output_option(*faults, o->output);
+  cli::set_examples(*faults, {{"factory-agent faults", "every Xid not yet acknowledged"},
+                              {"factory-agent faults ack --xid 13",
+                               "forget Xid 13 on every GPU once its program is fixed"},
+                              {"factory-agent faults ack", "forget them all (after a reset)"}});
+  auto* ack = faults->add_subcommand(
+      "ack", "Acknowledge Xids: the next health sample no longer reports them");
+  ack->add_option("--gpu", o->gpu_uuid, "Only this GPU (its UUID)");
+  ack->add_option("--xid", o->xid, "Only this Xid")->check(CLI::Range(1, 999));
+  ack->add_option("--state-dir", o->agent_state_dir, "The agent's state directory")
+      ->capture_default_str();
+  ack->callback([&chosen, o] { chosen.run = [o] { return ack_faults(*o); }; });
+  faults->callback([&chosen, o, ack] {
+    if (ack->parsed()) return;
+    chosen.run = [o] { return list_faults(*o); };
   });
 
   auto* plan = app.add_subcommand(
