@@ -8,9 +8,9 @@ namespace {
 
 // What every card fault asks of the admin first: take the card out of the
 // pool, so no new tenant lands on it, and move the tenant to a healthy one.
-#define TAKE_OUT                                                                       \
-  "quarantine the card (`factory host quarantine --pci ADDR --reason ...`), move the " \
-  "tenant (`factory tenant restart NAME`), "
+#define TAKE_OUT                                                                   \
+  "quarantine the card (`factory host quarantine --pci ADDR --reason ...`), move " \
+  "the tenant to a healthy card (docs/gpu-faults.md), "
 
 constexpr XidEntry kCatalog[] = {
     {13, "ROBUST_CHANNEL_GR_EXCEPTION", "Graphics Engine Exception", "RESTART_APP",

@@ -88,8 +88,8 @@ std::vector<Diagnosis> diagnose_gpu_faults(const proto::GpuSample& g) {
             " is lost: NVML answers NVML_ERROR_GPU_IS_LOST (the card fell off the bus; Xid 79)",
         "nothing in the VM can reach the card: wait for the admin to move you to a healthy card",
         "quarantine the card (`factory host quarantine --pci ADDR --reason ...`), move the tenant "
-        "(`factory tenant restart NAME`), then reboot the node and read its kernel log for PCIe "
-        "errors; if it recurs, contact NVIDIA support",
+        "to a healthy card (docs/gpu-faults.md), then reboot the node and read its kernel log for "
+        "PCIe errors; if it recurs, contact NVIDIA support",
         "card"));
   bool explained_ecc = false;
   for (const auto& x : g.xids) {
@@ -103,7 +103,7 @@ std::vector<Diagnosis> diagnose_gpu_faults(const proto::GpuSample& g) {
             std::to_string(g.remapped_rows_uncorrectable.value_or(0)) +
             " rows remapped for uncorrectable errors)",
         "restart your programs once the admin has reset the card or moved you to a healthy one",
-        "quarantine the card, move the tenant (`factory tenant restart NAME`) and reset the card; "
+        "quarantine the card, move the tenant to a healthy card and reset the card; "
         "if the failure stays after the reset (`nvidia-smi -q -d ROW_REMAPPER`), contact NVIDIA "
         "support for a replacement",
         "card"));
