@@ -85,22 +85,20 @@ int nvmlDeviceGetMemoryInfo_v2(void* d, mem2_t* m) { if (m->version != (sizeof(m
 int nvmlSystemGetDriverVersion(char* b, unsigned int n) { strncpy(b, "580.159.04", n); return 0; }
 int nvmlDeviceGetPciInfo_v3(void* d, pci_t* p) { memset(p, 0, sizeof *p); strcpy(p->busId, "00000000:00:06.0"); p->pciDeviceId = 0x233510DE; return 0; }
 int nvmlDeviceGetTemperature(void* d, int s, unsigned int* t) { HANG *t = 35; return 0; }
-int nvmlDeviceGetFieldValues(void* d, int n, field_t* f) {
-  unsigned long long l[5] = {0, 0, 0, 0, 0}; int links = ctl("nvlink", l, 5) == 5;
-  for (int i = 0; i < n; ++i) {
-    f[i].nvmlReturn = 0; f[i].valueType = 3;
-    switch (f[i].fieldId) {
-      case 82: f[i].valueType = 1; f[i].value.ui = 33; break;
-      case 91: if (links) f[i].value.ull = l[0]; else f[i].nvmlReturn = 3; break;
-      case 38: if (links) f[i].value.ull = l[1]; else f[i].nvmlReturn = 3; break;
-      case 45: if (links) f[i].value.ull = l[2]; else f[i].nvmlReturn = 3; break;
-      case 52: if (links) f[i].value.ull = l[3]; else f[i].nvmlReturn = 3; break;
-      case 59: if (links) f[i].value.ull = l[4]; else f[i].nvmlReturn = 3; break;
-      default: f[i].nvmlReturn = 3;
-    }
+/* One field: memory temperature (82) and, with an nvlink line, the link count (91) and the error totals (38, 45, 52, 59). */
+static void field_one(field_t* f, const unsigned long long* l, int links) {
+  f->nvmlReturn = 0; f->valueType = 3;
+  switch (f->fieldId) {
+    case 82: f->valueType = 1; f->value.ui = 33; return;
+    case 91: if (links) { f->value.ull = l[0]; return; } break;
+    case 38: if (links) { f->value.ull = l[1]; return; } break;
+    case 45: if (links) { f->value.ull = l[2]; return; } break;
+    case 52: if (links) { f->value.ull = l[3]; return; } break;
+    case 59: if (links) { f->value.ull = l[4]; return; } break;
   }
-  return 0;
+  f->nvmlReturn = 3;
 }
+int nvmlDeviceGetFieldValues(void* d, int n, field_t* f) { unsigned long long l[5] = {0, 0, 0, 0, 0}; int links = ctl("nvlink", l, 5) == 5; for (int i = 0; i < n; ++i) field_one(&f[i], l, links); return 0; }
 int nvmlDeviceGetUtilizationRates(void* d, util_t* u) { u->gpu = 0; u->memory = 0; return 0; }
 int nvmlDeviceGetPowerUsage(void* d, unsigned int* mw) { *mw = 121850; return 0; }
 int nvmlDeviceGetPowerManagementLimit(void* d, unsigned int* mw) { *mw = 700000; return 0; }
