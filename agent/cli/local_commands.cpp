@@ -39,7 +39,8 @@ struct Opts {
   bool raw = false;
   bool tier_given = false;
   // health-compare
-  std::string agent_json, query_csv, q_memory;
+  std::string agent_json, query_csv, q_memory, q_full;
+  int watch_seconds = 10;
   std::string fields =
       "memory.total,memory.used,memory.reserved,memory.free,utilization.gpu,"
       "temperature.gpu,power.draw,clocks.sm,clocks.mem,pstate,mig.mode.current";
@@ -267,10 +268,75 @@ int ack_faults(const Opts& o) {
     std::cerr << "factory-agent: " << gone.error().message << "\n";
     return 1;
   }
-  std::cout << "acknowledged " << *gone << " Xid record" << (*gone == 1 ? "" : "s")
-            << "; the next health sample no longer reports " << (*gone == 1 ? "it" : "them")
-            << "\n";
+  if (*gone == 0)
+    std::cout << "no Xid recorded matches; nothing changed\n";
+  else
+    std::cout << "acknowledged " << *gone << " Xid record" << (*gone == 1 ? "" : "s")
+              << "; the next health sample no longer reports " << (*gone == 1 ? "it" : "them")
+              << "\n";
   return 0;
+}
+
+// `factory-agent faults watch`: NVML's event set as the agent registers
+// it, waited on for a while, every event printed. Reads the card, changes
+// nothing (the fault book is the running agent's; this records nothing).
+int watch_faults(const Opts& o) {
+  GuestEnv env = env_of(o);
+  auto lib = NvmlLibrary::load(nvml_library_candidates(env));
+  if (!lib) {
+    std::cerr << "factory-agent: " << lib.error().message << "\n";
+    return 1;
+  }
+  auto set = (*lib)->watch_events();
+  if (!set) {
+    std::cerr << "factory-agent: " << set.error().message << "\n";
+    return 1;
+  }
+  json regs = json::array();
+  for (const auto& r : (*set)->registrations())
+    regs.push_back({{"gpu", r.index},
+                    {"uuid", r.uuid},
+                    {"supported", r.supported},
+                    {"registered", r.registered},
+                    {"error", r.error}});
+  const bool table = o.output == cli::OutputFormat::table;
+  if (table)
+    for (const auto& r : regs)
+      std::cout << "GPU " << r["gpu"] << " " << r["uuid"].get<std::string>() << ": registered 0x"
+                << std::hex << r["registered"].get<std::uint64_t>() << " of supported 0x"
+                << r["supported"].get<std::uint64_t>() << std::dec
+                << (r["error"].get<std::string>().empty()
+                        ? ""
+                        : " (" + r["error"].get<std::string>() + ")")
+                << "\n";
+  json events = json::array();
+  std::string ended = "the time passed";
+  int waits = 0, timeouts = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(o.watch_seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    auto e = (*set)->wait(std::min(left, std::chrono::milliseconds(1000)));
+    ++waits;
+    if (!e) {
+      ended = e.error().message;
+      break;
+    }
+    if (!*e) {
+      ++timeouts;
+      continue;
+    }
+    const NvmlEvent& ev = **e;
+    json j = {{"gpu", ev.gpu_index}, {"uuid", ev.uuid}, {"type", ev.type}, {"xid", ev.xid}};
+    if (table) std::cout << "event: " << j.dump() << "\n";
+    events.push_back(std::move(j));
+  }
+  json doc = {{"library", (*lib)->path()}, {"registrations", regs}, {"waits", waits},
+              {"timeouts", timeouts},      {"events", events},      {"ended", ended}};
+  if (!cli::print_document(std::cout, o.output, doc))
+    std::cout << waits << " waits (" << timeouts << " timed out, " << events.size()
+              << " events); ended: " << ended << "\n";
+  return ended == "the time passed" ? 0 : 1;
 }
 
 int run_plan(const Opts& o, const nlohmann::json& plan) {
@@ -353,6 +419,9 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
   cmp->add_option("--fields", o->fields, "The FIELDS that query asked for, in order")
       ->capture_default_str();
   cmp->add_option("--q-memory", o->q_memory, "nvidia-smi -q -d MEMORY output")->required();
+  cmp->add_option("--q", o->q_full,
+                  "nvidia-smi -q output: also compare the fault figures (serial, PCIe replays, "
+                  "clock event reasons, ECC counts, retired pages, remapped rows), exactly");
   cli::add_output_option(*cmp, o->output);
   cmp->callback([&chosen, o] {
     chosen.run = [o] {
@@ -378,6 +447,14 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
         return 2;
       }
       auto result = compare_with_nvidia_smi(doc, *smi, fields, parse_nvidia_smi_q_memory(*mem));
+      if (!o->q_full.empty()) {
+        auto q = read_file(o->q_full);
+        if (!q) {
+          std::cerr << "factory-agent: " << q.error().message << "\n";
+          return 2;
+        }
+        compare_faults(result, doc, parse_nvidia_smi_q_faults(*q));
+      }
       if (!cli::print_document(std::cout, o->output, result.to_json()))
         std::cout << result.to_text();
       return result.ok() ? 0 : 1;
@@ -394,7 +471,9 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
   cli::set_examples(*faults, {{"factory-agent faults", "every Xid not yet acknowledged"},
                               {"factory-agent faults ack --xid 13",
                                "forget Xid 13 on every GPU once its program is fixed"},
-                              {"factory-agent faults ack", "forget them all (after a reset)"}});
+                              {"factory-agent faults ack", "forget them all (after a reset)"},
+                              {"factory-agent faults watch --seconds 30",
+                               "NVML's event set, registered and waited on"}});
   auto* ack = faults->add_subcommand(
       "ack", "Acknowledge Xids: the next health sample no longer reports them");
   ack->add_option("--gpu", o->gpu_uuid, "Only this GPU (its UUID)");
@@ -402,8 +481,18 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
   ack->add_option("--state-dir", o->agent_state_dir, "The agent's state directory")
       ->capture_default_str();
   ack->callback([&chosen, o] { chosen.run = [o] { return ack_faults(*o); }; });
-  faults->callback([&chosen, o, ack] {
-    if (ack->parsed()) return;
+  auto* watch = faults->add_subcommand(
+      "watch",
+      "Register NVML's Xid and ECC events as the agent does and wait on them for a while, "
+      "printing each event (records nothing)");
+  watch->add_option("--seconds", o->watch_seconds, "How long to wait")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  watch->add_option("--root", o->root, "Filesystem root of the guest");
+  cli::add_output_option(*watch, o->output);
+  watch->callback([&chosen, o] { chosen.run = [o] { return watch_faults(*o); }; });
+  faults->callback([&chosen, o, ack, watch] {
+    if (ack->parsed() || watch->parsed()) return;
     chosen.run = [o] { return list_faults(*o); };
   });
 
