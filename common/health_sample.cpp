@@ -4,6 +4,7 @@
 #include <limits>
 #include <regex>
 
+#include "common/durations.hpp"
 #include "common/mig_cards.hpp"
 
 namespace factory::proto {
@@ -65,9 +66,42 @@ json MigInstanceSample::to_json() const {
   return {{"profile", profile}, {"memory_gib", opt(memory_gib)}, {"uuid", uuid}};
 }
 
+json XidSample::to_json() const {
+  return {{"xid", xid},
+          {"count", count},
+          {"first_at", text_or_null(first_at)},
+          {"last_at", text_or_null(last_at)}};
+}
+
+json NvlinkSample::to_json() const {
+  return {{"links", opt(links)},
+          {"crc_flit_errors", opt(crc_flit_errors)},
+          {"crc_data_errors", opt(crc_data_errors)},
+          {"replay_errors", opt(replay_errors)},
+          {"recovery_errors", opt(recovery_errors)}};
+}
+
+int GpuSample::last_xid() const {
+  // The latest by time; among equal times (or unreadable ones) the later
+  // in the list, which the agent keeps oldest first.
+  const XidSample* last = nullptr;
+  std::optional<Clock::time_point> last_time;
+  for (const auto& x : xids) {
+    auto t = parse_rfc3339(x.last_at);
+    std::optional<Clock::time_point> at = t ? std::optional(*t) : std::nullopt;
+    if (!last || !at || !last_time || *at >= *last_time) {
+      last = &x;
+      last_time = at;
+    }
+  }
+  return last ? last->xid : 0;
+}
+
 json GpuSample::to_json() const {
   json procs = json::array();
   for (const auto& p : processes) procs.push_back(p.to_json());
+  json xs = json::array();
+  for (const auto& x : xids) xs.push_back(x.to_json());
   json j = {{"index", index},
             {"name", name},
             {"uuid", text_or_null(uuid)},
@@ -88,7 +122,24 @@ json GpuSample::to_json() const {
             {"pstate", text_or_null(pstate)},
             {"ecc_errors_uncorrected_volatile", opt(ecc_errors_uncorrected_volatile)},
             {"mig_mode", text_or_null(mig_mode)},
-            {"processes", std::move(procs)}};
+            {"processes", std::move(procs)},
+            {"serial", text_or_null(serial)},
+            {"lost", lost},
+            {"ecc_errors_corrected_volatile", opt(ecc_errors_corrected_volatile)},
+            {"ecc_errors_corrected_aggregate", opt(ecc_errors_corrected_aggregate)},
+            {"ecc_errors_uncorrected_aggregate", opt(ecc_errors_uncorrected_aggregate)},
+            {"remapped_rows_correctable", opt(remapped_rows_correctable)},
+            {"remapped_rows_uncorrectable", opt(remapped_rows_uncorrectable)},
+            {"remapped_rows_pending", opt(remapped_rows_pending)},
+            {"remapped_rows_failure", opt(remapped_rows_failure)},
+            {"retired_pages_sbe", opt(retired_pages_sbe)},
+            {"retired_pages_dbe", opt(retired_pages_dbe)},
+            {"retired_pages_pending", opt(retired_pages_pending)},
+            {"pcie_replay_count", opt(pcie_replay_count)},
+            {"clocks_event_reasons", opt(clocks_event_reasons)},
+            {"energy_mj", opt(energy_mj)},
+            {"xids", std::move(xs)}};
+  if (nvlink) j["nvlink"] = nvlink->to_json();
   if (!mig_instances.empty()) {
     json mig = json::array();
     for (const auto& m : mig_instances) mig.push_back(m.to_json());
@@ -280,12 +331,20 @@ void make_sendable(HealthSample& h) {
     x.name = clip_text(x.name, lim::kName);
     x.uuid = clip_text(x.uuid, lim::kShort);
     x.pci_bus_id = clip_text(x.pci_bus_id, lim::kShort);
+    x.serial = clip_text(x.serial, lim::kShort);
     cap(x.processes, lim::kProcesses);
     for (auto& p : x.processes) p.name = clip_text(p.name, lim::kName);
     cap(x.mig_instances, lim::kMigInstances);
     for (auto& m : x.mig_instances) {
       m.profile = clip_text(m.profile, lim::kShort);
       m.uuid = clip_text(m.uuid, lim::kShort);
+    }
+    // The most recent are the ones to keep.
+    if (x.xids.size() > lim::kXids)
+      x.xids.erase(x.xids.begin(), x.xids.end() - static_cast<std::ptrdiff_t>(lim::kXids));
+    for (auto& e : x.xids) {
+      e.first_at = clip_text(e.first_at, lim::kShort);
+      e.last_at = clip_text(e.last_at, lim::kShort);
     }
   }
   if (h.ollama) {
@@ -397,6 +456,13 @@ class Reader {
     return x;
   }
 
+  std::optional<bool> opt_boolean(const char* key) const {
+    const json* v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) return reject("bad_type", key), std::nullopt;
+    return v->get<bool>();
+  }
+
   bool boolean(const char* key) const {
     const json* v = get(key);
     if (!v) return false;
@@ -438,6 +504,9 @@ class Reader {
 constexpr long double kMaxMib = 16.0L * 1024 * 1024;  // 16 TiB
 constexpr long double kMaxBytes = 1ULL << 50;         // 1 PiB
 constexpr long double kMaxCount = 1'000'000;
+// Error counters: more than any card could count in its life, fewer than
+// a double holds exactly (so /metrics prints what was sent).
+constexpr long double kMaxErrors = 1e15L;
 
 bool clean_json(const json& j, std::size_t depth = 0) {
   if (depth > 4) return false;
@@ -480,6 +549,70 @@ std::vector<DiagnosisSample> read_diagnoses(const Reader& r) {
     out.push_back(std::move(s));
   }
   return out;
+}
+
+// An RFC 3339 time the agent wrote, or "" (counted) when it is not one.
+std::string timestamp(const Reader& r, const char* key) {
+  std::string s = r.text(key, lim::kShort);
+  if (!s.empty() && !parse_rfc3339(s)) {
+    r.reject("bad_text", key);
+    return "";
+  }
+  return s;
+}
+
+void read_faults(const Reader& r, GpuSample& g) {
+  g.serial = r.text("serial", lim::kShort);
+  g.lost = r.boolean("lost");
+  g.ecc_errors_corrected_volatile =
+      r.integer<std::uint64_t>("ecc_errors_corrected_volatile", 0, kMaxErrors);
+  g.ecc_errors_corrected_aggregate =
+      r.integer<std::uint64_t>("ecc_errors_corrected_aggregate", 0, kMaxErrors);
+  g.ecc_errors_uncorrected_aggregate =
+      r.integer<std::uint64_t>("ecc_errors_uncorrected_aggregate", 0, kMaxErrors);
+  // A card has a few thousand spare rows at most.
+  g.remapped_rows_correctable = r.integer<std::uint64_t>("remapped_rows_correctable", 0, kMaxCount);
+  g.remapped_rows_uncorrectable =
+      r.integer<std::uint64_t>("remapped_rows_uncorrectable", 0, kMaxCount);
+  g.remapped_rows_pending = r.opt_boolean("remapped_rows_pending");
+  g.remapped_rows_failure = r.opt_boolean("remapped_rows_failure");
+  g.retired_pages_sbe = r.integer<std::uint64_t>("retired_pages_sbe", 0, kMaxCount);
+  g.retired_pages_dbe = r.integer<std::uint64_t>("retired_pages_dbe", 0, kMaxCount);
+  g.retired_pages_pending = r.opt_boolean("retired_pages_pending");
+  // NVML's counter is an unsigned int.
+  g.pcie_replay_count = r.integer<std::uint64_t>("pcie_replay_count", 0, 4294967295.0L);
+  // A 64-bit mask of which NVML defines nine bits; a newer driver's bits
+  // are kept, anything past 32 bits is not a reading.
+  g.clocks_event_reasons = r.integer<std::uint64_t>("clocks_event_reasons", 0, 4294967295.0L);
+  // 2^53 mJ is 285 years at 1 kW.
+  g.energy_mj = r.integer<std::uint64_t>("energy_mj", 0, 9007199254740992.0L);
+  if (const json* n = r.get("nvlink")) {
+    if (n->is_object()) {
+      Reader nr(*n, r.where() + ".nvlink", r.rejects());
+      NvlinkSample s;
+      s.links = nr.integer<std::uint64_t>("links", 0, 64);
+      s.crc_flit_errors = nr.integer<std::uint64_t>("crc_flit_errors", 0, kMaxErrors);
+      s.crc_data_errors = nr.integer<std::uint64_t>("crc_data_errors", 0, kMaxErrors);
+      s.replay_errors = nr.integer<std::uint64_t>("replay_errors", 0, kMaxErrors);
+      s.recovery_errors = nr.integer<std::uint64_t>("recovery_errors", 0, kMaxErrors);
+      g.nvlink = s;
+    } else {
+      r.reject("bad_type", "nvlink");
+    }
+  }
+  int i = 0;
+  for (const json* e : r.list("xids", lim::kXids)) {
+    Reader x(*e, r.where() + ".xids[" + std::to_string(i++) + "]", r.rejects());
+    XidSample s;
+    // 999 is NVML's "an Xid it does not know"; nothing above it is one.
+    auto xid = x.integer<int>("xid", 1, 999);
+    if (!xid) continue;  // an Xid entry is its number
+    s.xid = *xid;
+    s.count = x.integer<std::uint64_t>("count", 1, 1e9L).value_or(1);
+    s.first_at = timestamp(x, "first_at");
+    s.last_at = timestamp(x, "last_at");
+    g.xids.push_back(std::move(s));
+  }
 }
 
 GpuSample read_gpu(const Reader& r, int position) {
@@ -543,6 +676,7 @@ GpuSample read_gpu(const Reader& r, int position) {
     }
     g.mig_instances.push_back(std::move(s));
   }
+  read_faults(r, g);
   return g;
 }
 

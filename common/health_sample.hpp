@@ -24,7 +24,16 @@
 //                      "memory_temperature_c", "power_draw_w", "power_limit_w",
 //                      "sm_clock_mhz", "memory_clock_mhz", "pstate",
 //                      "ecc_errors_uncorrected_volatile", "mig_mode",
-//                      "processes": [{"pid", "name", "used_memory_mib"}]}]},
+//                      "processes": [{"pid", "name", "used_memory_mib"}],
+//                      "serial", "lost", "ecc_errors_corrected_volatile",
+//                      "ecc_errors_corrected_aggregate", "ecc_errors_uncorrected_aggregate",
+//                      "remapped_rows_correctable", "remapped_rows_uncorrectable",
+//                      "remapped_rows_pending", "remapped_rows_failure",
+//                      "retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending",
+//                      "pcie_replay_count", "clocks_event_reasons", "energy_mj",
+//                      "nvlink"?: {"links", "crc_flit_errors", "crc_data_errors",
+//                                  "replay_errors", "recovery_errors"},
+//                      "xids": [{"xid", "count", "first_at", "last_at"}]}]},
 //    "ollama"?: {"version", "models": [{"name", "size", "size_vram",
 //                "gpu_percent", "context_length", "expires_at"}], "error"?, "diagnoses"?},
 //    "k8s"?: {"resource", "allocatable", "capacity",
@@ -57,6 +66,7 @@ inline constexpr std::size_t kModels = 32;
 inline constexpr std::size_t kNodes = 16;
 inline constexpr std::size_t kPods = 128;
 inline constexpr std::size_t kDiagnoses = 16;  // per section
+inline constexpr std::size_t kXids = 16;       // per GPU: distinct Xids kept until acknowledged
 // A sample's JSON, well inside the protocol's 64 KiB frame cap.
 inline constexpr std::size_t kSampleBytes = 48 * 1024;
 }  // namespace health_limits
@@ -85,11 +95,48 @@ struct MigInstanceSample {
   nlohmann::json to_json() const;
 };
 
+// One Xid the driver reported for a GPU (an NVML critical-error event),
+// kept by the agent with when it was first and last seen and how often,
+// until someone acknowledges it (agent/health/fault_book.hpp): an Xid that
+// vanished at the next restart is the complaint about dcgm-exporter.
+struct XidSample {
+  int xid = 0;  // 1..999 (NVML reports 999 for an Xid it does not know)
+  std::uint64_t count = 0;
+  std::string first_at, last_at;  // RFC 3339, the agent's clock
+  nlohmann::json to_json() const;
+};
+
+// NVLink error counters summed over the card's links (NVML's *_TOTAL
+// fields); sent only for a card that has links.
+struct NvlinkSample {
+  std::optional<std::uint64_t> links;
+  std::optional<std::uint64_t> crc_flit_errors, crc_data_errors, replay_errors, recovery_errors;
+  nlohmann::json to_json() const;
+};
+
+// NVML's clock event (throttle) reason bits (nvml.h, nvmlClocksEventReason*).
+namespace clocks_event {
+inline constexpr std::uint64_t kGpuIdle = 0x1;
+inline constexpr std::uint64_t kApplicationsClocksSetting = 0x2;
+inline constexpr std::uint64_t kSwPowerCap = 0x4;
+inline constexpr std::uint64_t kHwSlowdown = 0x8;
+inline constexpr std::uint64_t kSyncBoost = 0x10;
+inline constexpr std::uint64_t kSwThermalSlowdown = 0x20;
+inline constexpr std::uint64_t kHwThermalSlowdown = 0x40;
+inline constexpr std::uint64_t kHwPowerBrakeSlowdown = 0x80;
+inline constexpr std::uint64_t kDisplayClockSetting = 0x100;
+// Every bit NVML defines; a reading with others is not one.
+inline constexpr std::uint64_t kAll = 0x1ff;
+}  // namespace clocks_event
+
 struct GpuSample {
   int index = 0;
-  std::string name;                 // "NVIDIA H200"
-  std::string uuid;                 // "GPU-0108b095-..."
-  std::string pci_bus_id;           // "00000000:00:06.0" (nvidia-smi's 8-digit domain)
+  std::string name;        // "NVIDIA H200"
+  std::string uuid;        // "GPU-0108b095-..."
+  std::string pci_bus_id;  // "00000000:00:06.0" (nvidia-smi's 8-digit domain)
+  // The board's serial number (NVML; nvidia-smi's Serial Number): the same
+  // inside the VM and on the host, where the guest's bus id is not.
+  std::string serial;
   std::optional<int> minor_number;  // /dev/nvidia<minor>
   // MiB as nvidia-smi prints them. used excludes reserved (NVML's v2 memory
   // info); total = reserved + used + free, give or take rounding.
@@ -110,6 +157,34 @@ struct GpuSample {
   std::string mig_mode;  // "Enabled" | "Disabled" as nvidia-smi writes it; "" unknown / no MIG
   std::vector<GpuProcessSample> processes;       // compute processes using it
   std::vector<MigInstanceSample> mig_instances;  // in MIG mode; sent only when there are some
+
+  // Faults. `lost`: NVML answered NVML_ERROR_GPU_IS_LOST (the card fell off
+  // the bus): its other figures are unknown. A driver that does not answer
+  // at all is the section's health_collector_hung instead.
+  bool lost = false;
+  // ECC error counts since the driver loaded (volatile) and over the card's
+  // life (aggregate), DRAM and SRAM together as nvidia-smi -q totals them.
+  std::optional<std::uint64_t> ecc_errors_corrected_volatile;
+  std::optional<std::uint64_t> ecc_errors_corrected_aggregate;
+  std::optional<std::uint64_t> ecc_errors_uncorrected_aggregate;
+  // Row remapping (Ampere and later): rows remapped for correctable and
+  // uncorrectable errors, a remapping waiting for a reset, one that failed.
+  std::optional<std::uint64_t> remapped_rows_correctable;
+  std::optional<std::uint64_t> remapped_rows_uncorrectable;
+  std::optional<bool> remapped_rows_pending;
+  std::optional<bool> remapped_rows_failure;
+  // Dynamic page retirement (before Ampere; newer cards say not supported).
+  std::optional<std::uint64_t> retired_pages_sbe;
+  std::optional<std::uint64_t> retired_pages_dbe;
+  std::optional<bool> retired_pages_pending;
+  std::optional<std::uint64_t> pcie_replay_count;     // since the driver loaded
+  std::optional<std::uint64_t> clocks_event_reasons;  // clocks_event:: bits
+  std::optional<std::uint64_t> energy_mj;             // since the driver loaded, in millijoules
+  std::optional<NvlinkSample> nvlink;                 // only a card with NVLinks
+  std::vector<XidSample> xids;                        // not yet acknowledged, oldest first
+
+  // The Xid seen last (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS), 0 when none.
+  int last_xid() const;
 
   nlohmann::json to_json() const;
 };

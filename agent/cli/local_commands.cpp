@@ -7,6 +7,7 @@
 
 #include "agent/guest/cluster.hpp"
 #include "agent/health/compare.hpp"
+#include "agent/health/fault_book.hpp"
 #include "agent/health/nvml.hpp"
 #include "agent/health/report.hpp"
 #include "agent/plan/engine.hpp"
@@ -16,6 +17,7 @@
 #include "common/catalog.hpp"
 #include "common/cli/app.hpp"
 #include "common/cli/output.hpp"
+#include "common/xid_catalog.hpp"
 
 namespace factory::agent {
 
@@ -24,6 +26,10 @@ namespace {
 struct Opts {
   std::string root = "/";
   std::string state_dir = "/var/lib/factory-agent/local";
+  // The service's state directory, where its fault book is (health, faults).
+  std::string agent_state_dir = "/var/lib/factory-agent";
+  std::string gpu_uuid;
+  int xid = 0;
   std::string ollama_url = "http://127.0.0.1:11434";
   std::string tier = "gpu-vm";
   std::string catalog;
@@ -33,7 +39,8 @@ struct Opts {
   bool raw = false;
   bool tier_given = false;
   // health-compare
-  std::string agent_json, query_csv, q_memory;
+  std::string agent_json, query_csv, q_memory, q_full;
+  int watch_seconds = 10;
   std::string fields =
       "memory.total,memory.used,memory.reserved,memory.free,utilization.gpu,"
       "temperature.gpu,power.draw,clocks.sm,clocks.mem,pstate,mig.mode.current";
@@ -220,6 +227,118 @@ int check_plan(const Opts& o, const nlohmann::json& plan) {
   return all_done ? 0 : 1;
 }
 
+// `factory-agent faults`: the fault book, as the running agent keeps it.
+int list_faults(const Opts& o) {
+  FaultBook book(FaultBook::file_in(o.agent_state_dir));
+  auto records = book.list();
+  if (!records) {
+    std::cerr << "factory-agent: " << records.error().message << "\n";
+    return 1;
+  }
+  json list = json::array();
+  for (const auto& r : *records) {
+    const gpu::XidEntry* e = gpu::find_xid(r.xid);
+    list.push_back({{"uuid", r.uuid},
+                    {"gpu", r.gpu_index},
+                    {"xid", r.xid},
+                    {"description", e ? std::string(e->description) : ""},
+                    {"impact", e ? std::string(gpu::impact_name(e->impact)) : "unknown"},
+                    {"count", r.count},
+                    {"first_at", r.first_at},
+                    {"last_at", r.last_at}});
+  }
+  if (cli::print_document(std::cout, o.output, json{{"xids", list}})) return 0;
+  if (list.empty()) {
+    std::cout << "No Xid recorded (" << book.file().string() << ").\n";
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& x : list)
+    rows.push_back({cell(x, "gpu"), cell(x, "uuid"), cell(x, "xid"), cell(x, "description"),
+                    cell(x, "impact"), cell(x, "count"), cell(x, "first_at"), cell(x, "last_at")});
+  cli::print_table(std::cout,
+                   {"gpu", "uuid", "xid", "description", "impact", "count", "first", "last"}, rows);
+  return 0;
+}
+
+int ack_faults(const Opts& o) {
+  FaultBook book(FaultBook::file_in(o.agent_state_dir));
+  auto gone = book.acknowledge(o.gpu_uuid, o.xid);
+  if (!gone) {
+    std::cerr << "factory-agent: " << gone.error().message << "\n";
+    return 1;
+  }
+  if (*gone == 0)
+    std::cout << "no Xid recorded matches; nothing changed\n";
+  else
+    std::cout << "acknowledged " << *gone << " Xid record" << (*gone == 1 ? "" : "s")
+              << "; the next health sample no longer reports " << (*gone == 1 ? "it" : "them")
+              << "\n";
+  return 0;
+}
+
+// `factory-agent faults watch`: NVML's event set as the agent registers
+// it, waited on for a while, every event printed. Reads the card, changes
+// nothing (the fault book is the running agent's; this records nothing).
+int watch_faults(const Opts& o) {
+  GuestEnv env = env_of(o);
+  auto lib = NvmlLibrary::load(nvml_library_candidates(env));
+  if (!lib) {
+    std::cerr << "factory-agent: " << lib.error().message << "\n";
+    return 1;
+  }
+  auto set = (*lib)->watch_events();
+  if (!set) {
+    std::cerr << "factory-agent: " << set.error().message << "\n";
+    return 1;
+  }
+  json regs = json::array();
+  for (const auto& r : (*set)->registrations())
+    regs.push_back({{"gpu", r.index},
+                    {"uuid", r.uuid},
+                    {"supported", r.supported},
+                    {"registered", r.registered},
+                    {"error", r.error}});
+  const bool table = o.output == cli::OutputFormat::table;
+  if (table)
+    for (const auto& r : regs)
+      std::cout << "GPU " << r["gpu"] << " " << r["uuid"].get<std::string>() << ": registered 0x"
+                << std::hex << r["registered"].get<std::uint64_t>() << " of supported 0x"
+                << r["supported"].get<std::uint64_t>() << std::dec
+                << (r["error"].get<std::string>().empty()
+                        ? ""
+                        : " (" + r["error"].get<std::string>() + ")")
+                << "\n";
+  json events = json::array();
+  std::string ended = "the time passed";
+  int waits = 0, timeouts = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(o.watch_seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    auto e = (*set)->wait(std::min(left, std::chrono::milliseconds(1000)));
+    ++waits;
+    if (!e) {
+      ended = e.error().message;
+      break;
+    }
+    if (!*e) {
+      ++timeouts;
+      continue;
+    }
+    const NvmlEvent& ev = **e;
+    json j = {{"gpu", ev.gpu_index}, {"uuid", ev.uuid}, {"type", ev.type}, {"xid", ev.xid}};
+    if (table) std::cout << "event: " << j.dump() << "\n";
+    events.push_back(std::move(j));
+  }
+  json doc = {{"library", (*lib)->path()}, {"registrations", regs}, {"waits", waits},
+              {"timeouts", timeouts},      {"events", events},      {"ended", ended}};
+  if (!cli::print_document(std::cout, o.output, doc))
+    std::cout << waits << " waits (" << timeouts << " timed out, " << events.size()
+              << " events); ended: " << ended << "\n";
+  return ended == "the time passed" ? 0 : 1;
+}
+
 int run_plan(const Opts& o, const nlohmann::json& plan) {
   StepRegistry reg;
   register_builtin_steps(reg);
@@ -255,12 +374,17 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
   health->add_option("--tier", o->tier, "Catalog tier whose health section chooses the collectors")
       ->each([o](const std::string&) { o->tier_given = true; });
   health->add_option("--catalog", o->catalog, "Catalog file (default: the built-in catalog)");
+  health
+      ->add_option("--state-dir", o->agent_state_dir,
+                   "The agent's state directory, whose fault book (Xids) the sample shows")
+      ->capture_default_str();
   health->add_flag("--raw", o->raw,
                    "Add NVML's memory info in bytes (v1 and v2) as `nvml_raw`, to check the MiB "
                    "figures against nvidia-smi's");
   health->callback([&chosen, o] {
     chosen.run = [o] {
       GuestEnv env = env_of(*o);
+      env.state_dir = o->agent_state_dir;
       HealthCollectors c;
       if (o->tier_given) {
         auto p = tier_plan(*o);
@@ -295,6 +419,9 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
   cmp->add_option("--fields", o->fields, "The FIELDS that query asked for, in order")
       ->capture_default_str();
   cmp->add_option("--q-memory", o->q_memory, "nvidia-smi -q -d MEMORY output")->required();
+  cmp->add_option("--q", o->q_full,
+                  "nvidia-smi -q output: also compare the fault figures (serial, PCIe replays, "
+                  "clock event reasons, ECC counts, retired pages, remapped rows), exactly");
   cli::add_output_option(*cmp, o->output);
   cmp->callback([&chosen, o] {
     chosen.run = [o] {
@@ -320,10 +447,53 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
         return 2;
       }
       auto result = compare_with_nvidia_smi(doc, *smi, fields, parse_nvidia_smi_q_memory(*mem));
+      if (!o->q_full.empty()) {
+        auto q = read_file(o->q_full);
+        if (!q) {
+          std::cerr << "factory-agent: " << q.error().message << "\n";
+          return 2;
+        }
+        compare_faults(result, doc, parse_nvidia_smi_q_faults(*q));
+      }
       if (!cli::print_document(std::cout, o->output, result.to_json()))
         std::cout << result.to_text();
       return result.ok() ? 0 : 1;
     };
+  });
+
+  auto* faults = app.add_subcommand(
+      "faults",
+      "The Xids this guest's GPUs reported, kept (with their count and first and last time) "
+      "until acknowledged; `faults ack` acknowledges them");
+  faults->add_option("--state-dir", o->agent_state_dir, "The agent's state directory")
+      ->capture_default_str();
+  cli::add_output_option(*faults, o->output);
+  cli::set_examples(*faults, {{"factory-agent faults", "every Xid not yet acknowledged"},
+                              {"factory-agent faults ack --xid 13",
+                               "forget Xid 13 on every GPU once its program is fixed"},
+                              {"factory-agent faults ack", "forget them all (after a reset)"},
+                              {"factory-agent faults watch --seconds 30",
+                               "NVML's event set, registered and waited on"}});
+  auto* ack = faults->add_subcommand(
+      "ack", "Acknowledge Xids: the next health sample no longer reports them");
+  ack->add_option("--gpu", o->gpu_uuid, "Only this GPU (its UUID)");
+  ack->add_option("--xid", o->xid, "Only this Xid")->check(CLI::Range(1, 999));
+  ack->add_option("--state-dir", o->agent_state_dir, "The agent's state directory")
+      ->capture_default_str();
+  ack->callback([&chosen, o] { chosen.run = [o] { return ack_faults(*o); }; });
+  auto* watch = faults->add_subcommand(
+      "watch",
+      "Register NVML's Xid and ECC events as the agent does and wait on them for a while, "
+      "printing each event (records nothing)");
+  watch->add_option("--seconds", o->watch_seconds, "How long to wait")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  watch->add_option("--root", o->root, "Filesystem root of the guest");
+  cli::add_output_option(*watch, o->output);
+  watch->callback([&chosen, o] { chosen.run = [o] { return watch_faults(*o); }; });
+  faults->callback([&chosen, o, ack, watch] {
+    if (ack->parsed() || watch->parsed()) return;
+    chosen.run = [o] { return list_faults(*o); };
   });
 
   auto* plan = app.add_subcommand(

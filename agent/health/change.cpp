@@ -19,8 +19,16 @@ json discrete(const proto::HealthSample& h) {
     for (const char* k :
          {"memory_used_mib", "memory_free_mib", "memory_reserved_mib", "utilization_percent",
           "memory_utilization_percent", "temperature_c", "memory_temperature_c", "power_draw_w",
-          "sm_clock_mhz", "memory_clock_mhz"})
+          "sm_clock_mhz", "memory_clock_mhz", "energy_mj"})
       g.erase(k);
+    // Which clocks are held back changes with the load (idle, the power
+    // cap at full load): only a slowdown for heat or by hardware is news.
+    if (g["clocks_event_reasons"].is_number_unsigned()) {
+      namespace ce = proto::clocks_event;
+      g["clocks_event_reasons"] = g["clocks_event_reasons"].get<std::uint64_t>() &
+                                  (ce::kSwThermalSlowdown | ce::kHwThermalSlowdown |
+                                   ce::kHwSlowdown | ce::kHwPowerBrakeSlowdown);
+    }
     for (auto& p : g["processes"]) p.erase("used_memory_mib");
   }
   // An endpoint's counters move with every request: they ride along with

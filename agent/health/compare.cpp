@@ -186,4 +186,145 @@ SmiComparison compare_with_nvidia_smi(const json& agent_health, const GpuReport&
   return out;
 }
 
+namespace {
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\r')) s.pop_back();
+  std::size_t i = 0;
+  while (i < s.size() && s[i] == ' ') ++i;
+  return s.substr(i);
+}
+
+std::optional<std::uint64_t> count_of(const std::string& v) {
+  if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  return std::stoull(v);
+}
+
+std::optional<bool> yes_no(const std::string& v) {
+  if (v == "Yes") return true;
+  if (v == "No") return false;
+  return std::nullopt;
+}
+
+void add_to(std::optional<std::uint64_t>& total, const std::optional<std::uint64_t>& v) {
+  if (!v) return;
+  total = total.value_or(0) + *v;
+}
+
+}  // namespace
+
+std::vector<SmiFaults> parse_nvidia_smi_q_faults(const std::string& q) {
+  // The reason lines of `nvidia-smi -q` and NVML's bit for each.
+  static const std::map<std::string, std::uint64_t> kReasonBits = {
+      {"Idle", 0x1},
+      {"Applications Clocks Setting", 0x2},
+      {"SW Power Cap", 0x4},
+      {"HW Slowdown", 0x8},
+      {"Sync Boost", 0x10},
+      {"SW Thermal Slowdown", 0x20},
+      {"HW Thermal Slowdown", 0x40},
+      {"HW Power Brake Slowdown", 0x80},
+      {"Display Clock Setting", 0x100},
+  };
+  std::vector<SmiFaults> out;
+  std::string section, sub;  // 4-space and 8-space headers
+  bool reasons_na = false;
+  std::istringstream in(q);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("GPU ", 0) == 0) {
+      out.emplace_back();
+      section.clear();
+      sub.clear();
+      reasons_na = false;
+      continue;
+    }
+    if (out.empty() || line.empty()) continue;
+    std::size_t indent = line.find_first_not_of(' ');
+    if (indent == std::string::npos) continue;
+    auto colon = line.find(" : ");
+    std::string key = trimmed(line.substr(0, colon == std::string::npos ? line.size() : colon));
+    std::string value = colon == std::string::npos ? "" : trimmed(line.substr(colon + 3));
+    if (colon == std::string::npos) {  // a header
+      if (indent == 4) {
+        section = key;
+        sub.clear();
+      } else if (indent == 8) {
+        sub = key;
+      }
+      continue;
+    }
+    SmiFaults& f = out.back();
+    if (indent == 4 && key == "Serial Number") f.serial = value == "N/A" ? "" : value;
+    if (section == "PCI" && key == "Replays Since Reset") f.replays = count_of(value);
+    if ((section == "Clocks Event Reasons" || section == "Clocks Throttle Reasons") &&
+        kReasonBits.count(key)) {
+      if (value == "Active")
+        f.reasons = f.reasons.value_or(0) | kReasonBits.at(key);
+      else if (value == "Not Active")
+        f.reasons = f.reasons.value_or(0);
+      else
+        reasons_na = true;
+      if (reasons_na) f.reasons.reset();
+    }
+    if (section == "ECC Errors" && (sub == "Volatile" || sub == "Aggregate")) {
+      bool vol = sub == "Volatile";
+      auto n = count_of(value);
+      if (key == "SRAM Correctable" || key == "DRAM Correctable")
+        add_to(vol ? f.ecc_corrected_volatile : f.ecc_corrected_aggregate, n);
+      if (key == "SRAM Uncorrectable Parity" || key == "SRAM Uncorrectable SEC-DED" ||
+          key == "DRAM Uncorrectable")
+        add_to(vol ? f.ecc_uncorrected_volatile : f.ecc_uncorrected_aggregate, n);
+    }
+    if (section == "Retired Pages") {
+      if (key == "Single Bit ECC") f.retired_sbe = count_of(value);
+      if (key == "Double Bit ECC") f.retired_dbe = count_of(value);
+      if (key == "Pending Page Blacklist") f.retired_pending = yes_no(value);
+    }
+    if (section == "Remapped Rows") {
+      if (key == "Correctable Error") f.remapped_correctable = count_of(value);
+      if (key == "Uncorrectable Error") f.remapped_uncorrectable = count_of(value);
+      if (key == "Pending") f.remapped_pending = yes_no(value);
+      if (key == "Remapping Failure Occurred") f.remap_failure = yes_no(value);
+    }
+  }
+  return out;
+}
+
+void compare_faults(SmiComparison& out, const json& agent_health, const std::vector<SmiFaults>& q) {
+  json agent_gpus = json::array();
+  if (agent_health.is_object() && agent_health.contains("gpu") && agent_health["gpu"].is_object())
+    agent_gpus = agent_health["gpu"].value("gpus", json::array());
+  if (agent_gpus.size() != q.size())
+    out.problems.push_back("the agent sees " + std::to_string(agent_gpus.size()) +
+                           " GPU(s), nvidia-smi -q " + std::to_string(q.size()));
+  auto opt = [](const auto& v) { return v ? json(*v) : json(); };
+  const Tolerance exact{0, 0, "exact"};
+  for (std::size_t i = 0; i < q.size() && i < agent_gpus.size(); ++i) {
+    const SmiFaults& s = q[i];
+    const json& a = agent_gpus[i];
+    const int gpu = static_cast<int>(i);
+    auto one = [&](const char* figure, const char* key, const json& smi) {
+      check(out, gpu, figure, "-q", a.value(key, json()), smi, exact);
+    };
+    one("Serial Number", "serial", s.serial.empty() ? json() : json(s.serial));
+    one("PCI Replays Since Reset", "pcie_replay_count", opt(s.replays));
+    one("Clocks Event Reasons", "clocks_event_reasons", opt(s.reasons));
+    one("ECC Volatile Correctable", "ecc_errors_corrected_volatile", opt(s.ecc_corrected_volatile));
+    one("ECC Volatile Uncorrectable", "ecc_errors_uncorrected_volatile",
+        opt(s.ecc_uncorrected_volatile));
+    one("ECC Aggregate Correctable", "ecc_errors_corrected_aggregate",
+        opt(s.ecc_corrected_aggregate));
+    one("ECC Aggregate Uncorrectable", "ecc_errors_uncorrected_aggregate",
+        opt(s.ecc_uncorrected_aggregate));
+    one("Retired Pages Single Bit ECC", "retired_pages_sbe", opt(s.retired_sbe));
+    one("Retired Pages Double Bit ECC", "retired_pages_dbe", opt(s.retired_dbe));
+    one("Retired Pages Pending", "retired_pages_pending", opt(s.retired_pending));
+    one("Remapped Rows Correctable", "remapped_rows_correctable", opt(s.remapped_correctable));
+    one("Remapped Rows Uncorrectable", "remapped_rows_uncorrectable",
+        opt(s.remapped_uncorrectable));
+    one("Remapped Rows Pending", "remapped_rows_pending", opt(s.remapped_pending));
+    one("Remapping Failure Occurred", "remapped_rows_failure", opt(s.remap_failure));
+  }
+}
+
 }  // namespace factory::agent

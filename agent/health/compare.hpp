@@ -4,7 +4,9 @@
 // and what tests replay on committed captures. Memory must be exact (both
 // print whole MiB, truncated, from the same driver counters); figures that
 // move between two reads a second apart get a stated tolerance.
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,5 +50,28 @@ const std::vector<std::pair<std::string, Tolerance>>& figure_tolerances();
 SmiComparison compare_with_nvidia_smi(const nlohmann::json& agent_health, const GpuReport& smi,
                                       const std::vector<std::string>& fields,
                                       const std::vector<FbMemory>& memory);
+
+// What `nvidia-smi -q` prints of a card's faults, per GPU in order; unknown
+// (N/A, or a driver that prints no such line) stays unset.
+struct SmiFaults {
+  std::string serial;                    // Serial Number
+  std::optional<std::uint64_t> replays;  // PCI: Replays Since Reset
+  std::optional<std::uint64_t> reasons;  // Clocks Event Reasons, as NVML's bits
+  std::optional<std::uint64_t> ecc_corrected_volatile, ecc_uncorrected_volatile;
+  std::optional<std::uint64_t> ecc_corrected_aggregate, ecc_uncorrected_aggregate;
+  std::optional<std::uint64_t> retired_sbe, retired_dbe;  // Retired Pages
+  std::optional<bool> retired_pending;
+  std::optional<std::uint64_t> remapped_correctable, remapped_uncorrectable;  // Remapped Rows
+  std::optional<bool> remapped_pending, remap_failure;
+};
+// ECC counts are SRAM and DRAM together, as NVML's totals count them:
+// corrected = SRAM Correctable + DRAM Correctable, uncorrected = SRAM
+// Uncorrectable Parity + SRAM Uncorrectable SEC-DED + DRAM Uncorrectable.
+std::vector<SmiFaults> parse_nvidia_smi_q_faults(const std::string& q_output);
+
+// Adds a check, exact, for each fault figure both sides report (or that
+// nvidia-smi says N/A for, where the agent must say unknown too).
+void compare_faults(SmiComparison& out, const nlohmann::json& agent_health,
+                    const std::vector<SmiFaults>& q);
 
 }  // namespace factory::agent

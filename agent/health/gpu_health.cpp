@@ -1,11 +1,13 @@
 #include "agent/health/gpu_health.hpp"
 
+#include "agent/diagnose/gpu_faults.hpp"
 #include "agent/diagnose/known.hpp"
 #include "agent/diagnose/rules.hpp"
 #include "agent/guest/facts.hpp"
 #include "agent/guest/mig.hpp"
 #include "agent/guest/nvidia_smi.hpp"
 #include "agent/guest/ollama_api.hpp"
+#include "agent/health/fault_book.hpp"
 #include "agent/health/nvml.hpp"
 #include "common/durations.hpp"
 #include "common/subprocess.hpp"
@@ -49,9 +51,35 @@ Diagnosis collector_hung(const std::string& collector, const std::string& what,
 
 namespace {
 
-proto::GpuSection section_of(const GpuReport& r) {
+// Each GPU's Xids not yet acknowledged (the fault book: its UUID, or its
+// index when it was lost before it could be named), and what is wrong with
+// the card, as diagnoses.
+void add_faults(const GuestEnv& env, proto::GpuSection& s) {
+  // A book that cannot be read (the one-shot `health` as another user)
+  // leaves the Xids out; the figures still speak.
+  auto records = FaultBook(FaultBook::file_in(env.state_dir)).list();
+  for (auto& g : s.gpus) {
+    if (records)
+      for (const auto& r : *records) {
+        bool mine = r.uuid.empty() ? r.gpu_index == g.index : r.uuid == g.uuid;
+        if (!mine) continue;
+        proto::XidSample x;
+        x.xid = r.xid;
+        x.count = r.count;
+        x.first_at = r.first_at;
+        x.last_at = r.last_at;
+        g.xids.push_back(std::move(x));
+      }
+    for (const auto& d : diagnose_gpu_faults(g)) s.diagnoses.push_back(diagnosis_sample(d));
+  }
+  if (s.diagnoses.size() > proto::health_limits::kDiagnoses)
+    s.diagnoses.resize(proto::health_limits::kDiagnoses);
+}
+
+proto::GpuSection section_of(const GuestEnv& env, const GpuReport& r) {
   proto::GpuSection s = r.section();
   if (s.gpus.size() > proto::health_limits::kGpus) s.gpus.resize(proto::health_limits::kGpus);
+  add_faults(env, s);
   return s;
 }
 
@@ -78,7 +106,7 @@ proto::GpuSection read_gpu_section(const GuestEnv& env, std::chrono::millisecond
   if (nvml) {
     // NVML gives the mode; the slices come from nvidia-smi.
     add_mig_instances(nvml->gpus, {}, timeout);
-    return section_of(*nvml);
+    return section_of(env, *nvml);
   }
   // Not installed: every path the loader tried would crowd out what follows.
   errors.push_back(nvml.error().code == Errc::not_found ? "nvml: NVML is not installed"
@@ -86,7 +114,7 @@ proto::GpuSection read_gpu_section(const GuestEnv& env, std::chrono::millisecond
 
   bool hung = false;
   auto on_path = query_nvidia_smi({}, timeout);
-  if (on_path) return section_of(*on_path);
+  if (on_path) return section_of(env, *on_path);
   hung |= on_path.error().code == Errc::timeout;
   errors.push_back(on_path.error().message);
 
@@ -102,7 +130,7 @@ proto::GpuSection read_gpu_section(const GuestEnv& env, std::chrono::millisecond
   if (!smi.on_path && smi.in_driver_root) {
     auto chrooted = query_nvidia_smi({"chroot", smi.driver_root}, timeout);
     if (chrooted) {
-      out = section_of(*chrooted);
+      out = section_of(env, *chrooted);
       // Where a GPU Operator guest keeps its nvidia-smi is how it is meant
       // to be, not something wrong: `via` says it, and no diagnosis does
       // (one here was an active diagnosis on every healthy gpu-k8s tenant in

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <mutex>
@@ -15,8 +16,26 @@ namespace {
 // toolkit; the layouts are ABI and NVIDIA keeps them.
 using nvmlReturn_t = int;
 constexpr nvmlReturn_t NVML_SUCCESS = 0;
+constexpr nvmlReturn_t NVML_ERROR_NOT_SUPPORTED = 3;
 constexpr nvmlReturn_t NVML_ERROR_INSUFFICIENT_SIZE = 7;
+constexpr nvmlReturn_t NVML_ERROR_TIMEOUT = 10;
+constexpr nvmlReturn_t NVML_ERROR_GPU_IS_LOST = 15;
 using nvmlDevice_t = struct nvmlDevice_st*;
+using nvmlEventSet_t = struct nvmlEventSet_st*;
+
+// nvmlEventSetWait_v2's record. The v1 call of drivers before the MIG
+// instance ids wrote the first three members only, which this layout
+// begins with.
+struct nvmlEventData_t {
+  nvmlDevice_t device;
+  unsigned long long eventType;
+  unsigned long long eventData;  // the Xid, for nvmlEventTypeXidCriticalError
+  unsigned int gpuInstanceId;
+  unsigned int computeInstanceId;
+};
+constexpr unsigned long long nvmlEventTypeSingleBitEccError = 0x1;
+constexpr unsigned long long nvmlEventTypeDoubleBitEccError = 0x2;
+constexpr unsigned long long nvmlEventTypeXidCriticalError = 0x8;
 
 // nvmlDeviceGetMemoryInfo: used counts the memory the driver and firmware
 // reserve (616 MiB on an H200 with nothing running).
@@ -83,18 +102,30 @@ struct nvmlFieldValue_t {
   nvmlValue_t value;
 };
 constexpr unsigned int NVML_FI_DEV_MEMORY_TEMP = 82;
+// NVLink error counters summed over the links, and the link count.
+constexpr unsigned int NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 38;
+constexpr unsigned int NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = 45;
+constexpr unsigned int NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = 52;
+constexpr unsigned int NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL = 59;
+constexpr unsigned int NVML_FI_DEV_NVLINK_LINK_COUNT = 91;
 
 constexpr int NVML_TEMPERATURE_GPU = 0;
 constexpr int NVML_CLOCK_SM = 1;
 constexpr int NVML_CLOCK_MEM = 2;
+constexpr int NVML_MEMORY_ERROR_TYPE_CORRECTED = 0;
 constexpr int NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1;
 constexpr int NVML_VOLATILE_ECC = 0;
+constexpr int NVML_AGGREGATE_ECC = 1;
+constexpr int NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0;
+constexpr int NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1;
+constexpr int NVML_FEATURE_ENABLED = 1;  // nvmlEnableState_t
 constexpr unsigned int NVML_DEVICE_MIG_ENABLE = 1;
 constexpr int NVML_PSTATE_UNKNOWN = 32;
 
 constexpr unsigned NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96;
 constexpr unsigned NVML_DEVICE_UUID_V2_BUFFER_SIZE = 96;
 constexpr unsigned NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;
+constexpr unsigned NVML_DEVICE_SERIAL_BUFFER_SIZE = 30;
 
 constexpr std::uint64_t kMiB = 1024ull * 1024ull;
 
@@ -137,6 +168,22 @@ struct NvmlLibrary::Api {
   nvmlReturn_t (*get_mig_mode)(nvmlDevice_t, unsigned int*, unsigned int*) = nullptr;
   nvmlReturn_t (*get_processes)(nvmlDevice_t, unsigned int*, nvmlProcessInfo_t*) = nullptr;
   nvmlReturn_t (*process_name)(unsigned int, char*, unsigned int) = nullptr;
+  // Faults.
+  nvmlReturn_t (*get_serial)(nvmlDevice_t, char*, unsigned int) = nullptr;
+  nvmlReturn_t (*get_remapped_rows)(nvmlDevice_t, unsigned int*, unsigned int*, unsigned int*,
+                                    unsigned int*) = nullptr;
+  nvmlReturn_t (*get_retired_pages)(nvmlDevice_t, int, unsigned int*,
+                                    unsigned long long*) = nullptr;
+  nvmlReturn_t (*get_retired_pending)(nvmlDevice_t, int*) = nullptr;
+  nvmlReturn_t (*get_pcie_replay)(nvmlDevice_t, unsigned int*) = nullptr;
+  nvmlReturn_t (*get_clocks_event_reasons)(nvmlDevice_t, unsigned long long*) = nullptr;
+  nvmlReturn_t (*get_energy)(nvmlDevice_t, unsigned long long*) = nullptr;
+  // Events.
+  nvmlReturn_t (*event_set_create)(nvmlEventSet_t*) = nullptr;
+  nvmlReturn_t (*supported_events)(nvmlDevice_t, unsigned long long*) = nullptr;
+  nvmlReturn_t (*register_events)(nvmlDevice_t, unsigned long long, nvmlEventSet_t) = nullptr;
+  nvmlReturn_t (*event_set_wait)(nvmlEventSet_t, nvmlEventData_t*, unsigned int) = nullptr;
+  nvmlReturn_t (*event_set_free)(nvmlEventSet_t) = nullptr;
 
   std::string describe(nvmlReturn_t rc) const {
     const char* s = error_string ? error_string(rc) : nullptr;
@@ -223,6 +270,22 @@ Result<std::unique_ptr<NvmlLibrary>> NvmlLibrary::load(const std::vector<std::st
       {"nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"},
       a.get_processes);
   optional_symbol(handle, {"nvmlSystemGetProcessName"}, a.process_name);
+  optional_symbol(handle, {"nvmlDeviceGetSerial"}, a.get_serial);
+  optional_symbol(handle, {"nvmlDeviceGetRemappedRows"}, a.get_remapped_rows);
+  optional_symbol(handle, {"nvmlDeviceGetRetiredPages"}, a.get_retired_pages);
+  optional_symbol(handle, {"nvmlDeviceGetRetiredPagesPendingStatus"}, a.get_retired_pending);
+  optional_symbol(handle, {"nvmlDeviceGetPcieReplayCounter"}, a.get_pcie_replay);
+  // R535 renamed the throttle reasons to clock event reasons; same bits.
+  optional_symbol(
+      handle,
+      {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"},
+      a.get_clocks_event_reasons);
+  optional_symbol(handle, {"nvmlDeviceGetTotalEnergyConsumption"}, a.get_energy);
+  optional_symbol(handle, {"nvmlEventSetCreate"}, a.event_set_create);
+  optional_symbol(handle, {"nvmlDeviceGetSupportedEventTypes"}, a.supported_events);
+  optional_symbol(handle, {"nvmlDeviceRegisterEvents"}, a.register_events);
+  optional_symbol(handle, {"nvmlEventSetWait_v2", "nvmlEventSetWait"}, a.event_set_wait);
+  optional_symbol(handle, {"nvmlEventSetFree"}, a.event_set_free);
   if (!missing.empty())
     return Error(Errc::failed_precondition,
                  path + " lacks " + missing + " (NVML older than the agent expects)");
@@ -300,6 +363,92 @@ std::optional<int> field_int(const NvmlLibrary::Api& a, nvmlDevice_t dev, unsign
   }
 }
 
+std::optional<std::uint64_t> field_value_u64(const nvmlFieldValue_t& f) {
+  if (f.nvmlReturn != NVML_SUCCESS) return std::nullopt;
+  switch (f.valueType) {
+    case 1:
+      return f.value.uiVal;
+    case 2:
+      return f.value.ulVal;
+    case 3:
+      return f.value.ullVal;
+    case 4:
+      if (f.value.sllVal < 0) return std::nullopt;
+      return static_cast<std::uint64_t>(f.value.sllVal);
+    case 5:
+      if (f.value.siVal < 0) return std::nullopt;
+      return static_cast<std::uint64_t>(f.value.siVal);
+    case 6:
+      return f.value.usVal;
+    default:
+      return std::nullopt;
+  }
+}
+
+// NVLink's error totals, for a card that has links.
+std::optional<proto::NvlinkSample> read_nvlink(const NvmlLibrary::Api& a, nvmlDevice_t dev) {
+  if (!a.get_field_values) return std::nullopt;
+  nvmlFieldValue_t f[5] = {};
+  const unsigned int ids[5] = {
+      NVML_FI_DEV_NVLINK_LINK_COUNT, NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+      NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+      NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL};
+  for (int i = 0; i < 5; ++i) f[i].fieldId = ids[i];
+  if (a.get_field_values(dev, 5, f) != NVML_SUCCESS) return std::nullopt;
+  auto links = field_value_u64(f[0]);
+  if (!links || *links == 0) return std::nullopt;
+  proto::NvlinkSample n;
+  n.links = links;
+  n.crc_flit_errors = field_value_u64(f[1]);
+  n.crc_data_errors = field_value_u64(f[2]);
+  n.replay_errors = field_value_u64(f[3]);
+  n.recovery_errors = field_value_u64(f[4]);
+  return n;
+}
+
+// Everything the card says about its faults. Each call a driver or a card
+// lacks (NVML_ERROR_NOT_SUPPORTED) leaves its figure unknown.
+void read_faults(const NvmlLibrary::Api& a, nvmlDevice_t dev, GpuReading& g) {
+  unsigned long long n = 0;
+  if (a.get_ecc) {
+    if (a.get_ecc(dev, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC, &n) == NVML_SUCCESS)
+      g.ecc_errors_corrected_volatile = n;
+    if (a.get_ecc(dev, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC, &n) == NVML_SUCCESS)
+      g.ecc_errors_corrected_aggregate = n;
+    if (a.get_ecc(dev, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC, &n) == NVML_SUCCESS)
+      g.ecc_errors_uncorrected_aggregate = n;
+  }
+  unsigned int corr = 0, unc = 0, pending = 0, failure = 0;
+  if (a.get_remapped_rows &&
+      a.get_remapped_rows(dev, &corr, &unc, &pending, &failure) == NVML_SUCCESS) {
+    g.remapped_rows_correctable = corr;
+    g.remapped_rows_uncorrectable = unc;
+    g.remapped_rows_pending = pending != 0;
+    g.remapped_rows_failure = failure != 0;
+  }
+  if (a.get_retired_pages) {
+    // A count of 0 asks for the number only; the buffer is never written.
+    unsigned long long unused = 0;
+    auto pages = [&](int cause) -> std::optional<std::uint64_t> {
+      unsigned int count = 0;
+      nvmlReturn_t rc = a.get_retired_pages(dev, cause, &count, &unused);
+      if (rc != NVML_SUCCESS && rc != NVML_ERROR_INSUFFICIENT_SIZE) return std::nullopt;
+      return count;
+    };
+    g.retired_pages_sbe = pages(NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS);
+    g.retired_pages_dbe = pages(NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR);
+  }
+  int state = 0;
+  if (a.get_retired_pending && a.get_retired_pending(dev, &state) == NVML_SUCCESS)
+    g.retired_pages_pending = state == NVML_FEATURE_ENABLED;
+  unsigned int u = 0;
+  if (a.get_pcie_replay && a.get_pcie_replay(dev, &u) == NVML_SUCCESS) g.pcie_replay_count = u;
+  if (a.get_clocks_event_reasons && a.get_clocks_event_reasons(dev, &n) == NVML_SUCCESS)
+    g.clocks_event_reasons = n;
+  if (a.get_energy && a.get_energy(dev, &n) == NVML_SUCCESS) g.energy_mj = n;
+  g.nvlink = read_nvlink(a, dev);
+}
+
 void read_processes(const NvmlLibrary::Api& a, nvmlDevice_t dev, GpuReading& g) {
   if (!a.get_processes) return;
   std::vector<nvmlProcessInfo_t> infos(proto::health_limits::kProcesses);
@@ -345,15 +494,37 @@ Result<GpuReport> NvmlLibrary::read(nlohmann::json* raw) {
   if (nvmlReturn_t rc = a.get_count(&count); rc != NVML_SUCCESS)
     return Error(Errc::failed_precondition, "nvmlDeviceGetCount_v2 failed: " + a.describe(rc));
   if (raw) *raw = nlohmann::json::array();
+  if (seen_.size() < count) seen_.resize(std::min<std::size_t>(count, proto::health_limits::kGpus));
   for (unsigned int i = 0; i < count && i < proto::health_limits::kGpus; ++i) {
-    nvmlDevice_t dev = nullptr;
-    if (nvmlReturn_t rc = a.get_handle(i, &dev); rc != NVML_SUCCESS)
-      return Error(Errc::failed_precondition, "nvmlDeviceGetHandleByIndex_v2(" + std::to_string(i) +
-                                                  ") failed: " + a.describe(rc));
     GpuReading g;
     g.index = static_cast<int>(i);
+    // A card that fell off the bus: what it was, and that it is lost. Its
+    // other figures are unknown; the other cards are still read.
+    auto lost = [&] {
+      g.lost = true;
+      g.name = seen_[i].name;
+      g.uuid = seen_[i].uuid;
+      g.pci_bus_id = seen_[i].pci_bus_id;
+      g.serial = seen_[i].serial;
+      g.minor_number = seen_[i].minor_number;
+      report.gpus.push_back(std::move(g));
+    };
+    nvmlDevice_t dev = nullptr;
+    if (nvmlReturn_t rc = a.get_handle(i, &dev); rc != NVML_SUCCESS) {
+      if (rc == NVML_ERROR_GPU_IS_LOST) {
+        lost();
+        continue;
+      }
+      return Error(Errc::failed_precondition, "nvmlDeviceGetHandleByIndex_v2(" + std::to_string(i) +
+                                                  ") failed: " + a.describe(rc));
+    }
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE] = {};
-    if (a.get_name(dev, name, sizeof name) == NVML_SUCCESS) g.name = name;
+    nvmlReturn_t name_rc = a.get_name(dev, name, sizeof name);
+    if (name_rc == NVML_ERROR_GPU_IS_LOST) {
+      lost();
+      continue;
+    }
+    if (name_rc == NVML_SUCCESS) g.name = name;
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
     if (a.get_uuid(dev, uuid, sizeof uuid) == NVML_SUCCESS) g.uuid = uuid;
     nvmlPciInfo_t pci{};
@@ -363,6 +534,12 @@ Result<GpuReport> NvmlLibrary::read(nlohmann::json* raw) {
     }
     unsigned int u = 0;
     if (a.get_minor && a.get_minor(dev, &u) == NVML_SUCCESS) g.minor_number = static_cast<int>(u);
+    char serial[NVML_DEVICE_SERIAL_BUFFER_SIZE] = {};
+    if (a.get_serial && a.get_serial(dev, serial, sizeof serial) == NVML_SUCCESS) {
+      serial[sizeof serial - 1] = '\0';
+      g.serial = serial;
+    }
+    seen_[i] = {g.name, g.uuid, g.pci_bus_id, g.serial, g.minor_number};
     nlohmann::json raw_gpu = nlohmann::json::object();
     read_memory(a, dev, g, raw ? &raw_gpu : nullptr);
     if (raw) raw->push_back({{"index", i}, {"uuid", g.uuid}, {"memory", raw_gpu}});
@@ -395,10 +572,104 @@ Result<GpuReport> NvmlLibrary::read(nlohmann::json* raw) {
     unsigned int mig = 0, mig_pending = 0;
     if (a.get_mig_mode && a.get_mig_mode(dev, &mig, &mig_pending) == NVML_SUCCESS)
       g.mig_mode = mig == NVML_DEVICE_MIG_ENABLE ? "Enabled" : "Disabled";
+    read_faults(a, dev, g);
     read_processes(a, dev, g);
     report.gpus.push_back(std::move(g));
   }
   return report;
+}
+
+Result<std::unique_ptr<NvmlEventSet>> NvmlLibrary::watch_events() {
+  const Api& a = *api_;
+  if (!a.event_set_create || !a.register_events || !a.event_set_wait || !a.event_set_free)
+    return Error(Errc::failed_precondition, path_ +
+                                                " has no event calls (nvmlEventSetCreate, "
+                                                "nvmlDeviceRegisterEvents, nvmlEventSetWait)");
+  std::unique_ptr<NvmlEventSet> set(new NvmlEventSet());
+  set->api_ = api_.get();
+  nvmlEventSet_t es = nullptr;
+  if (nvmlReturn_t rc = a.event_set_create(&es); rc != NVML_SUCCESS)
+    return Error(Errc::failed_precondition, "nvmlEventSetCreate failed: " + a.describe(rc));
+  set->set_ = es;
+  unsigned int count = 0;
+  if (nvmlReturn_t rc = a.get_count(&count); rc != NVML_SUCCESS)
+    return Error(Errc::failed_precondition, "nvmlDeviceGetCount_v2 failed: " + a.describe(rc));
+  constexpr unsigned long long wanted = nvmlEventTypeXidCriticalError |
+                                        nvmlEventTypeSingleBitEccError |
+                                        nvmlEventTypeDoubleBitEccError;
+  bool any = false;
+  std::string errors;
+  for (unsigned int i = 0; i < count && i < proto::health_limits::kGpus; ++i) {
+    NvmlEventSet::Registration reg;
+    reg.index = static_cast<int>(i);
+    nvmlDevice_t dev = nullptr;
+    if (nvmlReturn_t rc = a.get_handle(i, &dev); rc != NVML_SUCCESS) {
+      reg.error = "nvmlDeviceGetHandleByIndex_v2: " + a.describe(rc);
+    } else {
+      char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE] = {};
+      if (a.get_uuid(dev, uuid, sizeof uuid) == NVML_SUCCESS) reg.uuid = uuid;
+      unsigned long long supported = wanted;
+      // Without the query, ask for all three and let registration say.
+      if (a.supported_events) {
+        if (a.supported_events(dev, &supported) != NVML_SUCCESS) supported = wanted;
+      }
+      reg.supported = supported;
+      unsigned long long types = supported & wanted;
+      nvmlReturn_t reg_rc = types ? a.register_events(dev, types, es) : NVML_ERROR_NOT_SUPPORTED;
+      // A card without ECC events (ECC off) still has Xid events.
+      if (reg_rc == NVML_ERROR_NOT_SUPPORTED && (types & nvmlEventTypeXidCriticalError) &&
+          types != nvmlEventTypeXidCriticalError) {
+        types = nvmlEventTypeXidCriticalError;
+        reg_rc = a.register_events(dev, types, es);
+      }
+      if (reg_rc == NVML_SUCCESS) {
+        reg.registered = types;
+        any = true;
+      } else {
+        reg.error = "nvmlDeviceRegisterEvents: " + a.describe(reg_rc);
+      }
+    }
+    if (!reg.error.empty())
+      errors += (errors.empty() ? "" : "; ") + ("GPU " + std::to_string(i) + ": " + reg.error);
+    set->devices_.push_back(dev);
+    set->registrations_.push_back(std::move(reg));
+  }
+  if (!any)
+    return Error(Errc::failed_precondition,
+                 count == 0 ? std::string("NVML sees no GPU to watch")
+                            : "no GPU's events could be registered (" + errors + ")");
+  return set;
+}
+
+NvmlEventSet::~NvmlEventSet() {
+  if (set_ && api_ && api_->event_set_free) api_->event_set_free(static_cast<nvmlEventSet_t>(set_));
+}
+
+Result<std::optional<NvmlEvent>> NvmlEventSet::wait(std::chrono::milliseconds timeout) {
+  nvmlEventData_t data{};
+  auto ms = static_cast<unsigned int>(std::clamp<long long>(timeout.count(), 0, 1'000'000));
+  nvmlReturn_t rc = api_->event_set_wait(static_cast<nvmlEventSet_t>(set_), &data, ms);
+  if (rc == NVML_ERROR_TIMEOUT) return std::optional<NvmlEvent>();
+  if (rc == NVML_ERROR_GPU_IS_LOST)
+    return Error(Errc::unavailable, "nvmlEventSetWait: " + api_->describe(rc));
+  if (rc != NVML_SUCCESS)
+    return Error(Errc::failed_precondition, "nvmlEventSetWait: " + api_->describe(rc));
+  NvmlEvent e;
+  e.type = data.eventType;
+  for (std::size_t i = 0; i < devices_.size(); ++i)
+    if (devices_[i] == static_cast<void*>(data.device)) {
+      e.gpu_index = registrations_[i].index;
+      e.uuid = registrations_[i].uuid;
+    }
+  if (data.eventType & nvmlEventTypeXidCriticalError) {
+    e.kind = NvmlEvent::Kind::xid;
+    e.xid = data.eventData;
+  } else if (data.eventType & nvmlEventTypeDoubleBitEccError) {
+    e.kind = NvmlEvent::Kind::ecc_uncorrected;
+  } else if (data.eventType & nvmlEventTypeSingleBitEccError) {
+    e.kind = NvmlEvent::Kind::ecc_corrected;
+  }
+  return std::optional<NvmlEvent>(std::move(e));
 }
 
 std::vector<std::string> nvml_library_candidates(const GuestEnv& env) {

@@ -2,8 +2,11 @@
 // NVML loaded at run time with dlopen: the agent binary has no link-time
 // dependency on the NVIDIA driver, so the same binary runs on a guest before
 // the driver is installed (and reports that NVML is absent) and after.
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +15,8 @@
 #include "common/error.hpp"
 
 namespace factory::agent {
+
+class NvmlEventSet;
 
 class NvmlLibrary {
  public:
@@ -28,7 +33,18 @@ class NvmlLibrary {
   // figure the health sample has. raw, when given, gets each GPU's memory
   // info as NVML returned it, in bytes (v1 and v2), to check the MiB
   // figures against nvidia-smi's.
+  //
+  // A GPU that NVML answers NVML_ERROR_GPU_IS_LOST for is in the report
+  // with `lost` set and the name, UUID and bus id it had when last read
+  // (none when it was lost before this library first saw it); the other
+  // GPUs are read as usual.
   Result<GpuReport> read(nlohmann::json* raw = nullptr);
+
+  // An event set with every GPU's Xid (critical error) and ECC events
+  // registered, as far as each GPU supports them. Must not outlive this
+  // library. Errors: failed_precondition when the library has no event
+  // calls or no GPU could be registered.
+  Result<std::unique_ptr<NvmlEventSet>> watch_events();
 
   struct Api;  // the resolved entry points (nvml.cpp)
 
@@ -38,6 +54,54 @@ class NvmlLibrary {
   std::unique_ptr<Api> api_;
   std::string path_;
   bool initialized_ = false;
+  // What each GPU was when last read, by index: a lost GPU is named by it.
+  struct Identity {
+    std::string name, uuid, pci_bus_id, serial;
+    std::optional<int> minor_number;
+  };
+  std::vector<Identity> seen_;
+};
+
+// One event NVML delivered.
+struct NvmlEvent {
+  enum class Kind { xid, ecc_corrected, ecc_uncorrected, other };
+  Kind kind = Kind::other;
+  int gpu_index = -1;      // -1: a device the set did not register (should not happen)
+  std::string uuid;        // as registered: a lost GPU cannot be asked any more
+  std::uint64_t xid = 0;   // Kind::xid: the Xid (999: one NVML does not know)
+  std::uint64_t type = 0;  // NVML's event type bits
+};
+
+// nvmlEventSetCreate / nvmlDeviceRegisterEvents / nvmlEventSetWait_v2 /
+// nvmlEventSetFree. Used by one thread (fault_watcher.hpp).
+class NvmlEventSet {
+ public:
+  ~NvmlEventSet();  // nvmlEventSetFree
+  NvmlEventSet(const NvmlEventSet&) = delete;
+  NvmlEventSet& operator=(const NvmlEventSet&) = delete;
+
+  struct Registration {
+    int index = 0;
+    std::string uuid;
+    std::uint64_t supported = 0;   // nvmlDeviceGetSupportedEventTypes
+    std::uint64_t registered = 0;  // what was registered (Xid and ECC bits)
+    std::string error;             // why nothing was, when nothing was
+  };
+  const std::vector<Registration>& registrations() const { return registrations_; }
+
+  // The next event, or nullopt when `timeout` passed without one (NVML may
+  // also return early, on an interrupt). Errors: unavailable when NVML
+  // answers NVML_ERROR_GPU_IS_LOST (a card fell off the bus), failed_precondition
+  // for any other failure; the set is then best dropped and made again.
+  Result<std::optional<NvmlEvent>> wait(std::chrono::milliseconds timeout);
+
+ private:
+  friend class NvmlLibrary;
+  NvmlEventSet() = default;
+  const NvmlLibrary::Api* api_ = nullptr;
+  void* set_ = nullptr;
+  std::vector<Registration> registrations_;
+  std::vector<void*> devices_;  // by registration, to name an event's GPU
 };
 
 // Where to look for libnvidia-ml. On the real guest (root "/"), the dynamic

@@ -6,18 +6,30 @@ namespace factory::agent {
 
 HealthScheduler::HealthScheduler(GuestEnv env, HealthScheduleOptions options, ScopeSource scope,
                                  Sink sink)
-    : probe_(std::move(env), options.deadlines),
+    : probe_(env, options.deadlines),
       options_(options),
       scope_(std::move(scope)),
-      sink_(std::move(sink)) {}
+      sink_(std::move(sink)) {
+  if (options_.watch_faults)
+    faults_ = std::make_unique<FaultWatcher>(
+        env, FaultBook(FaultBook::file_in(env.state_dir)), [this] { report_now(); },
+        options_.faults);
+}
 
 HealthScheduler::~HealthScheduler() {
   stop();
   if (thread_.joinable()) thread_.join();
+  faults_.reset();
 }
 
 void HealthScheduler::start() {
   thread_ = std::thread([this] { loop(); });
+  if (faults_) faults_->start();
+}
+
+std::optional<FaultWatcher::State> HealthScheduler::fault_watch() const {
+  if (!faults_) return std::nullopt;
+  return faults_->state();
 }
 
 void HealthScheduler::report_now() {
@@ -27,6 +39,7 @@ void HealthScheduler::report_now() {
 }
 
 void HealthScheduler::stop() {
+  if (faults_) faults_->stop();
   std::lock_guard lk(mu_);
   stopping_ = true;
   cv_.notify_one();

@@ -13,12 +13,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
 
 #include "agent/guest/env.hpp"
 #include "agent/health/change.hpp"
+#include "agent/health/fault_watcher.hpp"
 #include "agent/health/report.hpp"
 
 namespace factory::agent {
@@ -30,6 +32,10 @@ struct HealthScheduleOptions {
   int max_quiet = 6;
   HealthDeadlines deadlines;
   ChangeThresholds thresholds;
+  // NVML's Xid and ECC events, waited for beside the schedule: each one
+  // records its Xid in the fault book and asks for a sample at once.
+  bool watch_faults = true;
+  FaultWatchOptions faults;
 };
 
 class HealthScheduler {
@@ -62,6 +68,8 @@ class HealthScheduler {
   };
   Counts counts() const;
   std::optional<proto::HealthSample> last_sample() const;
+  // The event watcher's state (nullopt when options.watch_faults is off).
+  std::optional<FaultWatcher::State> fault_watch() const;
 
  private:
   void loop();
@@ -80,6 +88,8 @@ class HealthScheduler {
   std::optional<proto::HealthSample> last_sample_;
   int quiet_ = 0;  // intervals since the last sample sent
   std::thread thread_;
+  // Last: it calls report_now() until it is gone, so it goes first.
+  std::unique_ptr<FaultWatcher> faults_;
 };
 
 }  // namespace factory::agent

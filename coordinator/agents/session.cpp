@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/durations.hpp"
+#include "coordinator/agents/card_faults.hpp"
 #include "coordinator/agents/projection.hpp"
 
 namespace factory::coordinator {
@@ -374,8 +375,39 @@ void AgentSession::handle_health(const nlohmann::json& body) {
   // Not acknowledged: health is state, and the next sample supersedes this one.
   if (auto kept = ctx_.ingestion.health(tenant_, body)) {
     ctx_.feed.health_changed(tenant_, *kept);
+    note_card_faults(*kept);
     ctx_.store.put_health(tenant_, std::move(*kept));
   }
+}
+
+void AgentSession::note_card_faults(const nlohmann::json& health) {
+  auto faults = card_faults(health);
+  if (faults.empty()) return;
+  if (!fault_keys_read_) {
+    fault_keys_read_ = true;
+    if (auto t = ctx_.store.get_tenant(tenant_);
+        t && t->status.contains("gpu_faults") && t->status["gpu_faults"].is_object())
+      for (auto& [k, v] : t->status["gpu_faults"].items()) fault_keys_.insert(k);
+  }
+  std::vector<CardFault> fresh;
+  for (auto& f : faults)
+    if (fault_keys_.insert(f.key).second) fresh.push_back(std::move(f));
+  if (fresh.empty()) return;
+  // On the store's writer: never waited for here. Announced once durable.
+  ctx_.store.update_tenant_async(
+      tenant_,
+      [fresh](store::TenantRecord& t) -> Status {
+        record_card_faults(t.status, fresh);
+        return ok_status();
+      },
+      [feed = &ctx_.feed, tenant = tenant_, fresh](Result<store::TenantRecord> r) {
+        if (!r) {
+          spdlog::error("agents: tenant {}: card fault not recorded: {}", tenant,
+                        r.error().message);
+          return;
+        }
+        for (const auto& f : fresh) feed->bus().publish("gpu_fault", tenant, f.to_json());
+      });
 }
 
 void AgentSession::handle_renew(const proto::Envelope& env) {

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -113,6 +114,9 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   void handle_event(const proto::Envelope& env);
   void handle_heartbeat(const proto::Envelope& env);
   void handle_health(const nlohmann::json& body);
+  // Records the card faults a sample shows that the tenant's record does
+  // not hold yet, and announces each once (card_faults.hpp).
+  void note_card_faults(const nlohmann::json& health);
   void handle_renew(const proto::Envelope& env);
   void handle_endpoint_csr(const proto::Envelope& env);
 
@@ -138,6 +142,10 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   std::string ended_as_;  // set by end(): how the feed shows this disconnect
   // The steps of the plan sent at hello; nullopt when the tenant has none.
   std::optional<std::unordered_set<std::string>> plan_steps_;
+  // The card fault keys the tenant's record holds (read once, then kept
+  // here), so a sample that shows only known faults writes nothing.
+  std::set<std::string> fault_keys_;
+  bool fault_keys_read_ = false;
   // Set by the store's writer when one of this session's events could not be
   // stored: no later one may be (store::Store::append_event).
   std::shared_ptr<std::atomic<bool>> store_failed_ = std::make_shared<std::atomic<bool>>(false);

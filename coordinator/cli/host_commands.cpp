@@ -9,11 +9,14 @@
 #include <thread>
 
 #include "common/durations.hpp"
+#include "common/xid_catalog.hpp"
+#include "coordinator/cli/admin_client.hpp"
 #include "coordinator/cli/commands.hpp"
 #include "coordinator/cli/output.hpp"
 #include "coordinator/host/binder.hpp"
 #include "coordinator/host/gpu_operator.hpp"
 #include "coordinator/host/preflight.hpp"
+#include "coordinator/host/quarantine.hpp"
 #include "coordinator/kube/client.hpp"
 #include "coordinator/kube/pod_log.hpp"
 
@@ -36,6 +39,9 @@ struct HostOptions {
   int poll_ms = 1000;
   OutputFormat bind_out = OutputFormat::table;
   kube::AccessOptions access;
+  // quarantine / release / gpus
+  std::string reason;
+  OutputFormat card_out = OutputFormat::table;
 };
 
 std::string or_dash(const std::optional<std::string>& s) {
@@ -136,10 +142,379 @@ int move_cards(const HostOptions& o, bool bind) {
   return 0;
 }
 
-// ---- bind --via gpu-operator ----
+// ---- quarantine, release, gpus ----
 
 namespace op = factory::host::gpu_operator;
 using nlohmann::json;
+
+// The one card a quarantine or release is about.
+Result<PciAddress> one_card(const HostOptions& o) {
+  auto addrs = parse_addresses(o.pci);
+  if (!addrs) return addrs.error();
+  if (addrs->size() != 1)
+    return Error(Errc::invalid_argument, "--pci takes one card at a time here");
+  return addrs->front();
+}
+
+std::string plan_commands(const HostPlan& plan) {
+  std::ostringstream out;
+  print_plan(out, plan);
+  return out.str();
+}
+
+json card_doc(const HostRoot& root, const PciAddress& a, const CardRecord* r, bool dry_run,
+              bool changed, const HostPlan& plan) {
+  json steps = json::array();
+  for (const auto& s : plan.prepare) steps.push_back(s.command);
+  for (const auto& c : plan.cards)
+    for (const auto& s : c.steps) steps.push_back(s.command);
+  FunctionState st = read_function_state(root, a);
+  return {{"address", a.str()},
+          {"quarantined", r && r->quarantined},
+          {"reason", r ? r->reason : ""},
+          {"quarantinedAt", r ? r->quarantined_at : ""},
+          {"releasedAt", r ? r->released_at : ""},
+          {"driver", st.driver.empty() ? "none" : st.driver},
+          {"dryRun", dry_run},
+          {"changed", changed},
+          {"steps", steps}};
+}
+
+int quarantine(const HostOptions& o) {
+  HostRoot root(o.root);
+  auto addr = one_card(o);
+  if (!addr) return fail(addr.error());
+  if (auto st = check_reason(o.reason); !st) return fail(st.error());
+  const uid_t euid = o.euid ? *o.euid : root.is_real() ? ::geteuid() : 0;
+  if (!o.dry_run)
+    if (auto st = require_root(euid, "quarantine"); !st) return fail(st.error());
+  auto ids = find_pci_ids(root, o.pci_ids);
+  if (!ids) return fail(ids.error());
+  const PciIds* idp = ids->has_value() ? &**ids : nullptr;
+  auto cards = read_cards(root);
+  if (!cards) return fail(cards.error());
+  // Off vfio-pci (back to the host's driver): KubeVirt's device plugin only
+  // offers cards on vfio-pci, and the admin's reset or burn-in needs the
+  // card on the host. Refuses an address that is no NVIDIA card.
+  auto plan = plan_unbind(root, {*addr}, idp);
+  if (!plan) return fail(plan.error().with_context("quarantine"));
+  const CardRecord* before = find_card(*cards, addr->str());
+  const bool recorded = before && before->quarantined;
+  const bool table = o.card_out == OutputFormat::table;
+  std::ostream& progress = table ? std::cout : std::cerr;
+  if (recorded && plan->empty()) {
+    if (!print_document(std::cout, o.card_out,
+                        card_doc(root, *addr, before, o.dry_run, false, *plan)))
+      std::cout << addr->str() << ": already quarantined since " << before->quarantined_at << " ("
+                << display_text(before->reason) << "); nothing changed\n";
+    return 0;
+  }
+  if (o.dry_run) {
+    CardRecord would = before ? *before : CardRecord{};
+    would.address = addr->str();
+    would.quarantined = true;
+    would.reason = recorded ? before->reason : o.reason;
+    if (!print_document(std::cout, o.card_out, card_doc(root, *addr, &would, true, true, *plan))) {
+      if (!recorded)
+        std::cout << "would record " << addr->str() << " as quarantined (" << display_text(o.reason)
+                  << ") in " << kCardsFile << ", so no tenant gets it\n";
+      std::cout << plan_commands(*plan) << "dry run: nothing was changed\n";
+    }
+    return 0;
+  }
+  // The record first: should the unbind stop half-way, tenants stay off the card.
+  if (!recorded) {
+    CardRecord& r = card_record(*cards, addr->str());
+    r.quarantined = true;
+    r.reason = o.reason;
+    r.quarantined_at = format_rfc3339(Clock::now());
+    if (auto st = write_cards(root, *cards); !st)
+      return fail(st.error().with_context("quarantine"));
+    progress << "recorded " << addr->str() << " as quarantined in " << kCardsFile << "\n";
+  }
+  if (!plan->empty())
+    if (auto st = execute_plan(root, *plan, progress); !st) return fail(st.error());
+  const CardRecord* now = find_card(*cards, addr->str());
+  if (!print_document(std::cout, o.card_out, card_doc(root, *addr, now, false, true, *plan))) {
+    FunctionState st = read_function_state(root, *addr);
+    std::cout << addr->str() << " quarantined: " << describe(st)
+              << "; KubeVirt's device plugin no longer offers it and the QEMU provider skips "
+                 "it. After the reset or burn-in: factory host release --pci "
+              << addr->str() << "\n";
+  }
+  return 0;
+}
+
+int release(const HostOptions& o) {
+  HostRoot root(o.root);
+  auto addr = one_card(o);
+  if (!addr) return fail(addr.error());
+  const uid_t euid = o.euid ? *o.euid : root.is_real() ? ::geteuid() : 0;
+  if (!o.dry_run)
+    if (auto st = require_root(euid, "release"); !st) return fail(st.error());
+  auto ids = find_pci_ids(root, o.pci_ids);
+  if (!ids) return fail(ids.error());
+  const PciIds* idp = ids->has_value() ? &**ids : nullptr;
+  auto cards = read_cards(root);
+  if (!cards) return fail(cards.error());
+  const CardRecord* before = find_card(*cards, addr->str());
+  const bool recorded = before && before->quarantined;
+  auto plan = plan_bind(root, {*addr}, idp);
+  if (!plan) return fail(plan.error().with_context("release"));
+  const bool table = o.card_out == OutputFormat::table;
+  std::ostream& progress = table ? std::cout : std::cerr;
+  if (!recorded && plan->empty()) {
+    if (!print_document(std::cout, o.card_out,
+                        card_doc(root, *addr, before, o.dry_run, false, *plan)))
+      std::cout << addr->str()
+                << ": not quarantined, and on vfio-pci for tenants; nothing changed\n";
+    return 0;
+  }
+  if (o.dry_run) {
+    CardRecord would = before ? *before : CardRecord{};
+    would.address = addr->str();
+    would.quarantined = false;
+    if (!print_document(std::cout, o.card_out, card_doc(root, *addr, &would, true, true, *plan))) {
+      std::cout << plan_commands(*plan);
+      if (recorded)
+        std::cout << "then would mark " << addr->str() << " released in " << kCardsFile
+                  << " (its faults until now become history)\n";
+      std::cout << "dry run: nothing was changed\n";
+    }
+    return 0;
+  }
+  // Back on vfio-pci first; only then is the card offered again.
+  if (!plan->empty())
+    if (auto st = execute_plan(root, *plan, progress); !st) return fail(st.error());
+  CardRecord& r = card_record(*cards, addr->str());
+  r.quarantined = false;
+  r.released_at = format_rfc3339(Clock::now());
+  if (auto st = write_cards(root, *cards); !st) return fail(st.error().with_context("release"));
+  if (!print_document(std::cout, o.card_out, card_doc(root, *addr, &r, false, true, *plan)))
+    std::cout << addr->str() << " released: " << describe(read_function_state(root, *addr))
+              << "; tenants may get it again\n";
+  return 0;
+}
+
+// A GPU of a tenant's health sample that needs the admin now (the card
+// fault rules of coordinator/agents/card_faults.hpp, judged by number).
+bool card_fault_now(const json& g) {
+  if (!g.is_object()) return false;
+  if (g.value("lost", false) == true) return true;
+  if (g.contains("remapped_rows_failure") && g["remapped_rows_failure"] == true) return true;
+  for (const auto& x : g.value("xids", json::array()))
+    if (x.is_object() && x.contains("xid") && x["xid"].is_number_integer() &&
+        gpu::xid_faults_card(x["xid"].get<int>()))
+      return true;
+  return false;
+}
+
+std::string text_of(const json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return "";
+  return j[key].get<std::string>();
+}
+
+// The GPUs of a tenant's latest health sample (none when it has none).
+json guest_gpus(const json& tenant) {
+  if (!tenant.is_object() || !tenant.contains("health") || !tenant["health"].is_object())
+    return json::array();
+  json gpu = tenant["health"].value("gpu", json::object());
+  json gs = gpu.is_object() ? gpu.value("gpus", json::array()) : json::array();
+  return gs.is_array() ? gs : json::array();
+}
+
+// The newest fault a tenant recorded for this card (by UUID; any of the
+// tenant's faults when it has one card whose UUID is not known), or null.
+json newest_fault(const json& tenants, const std::string& uuid, const std::string& only_tenant) {
+  json best;
+  for (const auto& t : tenants) {
+    if (!only_tenant.empty() && text_of(t, "name") != only_tenant) continue;
+    const json& book = t.value("gpu_faults", json::object());
+    if (!book.is_object()) continue;
+    for (auto& [key, f] : book.items()) {
+      if (!f.is_object()) continue;
+      if (!uuid.empty() && text_of(f, "uuid") != uuid) continue;
+      if (uuid.empty() && only_tenant.empty()) continue;
+      if (best.is_null() || text_of(f, "first_seen") > text_of(best, "first_seen")) {
+        best = f;
+        best["tenant"] = text_of(t, "name");
+      }
+    }
+  }
+  return best;
+}
+
+int gpus(const HostOptions& o, const GlobalOptions& g) {
+  HostRoot root(o.root);
+  auto ids = find_pci_ids(root, o.pci_ids);
+  if (!ids) return fail(ids.error());
+  const PciIds* idp = ids->has_value() ? &**ids : nullptr;
+  PciBus bus(root);
+  auto inv = take_inventory(bus, idp);
+  if (!inv) return fail(inv.error().with_context("reading the host's PCI devices"));
+  auto cards = read_cards(root);
+  if (!cards) return fail(cards.error());
+  std::string node = op::host_node_name(root).value_or("");
+
+  // The coordinator's view: tenants, what their guests report, which host
+  // cards a QEMU tenant holds. Without it the host's own view is shown.
+  json tenants = json::array();
+  std::string coordinator_error;
+  auto list = call_coordinator(g, "GET", "/v1/tenants");
+  if (!list) {
+    coordinator_error = list.error().message;
+  } else {
+    for (const auto& t : list->value("tenants", json::array())) {
+      auto one = call_coordinator(g, "GET", "/v1/tenants/" + text_of(t, "name"));
+      tenants.push_back(one ? *one : t);
+    }
+  }
+  std::map<std::string, std::string> held;  // host address -> tenant (QEMU)
+  std::map<std::string, const json*> holder;
+  bool kubevirt_here = false;
+  for (const auto& t : tenants) {
+    const json& vm = t.value("vm", json::object());
+    if (!vm.is_object()) continue;
+    if (text_of(vm, "provider") == "qemu") {
+      for (const auto& a : vm.value("gpus", json::array()))
+        if (a.is_string()) {
+          held[a.get<std::string>()] = text_of(t, "name");
+          holder[a.get<std::string>()] = &t;
+        }
+    } else if (!vm.value("gpus", json::array()).empty() || text_of(vm, "node") == node ||
+               text_of(vm, "provider") == "kubevirt") {
+      kubevirt_here |= text_of(vm, "node").empty() || text_of(vm, "node") == node;
+    }
+  }
+
+  json rows = json::array();
+  bool learnt = false;
+  for (const auto& gr : inv->nvidia) {
+    if (!gr.fn.is_display()) continue;
+    const std::string addr = gr.fn.address.str();
+    CardRecord* rec = nullptr;
+    for (auto& c : *cards)
+      if (c.address == addr) rec = &c;
+    json row = {{"node", node},
+                {"pci_address", addr},
+                {"model", gr.name.value_or(gr.fn.vendor_id() + ":" + gr.fn.device_id())},
+                {"resource", gr.resource.name},
+                {"driver", gr.fn.driver.empty() ? "none" : gr.fn.driver},
+                {"uuid", rec ? rec->uuid : ""},
+                {"serial", rec ? rec->serial : ""},
+                {"tenant", ""},
+                {"last_fault", nullptr}};
+    const bool passthrough =
+        gr.fn.driver == "vfio-pci" && gr.override_driver && *gr.override_driver == "vfio-pci";
+    std::string state = passthrough ? (kubevirt_here ? "pool" : "free") : "host";
+    bool active = false;
+    if (auto h = held.find(addr); h != held.end()) {
+      row["tenant"] = h->second;
+      state = "in-use";
+      const json& t = *holder[addr];
+      const json gs = guest_gpus(t);
+      const json vm_gpus = t.value("vm", json::object()).value("gpus", json::array());
+      // Which guest GPU is this card: certain only when the tenant has one.
+      if (vm_gpus.size() == 1 && gs.size() == 1) {
+        const json& gg = gs[0];
+        if (!text_of(gg, "uuid").empty()) {
+          row["uuid"] = text_of(gg, "uuid");
+          row["serial"] = text_of(gg, "serial");
+          CardRecord& r = card_record(*cards, addr);
+          if (r.uuid != text_of(gg, "uuid") || r.serial != text_of(gg, "serial")) {
+            r.uuid = text_of(gg, "uuid");
+            r.serial = text_of(gg, "serial");
+            learnt = true;
+          }
+          rec = &r;
+        }
+        active = card_fault_now(gg);
+      } else {
+        for (const auto& gg : gs) active |= card_fault_now(gg);
+      }
+      json f = newest_fault(tenants, text_of(row, "uuid"),
+                            text_of(row, "uuid").empty() && vm_gpus.size() == 1 ? h->second : "");
+      if (!f.is_null()) row["last_fault"] = f;
+    } else if (!text_of(row, "uuid").empty()) {
+      json f = newest_fault(tenants, text_of(row, "uuid"), "");
+      if (!f.is_null()) row["last_fault"] = f;
+    }
+    // Faulted: a card fault in its guest now, or one recorded since its last release.
+    const json& lf = row["last_fault"];
+    const bool since_release = !lf.is_null() && (!rec || rec->released_at.empty() ||
+                                                 text_of(lf, "first_seen") > rec->released_at);
+    if (active || since_release) state = "faulted";
+    if (rec && rec->quarantined) {
+      state = "quarantined";
+      row["reason"] = rec->reason;
+      row["quarantined_at"] = rec->quarantined_at;
+    }
+    row["state"] = state;
+    rows.push_back(std::move(row));
+  }
+  // The cards of tenants whose host address the API does not give
+  // (KubeVirt: the device plugin chose it; docs/gpu-faults.md says how the
+  // admin finds it), by node, model and UUID.
+  for (const auto& t : tenants) {
+    const json& vm = t.value("vm", json::object());
+    if (vm.is_object() && text_of(vm, "provider") == "qemu") continue;
+    for (const auto& gg : guest_gpus(t)) {
+      json row = {{"node", vm.is_object() ? text_of(vm, "node") : ""},
+                  {"pci_address", ""},
+                  {"model", text_of(gg, "name")},
+                  {"resource", ""},
+                  {"driver", ""},
+                  {"uuid", text_of(gg, "uuid")},
+                  {"serial", text_of(gg, "serial")},
+                  {"tenant", text_of(t, "name")},
+                  {"guest_pci_bus_id", text_of(gg, "pci_bus_id")},
+                  {"last_fault", nullptr}};
+      json f = newest_fault(tenants, text_of(gg, "uuid"), "");
+      if (!f.is_null()) row["last_fault"] = f;
+      row["state"] = card_fault_now(gg) ? "faulted" : "in-use";
+      rows.push_back(std::move(row));
+    }
+  }
+  // What a guest said a card is, kept for when its tenant has moved on
+  // (best effort: a reader without write access learns nothing).
+  if (learnt) (void)write_cards(root, *cards);
+
+  json doc = {{"gpus", rows}};
+  if (!coordinator_error.empty()) doc["coordinator_error"] = coordinator_error;
+  if (print_document(std::cout, o.card_out, doc)) return 0;
+  if (!coordinator_error.empty())
+    std::cerr << "factory: the coordinator did not answer (" << display_text(coordinator_error)
+              << "): tenants and faults are not shown\n";
+  std::vector<std::vector<std::string>> table;
+  std::vector<std::string> fixes;
+  for (const auto& r : rows) {
+    std::string fault = "-";
+    const json& lf = r["last_fault"];
+    if (lf.is_object()) {
+      fault = text_of(lf, "code") + " " + text_of(lf, "first_seen");
+      if (r["state"] == "faulted" && !text_of(lf, "fix").empty())
+        fixes.push_back(text_of(r, "pci_address").empty()
+                            ? text_of(r, "uuid") + ": " + text_of(lf, "fix")
+                            : text_of(r, "pci_address") + ": " + text_of(lf, "fix"));
+    }
+    std::string state = text_of(r, "state");
+    if (state == "quarantined") state += " (" + text_of(r, "reason") + ")";
+    auto dash = [](const std::string& s) { return s.empty() ? std::string("-") : s; };
+    table.push_back({dash(text_of(r, "node")), dash(text_of(r, "pci_address")),
+                     dash(text_of(r, "model")), dash(text_of(r, "uuid")),
+                     dash(text_of(r, "tenant")), display_text(state), display_text(fault)});
+  }
+  if (table.empty()) {
+    std::cout << "No NVIDIA GPU on this host, and no tenant reports one.\n";
+    return 0;
+  }
+  print_table(std::cout, {"node", "pci address", "model", "uuid", "tenant", "state", "last fault"},
+              table);
+  for (const auto& f : fixes) std::cout << "fix " << display_text(f) << "\n";
+  return 0;
+}
+
+// ---- bind --via gpu-operator ----
 
 // The GPU Operator's ClusterPolicy (cluster-scoped; in the kube module's table).
 const kube::Kind kClusterPolicy{"nvidia.com/v1", "ClusterPolicy"};
@@ -472,6 +847,42 @@ void add_host_commands(CLI::App& app, Context& ctx) {
       ctx.run = [opts] { return move_cards(*opts, true); };
     });
   }
+
+  auto* q = host->add_subcommand(
+      "quarantine",
+      "Take a card out of the pool after a fault: recorded, then off vfio-pci, so no new "
+      "tenant gets it (as root; idempotent)");
+  q->add_option("--pci", opts->pci, "PCI address of the card, e.g. 0000:01:00.0")->required();
+  q->add_option("--reason", opts->reason, "Why, as the admin says it (shown in host gpus)")
+      ->required();
+  q->add_flag("--dry-run", opts->dry_run, "Print each action and change nothing");
+  add_output_option(*q, opts->card_out);
+  set_examples(*q, {{"factory host quarantine --pci 0000:01:00.0 --reason 'Xid 79' --dry-run",
+                     "what it would do (no root needed)"},
+                    {"factory host quarantine --pci 0000:01:00.0 --reason 'Xid 79 on tenant-1'",
+                     "as root: no tenant gets the card until it is released"}});
+  q->callback([&ctx, opts] { ctx.run = [opts] { return quarantine(*opts); }; });
+
+  auto* rel = host->add_subcommand(
+      "release",
+      "Return a quarantined card to the pool after its reset or burn-in: back on vfio-pci, "
+      "then no longer quarantined (as root; idempotent)");
+  rel->add_option("--pci", opts->pci, "PCI address of the card, e.g. 0000:01:00.0")->required();
+  rel->add_flag("--dry-run", opts->dry_run, "Print each action and change nothing");
+  add_output_option(*rel, opts->card_out);
+  set_examples(*rel, {{"factory host release --pci 0000:01:00.0 --dry-run", "what it would do"},
+                      {"factory host release --pci 0000:01:00.0", "as root"}});
+  rel->callback([&ctx, opts] { ctx.run = [opts] { return release(*opts); }; });
+
+  auto* gl = host->add_subcommand(
+      "gpus",
+      "Every passthrough card: node, PCI address, model, UUID (once a guest saw it), tenant, "
+      "state (free, in-use, faulted, quarantined; pool: KubeVirt's, holder not in its API; "
+      "host: not on vfio-pci) and its last fault, with the fix");
+  add_output_option(*gl, opts->card_out);
+  set_examples(*gl, {{"factory host gpus", "this node's cards, with what the coordinator knows"},
+                     {"factory host gpus -o json", "the same for scripts"}});
+  gl->callback([&ctx, opts] { ctx.run = [&ctx, opts] { return gpus(*opts, ctx.global); }; });
 }
 
 }  // namespace factory::cli

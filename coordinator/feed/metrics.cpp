@@ -3,9 +3,11 @@
 #include <cmath>
 #include <iomanip>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "common/durations.hpp"
+#include "common/xid_catalog.hpp"
 
 namespace factory::feed {
 
@@ -116,6 +118,23 @@ std::string gpu_labels(const TenantHealth& t, const json& g) {
                  {"tier", t.tier}});
 }
 
+// The same for Factory's own GPU series, in Prometheus' snake_case (the
+// dcgm-exporter names keep its camelCase `modelName` and `UUID`).
+std::string own_gpu_labels(const TenantHealth& t, const json& g) {
+  const json& minor = field(g, "minor_number");
+  int index = field(g, "index").is_number_integer() ? field(g, "index").get<int>() : 0;
+  std::string device =
+      "nvidia" + std::to_string(minor.is_number_integer() ? minor.get<int>() : index);
+  return labels({{"gpu", std::to_string(index)},
+                 {"uuid", text(g, "uuid")},
+                 {"pci_bus_id", text(g, "pci_bus_id")},
+                 {"device", device},
+                 {"model_name", text(g, "name")},
+                 {"hostname", text(t.health, "hostname")},
+                 {"tenant", t.tenant},
+                 {"tier", t.tier}});
+}
+
 void render_gpus(Exposition& x, const std::vector<TenantHealth>& all) {
   for (const auto& s : kDcgm) {
     x.family(s.name, "gauge", s.help);
@@ -125,6 +144,136 @@ void render_gpus(Exposition& x, const std::vector<TenantHealth>& all) {
         if (v.is_number()) x.sample(s.name, gpu_labels(t, g), v.get<double>());
       }
   }
+}
+
+// A broken card's figures, under dcgm-exporter's names and types
+// (etc/default-counters.csv and dcp-metrics-included.csv), so its alert
+// rules and dashboards work on Factory's tenants too. What the guest did
+// not report (an older agent, a card without the call) is left out, not 0.
+struct DcgmFaultSeries {
+  const char* name;
+  const char* type;
+  const char* key;  // in the health sample's GPU
+  const char* help;
+};
+constexpr DcgmFaultSeries kDcgmFaults[] = {
+    {"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "pcie_replay_count",
+     "Total number of PCIe retries."},
+    {"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "remapped_rows_correctable",
+     "Number of remapped rows for correctable errors."},
+    {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "remapped_rows_uncorrectable",
+     "Number of remapped rows for uncorrectable errors."},
+    {"DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "remapped_rows_failure",
+     "Whether remapping of rows has failed."},
+    {"DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "remapped_rows_pending",
+     "Whether remapping of rows is pending."},
+    {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "clocks_event_reasons",
+     "Current clock throttle reasons (NVML's clocks event reason bits)."},
+    {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "energy_mj",
+     "Total energy consumption since the driver loaded (in mJ)."},
+    {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "ecc_errors_corrected_volatile",
+     "Total number of single-bit volatile ECC errors."},
+    {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "ecc_errors_uncorrected_volatile",
+     "Total number of double-bit volatile ECC errors."},
+    {"DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "ecc_errors_corrected_aggregate",
+     "Total number of single-bit persistent ECC errors."},
+    {"DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "ecc_errors_uncorrected_aggregate",
+     "Total number of double-bit persistent ECC errors."},
+    {"DCGM_FI_DEV_RETIRED_SBE", "counter", "retired_pages_sbe",
+     "Total number of retired pages due to single-bit errors."},
+    {"DCGM_FI_DEV_RETIRED_DBE", "counter", "retired_pages_dbe",
+     "Total number of retired pages due to double-bit errors."},
+    {"DCGM_FI_DEV_RETIRED_PENDING", "counter", "retired_pages_pending",
+     "Total number of pages pending retirement."},
+};
+
+struct DcgmNvlinkSeries {
+  const char* name;
+  const char* key;  // in the sample's nvlink
+  const char* help;
+};
+constexpr DcgmNvlinkSeries kDcgmNvlink[] = {
+    {"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "crc_flit_errors",
+     "Total number of NVLink flow-control CRC errors."},
+    {"DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "crc_data_errors",
+     "Total number of NVLink data CRC errors."},
+    {"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "replay_errors",
+     "Total number of NVLink retries."},
+    {"DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "recovery_errors",
+     "Total number of NVLink recovery errors."},
+};
+
+// The Xid seen last: DCGM_FI_DEV_XID_ERRORS's value.
+int last_xid(const json& g) {
+  int last = 0;
+  std::optional<Clock::time_point> last_at;
+  for (const auto& x : field(g, "xids")) {
+    const json& id = field(x, "xid");
+    if (!id.is_number_integer()) continue;
+    auto at = parse_rfc3339(text(x, "last_at"));
+    if (last == 0 || !at || !last_at || *at >= *last_at) {
+      last = id.get<int>();
+      last_at = at ? std::optional(*at) : std::nullopt;
+    }
+  }
+  return last;
+}
+
+void render_gpu_faults(Exposition& x, const std::vector<TenantHealth>& all) {
+  auto gpus = [&](auto&& each) {
+    for (const auto& t : all)
+      for (const auto& g : field(field(t.health, "gpu"), "gpus")) each(t, g);
+  };
+  x.family("DCGM_FI_DEV_XID_ERRORS", "gauge",
+           "Value of the last XID error encountered (0: none not yet acknowledged).");
+  gpus([&](const TenantHealth& t, const json& g) {
+    // An agent that reports Xids sends the list, empty or not.
+    if (field(g, "xids").is_array())
+      x.sample("DCGM_FI_DEV_XID_ERRORS", gpu_labels(t, g), last_xid(g));
+  });
+  for (const auto& s : kDcgmFaults) {
+    x.family(s.name, s.type, s.help);
+    gpus([&](const TenantHealth& t, const json& g) {
+      const json& v = field(g, s.key);
+      if (v.is_number())
+        x.sample(s.name, gpu_labels(t, g), v.get<double>());
+      else if (v.is_boolean())
+        x.sample(s.name, gpu_labels(t, g), v.get<bool>() ? 1 : 0);
+    });
+  }
+  for (const auto& s : kDcgmNvlink) {
+    x.family(s.name, "counter", s.help);
+    gpus([&](const TenantHealth& t, const json& g) {
+      const json& v = field(field(g, "nvlink"), s.key);
+      if (v.is_number()) x.sample(s.name, gpu_labels(t, g), v.get<double>());
+    });
+  }
+  // Factory's own: what dcgm-exporter cannot say (it stops reporting a lost
+  // card), and every Xid with its count until acknowledged, labelled with
+  // what it means for the card (common/xid_catalog.hpp judges the number).
+  x.family("factory_gpu_lost", "gauge",
+           "1 when NVML answers GPU_IS_LOST for the card: it fell off the bus.");
+  gpus([&](const TenantHealth& t, const json& g) {
+    if (field(g, "lost").is_boolean())
+      x.sample("factory_gpu_lost", own_gpu_labels(t, g), field(g, "lost") == true ? 1 : 0);
+  });
+  x.family("factory_gpu_xid", "gauge",
+           "Times the card reported this Xid, kept until acknowledged in the guest; impact: "
+           "card (it needs the admin), watch, application, unknown.");
+  gpus([&](const TenantHealth& t, const json& g) {
+    for (const auto& e : field(g, "xids")) {
+      const json& id = field(e, "xid");
+      const json& count = field(e, "count");
+      if (!id.is_number_integer() || !count.is_number()) continue;
+      const gpu::XidEntry* entry = gpu::find_xid(id.get<int>());
+      x.sample("factory_gpu_xid",
+               own_gpu_labels(t, g) + "," +
+                   labels({{"xid", std::to_string(id.get<int>())},
+                           {"impact", entry ? std::string(gpu::impact_name(entry->impact))
+                                            : std::string("unknown")}}),
+               count.get<double>());
+    }
+  });
 }
 
 void render_tenant_health(Exposition& x, const std::vector<TenantHealth>& all) {
@@ -259,6 +408,7 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
   for (auto& t : tenants)
     if (auto h = store.get_health(t.name)) health.push_back({t.name, t.tier, std::move(*h)});
   render_gpus(x, health);
+  render_gpu_faults(x, health);
   render_tenant_health(x, health);
   render_endpoints(x, health);
   render_step_durations(x, state.step_durations());

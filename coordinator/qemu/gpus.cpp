@@ -9,6 +9,7 @@
 #include "coordinator/host/inventory.hpp"
 #include "coordinator/host/pci.hpp"
 #include "coordinator/host/pci_ids.hpp"
+#include "coordinator/host/quarantine.hpp"
 
 namespace factory::qemu {
 
@@ -18,6 +19,10 @@ Result<std::vector<HostCard>> host_cards(const host::HostRoot& root) {
   const host::PciIds* idp = ids && ids->has_value() ? &ids->value() : nullptr;
   auto inv = host::take_inventory(bus, idp);
   if (!inv) return inv.error().with_context("reading the host's PCI devices");
+  // A quarantined card is out of the pool whatever its driver: the record
+  // comes before the card leaves vfio-pci and goes after it is back.
+  auto records = host::read_cards(root);
+  if (!records) return records.error().with_context("reading the quarantined cards");
   std::vector<HostCard> out;
   for (const auto& g : inv->nvidia) {
     if (!g.fn.is_display()) continue;  // the card's audio or USB functions stay behind
@@ -31,7 +36,13 @@ Result<std::vector<HostCard>> host_cards(const host::HostRoot& root) {
     const bool on_vfio = g.fn.driver == "vfio-pci";
     const bool kept = g.override_driver && *g.override_driver == "vfio-pci";
     c.passthrough = on_vfio && kept && g.fn.iommu_group.has_value();
-    if (!c.passthrough) {
+    const host::CardRecord* q = host::find_card(*records, c.address);
+    if (q && q->quarantined) {
+      c.passthrough = false;
+      c.quarantined = true;
+      c.why_not = c.address + " is quarantined since " + q->quarantined_at + " (" + q->reason +
+                  "): `factory host release --pci " + c.address + "` returns it";
+    } else if (!c.passthrough) {
       if (!g.fn.iommu_group)
         c.why_not = c.address + " has no IOMMU group (is the IOMMU on? `factory host check`)";
       else if (!on_vfio)

@@ -1,7 +1,8 @@
 #pragma once
 // Which of the host's cards a QEMU tenant may get: NVIDIA display functions
 // that `factory host bind` put on vfio-pci (bound to vfio-pci now, and kept
-// there by its driverctl override), each given to one tenant at a time.
+// there by its driverctl override) and that are not quarantined
+// (coordinator/host/quarantine.hpp), each given to one tenant at a time.
 // Read from sysfs under a HostRoot, so tests run on captured trees.
 #include <cstdint>
 #include <map>
@@ -21,6 +22,7 @@ struct HostCard {
   std::uint16_t vendor = 0;  // PCI IDs: 0x10de, 0x27b8 (the L4)
   std::uint16_t device = 0;
   bool passthrough = false;  // on vfio-pci and kept there by driverctl: `factory host bind` did it
+  bool quarantined = false;  // `factory host quarantine` took it out of the pool
   std::string why_not;       // when not: what to do, one line
 };
 

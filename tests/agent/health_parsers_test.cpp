@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "agent/guest/nvidia_smi.hpp"
+#include "agent/health/compare.hpp"
 #include "agent/health/nvml.hpp"
 #include "tests/agent/fake_nvml.hpp"
 #include "tests/support/test_support.hpp"
@@ -427,4 +428,75 @@ TEST(Nvml, MissingSymbolIsNamed) {
 }
 
 }  // namespace
+
+// `nvidia-smi -q`'s fault figures on the real H200 (2026-12-01 capture,
+// driver 580.159.04): what the device check compares the agent's NVML
+// figures with. The H200 remaps rows and has no page retirement (N/A).
+TEST(NvidiaSmiQFaults, TheH200CaptureAndTheComparison) {
+  auto f = parse_nvidia_smi_q_faults(
+      slurp(fixtures_dir() / "h200-passthrough-vm/2026-12-01/nvidia-smi-q.txt"));
+  ASSERT_EQ(f.size(), 1u);
+  const auto& g = f[0];
+  EXPECT_FALSE(g.serial.empty());
+  EXPECT_EQ(g.replays, 0u);
+  EXPECT_EQ(g.reasons, 0x1u) << "Idle active, every other reason not";
+  EXPECT_EQ(g.ecc_corrected_volatile, 0u);
+  EXPECT_EQ(g.ecc_uncorrected_volatile, 0u);
+  EXPECT_EQ(g.ecc_corrected_aggregate, 0u);
+  EXPECT_EQ(g.ecc_uncorrected_aggregate, 0u);
+  EXPECT_FALSE(g.retired_sbe);
+  EXPECT_FALSE(g.retired_pending);
+  EXPECT_EQ(g.remapped_correctable, 0u);
+  EXPECT_EQ(g.remapped_uncorrectable, 0u);
+  EXPECT_EQ(g.remapped_pending, false);
+  EXPECT_EQ(g.remap_failure, false);
+
+  // The agent's sample with the same figures agrees; one that invents a
+  // figure nvidia-smi says N/A for, or is off by one replay, does not.
+  nlohmann::json gpu = {{"serial", g.serial},
+                        {"pcie_replay_count", 0},
+                        {"clocks_event_reasons", 1},
+                        {"ecc_errors_corrected_volatile", 0},
+                        {"ecc_errors_uncorrected_volatile", 0},
+                        {"ecc_errors_corrected_aggregate", 0},
+                        {"ecc_errors_uncorrected_aggregate", 0},
+                        {"retired_pages_sbe", nullptr},
+                        {"retired_pages_dbe", nullptr},
+                        {"retired_pages_pending", nullptr},
+                        {"remapped_rows_correctable", 0},
+                        {"remapped_rows_uncorrectable", 0},
+                        {"remapped_rows_pending", false},
+                        {"remapped_rows_failure", false}};
+  nlohmann::json agent = {{"gpu", {{"gpus", {gpu}}}}};
+  SmiComparison same;
+  compare_faults(same, agent, f);
+  EXPECT_EQ(same.checks.size(), 14u);
+  EXPECT_TRUE(same.ok()) << same.to_text();
+  agent["gpu"]["gpus"][0]["retired_pages_sbe"] = 0;
+  agent["gpu"]["gpus"][0]["pcie_replay_count"] = 1;
+  SmiComparison differ;
+  compare_faults(differ, agent, f);
+  int bad = 0;
+  for (const auto& c : differ.checks) bad += c.ok ? 0 : 1;
+  EXPECT_EQ(bad, 2) << differ.to_text();
+}
+
+// The device run of 2026-12-03 (tests/fixtures/device/h200-2026-12-03-faults,
+// the real NVML of driver 580.159.04 on an H200): the agent's fault figures
+// agree with `nvidia-smi -q` read in the same run, every one both report.
+TEST(NvidiaSmiQFaults, TheH200DeviceRunAgrees) {
+  const auto dir = factory::testing::source_dir() / "tests/fixtures/device/h200-2026-12-03-faults";
+  auto agent = nlohmann::json::parse(slurp(dir / "agent-health.json"));
+  auto q = parse_nvidia_smi_q_faults(slurp(dir / "nvidia-smi-q.txt"));
+  ASSERT_EQ(q.size(), 1u);
+  SmiComparison c;
+  compare_faults(c, agent, q);
+  EXPECT_EQ(c.checks.size(), 14u);
+  EXPECT_TRUE(c.ok()) << c.to_text();
+  const auto& g = agent["gpu"]["gpus"][0];
+  EXPECT_EQ(g["serial"], q[0].serial);
+  EXPECT_TRUE(g["retired_pages_sbe"].is_null()) << "N/A on Hopper: unknown, never 0";
+  EXPECT_GT(g["energy_mj"].get<std::uint64_t>(), 0u);
+}
+
 }  // namespace factory::agent

@@ -16,6 +16,7 @@
 #include "agent/health/scheduler.hpp"
 #include "agent/link/spool.hpp"
 #include "common/catalog.hpp"
+#include "tests/agent/step_harness.hpp"
 #include "tests/guestsim/guest_sim.hpp"
 #include "tests/support/test_support.hpp"
 
@@ -264,6 +265,70 @@ TEST_F(HealthSchedule, StepKindsNoLongerChooseTheCollectors) {
   runtime.on_plan({{"plan", plan}});
   EXPECT_FALSE(runtime.collectors().ollama);
   EXPECT_FALSE(runtime.collectors().k8s);
+}
+
+}  // namespace
+}  // namespace factory::testing
+
+namespace factory::testing {
+namespace {
+
+// Issue 25's acceptance: a model that drops to half on the GPU after the
+// tenant was ready is a problem within one health interval, not only at
+// the plan's ready check (the ollama-model step's verify). The simulated
+// guest's Ollama (tests/fakes/ollama_server.py) reloads the model half in
+// VRAM once its knob says so, as Ollama does after another process took
+// the GPU's memory.
+TEST_F(HealthSchedule, AModelDroppingToHalfOnTheGpuAfterReadyIsAProblemWithinOneInterval) {
+  StepHarness inst(sim_->env(), catalog_step("gpu-vm", "ollama"));
+  ASSERT_TRUE(inst.apply().ok());
+  StepHarness model(sim_->env(), catalog_step("gpu-vm", "model-llama3.2:1b"));
+  ASSERT_TRUE(model.apply().ok());
+  ASSERT_TRUE(model.verify().ok()) << "ready: the model all on the GPU";
+
+  Received got;
+  agent::HealthScheduleOptions o;
+  o.interval = 2s;
+  o.max_quiet = 60;  // 2 minutes between unchanged samples: what comes sooner is a change
+  agent::HealthCollectors c;
+  c.ollama = true;
+  agent::HealthScheduler health(
+      sim_->env(), o,
+      [&] {
+        return agent::HealthScheduler::Scope{c, "plan-1"};
+      },
+      got.sink());
+  health.start();
+  auto on_gpu = [&](int percent) {
+    return eventually(
+        [&] {
+          if (got.size() == 0) return false;
+          auto s = got.last();
+          return s.ollama && s.ollama->models.size() == 1 &&
+                 s.ollama->models[0].gpu_percent == percent;
+        },
+        30s);
+  };
+  ASSERT_TRUE(on_gpu(100));
+  EXPECT_TRUE(got.last().ollama->diagnoses.empty());
+
+  // Another process takes the GPU's memory; the next generate reloads the
+  // model half on the CPU (the knob, then a request as a user would send).
+  sim_->set_knob("ollama_vram_fraction", "0.5");
+  ASSERT_FALSE(model.verify().ok());
+  const auto dropped = std::chrono::steady_clock::now();
+  ASSERT_TRUE(on_gpu(50));
+  const auto took = std::chrono::steady_clock::now() - dropped;
+  auto s = got.last();
+  ASSERT_EQ(s.ollama->diagnoses.size(), 1u);
+  EXPECT_EQ(s.ollama->diagnoses[0].code, "model_partly_on_cpu");
+  EXPECT_NE(s.ollama->diagnoses[0].summary.find("50% on the CPU"), std::string::npos)
+      << s.ollama->diagnoses[0].summary;
+  EXPECT_FALSE(s.ollama->diagnoses[0].fix.empty());
+  // The first sample after the drop (at most one interval later) sees it and
+  // is sent as a change; an unchanged one would have waited two minutes.
+  // The bound leaves a loaded machine the sample's own time.
+  EXPECT_LT(took, 20s) << "sent with the next sample, not at max_quiet";
 }
 
 }  // namespace

@@ -230,3 +230,74 @@ TEST(HealthSample, MigSlicesReadBackAndHostileOnesAreDropped) {
   EXPECT_FALSE(m[1].memory_gib);
   EXPECT_FALSE(r2.empty());
 }
+
+// A broken card's figures (issue 25): what the agent sends reads back the
+// same, and what a hostile guest sends in their place is dropped field by
+// field, counted, never shown.
+TEST(HealthSample, FaultFiguresReadBackAndHostileOnesAreDropped) {
+  proto::HealthSample h = h200_sample();
+  auto& g = h.gpu.gpus[0];
+  g.ecc_errors_corrected_volatile = 10;
+  g.ecc_errors_corrected_aggregate = 20;
+  g.ecc_errors_uncorrected_aggregate = 2;
+  g.remapped_rows_correctable = 3;
+  g.remapped_rows_uncorrectable = 1;
+  g.remapped_rows_pending = true;
+  g.remapped_rows_failure = false;
+  g.pcie_replay_count = 77;
+  g.clocks_event_reasons = proto::clocks_event::kHwThermalSlowdown;
+  g.energy_mj = 987654321012;
+  g.nvlink = proto::NvlinkSample{18, 1, 2, 3, 4};
+  g.xids.push_back({13, 2, "2026-12-01T09:00:00Z", "2026-12-01T09:30:00Z"});
+  g.xids.push_back({79, 1, "2026-12-01T09:10:00Z", "2026-12-01T09:10:00Z"});
+  json sent = h.to_json();
+  proto::HealthRejects rejects;
+  EXPECT_EQ(roundtrip(sent, rejects), sent);
+  EXPECT_TRUE(rejects.empty());
+  EXPECT_EQ(g.last_xid(), 13) << "13 was seen last, at 09:30";
+  EXPECT_TRUE(sent["gpu"]["gpus"][0]["retired_pages_sbe"].is_null()) << "unknown stays null";
+  EXPECT_FALSE(h200_sample().to_json()["gpu"]["gpus"][0].contains("nvlink"))
+      << "only a card with links";
+
+  json bad = sent;
+  json& b = bad["gpu"]["gpus"][0];
+  b["lost"] = "yes";
+  b["ecc_errors_corrected_volatile"] = -1;
+  b["remapped_rows_correctable"] = 1e12;
+  b["remapped_rows_pending"] = 1;
+  b["pcie_replay_count"] = 1ULL << 40;
+  b["clocks_event_reasons"] = 1ULL << 40;
+  b["energy_mj"] = 1e300;
+  b["nvlink"] = "lots";
+  b["xids"] = json::array({{{"xid", 1000}, {"count", 1}},
+                           {{"xid", 48}, {"count", 0}, {"last_at", "yesterday\u001b[2J"}},
+                           {{"xid", 63}, {"first_at", "not a time"}},
+                           "79"});
+  proto::HealthRejects r;
+  auto back = proto::parse_health_sample(bad, r);
+  const auto& x = back.gpu.gpus[0];
+  EXPECT_FALSE(x.lost);
+  EXPECT_FALSE(x.ecc_errors_corrected_volatile);
+  EXPECT_FALSE(x.remapped_rows_correctable);
+  EXPECT_FALSE(x.remapped_rows_pending);
+  EXPECT_FALSE(x.pcie_replay_count);
+  EXPECT_FALSE(x.clocks_event_reasons);
+  EXPECT_FALSE(x.energy_mj);
+  EXPECT_FALSE(x.nvlink);
+  ASSERT_EQ(x.xids.size(), 2u) << "Xid 1000 and the string are no Xids";
+  EXPECT_EQ(x.xids[0].xid, 48);
+  EXPECT_EQ(x.xids[0].count, 1u) << "a count out of range reads as once";
+  EXPECT_EQ(x.xids[0].last_at, "") << "a control character is no time";
+  EXPECT_EQ(x.xids[1].first_at, "");
+  EXPECT_EQ(x.remapped_rows_uncorrectable, 1u) << "the rest of the card is kept";
+  EXPECT_GE(r.by_reason["bad_type"], 6u);
+  EXPECT_GE(r.by_reason["out_of_range"], 5u);
+  EXPECT_GE(r.by_reason["bad_text"], 2u);
+
+  // More Xids than a sample carries: the agent keeps the most recent.
+  proto::HealthSample many = h200_sample();
+  for (int i = 0; i < 20; ++i) many.gpu.gpus[0].xids.push_back({100 + i, 1, "", ""});
+  proto::make_sendable(many);
+  ASSERT_EQ(many.gpu.gpus[0].xids.size(), proto::health_limits::kXids);
+  EXPECT_EQ(many.gpu.gpus[0].xids.front().xid, 104);
+}

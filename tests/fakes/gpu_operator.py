@@ -341,7 +341,18 @@ class GpuOperator:
             node = copy.deepcopy(node)
             node["metadata"]["labels"] = labels
             s.put(self.res["node"], node, "MODIFIED")
-        # The sandbox device plugin's resources, for the node's allocatable.
+        # The sandbox device plugin's resources, for the node's allocatable:
+        # of the GPUs it registered, those still on vfio-pci (its healthCheck
+        # marks a GPU whose /dev/vfio/<group> went away Unhealthy).
+        if getattr(self, "registered_gpus", None):
+            healthy = {}
+            for g in self.current_gpus():
+                res = self.registered_gpus.get(g["addr"])
+                if res and g["driver"] in ("vfio-pci", "nvgrace_gpu_vfio_pci"):
+                    healthy[res] = healthy.get(res, 0) + 1
+            for res in self.advertised:
+                self.advertised[res] = healthy.get(res, 0) if self.pods.get(
+                    "sandbox-device-plugin") else 0
         s.external_resources = dict(self.advertised)
         if self.gpus:
             # What virt-handler would find on vfio-pci now that vfio-manager ran.
@@ -539,10 +550,12 @@ class GpuOperator:
         if not st.get("registered"):
             # The plugin discovers the GPUs on vfio-pci once, at start.
             counts = {}
+            self.registered_gpus = {}
             for g in self.current_gpus():
                 if g["driver"] in ("vfio-pci", "nvgrace_gpu_vfio_pci"):
                     name = plugin_device_name(self.plugin_pci_ids, g["device"]) or g["device"]
                     counts["nvidia.com/" + name] = counts.get("nvidia.com/" + name, 0) + 1
+                    self.registered_gpus[g["addr"]] = "nvidia.com/" + name
             self.advertised = counts
             st["registered"] = True
             self.logs[(st["name"], "nvidia-sandbox-device-plugin-ctr", False)] = "".join(

@@ -25,7 +25,12 @@ spec.configuration.permittedHostDevices.pciHostDevices without
 externalResourceProvider, the number of host cards with that vendor:device
 on vfio-pci (from --vfio-cards 10DE:27B8=2, or from a sysfs tree given by
 --host-root), recomputed shortly after the CR changes (--device-plugin-delay),
-as virt-handler's device plugins do. A VirtualMachine with runStrategy Always
+as virt-handler's device plugins do. With --host-root the tree is read again
+at every pass: a card that leaves vfio-pci (`factory host quarantine`) takes
+its /dev/vfio/<group> node with it, which the device plugins watch (fsnotify
+in KubeVirt's generic plugin and in kubevirt-gpu-device-plugin's healthCheck):
+they report it Unhealthy and the kubelet's allocatable goes down by one,
+capacity staying; back on vfio-pci it is healthy again. A VirtualMachine with runStrategy Always
 (or running: true) gets its DataVolumes (from dataVolumeTemplates, reported
 Succeeded) and a VirtualMachineInstance that goes Pending -> Scheduling ->
 Scheduled -> Running with status.nodeName and status.interfaces[].ipAddress;
@@ -292,6 +297,10 @@ class Store:
         self.hold_watches = False
         self.requests = []
         self.vfio = dict(args.vfio_inventory)
+        # Cards the plugins found at start (the kubelet's capacity); with a
+        # tree, what is on vfio-pci now is what they report healthy.
+        self.vfio_capacity = dict(args.vfio_inventory)
+        self.vfio_from_tree = bool(getattr(args, "host_root", None))
         self.node_ports = {}
         self.next_ip = 98
         self.plugin_due = 0.0   # when the device plugins next look at the CR
@@ -512,9 +521,13 @@ class KubeVirtController:
             if d.get("externalResourceProvider"):
                 continue  # an external device plugin's job, not KubeVirt's
             name = d.get("resourceName")
-            count = self.store.vfio.get(str(d.get("pciVendorSelector", "")).upper(), 0)
+            if self.store.vfio_from_tree and self.operator is None:
+                self.store.vfio = host_vfio_inventory(self.store.args.host_root)
+            key = str(d.get("pciVendorSelector", "")).upper()
+            count = self.store.vfio.get(key, 0)
             advertised.add(name)
-            alloc[name] = cap[name] = str(count)
+            alloc[name] = str(count)
+            cap[name] = str(max(count, self.store.vfio_capacity.get(key, 0)))
         # Resources another device plugin registered with the kubelet (the GPU
         # Operator's kubevirt-gpu-device-plugin).
         for name, count in self.store.external_resources.items():
@@ -1086,6 +1099,8 @@ class Handler(BaseHTTPRequestHandler):
                 s.forbidden = []
             elif path == "/_fake/vfio":
                 s.vfio = {k.upper(): int(v) for k, v in doc.items()}
+                s.vfio_capacity = dict(s.vfio)
+                s.vfio_from_tree = False
                 s.plugin_due = time.monotonic() + self.server.args.device_plugin_delay
             elif path == "/_fake/hold-watches":
                 s.hold_watches = bool(doc.get("hold", True))

@@ -74,13 +74,10 @@ std::vector<std::string> lines_of(const std::string& s) {
   return out;
 }
 
+// promtool accepts it: nothing it cannot parse, no lint but the ones it also
+// raises on dcgm-exporter's own names (promtool_complaints says which).
 void expect_promtool_valid(const std::string& text) {
-  factory::CommandSpec check;
-  check.argv = {"promtool", "check", "metrics"};
-  check.stdin_data = text;
-  auto pr = factory::run_command(check);
-  ASSERT_TRUE(pr.ok()) << "promtool (Debian's prometheus package) is needed";
-  EXPECT_EQ(pr->exit_code, 0) << pr->output << text;
+  EXPECT_EQ(promtool_complaints(text), "") << text;
 }
 
 }  // namespace
