@@ -112,7 +112,7 @@ ci-sanitizers: test-deps
 
 # The files the clang_format test checks (tests/lint/check_format.py).
 format:
-	find common coordinator agent tests fuzz -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
+	find common contract coordinator agent tests fuzz -name '*.cpp' -o -name '*.hpp' | xargs clang-format -i
 
 # clang-tidy's checks (.clang-tidy) over every product source; the clang_tidy
 # test in `make test` runs them over the subset tests/CMakeLists.txt names.

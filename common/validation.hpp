@@ -1,7 +1,7 @@
 #pragma once
-// The wording validation errors share, so the catalog (catalog.hpp) and the
-// step parameters (step_params.hpp) say "must be a map, got a list" alike and
-// every error is one line naming where it is: "<where>: <what>".
+// The wording validation errors share, so the catalog (contract/catalog.hpp)
+// and the step parameters (contract/step_params.hpp) say "must be a map, got a
+// list" alike and every error is one line naming where it is: "<where>: <what>".
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>

@@ -4,13 +4,13 @@
 // serialized as the store keeps it and projected onto a tenant record that
 // already holds earlier projections (so the bounds on steps and diagnoses
 // are crossed too); a health body goes through the typed health sample
-// (common/health_sample.hpp). Nothing may throw, and whatever is kept must
+// (contract/health_sample.hpp). Nothing may throw, and whatever is kept must
 // serialize back to JSON.
 #include <cstddef>
 #include <cstdint>
 
-#include "common/health_sample.hpp"
-#include "common/protocol.hpp"
+#include "contract/health_sample.hpp"
+#include "contract/protocol.hpp"
 #include "coordinator/agents/messages.hpp"
 #include "coordinator/agents/projection.hpp"
 

@@ -1,9 +1,9 @@
-// An admin's catalog file (common/catalog.hpp): any YAML is either a valid
+// An admin's catalog file (contract/catalog.hpp): any YAML is either a valid
 // catalog or one clear error, never a crash or an exception.
 #include <cstddef>
 #include <cstdint>
 
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);

@@ -1,7 +1,7 @@
 // A health frame's body as a tenant's root may send it
-// (common/health_sample.hpp): reading it never throws, what it keeps
+// (contract/health_sample.hpp): reading it never throws, what it keeps
 // serializes, and what it keeps reads back with nothing more to drop.
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -1,9 +1,9 @@
-// The wire envelope (common/protocol.hpp) as an agent or a stranger may send
+// The wire envelope (contract/protocol.hpp) as an agent or a stranger may send
 // it: parse never throws, and whatever it accepts serializes back to JSON.
 #include <cstddef>
 #include <cstdint>
 
-#include "common/protocol.hpp"
+#include "contract/protocol.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view frame(reinterpret_cast<const char*>(data), size);

@@ -14,10 +14,10 @@
 #include "agent/plan/plan_spec.hpp"
 #include "agent/steps/builtin.hpp"
 #include "common/atomic_file.hpp"
-#include "common/catalog.hpp"
 #include "common/cli/app.hpp"
 #include "common/cli/output.hpp"
-#include "common/xid_catalog.hpp"
+#include "contract/catalog.hpp"
+#include "contract/xid_catalog.hpp"
 
 namespace factory::agent {
 

@@ -4,7 +4,7 @@
 
 #include "common/durations.hpp"
 #include "common/pki.hpp"
-#include "common/protocol.hpp"
+#include "contract/protocol.hpp"
 
 namespace factory::agent {
 

@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "agent/endpoint/proxy.hpp"
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 namespace factory::agent {
 

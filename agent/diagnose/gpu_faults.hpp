@@ -5,7 +5,7 @@
 // says both):
 //
 //   gpu_lost                NVML answers NVML_ERROR_GPU_IS_LOST: the card fell off the bus
-//   gpu_xid_<n>             an Xid of common/xid_catalog.hpp, until acknowledged
+//   gpu_xid_<n>             an Xid of contract/xid_catalog.hpp, until acknowledged
 //   gpu_xid_unlisted        an Xid the catalog does not name
 //   gpu_row_remap_failure   a memory row could not be remapped
 //   gpu_row_remap_pending   a remapping waits for the card's next reset
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "agent/diagnose/diagnosis.hpp"
-#include "common/health_sample.hpp"
-#include "common/xid_catalog.hpp"
+#include "contract/health_sample.hpp"
+#include "contract/xid_catalog.hpp"
 
 namespace factory::agent {
 

@@ -1,7 +1,7 @@
 #include "agent/diagnose/k8s.hpp"
 
 #include "common/cidr.hpp"
-#include "common/step_params.hpp"
+#include "contract/step_params.hpp"
 
 namespace factory::agent {
 

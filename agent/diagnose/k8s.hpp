@@ -25,7 +25,7 @@ struct ClusterRanges {
 };
 
 // The ranges must parse, not overlap each other, and hold cluster_dns in
-// service_cidr: the rke2 step's rule (common/step_params.hpp). Errors say which.
+// service_cidr: the rke2 step's rule (contract/step_params.hpp). Errors say which.
 Status validate_ranges(const ClusterRanges& r);
 
 // What the guest can see of the host cluster's service range: only its DNS

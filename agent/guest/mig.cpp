@@ -4,8 +4,8 @@
 #include <regex>
 #include <sstream>
 
-#include "common/mig_cards.hpp"
 #include "common/subprocess.hpp"
+#include "contract/mig_cards.hpp"
 
 namespace factory::agent {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 namespace factory::agent {
 

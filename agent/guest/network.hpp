@@ -1,6 +1,6 @@
 #pragma once
 // What the guest's own networks use, for its cluster's ranges to avoid
-// (common/cluster_ranges.hpp): the routes the kernel holds (an address's
+// (contract/cluster_ranges.hpp): the routes the kernel holds (an address's
 // subnet is among them, as the kernel adds one per address), the DNS servers
 // DHCP gave it (the host cluster's DNS under KubeVirt), and KubeVirt's
 // masquerade network, which the guest sits on whether or not it shows.
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "agent/guest/env.hpp"
-#include "common/cluster_ranges.hpp"
+#include "contract/cluster_ranges.hpp"
 
 namespace factory::agent {
 

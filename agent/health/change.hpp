@@ -3,7 +3,7 @@
 // a sample when it differs from the last one sent by more than noise, and at
 // least every few intervals otherwise (scheduler.hpp), so a quiet guest costs
 // the coordinator one small frame a minute rather than one every 10 seconds.
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 namespace factory::agent {
 

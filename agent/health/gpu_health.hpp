@@ -1,6 +1,6 @@
 #pragma once
 // The guest's GPUs and its Ollama, as the health sample's sections
-// (common/health_sample.hpp has their fields).
+// (contract/health_sample.hpp has their fields).
 //
 // The GPU: NVML first (dlopen, no link-time dependency; v2 memory info, so
 // used and reserved are nvidia-smi's), then `nvidia-smi --query-gpu` on
@@ -19,7 +19,7 @@
 
 #include "agent/diagnose/diagnosis.hpp"
 #include "agent/guest/env.hpp"
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 namespace factory::agent {
 

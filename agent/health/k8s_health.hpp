@@ -1,6 +1,6 @@
 #pragma once
 // The guest cluster's GPU health (gpu-k8s tier), as the health sample's k8s
-// section (common/health_sample.hpp): each node's capacity and allocatable
+// section (contract/health_sample.hpp): each node's capacity and allocatable
 // of the resource (nvidia.com/gpu: HAMi's slices of the card), their sums,
 // and every pod with a HAMi memory limit (nvidia.com/gpumem, MiB, or
 // nvidia.com/gpumem-percentage) with its nvidia.com/gpu: HAMi's per-pod
@@ -15,7 +15,7 @@
 
 #include "agent/guest/cluster.hpp"
 #include "agent/guest/env.hpp"
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 namespace factory::agent {
 

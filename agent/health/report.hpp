@@ -17,7 +17,7 @@
 #include "agent/guest/cluster.hpp"
 #include "agent/guest/env.hpp"
 #include "agent/health/collector.hpp"
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 namespace factory::agent {
 

@@ -23,7 +23,7 @@
 #include "common/backoff.hpp"
 #include "common/net/ws_client.hpp"
 #include "common/pki.hpp"
-#include "common/protocol.hpp"
+#include "contract/protocol.hpp"
 
 namespace factory::agent {
 

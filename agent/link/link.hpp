@@ -72,7 +72,7 @@ class AgentLink {
   // sent, or after kStopDeadline whatever the link was doing.
   void stop(std::string reason = "stopping");
   void wake();
-  // Thread-safe: the agent's latest health sample (common/health_sample.hpp),
+  // Thread-safe: the agent's latest health sample (contract/health_sample.hpp),
   // sent as a "health" frame as soon as a session is up. Health is state: it
   // is not spooled nor acknowledged, a newer sample replaces one not sent
   // yet, and each new session starts with the latest.

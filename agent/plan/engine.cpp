@@ -6,9 +6,9 @@
 #include <thread>
 
 #include "agent/guest/facts.hpp"
-#include "common/catalog.hpp"
 #include "common/durations.hpp"
 #include "common/subprocess.hpp"
+#include "contract/catalog.hpp"
 
 namespace factory::agent {
 

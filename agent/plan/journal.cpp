@@ -5,8 +5,8 @@
 
 #include "agent/plan/plan_spec.hpp"
 #include "common/atomic_file.hpp"
-#include "common/catalog.hpp"
 #include "common/durations.hpp"
+#include "contract/catalog.hpp"
 
 namespace factory::agent {
 

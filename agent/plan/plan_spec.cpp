@@ -2,7 +2,7 @@
 
 #include <set>
 
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 
 namespace factory::agent {
 

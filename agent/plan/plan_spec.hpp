@@ -1,5 +1,5 @@
 #pragma once
-// A plan as the agent receives it from the coordinator (common/catalog.hpp's
+// A plan as the agent receives it from the coordinator (contract/catalog.hpp's
 // Tier::plan()): {"tier": "gpu-vm", "steps": [{id, kind, params,
 // timeout_seconds, retries}, ...]}, content-addressed by catalog::plan_hash.
 // The agent recomputes the hash itself rather than trusting a field beside it.

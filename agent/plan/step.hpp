@@ -19,11 +19,11 @@
 #include "agent/diagnose/diagnosis.hpp"
 #include "agent/guest/env.hpp"
 #include "common/error.hpp"
-#include "common/step_params.hpp"
+#include "contract/step_params.hpp"
 
 namespace factory::agent {
 
-// One step of a plan, as the coordinator sends it (see common/catalog.hpp).
+// One step of a plan, as the coordinator sends it (see contract/catalog.hpp).
 struct StepSpec {
   std::string id;    // unique in the plan, e.g. "nvidia-driver"
   std::string kind;  // e.g. "nvidia_driver", "ollama_model", "script"
@@ -79,7 +79,7 @@ using StepFactory = std::function<Result<std::unique_ptr<Step>>(const StepSpec&)
 
 // What a built-in kind's factory builds its step from: the spec's params
 // checked against `kind`'s schema, with every default filled in
-// (common/step_params.hpp; the catalog checks the same). Errors read
+// (contract/step_params.hpp; the catalog checks the same). Errors read
 // "step '<id>': params.<key>: <what>".
 inline Result<nlohmann::json> normalized_params(std::string_view kind, const StepSpec& spec) {
   return catalog::normalize_step_params(kind, spec.params, "step '" + spec.id + "'");

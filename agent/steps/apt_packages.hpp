@@ -2,7 +2,7 @@
 // Step kind `apt_packages`: Debian/Ubuntu packages installed with apt-get.
 //
 // Params (as catalog/catalog.yaml writes them; their types, defaults and
-// ranges are common/step_params.cpp's, which the catalog checks too):
+// ranges are contract/step_params.cpp's, which the catalog checks too):
 //   packages: [jq, "foo=1.2-3"]   a "name=version" entry pins the version
 //   update:   true                (default) apt-get update before installing
 //

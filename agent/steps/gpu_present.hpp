@@ -2,7 +2,7 @@
 // Step kind `gpu_present`: the GPU is on the guest's PCI bus.
 //
 // Params (as catalog/catalog.yaml writes them; their types, defaults and
-// ranges are common/step_params.cpp's, which the catalog checks too):
+// ranges are contract/step_params.cpp's, which the catalog checks too):
 //   vendor:    "10de"  PCI vendor ID, 4 hex digits (default NVIDIA)
 //   min_count: 1       at least this many display-class functions of that vendor
 //

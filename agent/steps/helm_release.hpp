@@ -4,7 +4,7 @@
 // Operator, guest/02-gpu-operator.sh, and HAMi, guest/03-hami.sh).
 //
 // Params (as catalog/catalog.yaml writes them; their types, defaults and
-// ranges are common/step_params.cpp's, which the catalog checks too):
+// ranges are contract/step_params.cpp's, which the catalog checks too):
 //   release, chart, repo_name, repo_url, version, namespace   (required)
 //   create_namespace: true         (default) --create-namespace
 //   wait_timeout:     20m          (default 5m, Helm's) --wait --timeout, at most what is

@@ -3,7 +3,7 @@
 // without the GPU Operator's mig-manager (which does the same from a node
 // label: the gpu-k8s-mig tier).
 //
-// Params (types, defaults and ranges: common/step_params.cpp):
+// Params (types, defaults and ranges: contract/step_params.cpp):
 //   gpu:       0                     the GPU's index (nvidia-smi -i)
 //   instances: {"1g.18gb": 7}        profile name -> count; names, not IDs: the IDs
 //                                    differ per model and are read off `-lgip`

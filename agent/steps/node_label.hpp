@@ -4,7 +4,7 @@
 // `kubectl label node --all gpu=on --overwrite`).
 //
 // Params (as catalog/catalog.yaml writes them; their types, defaults and
-// ranges are common/step_params.cpp's, which the catalog checks too):
+// ranges are contract/step_params.cpp's, which the catalog checks too):
 //   labels:     {gpu: "on"}                   (required) label -> value
 //   nodes:      all | [name, ...]             (default all)
 //   kubeconfig: /etc/rancher/rke2/rke2.yaml   (default)

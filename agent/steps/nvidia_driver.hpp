@@ -3,7 +3,7 @@
 // DKMS, loaded after the guest's reboot (runbook step 5, 01-nvidia-driver.sh).
 //
 // Params (as catalog/catalog.yaml writes them; their types, defaults and
-// ranges are common/step_params.cpp's, which the catalog checks too):
+// ranges are contract/step_params.cpp's, which the catalog checks too):
 //   version:         "615.71.09"            what nvidia-smi must report
 //   package_version: "615.71.09-1ubuntu1"   the apt pin for every package below
 //   packages:        [nvidia-headless-open, nvidia-persistenced]

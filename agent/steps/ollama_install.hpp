@@ -3,7 +3,7 @@
 // answering its REST API at the pinned version (runbook step 5).
 //
 // Params (as catalog/catalog.yaml writes them; their types, defaults and
-// ranges are common/step_params.cpp's, which the catalog checks too):
+// ranges are contract/step_params.cpp's, which the catalog checks too):
 //   version:     "0.40.2"                         the version to install and expect
 //   install_url: https://ollama.com/install.sh    (default) Ollama's install script
 //   service:     ollama                           (default) the systemd unit

@@ -4,7 +4,7 @@
 // "100% GPU").
 //
 // Params (as catalog/catalog.yaml writes them; their types, defaults and
-// ranges are common/step_params.cpp's, which the catalog checks too):
+// ranges are contract/step_params.cpp's, which the catalog checks too):
 //   model:            "llama3.2:1b"
 //   require_full_gpu: true   (default) fail unless /api/ps shows size_vram == size
 //

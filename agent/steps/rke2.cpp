@@ -10,8 +10,8 @@
 #include "agent/guest/network.hpp"
 #include "agent/steps/step_util.hpp"
 #include "common/atomic_file.hpp"
-#include "common/cluster_ranges.hpp"
 #include "common/yaml_json.hpp"
+#include "contract/cluster_ranges.hpp"
 
 namespace factory::agent::steps {
 

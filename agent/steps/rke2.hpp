@@ -4,7 +4,7 @@
 // (runbook step 6, guest/01-rke2.sh).
 //
 // Params (as catalog/catalog.yaml writes them; their types, defaults and
-// ranges are common/step_params.cpp's, which the catalog checks too):
+// ranges are contract/step_params.cpp's, which the catalog checks too):
 //   version:     "v1.36.4+rke2r1"            INSTALL_RKE2_VERSION; `rke2 --version` must report it
 //   install_url: https://get.rke2.io         (default) RKE2's install script
 //   service:     rke2-server                 (default) the systemd unit
@@ -20,7 +20,7 @@
 // Ranges: the guest's own networks (routes, DHCP's DNS servers, KubeVirt's
 // masquerade network: guest/network.hpp) are added to `avoid`; fixed ranges
 // are checked against all of it, else the first free ones of the pool are
-// chosen (common/cluster_ranges.hpp), kept in the step state (once RKE2 runs
+// chosen (contract/cluster_ranges.hpp), kept in the step state (once RKE2 runs
 // its own pod network shows among the routes) and reported in a progress
 // event's `ranges` with what they were chosen around.
 //

@@ -4,7 +4,7 @@
 // step 7: `kubectl describe node | grep -A6 Allocatable`).
 //
 // Params (as catalog/catalog.yaml writes them; their types, defaults and
-// ranges are common/step_params.cpp's, which the catalog checks too):
+// ranges are contract/step_params.cpp's, which the catalog checks too):
 //   resource:   nvidia.com/gpu                (required)
 //   count:      10                            (required) at least this many
 //   kubeconfig: /etc/rancher/rke2/rke2.yaml   (default)

@@ -643,7 +643,7 @@ async def enroll(host: str, port: int, ca_pem: str, token: str, csr_pem: str, so
 def load_health_body(path: str) -> str:
     """The fixture's sample as a health frame's body, with @TIME@ and @HOST@
     placeholders. nvml_raw is the capture's own debugging dump, not part of
-    what the agent sends (common/health_sample.hpp lists the keys)."""
+    what the agent sends (contract/health_sample.hpp lists the keys)."""
     with open(path) as f:
         sample = json.load(f)
     sample.pop("nvml_raw", None)

@@ -1,6 +1,6 @@
 #include "coordinator/agents/agent_service.hpp"
 
-#include "common/protocol.hpp"
+#include "contract/protocol.hpp"
 
 namespace factory::coordinator {
 

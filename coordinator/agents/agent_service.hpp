@@ -1,5 +1,5 @@
 #pragma once
-// The coordinator's side of the agent protocol (common/protocol.hpp), in
+// The coordinator's side of the agent protocol (contract/protocol.hpp), in
 // parts that each do one job: sessions (session.hpp: the connection and its
 // dispatch), enrollment and renewal (enrollment.hpp), ingestion of events
 // (ingestion.hpp) and their projection onto the tenant (projection.hpp).

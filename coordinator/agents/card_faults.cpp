@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "common/xid_catalog.hpp"
+#include "contract/xid_catalog.hpp"
 
 namespace factory::coordinator {
 

@@ -9,7 +9,7 @@
 // faulted.
 //
 // What faults a card is judged from the sample's validated figures by the
-// coordinator's own table (common/xid_catalog.hpp), never by the words the
+// coordinator's own table (contract/xid_catalog.hpp), never by the words the
 // guest sent; the summary and fix shown with it are the agent's diagnosis,
 // as the health sample's reader left it (bounded, no control characters).
 #include <cstddef>

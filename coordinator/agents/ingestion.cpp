@@ -3,7 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/durations.hpp"
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 namespace factory::coordinator {
 

@@ -6,7 +6,7 @@
 // stored exactly once (a replay after a reconnect is acknowledged and
 // dropped by the store) and projected onto its tenant's status
 // (projection.hpp). Health samples are state: parsed into the typed sample
-// (common/health_sample.hpp) with every field bounded, what breaks a rule
+// (contract/health_sample.hpp) with every field bounded, what breaks a rule
 // dropped and counted (factory_agent_messages_rejected_total), and kept as
 // the tenant's latest; an agent sending them faster than any schedule would
 // is slowed by dropping the excess.

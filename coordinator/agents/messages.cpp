@@ -5,8 +5,8 @@
 #include <initializer_list>
 #include <set>
 
-#include "common/cluster_ranges.hpp"
 #include "common/durations.hpp"
+#include "contract/cluster_ranges.hpp"
 
 namespace factory::coordinator {
 
@@ -53,7 +53,7 @@ void add(std::vector<Rejection>& out, std::string field, RejectReason r) {
 }
 
 // Step ids, diagnosis codes, tiers, states: what the catalog allows for a
-// step id (common/catalog.cpp), the strictest grammar any of them has.
+// step id (contract/catalog.cpp), the strictest grammar any of them has.
 bool is_name(std::string_view s) {
   if (s.empty()) return false;
   return std::all_of(s.begin(), s.end(), [](char c) {

@@ -31,8 +31,8 @@
 
 #include "common/log.hpp"
 #include "common/net/server.hpp"
-#include "common/protocol.hpp"
 #include "common/worker_pool.hpp"
+#include "contract/protocol.hpp"
 #include "coordinator/agents/endpoint_grant.hpp"
 #include "coordinator/agents/enrollment.hpp"
 #include "coordinator/agents/ingestion.hpp"

@@ -6,8 +6,8 @@
 // here so they all see the same products.
 #include <string>
 
-#include "common/catalog.hpp"
 #include "common/error.hpp"
+#include "contract/catalog.hpp"
 
 namespace factory::catalog {
 

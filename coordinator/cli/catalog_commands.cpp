@@ -4,7 +4,7 @@
 #include <iostream>
 #include <memory>
 
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 #include "coordinator/catalog/source.hpp"
 #include "coordinator/cli/commands.hpp"
 #include "coordinator/cli/output.hpp"

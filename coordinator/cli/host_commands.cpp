@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "common/durations.hpp"
-#include "common/xid_catalog.hpp"
+#include "contract/xid_catalog.hpp"
 #include "coordinator/cli/admin_client.hpp"
 #include "coordinator/cli/commands.hpp"
 #include "coordinator/cli/output.hpp"

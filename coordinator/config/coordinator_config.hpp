@@ -83,8 +83,8 @@
 #include <string>
 #include <vector>
 
-#include "common/cluster_ranges.hpp"
 #include "common/error.hpp"
+#include "contract/cluster_ranges.hpp"
 
 namespace factory::coordinator {
 

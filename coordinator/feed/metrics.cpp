@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "common/durations.hpp"
-#include "common/xid_catalog.hpp"
+#include "contract/xid_catalog.hpp"
 
 namespace factory::feed {
 
@@ -250,7 +250,7 @@ void render_gpu_faults(Exposition& x, const std::vector<TenantHealth>& all) {
   }
   // Factory's own: what dcgm-exporter cannot say (it stops reporting a lost
   // card), and every Xid with its count until acknowledged, labelled with
-  // what it means for the card (common/xid_catalog.hpp judges the number).
+  // what it means for the card (contract/xid_catalog.hpp judges the number).
   x.family("factory_gpu_lost", "gauge",
            "1 when NVML answers GPU_IS_LOST for the card: it fell off the bus.");
   gpus([&](const TenantHealth& t, const json& g) {

@@ -8,7 +8,7 @@
 //   message?,
 //                     failed_step?, steps: {id: {state, attempt, message?, ...}}}
 //   agent            the connection: {connected, state, version, hostname, ...}
-//   health           the latest sample (common/health_sample.hpp) with
+//   health           the latest sample (contract/health_sample.hpp) with
 //                    received_at, or null before the first
 //   active_diagnoses what is wrong now: [{code, summary, fix, details,
 //                    source: "plan"|"health", step?}]

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <set>
 
-#include "common/mig_cards.hpp"
+#include "contract/mig_cards.hpp"
 #include "coordinator/host/host_state.hpp"
 #include "coordinator/host/inventory.hpp"
 #include "coordinator/host/pci.hpp"

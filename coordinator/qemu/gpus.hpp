@@ -29,7 +29,7 @@ struct HostCard {
 // Every NVIDIA display function of the host (sorted by address).
 Result<std::vector<HostCard>> host_cards(const host::HostRoot& root);
 
-// The cards that support MIG (common/mig_cards.hpp), for a tier that cuts its
+// The cards that support MIG (contract/mig_cards.hpp), for a tier that cuts its
 // card into MIG slices; none: one line naming what the host has instead.
 Result<std::vector<HostCard>> mig_capable(const std::vector<HostCard>& cards,
                                           const std::string& tier);

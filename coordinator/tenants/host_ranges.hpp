@@ -1,6 +1,6 @@
 #pragma once
 // What the host cluster's network already uses, read from its API for a
-// guest cluster to pick its ranges around (common/cluster_ranges.hpp): the
+// guest cluster to pick its ranges around (contract/cluster_ranges.hpp): the
 // nodes' pod ranges and addresses, the `kubernetes` Service's ClusterIP, the
 // cluster DNS Service's, and the ServiceCIDR objects where the API has them.
 // The Kubernetes client only fetches the objects; what they mean for a
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "common/cluster_ranges.hpp"
 #include "common/error.hpp"
+#include "contract/cluster_ranges.hpp"
 #include "coordinator/kube/client.hpp"
 
 namespace factory::tenants {

@@ -4,8 +4,8 @@
 
 #include <filesystem>
 
-#include "common/mig_cards.hpp"
 #include "common/pki.hpp"
+#include "contract/mig_cards.hpp"
 #include "coordinator/tenants/host_ranges.hpp"
 
 namespace factory::tenants {

@@ -27,7 +27,7 @@ struct GpuCapacity {
 // (an external plugin's resources are that plugin's business), in CR order.
 std::vector<std::string> permitted_gpu_resources(const nlohmann::json& kubevirt_list);
 // The candidates whose allowlisted card (pciVendorSelector) supports MIG
-// (common/mig_cards.hpp), or the error naming each refused one and why.
+// (contract/mig_cards.hpp), or the error naming each refused one and why.
 Result<std::vector<std::string>> mig_capable_resources(const std::vector<std::string>& candidates,
                                                        const nlohmann::json& kubevirt_list,
                                                        const std::string& tier);

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "common/catalog.hpp"
 #include "common/error.hpp"
+#include "contract/catalog.hpp"
 #include "coordinator/tenants/objects.hpp"
 
 namespace factory::tenants {

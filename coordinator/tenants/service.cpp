@@ -5,10 +5,10 @@
 #include <algorithm>
 
 #include "common/durations.hpp"
-#include "common/mig_cards.hpp"
 #include "common/net/http_client.hpp"
-#include "common/pins.hpp"
 #include "common/pki.hpp"
+#include "contract/mig_cards.hpp"
+#include "contract/pins.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
 #include "coordinator/tenants/k8s_names.hpp"

@@ -30,9 +30,9 @@
 #include <optional>
 #include <string>
 
-#include "common/catalog.hpp"
-#include "common/cluster_ranges.hpp"
 #include "common/error.hpp"
+#include "contract/catalog.hpp"
+#include "contract/cluster_ranges.hpp"
 #include "coordinator/api/router.hpp"
 #include "coordinator/enroll/tokens.hpp"
 #include "coordinator/feed/tenant_view.hpp"

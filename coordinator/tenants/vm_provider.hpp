@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/cluster_ranges.hpp"
 #include "common/error.hpp"
+#include "contract/cluster_ranges.hpp"
 #include "coordinator/tenants/objects.hpp"
 
 namespace factory::tenants {

@@ -31,7 +31,7 @@
 #include "common/atomic_file.hpp"
 #include "common/net/server.hpp"
 #include "common/pki.hpp"
-#include "common/protocol.hpp"
+#include "contract/protocol.hpp"
 #include "tests/support/raw_tls_client.hpp"
 #include "tests/support/test_support.hpp"
 

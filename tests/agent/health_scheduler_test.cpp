@@ -15,7 +15,7 @@
 #include "agent/health/change.hpp"
 #include "agent/health/scheduler.hpp"
 #include "agent/link/spool.hpp"
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 #include "tests/agent/step_harness.hpp"
 #include "tests/guestsim/guest_sim.hpp"
 #include "tests/support/test_support.hpp"

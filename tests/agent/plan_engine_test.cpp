@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "agent/plan/engine.hpp"
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 #include "tests/agent/plan_fakes.hpp"
 
 using namespace factory::agent;

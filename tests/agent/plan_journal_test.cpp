@@ -4,7 +4,7 @@
 
 #include "agent/plan/journal.hpp"
 #include "common/atomic_file.hpp"
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 #include "tests/support/test_support.hpp"
 
 using namespace factory::agent;

@@ -3,7 +3,7 @@
 
 #include "agent/plan/engine.hpp"
 #include "agent/plan/script_step.hpp"
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 #include "tests/support/test_support.hpp"
 
 using namespace factory::agent;

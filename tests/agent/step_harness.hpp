@@ -10,7 +10,7 @@
 
 #include "agent/plan/step.hpp"
 #include "agent/steps/builtin.hpp"
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 
 namespace factory::testing {
 

@@ -1,8 +1,8 @@
-// Each step kind's params are written once (common/step_params.hpp) and read
+// Each step kind's params are written once (contract/step_params.hpp) and read
 // by both sides: the catalog validates with the table, and every step kind
 // builds itself from what the table normalized. The built-in catalog (and a
 // small one for the kinds it does not use) walked through both.
-#include "common/step_params.hpp"
+#include "contract/step_params.hpp"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 #include "agent/plan/step.hpp"
 #include "agent/steps/builtin.hpp"
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 
 namespace factory::testing {
 namespace {

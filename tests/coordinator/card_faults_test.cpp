@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 namespace factory::coordinator {
 namespace {

@@ -4,8 +4,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "common/catalog.hpp"
 #include "common/yaml_json.hpp"
+#include "contract/catalog.hpp"
 #include "tests/support/test_support.hpp"
 
 using factory::testing::factory_bin;

@@ -10,7 +10,7 @@
 
 #include <sstream>
 
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 #include "coordinator/feed/feed_state.hpp"
 #include "coordinator/feed/metrics.hpp"
 #include "coordinator/store/store.hpp"

@@ -5,7 +5,7 @@
 // tests/integration/tenants_test.cpp.
 #include <gtest/gtest.h>
 
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 #include "coordinator/config/coordinator_config.hpp"
 #include "coordinator/tenants/kubevirt_provider.hpp"
 #include "coordinator/tenants/progress.hpp"

@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "common/atomic_file.hpp"
-#include "common/protocol.hpp"
+#include "contract/protocol.hpp"
 #include "tests/guestsim/guest_sim.hpp"
 #include "tests/support/coordinator_harness.hpp"
 

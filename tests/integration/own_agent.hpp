@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/pki.hpp"
-#include "common/protocol.hpp"
+#include "contract/protocol.hpp"
 #include "tests/support/coordinator_harness.hpp"
 #include "tests/support/raw_tls_client.hpp"
 

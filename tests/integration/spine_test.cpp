@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "common/atomic_file.hpp"
-#include "common/protocol.hpp"
+#include "contract/protocol.hpp"
 #include "tests/support/coordinator_harness.hpp"
 
 using namespace factory::testing;

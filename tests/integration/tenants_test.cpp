@@ -15,9 +15,9 @@
 #include <sstream>
 
 #include "common/atomic_file.hpp"
-#include "common/catalog.hpp"
 #include "common/pki.hpp"
 #include "common/yaml_json.hpp"
+#include "contract/catalog.hpp"
 #include "coordinator/kube/client.hpp"
 #include "coordinator/tenants/request.hpp"
 #include "tests/integration/tenant_fixture.hpp"

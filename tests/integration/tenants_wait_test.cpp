@@ -2,7 +2,7 @@
 // plan dispatch from the catalog, the agent's progress shown live, its
 // failure reported with the diagnosis, the retry command delivered. The
 // cluster is the fake API server (see tenants_test.cpp).
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 #include "tests/integration/tenant_fixture.hpp"
 
 using namespace factory::testing;

@@ -5,7 +5,7 @@ the committed .clang-format says.
   check_format.py <source dir> [clang-format]
 
 Runs `clang-format --dry-run -Werror` over the *.cpp and *.hpp files under
-common/, coordinator/, agent/, tests/ and fuzz/ (the files `make format`
+common/, contract/, coordinator/, agent/, tests/ and fuzz/ (the files `make format`
 formats), and fails naming each file that would change. The fix is
 `make format`. clang-format's output differs between major versions, so the
 version is the one Debian 12 ships (14), which scripts/install-deps.sh
@@ -17,7 +17,7 @@ import re
 import subprocess
 import sys
 
-FOLDERS = ("common", "coordinator", "agent", "tests", "fuzz")
+FOLDERS = ("common", "contract", "coordinator", "agent", "tests", "fuzz")
 WANT_MAJOR = 14
 
 

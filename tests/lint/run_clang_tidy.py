@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Runs clang-tidy, with the checks the committed .clang-tidy lists, over the
-product's sources (common/, coordinator/, agent/), as the build compiles them.
+product's sources (common/, contract/, coordinator/, agent/), as the build
+compiles them.
 
   run_clang_tidy.py <source dir> <build dir> [--jobs N] [--only REGEX] [clang-tidy]
 
@@ -25,7 +26,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-PRODUCT = ("common/", "coordinator/", "agent/")
+PRODUCT = ("common/", "contract/", "coordinator/", "agent/")
 
 
 def clean_args(entry):

@@ -1,6 +1,6 @@
 // Every version a built-in tier depends on, pinned or said to be unpinned
-// (common/pins.hpp), as `factory catalog show` and `tenant show` list them.
-#include "common/pins.hpp"
+// (contract/pins.hpp), as `factory catalog show` and `tenant show` list them.
+#include "contract/pins.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "common/cluster_ranges.hpp"
+#include "contract/cluster_ranges.hpp"
 
 #include <arpa/inet.h>
 

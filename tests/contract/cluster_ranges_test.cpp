@@ -1,6 +1,6 @@
 // The guest cluster's ranges picked around the host's and the guest's own
-// (common/cluster_ranges.hpp), over the host range sets the issue names.
-#include "common/cluster_ranges.hpp"
+// (contract/cluster_ranges.hpp), over the host range sets the issue names.
+#include "contract/cluster_ranges.hpp"
 
 #include <gtest/gtest.h>
 

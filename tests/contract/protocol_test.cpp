@@ -1,4 +1,4 @@
-#include "common/protocol.hpp"
+#include "contract/protocol.hpp"
 
 #include <gtest/gtest.h>
 

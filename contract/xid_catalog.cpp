@@ -1,4 +1,4 @@
-#include "common/xid_catalog.hpp"
+#include "contract/xid_catalog.hpp"
 
 #include <algorithm>
 

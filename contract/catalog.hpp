@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "common/step_params.hpp"
+#include "contract/step_params.hpp"
 
 namespace factory::catalog {
 

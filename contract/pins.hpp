@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 
 namespace factory::catalog {
 

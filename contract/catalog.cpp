@@ -1,4 +1,4 @@
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 
 #include <openssl/evp.h>
 
@@ -10,11 +10,11 @@
 
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
-#include "common/mig_cards.hpp"
-#include "common/pins.hpp"
-#include "common/step_params.hpp"
 #include "common/validation.hpp"
 #include "common/yaml_json.hpp"
+#include "contract/mig_cards.hpp"
+#include "contract/pins.hpp"
+#include "contract/step_params.hpp"
 
 namespace factory::catalog {
 

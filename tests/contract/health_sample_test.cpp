@@ -1,7 +1,7 @@
-// The health sample (common/health_sample.hpp): what the agent sends reads
+// The health sample (contract/health_sample.hpp): what the agent sends reads
 // back the same; what a hostile guest sends is cut down to what the rules
 // allow, field by field, with every drop counted by reason.
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 #include <gtest/gtest.h>
 

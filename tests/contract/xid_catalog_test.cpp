@@ -1,15 +1,15 @@
-// The Xid table (common/xid_catalog.hpp): the Xids issue 25 names are all
+// The Xid table (contract/xid_catalog.hpp): the Xids issue 25 names are all
 // in it, each with NVIDIA's mnemonic, a fix for the customer and one for
 // the admin that fit a diagnosis, and docs/gpu-faults.md shows the same
 // table (a row per Xid with its mnemonic and impact).
-#include "common/xid_catalog.hpp"
+#include "contract/xid_catalog.hpp"
 
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <sstream>
 
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 namespace gpu = factory::gpu;
 

@@ -1,11 +1,11 @@
-#include "common/health_sample.hpp"
+#include "contract/health_sample.hpp"
 
 #include <cmath>
 #include <limits>
 #include <regex>
 
 #include "common/durations.hpp"
-#include "common/mig_cards.hpp"
+#include "contract/mig_cards.hpp"
 
 namespace factory::proto {
 

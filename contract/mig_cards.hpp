@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 
 namespace factory {
 

@@ -1,13 +1,13 @@
-#include "common/step_params.hpp"
+#include "contract/step_params.hpp"
 
 #include <algorithm>
 #include <regex>
 
 #include "common/cidr.hpp"
-#include "common/cluster_ranges.hpp"
 #include "common/durations.hpp"
-#include "common/mig_cards.hpp"
 #include "common/validation.hpp"
+#include "contract/cluster_ranges.hpp"
+#include "contract/mig_cards.hpp"
 
 namespace factory::catalog {
 
@@ -133,7 +133,7 @@ Status check_ollama_install(const json& p, const std::string& where) {
 
 // The guest cluster's own ranges: either all three fixed (they must parse,
 // not overlap each other, and hold the DNS service's address) or none, and
-// then the agent picks them (common/cluster_ranges.hpp) around `ranges`: what
+// then the agent picks them (contract/cluster_ranges.hpp) around `ranges`: what
 // the coordinator read of the host, and the pool to pick from.
 Status check_rke2(const json& p, const std::string& where) {
   if (auto s = url_param(p, "install_url", where, true); !s) return s;

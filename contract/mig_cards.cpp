@@ -1,4 +1,4 @@
-#include "common/mig_cards.hpp"
+#include "contract/mig_cards.hpp"
 
 #include <cctype>
 #include <regex>

@@ -1,8 +1,8 @@
-#include "common/pins.hpp"
+#include "contract/pins.hpp"
 
 #include <algorithm>
 
-#include "common/step_params.hpp"
+#include "contract/step_params.hpp"
 
 namespace factory::catalog {
 

@@ -1,11 +1,11 @@
 // The gpu-k8s-mig tier of the built-in catalog and the rule a MIG tier's
-// pieces must agree by (common/catalog.cpp, check_mig_tier), and which cards
-// have MIG (common/mig_cards.hpp).
+// pieces must agree by (contract/catalog.cpp, check_mig_tier), and which cards
+// have MIG (contract/mig_cards.hpp).
 #include <gtest/gtest.h>
 
-#include "common/catalog.hpp"
-#include "common/mig_cards.hpp"
 #include "common/yaml_json.hpp"
+#include "contract/catalog.hpp"
+#include "contract/mig_cards.hpp"
 
 namespace factory {
 namespace {

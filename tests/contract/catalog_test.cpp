@@ -1,7 +1,7 @@
 // The catalog as data: the built-in tiers match the runbook, every ${...} is
 // resolved, the plan hash is a stable content address, and an admin's mistakes
 // are reported as one line naming the tier, step and key.
-#include "common/catalog.hpp"
+#include "contract/catalog.hpp"
 
 #include <gtest/gtest.h>
 
@@ -139,7 +139,7 @@ TEST(Catalog, GpuK8sMatchesTheRunbook) {
   json plan = t->plan();
   const json& rke2 = (*step_by_id(plan, "rke2"))["params"];
   EXPECT_EQ(rke2["version"], "v1.36.4+rke2r1");
-  // Chosen per tenant around the host's ranges (common/cluster_ranges.hpp).
+  // Chosen per tenant around the host's ranges (contract/cluster_ranges.hpp).
   EXPECT_EQ(rke2["config"], json::object());
   EXPECT_FALSE(rke2.contains("ranges")) << "the coordinator adds the host's, per tenant";
   const json& op = (*step_by_id(plan, "gpu-operator"))["params"];
