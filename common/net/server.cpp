@@ -448,15 +448,20 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   asio::io_context& io() { return tc_.io; }
 
  private:
+  // Bytes waiting to be written. Always behind a pointer: the io thread
+  // writes from an item with out_mu_ released while other threads push onto
+  // out_, and a std::string held in the vector itself would move when it
+  // grows (a short one, the chunk's CRLF or a ping, keeps its characters
+  // inside the object), leaving SSL_write reading freed memory and OpenSSL
+  // refusing the retry of a write that had to wait ("bad write retry").
   struct OutItem {
-    std::string owned;
-    std::shared_ptr<const std::string> shared;
+    std::shared_ptr<const std::string> bytes;
     std::size_t off = 0;
-    std::string_view rest() const {
-      std::string_view v = shared ? std::string_view(*shared) : std::string_view(owned);
-      return v.substr(off);
-    }
+    std::string_view rest() const { return std::string_view(*bytes).substr(off); }
   };
+  static OutItem owned(std::string s) {
+    return {std::make_shared<const std::string>(std::move(s)), 0};
+  }
 
   void set_deadline(Clock::time_point t) {
     // A stranger's whole life is bounded, whatever it is doing.
@@ -991,11 +996,11 @@ void Conn::deliver_response(HttpResponseOut r, bool keep_alive) {
   head += "\r\n";
   {
     std::lock_guard lk(out_mu_);
-    out_.push_back({std::move(head), nullptr, 0});
+    out_.push_back(owned(std::move(head)));
     if (r.shared_body)
-      out_.push_back({{}, std::move(r.shared_body), 0});
+      out_.push_back({std::move(r.shared_body), 0});
     else if (!r.body.empty())
-      out_.push_back({std::move(r.body), nullptr, 0});
+      out_.push_back(owned(std::move(r.body)));
   }
   keep_alive_ = keep_alive;
   state_ = State::http_write;
@@ -1041,7 +1046,7 @@ bool Conn::queue_stream_chunk(std::string chunk, bool past_limit) {
     if (closing_output_ || gone_) return false;
     if (!past_limit && out_bytes_ + framed.size() > srv_->opts.max_stream_queue) return false;
     out_bytes_ += framed.size();
-    out_.push_back({std::move(framed), nullptr, 0});
+    out_.push_back(owned(std::move(framed)));
     if (!flush_posted_) post = flush_posted_ = true;
   }
   if (post) post_flush();
@@ -1058,9 +1063,10 @@ bool Conn::queue_stream_chunk(std::shared_ptr<const std::string> chunk) {
     if (closing_output_ || gone_) return false;
     if (out_bytes_ + bytes > srv_->opts.max_stream_queue) return false;
     out_bytes_ += bytes;
-    out_.push_back({std::move(size_line), nullptr, 0});
-    out_.push_back({{}, std::move(chunk), 0});
-    out_.push_back({"\r\n", nullptr, 0});
+    out_.push_back(owned(std::move(size_line)));
+    out_.push_back({std::move(chunk), 0});
+    static const auto kCrlf = std::make_shared<const std::string>("\r\n");
+    out_.push_back({kCrlf, 0});
     if (!flush_posted_) post = flush_posted_ = true;
   }
   if (post) post_flush();
@@ -1184,7 +1190,7 @@ void Conn::wait_write() {
 void Conn::enqueue_raw(std::string bytes) {
   std::lock_guard lk(out_mu_);
   out_bytes_ += bytes.size();
-  out_.push_back({std::move(bytes), nullptr, 0});
+  out_.push_back(owned(std::move(bytes)));
 }
 
 bool Conn::enqueue_ws(std::string frame) {
@@ -1194,7 +1200,7 @@ bool Conn::enqueue_ws(std::string frame) {
     if (closing_output_) return false;
     if (out_bytes_ + frame.size() > srv_->opts.ws_send_queue_bytes) return false;
     out_bytes_ += frame.size();
-    out_.push_back({std::move(frame), nullptr, 0});
+    out_.push_back(owned(std::move(frame)));
     if (!flush_posted_) post = flush_posted_ = true;
   }
   // Always through the io context, never inline: a handler sending to
@@ -1218,7 +1224,7 @@ void Conn::close_ws(std::uint16_t code, const std::string& reason, bool by_peer)
     std::string frame =
         ws::encode_close(send_code, by_peer ? std::string_view{} : std::string_view(reason));
     out_bytes_ += frame.size();
-    out_.push_back({std::move(frame), nullptr, 0});
+    out_.push_back(owned(std::move(frame)));
     closing_output_ = true;
   }
   start_closing();

@@ -32,22 +32,24 @@ int fail(const Error& e) {
   return e.code == Errc::invalid_argument ? kExitUsage : kExitError;
 }
 
-CLI::Validator tenant_name_rule() {
+namespace {
+// A CLI11 check from one of the name rules: its message, or "" when it holds.
+CLI::Validator rule(Status (*check)(std::string_view), const char* what) {
   return CLI::Validator(
-      [](std::string& name) -> std::string {
-        auto st = enroll::validate_tenant_name(name);
+      [check](std::string& value) -> std::string {
+        auto st = check(value);
         return st.ok() ? "" : st.error().message;
       },
-      "NAME");
+      what);
+}
+}  // namespace
+
+CLI::Validator tenant_name_rule() {
+  return rule(enroll::validate_tenant_name, "NAME");
 }
 
 CLI::Validator namespace_rule() {
-  return CLI::Validator(
-      [](std::string& ns) -> std::string {
-        auto st = tenants::validate_namespace_name(ns);
-        return st.ok() ? "" : st.error().message;
-      },
-      "NAMESPACE");
+  return rule(tenants::validate_namespace_name, "NAMESPACE");
 }
 
 Result<coordinator::CoordinatorConfig> load_config(const GlobalOptions& g) {

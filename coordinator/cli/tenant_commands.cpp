@@ -1,4 +1,4 @@
-// `factory tenant create|list|show|delete|retry|credentials`: the admin's side of
+// `factory tenant create|list|show|delete|retry|restart|credentials`: the admin's side of
 // TenantService, through the coordinator's API (AdminClient). The one
 // exception is `create --dry-run`, which contacts nothing: it builds the
 // objects here, from the catalog and the config file alone.
@@ -429,6 +429,23 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
   }
   if (t.contains("kube") && !str(t["kube"], "error").empty())
     row("Error:", str(t["kube"], "error"));
+  if (t.contains("restart_offer") && t["restart_offer"].is_object()) {
+    // A card fault since the VM last started: the move, or why none now.
+    const json& o = t["restart_offer"];
+    if (!str(o, "command").empty())
+      row("Fix:", "`" + str(o, "command") + "` would " + str(o, "would"));
+    else
+      row("Fix:", "no move to a healthy card now: " + str(o, "why_not"));
+  }
+  if (t.contains("restart") && t["restart"].is_object()) {
+    const json& rs = t["restart"];
+    std::string v = str(rs, "state") + " (asked " + str(rs, "requested_at");
+    if (!str(rs, "finished_at").empty()) v += ", ended " + str(rs, "finished_at");
+    v += ")";
+    if (!str(rs, "error").empty()) v += ": " + str(rs, "error");
+    else if (!str(rs, "note").empty()) v += ": " + str(rs, "note");
+    row("Restart:", v);
+  }
   const json& a = t["agent"];
   std::string agent = a.value("connected", false) ? "connected" : "not connected";
   if (!str(a, "version").empty()) agent += ", factory-agent " + str(a, "version");
@@ -492,6 +509,41 @@ int retry(const Context& ctx, const std::string& name, const std::string& step) 
   std::cout << "asked the agent of " << name << " to retry its plan"
             << (step.empty() ? " from the failed step" : " from step " + step)
             << "; follow it with `factory tenant show " << name << "`\n";
+  return 0;
+}
+
+std::string card_list(const json& v) {
+  std::string out;
+  if (v.is_array())
+    for (const auto& a : v)
+      if (a.is_string()) out += (out.empty() ? "" : ", ") + a.get<std::string>();
+  return out.empty() ? "-" : out;
+}
+
+int restart(const Context& ctx, const std::string& name, bool dry_run, OutputFormat out) {
+  if (!dry_run)
+    std::cerr << "restarting the VM of " << name
+              << " (stop, then start on healthy cards; its disk stays)...\n";
+  auto res = call_coordinator(ctx.global, "POST", api_path({"v1", "tenants", name, "restart"}),
+                              json{{"dry_run", dry_run}});
+  if (!res) return fail(res.error());
+  if (print_document(std::cout, out, *res)) return 0;
+  const json& r = *res;
+  if (dry_run) {
+    std::cout << "would " << display_text(str(r, "would")) << "\n";
+    if (!r.value("avoid_gpus", json::array()).empty())
+      std::cout << "  leaving " << display_text(card_list(r["avoid_gpus"]))
+                << ": a card fault was recorded since the tenant last started\n";
+    return 0;
+  }
+  if (!r.value("restarted", false)) {
+    std::cout << "tenant " << name << ": nothing to do, " << display_text(str(r, "note")) << "\n";
+    return 0;
+  }
+  std::cout << "tenant " << name << " restarted: " << display_text(str(r, "note")) << "\n";
+  std::cout << "  the agent reconnects once the guest has booted; follow it with `factory tenant "
+               "show "
+            << name << "`\n";
   return 0;
 }
 
@@ -633,6 +685,30 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   set_examples(*r, {{"factory tenant retry alice", "from the step that failed"},
                     {"factory tenant retry alice --step ollama", "from the step named"}});
   r->callback([&ctx, ro] { ctx.run = [&ctx, ro] { return retry(ctx, ro->name, ro->step); }; });
+
+  struct RestartOpts {
+    std::string name;
+    bool dry_run = false;
+    OutputFormat out = OutputFormat::table;
+  };
+  auto rso = std::make_shared<RestartOpts>();
+  auto* rs = group->add_subcommand(
+      "restart",
+      "Stop the tenant's VM and start it again on healthy cards, keeping its disk and identity "
+      "(the fix for a tenant on a faulted card); announced on the feed, finished after a "
+      "coordinator restart if cut short");
+  rs->add_option("NAME", rso->name, "Tenant name")->required()->check(tenant_name_rule());
+  rs->add_flag("--dry-run", rso->dry_run,
+               "Say what the restart would do (which cards it would leave and take); change "
+               "nothing");
+  add_output_option(*rs, rso->out);
+  set_examples(
+      *rs, {{"factory tenant restart alice --dry-run", "where alice's VM would come back"},
+            {"factory tenant restart alice",
+             "after `factory host quarantine`: alice comes back on a healthy card"}});
+  rs->callback([&ctx, rso] {
+    ctx.run = [&ctx, rso] { return restart(ctx, rso->name, rso->dry_run, rso->out); };
+  });
 
   struct CredOpts {
     std::string name;

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -585,6 +586,7 @@ Result<tenants::VmObservation> QemuProvider::observe(const std::string& tenant,
   o.restarts = s.restarts + (rt == runtime_.end() ? 0 : rt->second.restarts);
   if (s.running) {
     o.pid = s.pid;
+    o.instance = "pid:" + std::to_string(s.pid);
     auto q = qmp_execute(l.qmp_socket(), "query-status", json::object(),
                          std::chrono::milliseconds(1500));
     if (q && q->is_object()) {
@@ -603,6 +605,109 @@ Result<tenants::VmObservation> QemuProvider::observe(const std::string& tenant,
                "; the supervisor starts it again" + (log.empty() ? "" : "; qemu.log: " + log);
   }
   return o;
+}
+
+Result<tenants::RestartOutcome> QemuProvider::restart(const tenants::VmSpec& spec,
+                                                      const tenants::RestartRequest& req) {
+  std::lock_guard g(mu_);
+  auto rec = read_record(spec.name);
+  if (!rec) {
+    if (rec.error().code == Errc::not_found)
+      return Error(Errc::failed_precondition,
+                   "tenant " + spec.name + " has no VM on this host (no " + vm_dir(spec.name) +
+                       "/" + std::string(kRecordFile) +
+                       "): run the same `factory tenant create` again to make it");
+    return rec.error();
+  }
+  tenants::RestartOutcome out;
+  out.gpus_before = rec->gpus;
+  Launch l;
+  l.tenant = spec.name;
+  l.dir = vm_dir(spec.name);
+  const auto s = supervisor_->state(l);
+  const std::string now = s.running ? "pid:" + std::to_string(s.pid) : "";
+  auto avoided = [&](const std::string& a) {
+    return std::find(req.avoid_gpus.begin(), req.avoid_gpus.end(), a) != req.avoid_gpus.end();
+  };
+  std::vector<HostCard> cards;
+  if (!rec->gpus.empty()) {
+    auto hc = host_cards(host::HostRoot(opts_.host_root));
+    if (!hc) return hc.error();
+    cards = std::move(*hc);
+  }
+  auto still_good = [&](const std::string& a) {
+    if (avoided(a)) return false;
+    for (const auto& c : cards)
+      if (c.address == a) return !c.quarantined;
+    return true;  // not seen on the host now: QEMU says so at start
+  };
+  const bool on_good_cards = std::all_of(rec->gpus.begin(), rec->gpus.end(), still_good);
+  if (!req.from_instance.empty() && now != req.from_instance && on_good_cards) {
+    out.gpus_after = rec->gpus;
+    out.note = now.empty() ? "QEMU is not running: the monitor starts it on the same cards"
+                           : "QEMU was restarted already (" + req.from_instance + " -> " + now + ")";
+    return out;
+  }
+
+  // The cards again: the good ones it holds first, then free ones.
+  std::vector<std::string> picked = rec->gpus;
+  if (!rec->gpus.empty() && !on_good_cards) {
+    for (auto& c : cards)
+      if (avoided(c.address)) {
+        c.passthrough = false;  // out of this pick, as a quarantined card is
+        c.why_not = c.address + " has a card fault recorded since its tenant last started";
+      }
+    std::vector<HostCard> ordered;
+    for (const auto& a : rec->gpus)
+      for (const auto& c : cards)
+        if (c.address == a) ordered.push_back(c);
+    for (const auto& c : cards)
+      if (std::find(rec->gpus.begin(), rec->gpus.end(), c.address) == rec->gpus.end())
+        ordered.push_back(c);
+    if (spec.needs_mig) {
+      auto mig = mig_capable(ordered, spec.tier);
+      if (!mig) return mig.error();
+      ordered = std::move(*mig);
+    }
+    auto pick = pick_gpus(ordered, rec->gpu_resource, static_cast<int>(rec->gpus.size()),
+                          spec.name, held_gpus());
+    if (!pick)
+      return pick.error().with_context("no healthy card for tenant " + spec.name +
+                                       " to move to; it keeps running where it is");
+    picked = pick->addresses;
+  }
+  out.gpus_after = picked;
+  auto list = [](const std::vector<std::string>& v) {
+    std::string o;
+    for (const auto& a : v) o += (o.empty() ? "" : ", ") + a;
+    return o.empty() ? std::string("none") : o;
+  };
+  out.note = std::string(now.empty() ? "start" : "stop and start") + " QEMU of tenant " +
+             spec.name + (picked == rec->gpus ? " on the same cards (" + list(picked) + ")"
+                                              : ", moving from " + list(rec->gpus) + " to " +
+                                                    list(picked));
+  if (req.dry_run) return out;
+
+  if (auto st = stop_vm(spec.name); !st.ok())
+    return st.error().with_context("stopping the VM of " + spec.name);
+  if (picked != rec->gpus) {
+    rec->gpus = picked;
+    if (auto st = write_file_atomic(fs::path(vm_dir(spec.name)) / kRecordFile,
+                                    rec->to_json().dump(2) + "\n", 0600);
+        !st.ok())
+      return st.error().with_context("recording the cards of " + spec.name +
+                                     " (QEMU is stopped; the monitor starts it on the old ones)");
+  }
+  Runtime& rt = runtime_[spec.name];
+  rt = Runtime{};
+  rt.announced = true;
+  if (auto st = start_vm(*rec, rt); !st.ok()) {
+    // The monitor tries again, with its backoff, on the recorded cards.
+    rt.next_start = Steady::now() + std::chrono::seconds(5);
+    return st.error().with_context("starting the VM of " + spec.name + " again");
+  }
+  out.restarted = true;
+  return out;
 }
 
 void QemuProvider::check_vms() {

@@ -87,6 +87,11 @@ class QemuProvider : public tenants::VmProvider {
   Result<std::vector<tenants::VmObject>> destroy(const std::string& tenant,
                                                  const std::string& ns) override;
   Result<tenants::VmObservation> observe(const std::string& tenant, const std::string& ns) override;
+  // Stops QEMU, picks the cards again (those it holds that are still good
+  // first; never a quarantined one or one in avoid_gpus), records them in
+  // vm.json, starts QEMU. The disk, seed and SSH port stay.
+  Result<tenants::RestartOutcome> restart(const tenants::VmSpec& spec,
+                                          const tenants::RestartRequest& req) override;
   // No host cluster: only the user-mode network every guest is put on.
   Result<std::vector<ranges::Fact>> host_ranges() override {
     return std::vector<ranges::Fact>{{"10.0.2.0/24", "QEMU user-mode network (-netdev user)"}};

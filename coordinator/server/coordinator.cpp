@@ -217,7 +217,11 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
         std::chrono::duration_cast<std::chrono::milliseconds>(c->cfg_.kube_request_timeout));
   }
   p.tenants = std::make_unique<tenants::TenantService>(
-      tenants::TenantServiceDeps{*p.store, *p.tokens, p.feed->view(), *p.agent_control},
+      tenants::TenantServiceDeps{
+          *p.store, *p.tokens, p.feed->view(), *p.agent_control,
+          [feed = p.feed.get()](const std::string& tenant, const nlohmann::json& action) {
+            feed->state().bus().publish("action", tenant, action);
+          }},
       std::move(*cat), std::move(provider), to);
   p.agents->set_plan_provider(
       [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->plan_for(t); });
@@ -432,6 +436,9 @@ Status Coordinator::start() {
         cfg_.state_dir, format_rfc3339(p.ca->not_after()));
   schedule_renewal();
   schedule_memory_trim();
+  // A restart a kill cut short is finished now (it waits on the cluster).
+  if (!p.workers->post([svc = p.tenants.get()] { svc->resume_actions(); }))
+    spdlog::error("could not queue the resumption of interrupted tenant actions");
   return {};
 }
 

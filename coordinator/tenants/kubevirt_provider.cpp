@@ -113,6 +113,7 @@ json VmObservation::to_json() const {
   if (pid != 0) j["pid"] = pid;
   if (!provider.empty() && provider != "kubevirt") j["restarts"] = restarts;
   if (!gpus.empty()) j["gpus"] = gpus;
+  if (!instance.empty()) j["instance"] = instance;
   if (endpoint_node_port != 0) j["endpoint_node_port"] = endpoint_node_port;
   return j;
 }
@@ -513,6 +514,7 @@ Result<VmObservation> KubeVirtProvider::observe(const std::string& tenant, const
   auto vmi = c->get(kube::kVirtualMachineInstance, ns, tenant);
   if (vmi) {
     o.phase = vmi->value("/status/phase"_json_pointer, std::string());
+    o.instance = vmi->value("/metadata/uid"_json_pointer, std::string());
     o.node = vmi->value("/status/nodeName"_json_pointer, std::string());
     for (const auto& i : vmi->value("/status/interfaces"_json_pointer, json::array())) {
       o.ip = i.value("ipAddress", "");
@@ -540,6 +542,63 @@ Result<VmObservation> KubeVirtProvider::observe(const std::string& tenant, const
     return ep.error();
   }
   return o;
+}
+
+// The VMI goes and virt-controller makes a new one, as for `virtctl
+// restart`: the new virt-launcher pod asks the device plugin for its cards
+// again. Deleting the VMI (a verb the coordinator's ClusterRole has) rather
+// than the restart subresource keeps the account's rights as they are; for
+// runStrategy Always the two end alike.
+Result<RestartOutcome> KubeVirtProvider::restart(const VmSpec& spec, const RestartRequest& req) {
+  auto c = client();
+  if (!c) return c.error();
+  const std::string where = spec.ns + "/" + spec.name;
+  auto vm = c->get(kube::kVirtualMachine, spec.ns, spec.name);
+  if (!vm) {
+    if (vm.error().code == Errc::not_found)
+      return Error(Errc::failed_precondition,
+                   "tenant " + spec.name + " has no VirtualMachine " + where +
+                       ": run the same `factory tenant create` again to make it");
+    return vm.error().with_context("VirtualMachine " + where);
+  }
+  const std::string strategy = vm->value("/spec/runStrategy"_json_pointer,
+                                         vm->value("/spec/running"_json_pointer, false)
+                                             ? std::string("Always")
+                                             : std::string("Halted"));
+  RestartOutcome out;
+  auto vmi = c->get(kube::kVirtualMachineInstance, spec.ns, spec.name);
+  if (!vmi && vmi.error().code != Errc::not_found)
+    return vmi.error().with_context("VirtualMachineInstance " + where);
+  const std::string now = vmi ? vmi->value("/metadata/uid"_json_pointer, std::string()) : "";
+  if (!req.from_instance.empty() && now != req.from_instance) {
+    out.note = now.empty() ? "its VirtualMachineInstance " + where +
+                                 " is gone already: virt-controller starts a new one"
+                           : "its VirtualMachineInstance " + where + " was replaced already (" +
+                                 req.from_instance + " -> " + now + ")";
+    return out;
+  }
+  if (strategy != "Always")
+    return Error(Errc::failed_precondition,
+                 "VirtualMachine " + where + " has runStrategy " + strategy +
+                     ", not Always (someone changed it): a restart would leave it stopped; start "
+                     "it with `virtctl start " +
+                     spec.name + " -n " + spec.ns + "`");
+  if (now.empty()) {
+    out.note = "no VirtualMachineInstance " + where +
+               " runs now: virt-controller is starting one already (runStrategy Always)";
+    return out;
+  }
+  out.note = "delete VirtualMachineInstance " + where + " (uid " + now +
+             "): virt-controller starts a new one and KubeVirt's device plugin allocates its "
+             "GPUs again from the cards it still advertises (a quarantined card is not among "
+             "them)";
+  if (req.dry_run) return out;
+  if (auto st = kube::ignore_not_found(
+          c->remove(kube::kVirtualMachineInstance, spec.ns, spec.name));
+      !st.ok())
+    return st.error().with_context("deleting VirtualMachineInstance " + where);
+  out.restarted = true;
+  return out;
 }
 
 }  // namespace factory::tenants

@@ -61,6 +61,7 @@ class KubeVirtProvider : public VmProvider {
   Result<std::vector<VmObject>> destroy(const std::string& tenant, const std::string& ns) override;
   Result<VmObservation> observe(const std::string& tenant, const std::string& ns) override;
   Result<std::vector<ranges::Fact>> host_ranges() override;
+  Result<RestartOutcome> restart(const VmSpec& spec, const RestartRequest& req) override;
   std::string user_data_location(const VmSpec& spec) const override {
     return "Secret " + spec.ns + "/" + cloud_init_secret_name(spec.name);
   }

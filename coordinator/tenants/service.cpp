@@ -513,6 +513,8 @@ Result<json> TenantService::show(const std::string& name) {
     auto obs = provider_->observe(name, record_namespace(*rec, opts_.default_namespace));
     // The record stands on its own: a cluster that does not answer is shown, not fatal.
     j["vm"] = obs ? obs->to_json() : json{{"error", obs.error().message}};
+    if (obs)
+      if (json offer = restart_offer(*rec, *obs); !offer.is_null()) j["restart_offer"] = offer;
     if (!rec->endpoint.empty()) j["endpoint"] = endpoint_view(*rec, obs ? &*obs : nullptr);
   }
   return j;
@@ -642,6 +644,163 @@ Result<json> TenantService::retry(const std::string& name, const std::string& st
   return json{{"tenant", name}, {"sent", true}, {"command", cmd}};
 }
 
+// ---- restart ----
+
+namespace {
+
+// A card fault recorded on the tenant (status.gpu_faults) since its last
+// restart finished, or ever when it was never restarted.
+bool card_fault_since_start(const store::TenantRecord& t) {
+  const std::string since = t.status.value("/restart/finished_at"_json_pointer, std::string());
+  // Named: items() of a temporary would outlive it in the loop.
+  const json faults = t.status.value("gpu_faults", json::object());
+  for (const auto& [key, f] : faults.items())
+    if (f.is_object() && f.value("first_seen", "") > since) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> TenantService::cards_to_avoid(const store::TenantRecord& t,
+                                                       const VmObservation& obs) const {
+  return card_fault_since_start(t) ? obs.gpus : std::vector<std::string>{};
+}
+
+Result<json> TenantService::restart(const std::string& name, bool dry_run) {
+  std::lock_guard changes(changes_mu_);
+  if (auto st = enroll::validate_tenant_name(name); !st.ok()) return st.error();
+  auto rec = deps_.store.get_tenant(name);
+  if (!rec) return Error(Errc::not_found, "no tenant named " + name);
+  if (!has_vm(*rec))
+    return Error(Errc::failed_precondition,
+                 "tenant " + name + " has no VM (made by `factory token create`): nothing to restart");
+  const std::string kube_state = rec->status.value("/kube/state"_json_pointer, std::string());
+  if (rec->phase == "deleting" || kube_state != "created")
+    return Error(Errc::failed_precondition,
+                 "tenant " + name + " is " +
+                     (rec->phase == "deleting" ? "half-deleted: finish with `factory tenant delete " +
+                                                     name + "`"
+                                               : "not fully created (" +
+                                                     (kube_state.empty() ? "no VM yet" : kube_state) +
+                                                     "): run the same `factory tenant create` "
+                                                     "again first"));
+  VmSpec vm = vm_spec_from_stored(rec->spec, name);
+  if (vm.ns.empty()) vm.ns = opts_.default_namespace;
+  if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
+  auto obs = provider_->observe(name, vm.ns);
+  if (!obs) return obs.error().with_context("looking at the VM of " + name);
+  if (!obs->exists)
+    return Error(Errc::failed_precondition, "tenant " + name +
+                                                " has no VM where its record says: run the same "
+                                                "`factory tenant create` again to make it");
+  RestartRequest req;
+  req.from_instance = obs->instance;
+  req.avoid_gpus = cards_to_avoid(*rec, *obs);
+  if (dry_run) {
+    req.dry_run = true;
+    auto o = provider_->restart(vm, req);
+    if (!o) return o.error();
+    return json{{"tenant", name},         {"dry_run", true},
+                {"would", o->note},       {"gpus_before", o->gpus_before},
+                {"gpus_after", o->gpus_after}, {"avoid_gpus", req.avoid_gpus}};
+  }
+  // Journaled first: a coordinator killed from here on finishes it at start.
+  // On the store's writer, so an agent's event stored meanwhile loses nothing.
+  const json journal = {{"state", "restarting"},
+                        {"requested_at", now_str()},
+                        {"from_instance", req.from_instance},
+                        {"avoid_gpus", req.avoid_gpus},
+                        {"gpus_before", obs->gpus}};
+  auto journaled = deps_.store.update_tenant(name, [&](store::TenantRecord& r) {
+    r.status["restart"] = journal;
+    return Status{};
+  });
+  if (!journaled)
+    return journaled.error().with_context("journaling the restart of " + name +
+                                          " (nothing was done)");
+  return run_restart(std::move(*journaled), vm);
+}
+
+Result<json> TenantService::run_restart(store::TenantRecord rec, const VmSpec& vm) {
+  const std::string name = rec.name;
+  json journal = rec.status["restart"];
+  RestartRequest req;
+  req.from_instance = journal.value("from_instance", "");
+  req.avoid_gpus = journal.value("avoid_gpus", std::vector<std::string>{});
+  auto announce = [&](const std::string& state, json extra) {
+    if (!deps_.announce) return;
+    extra["action"] = "restart";
+    extra["state"] = state;
+    deps_.announce(name, extra);
+  };
+  announce("started", {{"requested_at", journal.value("requested_at", "")},
+                       {"gpus_before", journal.value("gpus_before", json::array())},
+                       {"avoid_gpus", req.avoid_gpus}});
+  spdlog::info("tenants: restarting the VM of {}{}", name,
+               req.avoid_gpus.empty() ? "" : " off its faulted card(s)");
+  auto o = provider_->restart(vm, req);
+  json ended = journal;
+  ended["finished_at"] = now_str();
+  if (o) {
+    ended["state"] = "done";
+    ended["note"] = o->note;
+    ended["gpus_after"] = o->gpus_after;
+  } else {
+    ended["state"] = "failed";
+    ended["error"] = o.error().message;
+  }
+  auto recorded = deps_.store.update_tenant(name, [&](store::TenantRecord& r) {
+    r.status["restart"] = ended;
+    return Status{};
+  });
+  if (!recorded)
+    spdlog::warn("tenants: the end of {}'s restart could not be recorded ({}): it is finished "
+                 "again at the next start, and does nothing twice",
+                 name, recorded.error().message);
+  if (!o) {
+    announce("failed", {{"error", o.error().message}});
+    spdlog::warn("tenants: restart of {} failed: {}", name, o.error().message);
+    return o.error().with_context("restarting tenant " + name);
+  }
+  announce("done", {{"note", o->note}, {"gpus_after", o->gpus_after}});
+  spdlog::info("tenants: restart of {}: {}", name, o->note);
+  return json{{"tenant", name},
+              {"restarted", o->restarted},
+              {"note", o->note},
+              {"gpus_before", o->gpus_before},
+              {"gpus_after", o->gpus_after},
+              {"avoid_gpus", req.avoid_gpus}};
+}
+
+void TenantService::resume_actions() {
+  std::lock_guard changes(changes_mu_);
+  for (const auto& t : deps_.store.list_tenants()) {
+    if (t.status.value("/restart/state"_json_pointer, std::string()) != "restarting") continue;
+    VmSpec vm = vm_spec_from_stored(t.spec, t.name);
+    if (vm.ns.empty()) vm.ns = opts_.default_namespace;
+    if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
+    spdlog::info("tenants: finishing the restart of {} that a stop cut short", t.name);
+    auto r = run_restart(t, vm);
+    if (!r) spdlog::error("tenants: {}", r.error().message);
+  }
+}
+
+json TenantService::restart_offer(const store::TenantRecord& t, const VmObservation& obs) {
+  if (!card_fault_since_start(t) || !obs.exists) return nullptr;
+  VmSpec vm = vm_spec_from_stored(t.spec, t.name);
+  if (vm.ns.empty()) vm.ns = opts_.default_namespace;
+  if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
+  RestartRequest req;
+  req.from_instance = obs.instance;
+  req.avoid_gpus = cards_to_avoid(t, obs);
+  req.dry_run = true;
+  auto o = provider_->restart(vm, req);
+  if (!o) return json{{"command", ""}, {"why_not", o.error().message}};
+  return json{{"command", "factory tenant restart " + t.name},
+              {"would", o->note},
+              {"gpus_after", o->gpus_after}};
+}
+
 void TenantService::install_routes(coordinator::ApiRouter& r) {
   // Every tenant route talks to the cluster: on the workers, never an io thread.
   const coordinator::RouteOptions kBlocking{.blocking = true};
@@ -703,6 +862,20 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
       [this](auto&, const coordinator::PathParams& p) {
         return guarded("POST /v1/tenants/{name}/credentials/rotate", [&] {
           auto j = credentials(p.at("name"), true);
+          return j ? coordinator::json_response(*j) : error_reply(j.error());
+        });
+      },
+      kBlocking);
+  r.add(
+      "POST", "/v1/tenants/{name}/restart",
+      [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
+        return guarded("POST /v1/tenants/{name}/restart", [&] {
+          auto body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
+          if (body.is_discarded() || !body.is_object() ||
+              (body.contains("dry_run") && !body["dry_run"].is_boolean()))
+            return net::HttpResponseOut::error(400, "bad_request",
+                                               "want {\"dry_run\": true|false} or {}");
+          auto j = restart(p.at("name"), body.value("dry_run", false));
           return j ? coordinator::json_response(*j) : error_reply(j.error());
         });
       },

@@ -24,6 +24,7 @@
 // the coordinator's worker pool, never an io thread; create, delete and
 // retry are serialized among themselves, show runs beside them.
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -72,6 +73,9 @@ struct TenantServiceDeps {
   enroll::TokenBook& tokens;
   const feed::TenantView& view;  // the record as the status feed shows it
   AgentControl& agents;
+  // Puts an `action` event for the tenant on the status feed (never waits):
+  // every action on a tenant is announced before it acts, and its end too.
+  std::function<void(const std::string& tenant, const nlohmann::json& action)> announce;
 };
 
 struct CreateOutcome {
@@ -105,6 +109,17 @@ class TenantService {
   Result<nlohmann::json> credentials(const std::string& name, bool rotate);
   // Asks the tenant's agent to re-run its failed plan (from `step` if set).
   Result<nlohmann::json> retry(const std::string& name, const std::string& step);
+  // Stops the tenant's VM and starts it again on cards that are healthy now
+  // (VmProvider::restart), keeping its disk and identity: the fix for a
+  // tenant on a faulted card. Journaled in the record (status.restart:
+  // state restarting, the instance it replaces, the cards to avoid) and
+  // announced on the feed before the provider acts; a coordinator killed
+  // half-way finishes it at its next start (resume_actions). dry_run: what
+  // would happen, nothing changed, nothing announced.
+  Result<nlohmann::json> restart(const std::string& name, bool dry_run);
+  // Finishes the restarts a killed coordinator left journaled. Waits on the
+  // provider: the coordinator runs it on a worker once it serves.
+  void resume_actions();
 
   // What the server gives the agents module as the tenants' plans:
   // {"hash", "plan"} of the tenant's tier.
@@ -116,6 +131,17 @@ class TenantService {
   Status rollback(store::TenantRecord& rec, bool record_is_new, const std::string& token_id,
                   const std::vector<VmObject>& created, const Error& cause);
   nlohmann::json plan_steps(const store::TenantRecord& t) const;
+  // The host cards a restart must leave (a card fault was recorded on the
+  // tenant since it last started): every card it holds, where the provider
+  // names them, as a guest's report cannot say which host card it is when
+  // there are several.
+  std::vector<std::string> cards_to_avoid(const store::TenantRecord& t,
+                                          const VmObservation& obs) const;
+  // The restart journaled in `rec` (status.restart), carried out to its end.
+  Result<nlohmann::json> run_restart(store::TenantRecord rec, const VmSpec& vm);
+  // What `tenant show` offers for a tenant on a faulted card: the restart,
+  // with where it would go, or why none can move it now.
+  nlohmann::json restart_offer(const store::TenantRecord& t, const VmObservation& obs);
   // https://<endpoint host>:<node port>, "" until the Service has its port.
   std::string endpoint_url(int node_port) const;
   // What `tenant show` says of a model endpoint: its URL and whether it

@@ -43,7 +43,30 @@ struct VmObservation {
   int pid = 0;                     // qemu: the QEMU process
   int restarts = 0;                // qemu: starts after the first (it exited, or the host rebooted)
   std::vector<std::string> gpus;   // qemu: the host PCI addresses passed through
+  // What runs now, to tell one boot from the next: the VMI's uid (KubeVirt),
+  // "pid:N" of the QEMU process; "" while nothing runs.
+  std::string instance;
   nlohmann::json to_json() const;
+};
+
+// What `factory tenant restart` asks of the provider: stop the VM and start
+// it again, on cards that are healthy now, keeping its disk and identity.
+struct RestartRequest {
+  // The instance the restart is to replace (VmObservation::instance, as the
+  // tenant's journal recorded it before acting). When another one runs now,
+  // off every card in avoid_gpus, the restart happened already: a restart
+  // resumed after a crash never restarts the VM twice.
+  std::string from_instance;
+  // Host cards (PCI addresses) it must not come back on: those a card fault
+  // was recorded on. A quarantined card is never picked anyway.
+  std::vector<std::string> avoid_gpus;
+  bool dry_run = false;  // say what would happen; change nothing
+};
+
+struct RestartOutcome {
+  bool restarted = false;  // false: nothing to do (done already), or a dry run
+  std::vector<std::string> gpus_before, gpus_after;  // host addresses, where known
+  std::string note;                                  // what was done or would be, one line
 };
 
 class VmProvider {
@@ -90,6 +113,13 @@ class VmProvider {
   // call creates is appended to `created`, for the caller's rollback.
   virtual Status put_api_key(const VmSpec& spec, const std::string& key,
                              std::vector<VmObject>& created) = 0;
+
+  // Stops the VM and starts it again (RestartRequest). KubeVirt: deletes the
+  // VMI, which virt-controller starts again for runStrategy Always; its
+  // device plugin allocates the cards again from those it still advertises
+  // (a quarantined card is off vfio-pci, so not among them). QEMU: stops the
+  // process, picks its cards again (keeping those still good), starts it.
+  virtual Result<RestartOutcome> restart(const VmSpec& spec, const RestartRequest& req) = 0;
 
   // Where the VM's user-data (and so the ubuntu password) is kept, as the
   // admin would look for it: "Secret tenants/tenant-1-cloud-init".

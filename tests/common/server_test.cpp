@@ -494,6 +494,100 @@ TEST_F(ServerTest, StreamDeliversChunksAndNoticesTheClientLeaving) {
   EXPECT_FALSE(held->write("data: three\n\n"));
 }
 
+// The status feed's readers get chunks from other threads (the store's
+// writer, the io threads) while the connection's own thread writes the ones
+// before them. Short chunks once lived in the queue's vector itself (a
+// string keeps a few bytes inside the object), so a push that grew the
+// vector moved them under SSL_write: garbage on the wire, or OpenSSL
+// refusing the retry of a write that had waited for the socket ("bad write
+// retry"). The demo's /v1/events reader ended early that way under load.
+TEST_F(ServerTest, ChunksPushedFromOtherThreadsWhileOthersAreWrittenArriveWhole) {
+  std::shared_ptr<HttpExchange> held;
+  std::mutex mu;
+  http_ = [&](std::shared_ptr<HttpExchange> x) {
+    x->start_stream(200, "text/event-stream");
+    std::lock_guard lk(mu);
+    held = x;
+  };
+  auto o = options();
+  o.max_stream_queue = 256 << 20;
+  start(o);
+  auto c = connect();
+  ASSERT_TRUE(c->write(get("/v1/events")).ok());
+  ASSERT_TRUE(c->read_until("\r\n\r\n", 5s).ok());
+  ASSERT_TRUE(factory::testing::eventually([&] {
+    std::lock_guard lk(mu);
+    return held != nullptr;
+  }));
+  std::shared_ptr<HttpExchange> x;
+  {
+    std::lock_guard lk(mu);
+    x = held;
+  }
+  constexpr int kWriters = 2, kChunks = 20000;
+  auto line = [](int w, int i) {
+    return "w" + std::to_string(w) + " " + std::to_string(i) + " " + std::string(80, 'p') + "\n";
+  };
+  std::atomic<int> refused{0};
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w)
+    writers.emplace_back([&, w] {
+      for (int i = 0; i < kChunks; ++i) {
+        // Shared and copied chunks alike, as the feed and the proxy write them.
+        bool ok = i % 2 ? x->write_shared(std::make_shared<const std::string>(line(w, i)))
+                        : x->write(line(w, i));
+        if (!ok) ++refused;
+        // Spread over the whole read, so that pushes meet writes that wait.
+        if (i % 20 == 0) std::this_thread::sleep_for(200us);
+      }
+    });
+  // A reader slow enough that the socket fills and writes have to wait.
+  std::string buf;
+  std::vector<int> next(kWriters, 0);
+  int received = 0;
+  std::size_t read_bytes = 0;
+  std::string bad;
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (received < kWriters * kChunks && bad.empty() && std::chrono::steady_clock::now() < until) {
+    auto some = c->read_some(5s);
+    if (!some.ok()) {
+      bad = "the stream ended: " + some.error().message;
+      break;
+    }
+    buf += *some;
+    std::size_t pos = 0;
+    for (;;) {
+      auto eol = buf.find("\r\n", pos);
+      if (eol == std::string::npos) break;
+      std::size_t size = std::stoul(buf.substr(pos, eol - pos), nullptr, 16);
+      if (buf.size() < eol + 2 + size + 2) break;
+      std::string data = buf.substr(eol + 2, size);
+      if (buf.compare(eol + 2 + size, 2, "\r\n") != 0) {
+        bad = "a chunk not followed by CRLF at byte " + std::to_string(eol + 2 + size);
+        break;
+      }
+      int w = data.size() > 1 ? data[1] - '0' : -1;
+      if (w < 0 || w >= kWriters || data != line(w, next[w])) {
+        bad = "unexpected chunk: " + data.substr(0, 40);
+        break;
+      }
+      ++next[w];
+      ++received;
+      pos = eol + 2 + size + 2;
+    }
+    buf.erase(0, pos);
+    // About 16 MB/s: slower than the writers, so the socket fills.
+    if ((read_bytes += some->size()) >= 16 * 1024) {
+      read_bytes = 0;
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  for (auto& t : writers) t.join();
+  EXPECT_EQ(refused.load(), 0);
+  EXPECT_EQ(bad, "");
+  EXPECT_EQ(received, kWriters * kChunks);
+}
+
 TEST_F(ServerTest, AStreamToAReaderThatNeverReadsStopsAcceptingWrites) {
   std::shared_ptr<HttpExchange> held;
   std::mutex mu;

@@ -181,6 +181,7 @@ TEST(CliConventions, MainCommandsHelpHasExamples) {
                                                           {"tenant", "show"},
                                                           {"tenant", "delete"},
                                                           {"tenant", "retry"},
+                                                          {"tenant", "restart"},
                                                           {"catalog", "list"},
                                                           {"catalog", "show"},
                                                           {"catalog", "validate"},
@@ -357,6 +358,7 @@ TEST(CliConventions, TenantNamesAreCheckedBeforeAnyRequestIsSent) {
   };
   for (const auto& args : std::vector<std::vector<std::string>>{
            {"tenant", "retry", "t5/credentials/rotate?"},
+           {"tenant", "restart", "t5/credentials/rotate", "--dry-run"},
            {"tenant", "show", "t5/credentials", "-o", "json"},
            {"tenant", "credentials", "t5/../t6"},
            {"tenant", "delete", "t5%2Fx"},

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "common/atomic_file.hpp"
+#include "coordinator/host/quarantine.hpp"
 #include "coordinator/qemu/qmp.hpp"
 #include "coordinator/qemu/supervisor.hpp"
 #include "tests/coordinator/host_tree.hpp"
@@ -360,4 +361,136 @@ TEST_F(QemuProviderTest, NeverTwoTenantsOnOneCard) {
   EXPECT_TRUE(p->preflight(again).ok());
   // The monitor would start vm-f; take it away before it tries a card that is not there.
   ASSERT_TRUE(p->destroy("vm-f", "").ok());
+}
+
+// `factory tenant restart` on this provider: QEMU stopped and started again
+// over the same disk and seed; a restart resumed after a coordinator was
+// killed half-way (its journal names the instance it replaces) never
+// restarts the VM twice.
+TEST_F(QemuProviderTest, ARestartStartsQemuAgainOnceEvenWhenResumed) {
+  auto p = provider();
+  auto s = spec("vm-r");
+  std::vector<tenants::VmObject> created;
+  ASSERT_TRUE(p->provision(s, "#cloud-config\n", created).ok());
+  auto before = p->observe("vm-r", "");
+  ASSERT_TRUE(before.ok());
+  ASSERT_GT(before->pid, 0);
+  EXPECT_EQ(before->instance, "pid:" + std::to_string(before->pid));
+  const std::string disk_id = factory::testing::slurp(vm_dir("vm-r") + "/meta-data");
+
+  tenants::RestartRequest dry;
+  dry.from_instance = before->instance;
+  dry.dry_run = true;
+  auto d = p->restart(s, dry);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_FALSE(d->restarted);
+  EXPECT_EQ(d->note, "stop and start QEMU of tenant vm-r on the same cards (none)");
+  EXPECT_EQ(p->observe("vm-r", "")->pid, before->pid) << "a dry run touches nothing";
+
+  tenants::RestartRequest req;
+  req.from_instance = before->instance;
+  auto r = p->restart(s, req);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->restarted);
+  auto after = p->observe("vm-r", "");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->status, "Running");
+  EXPECT_NE(after->pid, before->pid);
+  EXPECT_EQ(qemu_processes_for(vm_dir("vm-r") + "/qemu.pid"), 1);
+  EXPECT_EQ(factory::testing::slurp(vm_dir("vm-r") + "/meta-data"), disk_id)
+      << "the same guest: its instance-id is kept";
+  EXPECT_TRUE(fs::exists(vm_dir("vm-r") + "/disk.qcow2"));
+
+  // The same journal again (the coordinator died before it recorded the
+  // end): the instance it named is gone, so nothing is done twice.
+  auto again = p->restart(s, req);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_FALSE(again->restarted);
+  EXPECT_NE(again->note.find("restarted already"), std::string::npos) << again->note;
+  EXPECT_EQ(p->observe("vm-r", "")->pid, after->pid);
+
+  // A tenant with no VM here is told how to get one.
+  auto none = p->restart(spec("vm-none"), req);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().message.find("has no VM on this host"), std::string::npos);
+  ASSERT_TRUE(p->destroy("vm-r", "").ok());
+}
+
+// The cards a restart takes: those the VM holds while they are good; a card
+// with a fault recorded (avoid_gpus) or quarantined is left for a free one,
+// and with none free the VM stays where it is, told why. Dry runs: the
+// cards in this captured tree are not on this machine for QEMU to open.
+TEST_F(QemuProviderTest, ARestartLeavesAFaultedOrQuarantinedCardForAFreeOne) {
+  namespace ht = factory::testing::hosttree;
+  TempDir hdir("gr");
+  ht::HostTree t(hdir);
+  t.overlay(ht::host_fixtures() / "amd-epyc-host" / "root");
+  auto facts = ht::facts_file("l4-runbook");
+  for (auto& f : facts.functions)
+    if (f.addr == "0000:01:00.0" || f.addr == "0000:41:00.0") f.driver = "vfio-pci";
+  t.add(facts);
+  ht::write_text(t / "/etc/driverctl.d/pci-0000:01:00.0", "vfio-pci\n");
+  ht::write_text(t / "/etc/driverctl.d/pci-0000:41:00.0", "vfio-pci\n");
+  opts_.host_root = t.root().string();
+  opts_.monitor_every = std::chrono::hours(1);
+  auto p = provider();
+  auto hold = [&](const std::string& tenant, const std::string& card, int port) {
+    VmRecord rec;
+    rec.tenant = tenant;
+    rec.vcpus = 1;
+    rec.memory_mib = 128;
+    rec.ssh_port = port;
+    rec.gpus = {card};
+    rec.gpu_resource = "nvidia.com/27b8";
+    ASSERT_TRUE(ensure_dir(vm_dir(tenant), 0700).ok());
+    ASSERT_TRUE(
+        write_file_atomic(vm_dir(tenant) + "/vm.json", rec.to_json().dump(), 0600).ok());
+  };
+  hold("vm-f", "0000:01:00.0", 30500);
+  auto s = spec("vm-f");
+  s.gpus = 1;
+  tenants::RestartRequest req;
+  req.dry_run = true;
+
+  // Nothing wrong with its card: it keeps it.
+  auto same = p->restart(s, req);
+  ASSERT_TRUE(same.ok()) << same.error().message;
+  EXPECT_EQ(same->gpus_after, std::vector<std::string>{"0000:01:00.0"});
+  EXPECT_NE(same->note.find("on the same cards (0000:01:00.0)"), std::string::npos) << same->note;
+
+  // A fault recorded on it: the free card.
+  req.avoid_gpus = {"0000:01:00.0"};
+  auto moved = p->restart(s, req);
+  ASSERT_TRUE(moved.ok()) << moved.error().message;
+  EXPECT_EQ(moved->gpus_before, std::vector<std::string>{"0000:01:00.0"});
+  EXPECT_EQ(moved->gpus_after, std::vector<std::string>{"0000:41:00.0"});
+  EXPECT_NE(moved->note.find("moving from 0000:01:00.0 to 0000:41:00.0"), std::string::npos)
+      << moved->note;
+
+  // Quarantined by the admin, no fault passed along: the free card too.
+  req.avoid_gpus.clear();
+  std::vector<host::CardRecord> cards(1);
+  cards[0].address = "0000:01:00.0";
+  cards[0].quarantined = true;
+  cards[0].reason = "Xid 79";
+  cards[0].quarantined_at = "2026-12-03T18:00:00Z";
+  ASSERT_TRUE(host::write_cards(host::HostRoot(t.root().string()), cards).ok());
+  auto off = p->restart(s, req);
+  ASSERT_TRUE(off.ok()) << off.error().message;
+  EXPECT_EQ(off->gpus_after, std::vector<std::string>{"0000:41:00.0"});
+
+  // The other card taken by another tenant: no move, and why.
+  hold("vm-g", "0000:41:00.0", 30501);
+  auto stuck = p->restart(s, req);
+  ASSERT_FALSE(stuck.ok());
+  EXPECT_NE(stuck.error().message.find("no healthy card for tenant vm-f to move to"),
+            std::string::npos)
+      << stuck.error().message;
+  EXPECT_NE(stuck.error().message.find("in use by vm-g (0000:41:00.0)"), std::string::npos)
+      << stuck.error().message;
+  // Dry runs changed nothing.
+  auto rec = nlohmann::json::parse(factory::testing::slurp(vm_dir("vm-f") + "/vm.json"));
+  EXPECT_EQ(rec["gpus"], nlohmann::json::array({"0000:01:00.0"}));
+  ASSERT_TRUE(p->destroy("vm-f", "").ok());
+  ASSERT_TRUE(p->destroy("vm-g", "").ok());
 }

@@ -19,6 +19,7 @@
 #include "common/net/http_client.hpp"
 #include "tests/agent/fake_nvml.hpp"
 #include "tests/guestsim/guest_sim.hpp"
+#include "tests/integration/event_reader.hpp"
 #include "tests/support/coordinator_harness.hpp"
 
 using namespace factory::testing;
@@ -29,65 +30,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kUuid = "GPU-93c19784-9a89-60fe-0a12-f2f7720f62a2";
-
-// GET /v1/events as a stream, read on a thread of its own until destroyed;
-// the events as they came.
-class EventStream {
- public:
-  EventStream(CoordinatorHarness& h) {
-    const std::string ca = slurp(h.state_dir() / "ca.crt");
-    const std::string url = "https://127.0.0.1:" + std::to_string(h.api_port()) + "/v1/events";
-    const std::string token = h.admin_token();
-    thread_ = std::thread([this, ca, url, token] {
-      factory::net::TlsClientOptions tls;
-      tls.ca_pem = ca;
-      factory::net::HttpClient c(tls);
-      factory::net::HttpRequest req;
-      req.url = url;
-      req.headers = {{"Authorization", "Bearer " + token}};
-      req.timeout = 10s;
-      (void)c.stream(
-          req,
-          [this](std::string_view d) {
-            std::lock_guard lk(mu_);
-            text_.append(d);
-            return !stop_.load();
-          },
-          [](const factory::net::HttpResponse&) { return true; });
-    });
-  }
-  ~EventStream() {
-    stop_ = true;  // seen at the next heartbeat or event
-    thread_.join();
-  }
-  // The data of the first `type` event whose data holds key = value.
-  std::optional<json> find(const std::string& type, const std::string& key, const json& value) {
-    std::string text;
-    {
-      std::lock_guard lk(mu_);
-      text = text_;
-    }
-    std::size_t pos = 0;
-    for (std::size_t end; (end = text.find("\n\n", pos)) != std::string::npos; pos = end + 2) {
-      std::istringstream lines(text.substr(pos, end - pos));
-      std::string t, data;
-      for (std::string l; std::getline(lines, l);) {
-        if (l.rfind("event: ", 0) == 0) t = l.substr(7);
-        if (l.rfind("data: ", 0) == 0) data = l.substr(6);
-      }
-      if (t != type) continue;
-      json d = json::parse(data, nullptr, false);
-      if (d.is_object() && d.contains(key) && d[key] == value) return d;
-    }
-    return std::nullopt;
-  }
-
- private:
-  std::mutex mu_;
-  std::string text_;
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 std::string metric_line(const std::string& metrics, const std::string& prefix,
                         const std::string& needle) {
@@ -143,7 +85,7 @@ class GpuFault : public ::testing::Test {
 TEST_F(GpuFault, Xid79OnTenant1IsAFaultedCardWithinOneHealthInterval) {
   h_->start();
   auto tok = h_->create_token("tenant-1");
-  EventStream events(*h_);
+  EventReader events(*h_, "/v1/events", {{"Authorization", "Bearer " + h_->admin_token()}});
   AgentProcess agent(*h_, tok, on_the_guest());
   ASSERT_TRUE(eventually([&] { return gpu0().value("uuid", "") == kUuid; }, 30s)) << agent.log();
   EXPECT_EQ(gpu0()["xids"], json::array());
@@ -171,10 +113,10 @@ TEST_F(GpuFault, Xid79OnTenant1IsAFaultedCardWithinOneHealthInterval) {
   const json& rec = t["gpu_faults"][std::string(kUuid) + "/xid-79"];
   EXPECT_EQ(rec["kind"], "xid");
   EXPECT_EQ(rec["serial"], "1654923011234");
-  auto ev = [&] { return events.find("gpu_fault", "xid", 79); };
-  ASSERT_TRUE(eventually([&] { return ev().has_value(); }, 10s));
-  EXPECT_EQ((*ev())["uuid"], kUuid);
-  EXPECT_EQ((*ev())["tenant"], "tenant-1");
+  auto ev = events.wait_for("gpu_fault", "xid", 79);
+  ASSERT_TRUE(ev.has_value()) << events.text();
+  EXPECT_EQ(ev->data["uuid"], kUuid);
+  EXPECT_EQ(ev->data["tenant"], "tenant-1");
 
   // factory status: a problem, by its code.
   auto status = h_->factory({"status"});

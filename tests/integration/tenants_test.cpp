@@ -20,6 +20,7 @@
 #include "contract/catalog.hpp"
 #include "coordinator/kube/client.hpp"
 #include "coordinator/tenants/request.hpp"
+#include "tests/integration/event_reader.hpp"
 #include "tests/integration/tenant_fixture.hpp"
 
 using namespace factory::testing;
@@ -517,4 +518,109 @@ TEST_F(Tenants, DeleteRevokesTheTenantsTokens) {
   ASSERT_TRUE(eventually([&] { return agent.log().find("revoked") != std::string::npos; }, 10s))
       << agent.log();
   EXPECT_TRUE(tenant_names().empty());
+}
+
+// `factory tenant restart` with KubeVirt (issue 25: the fix for a tenant on a
+// faulted card): the VMI is replaced (virt-controller, played by the double,
+// starts a new one for runStrategy Always), announced on the feed before
+// and after, journaled in the record; a faulted tenant is offered it in
+// `tenant show`; a restart a kill cut short is finished at the next start,
+// once.
+TEST_F(Tenants, ARestartReplacesTheVmiAnnouncedJournaledAndFinishedAfterAKill) {
+  allowlist();
+  ASSERT_EQ(create("tenant-1", "gpu-vm").exit_code, 0);
+  const std::string vmi_path = "/apis/kubevirt.io/v1/namespaces/tenants/virtualmachineinstances/tenant-1";
+  auto vmi_uid = [&] {
+    json v = kube_.get(vmi_path);
+    return v.is_object() ? v["metadata"].value("uid", "") : std::string();
+  };
+  auto running = [&] {
+    json v = kube_.get(vmi_path);
+    return v.is_object() && v.value("status", json::object()).value("phase", "") == "Running";
+  };
+  ASSERT_TRUE(eventually(running, 10s));
+  const std::string first = vmi_uid();
+  ASSERT_FALSE(first.empty());
+
+  // Dry run: what it would do, and nothing done.
+  auto dry = coordinator().factory({"tenant", "restart", "tenant-1", "--dry-run", "-o", "json"});
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  json d = json::parse(dry.output, nullptr, false);
+  EXPECT_NE(d.value("would", "").find("delete VirtualMachineInstance tenants/tenant-1 (uid " + first),
+            std::string::npos)
+      << dry.output;
+  std::this_thread::sleep_for(1s);
+  EXPECT_EQ(vmi_uid(), first);
+
+  EventReader feed(coordinator(), "/v1/events?tenant=tenant-1",
+                   {{"Authorization", "Bearer " + coordinator().admin_token()}});
+  auto r = coordinator().factory({"tenant", "restart", "tenant-1"});
+  ASSERT_EQ(r.exit_code, 0) << r.output << coordinator().log();
+  EXPECT_NE(r.output.find("tenant tenant-1 restarted: delete VirtualMachineInstance"),
+            std::string::npos)
+      << r.output;
+  auto started = feed.wait_for("action", "state", "started");
+  auto done = feed.wait_for("action", "state", "done");
+  ASSERT_TRUE(started && done) << feed.text();
+  EXPECT_EQ(started->data["action"], "restart");
+  EXPECT_LT(std::stoull(started->id), std::stoull(done->id)) << "announced before it acts";
+  ASSERT_TRUE(eventually([&] { return !vmi_uid().empty() && vmi_uid() != first && running(); },
+                         10s));
+  const std::string second = vmi_uid();
+  json t = show("tenant-1");
+  EXPECT_EQ(t["restart"]["state"], "done") << t.dump(2);
+  EXPECT_EQ(t["restart"]["from_instance"], first);
+  EXPECT_EQ(t["vm"]["instance"], second);
+  EXPECT_FALSE(t.contains("restart_offer")) << "no card fault: nothing offered";
+
+  // A card fault recorded on the tenant: `tenant show` offers the restart.
+  coordinator().kill9();
+  auto stored = coordinator().stored_record("tenant-1");
+  ASSERT_TRUE(stored.has_value());
+  json rec = *stored;
+  rec["status"].erase("restart");
+  rec["status"]["gpu_faults"] = {
+      {"GPU-1/xid-79",
+       {{"gpu", 0}, {"uuid", "GPU-1"}, {"kind", "xid"}, {"xid", 79}, {"code", "gpu_xid_79"},
+        {"summary", "GPU has fallen off the bus"}, {"fix", "quarantine"},
+        {"first_seen", "2026-12-03T10:00:00Z"}}}};
+  coordinator().write_stored_record(rec);
+  coordinator().start();
+  t = show("tenant-1");
+  ASSERT_TRUE(t.contains("restart_offer")) << t.dump(2);
+  EXPECT_EQ(t["restart_offer"]["command"], "factory tenant restart tenant-1");
+  auto table = coordinator().factory({"tenant", "show", "tenant-1"});
+  EXPECT_NE(table.output.find("Fix:       `factory tenant restart tenant-1` would delete "
+                              "VirtualMachineInstance"),
+            std::string::npos)
+      << table.output;
+
+  // Killed after the journal, before the VMI went: the next start finishes
+  // it, and only once.
+  coordinator().kill9();
+  stored = coordinator().stored_record("tenant-1");
+  ASSERT_TRUE(stored.has_value());
+  rec = *stored;
+  rec["status"]["restart"] = {{"state", "restarting"},
+                              {"requested_at", "2026-12-03T11:00:00Z"},
+                              {"from_instance", second},
+                              {"avoid_gpus", json::array()},
+                              {"gpus_before", json::array()}};
+  coordinator().write_stored_record(rec);
+  coordinator().start();
+  ASSERT_TRUE(eventually(
+      [&] {
+        json now = show("tenant-1");
+        return now["restart"].value("state", "") == "done" && vmi_uid() != second &&
+               !vmi_uid().empty();
+      },
+      15s))
+      << show("tenant-1").dump(2) << coordinator().log();
+  const std::string third = vmi_uid();
+  std::this_thread::sleep_for(2s);
+  EXPECT_EQ(vmi_uid(), third) << "restarted once";
+  EXPECT_NE(coordinator().log().find("finishing the restart of tenant-1 that a stop cut short"),
+            std::string::npos);
+  // Once done, the fault is older than the restart: no offer any more.
+  EXPECT_FALSE(show("tenant-1").contains("restart_offer"));
 }
