@@ -1,7 +1,8 @@
 // `factory tenant create|list|show|delete|retry|restart|credentials`: the admin's side of
 // TenantService, through the coordinator's API (AdminClient). The one
 // exception is `create --dry-run`, which contacts nothing: it builds the
-// objects here, from the catalog and the config file alone.
+// KubeVirt provider's objects here (coordinator/kubevirt/objects.hpp), from
+// the catalog and the config file alone.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -20,11 +21,12 @@
 #include "coordinator/cli/output.hpp"
 #include "coordinator/config/coordinator_config.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
+#include "coordinator/kubevirt/objects.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
 #include "coordinator/tenants/k8s_names.hpp"
-#include "coordinator/tenants/objects.hpp"
 #include "coordinator/tenants/progress.hpp"
 #include "coordinator/tenants/request.hpp"
+#include "coordinator/tenants/vm_spec.hpp"
 
 namespace factory::cli {
 namespace {
@@ -161,7 +163,7 @@ int dry_run(const Context& ctx, const CreateOptions& o) {
   p.agent_sha256 = kAgentSha256Placeholder;
   auto ud = render_user_data(p);
   if (!ud) return fail(ud.error());
-  auto objects = tenant_objects(*vm, ud->text);
+  auto objects = kubevirt::tenant_objects(*vm, ud->text);
 
   if (o.out == OutputFormat::json) {
     std::cout << json{{"apiVersion", "v1"}, {"kind", "List"}, {"items", objects}}.dump(2) << "\n";
@@ -176,7 +178,7 @@ int dry_run(const Context& ctx, const CreateOptions& o) {
             << "# PLACEHOLDERS, filled in when the coordinator creates the tenant:\n"
             << "#   in the Secret's user-data: " << placeholders << " (each written <...>)\n";
   if (vm->endpoint_port != 0)
-    std::cout << "#   in Secret " << api_key_secret_name(vm->name)
+    std::cout << "#   in Secret " << kubevirt::api_key_secret_name(vm->name)
               << ": the endpoint's API key (`factory tenant credentials " << vm->name
               << "` prints it)\n";
   if (vm->gpu_resource == kAnyAllowlistedGpuPlaceholder)
@@ -281,13 +283,13 @@ int create(const Context& ctx, const CreateOptions& o) {
   if (!password.empty()) {
     std::string kept = password_kept_in;
     if (kept.empty())
-      kept = "Secret " + str(spec, "namespace") + "/" + cloud_init_secret_name(o.name);
+      kept = "Secret " + str(spec, "namespace") + "/" + kubevirt::cloud_init_secret_name(o.name);
     std::cerr << "password of ubuntu on " << o.name << " (shown once; kept only in " << kept
               << "): " << password << "\n";
   }
   if (!api_key.empty())
     std::cerr << "API key of " << o.name << "'s endpoint (kept only in Secret "
-              << str(spec, "namespace") << "/" << api_key_secret_name(o.name)
+              << str(spec, "namespace") << "/" << kubevirt::api_key_secret_name(o.name)
               << "; `factory tenant credentials " << o.name << "` prints it again): " << api_key
               << "\n";
   if (!o.wait) return 0;

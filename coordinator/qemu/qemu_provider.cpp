@@ -560,32 +560,51 @@ Result<std::vector<VmObject>> QemuProvider::destroy(const std::string& tenant,
   return deleted;
 }
 
+json QemuDetails::to_json() const {
+  json j = {{"restarts", restarts}};
+  if (!ssh_host.empty()) j["ssh_host"] = ssh_host;
+  if (!accelerator.empty()) j["accelerator"] = accelerator;
+  if (!accelerator_reason.empty()) j["accelerator_reason"] = accelerator_reason;
+  if (!supervisor.empty()) j["supervisor"] = supervisor;
+  if (pid != 0) j["pid"] = pid;
+  return j;
+}
+
 Result<tenants::VmObservation> QemuProvider::observe(const std::string& tenant,
                                                      const std::string& /*ns*/) {
+  auto o = observe_qemu(tenant);
+  if (!o) return o.error();
+  o->vm.details = o->qemu.to_json();
+  return std::move(o->vm);
+}
+
+Result<QemuObservation> QemuProvider::observe_qemu(const std::string& tenant) {
   std::lock_guard g(mu_);
-  tenants::VmObservation o;
+  QemuObservation out;
+  tenants::VmObservation& o = out.vm;
+  QemuDetails& d = out.qemu;
   o.provider = "qemu";
-  o.supervisor = supervisor_->kind();
+  d.supervisor = supervisor_->kind();
   auto rec = read_record(tenant);
   if (!rec) {
-    if (rec.error().code == Errc::not_found) return o;
+    if (rec.error().code == Errc::not_found) return out;
     return rec.error();
   }
   o.exists = true;
   o.node = host_name();
-  o.ssh_host = rec->ssh_listen;
+  d.ssh_host = rec->ssh_listen;
   o.ssh_node_port = rec->ssh_port;
-  o.accelerator = rec->accel;
-  o.accelerator_reason = rec->accel_reason;
+  d.accelerator = rec->accel;
+  d.accelerator_reason = rec->accel_reason;
   o.gpus = rec->gpus;
   Launch l;
   l.tenant = tenant;
   l.dir = vm_dir(tenant);
   auto s = supervisor_->state(l);
   auto rt = runtime_.find(tenant);
-  o.restarts = s.restarts + (rt == runtime_.end() ? 0 : rt->second.restarts);
+  d.restarts = s.restarts + (rt == runtime_.end() ? 0 : rt->second.restarts);
   if (s.running) {
-    o.pid = s.pid;
+    d.pid = s.pid;
     o.instance = "pid:" + std::to_string(s.pid);
     auto q = qmp_execute(l.qmp_socket(), "query-status", json::object(),
                          std::chrono::milliseconds(1500));
@@ -604,7 +623,7 @@ Result<tenants::VmObservation> QemuProvider::observe(const std::string& tenant,
     o.reason = "QEMU is not running" + (why.empty() ? std::string() : " (" + why + ")") +
                "; the supervisor starts it again" + (log.empty() ? "" : "; qemu.log: " + log);
   }
-  return o;
+  return out;
 }
 
 Result<tenants::RestartOutcome> QemuProvider::restart(const tenants::VmSpec& spec,

@@ -28,6 +28,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "coordinator/qemu/accel.hpp"
 #include "coordinator/qemu/launch.hpp"
@@ -65,6 +66,27 @@ struct VmRecord {
   static Result<VmRecord> from_json(const nlohmann::json& j);
 };
 
+// What only this provider knows of a VM, beside what every provider answers
+// (tenants::VmObservation, which carries the cards passed through and the
+// instance): tenants shows it as the observation's details.
+struct QemuDetails {
+  std::string ssh_host;            // the host address the SSH port listens on
+  std::string accelerator;         // "kvm" or "tcg"
+  std::string accelerator_reason;  // why not KVM
+  std::string supervisor;          // "systemd" (its unit) or "child" (the coordinator's)
+  int pid = 0;                     // the QEMU process
+  int restarts = 0;                // starts after the first (it exited, or the host rebooted)
+  // The fields set, as `tenant show` prints them: restarts always, 0 too
+  // (for a process the coordinator restarts, none is news).
+  nlohmann::json to_json() const;
+};
+
+// observe() in this provider's own words.
+struct QemuObservation {
+  tenants::VmObservation vm;  // its details left empty: observe() fills them from qemu
+  QemuDetails qemu;
+};
+
 class QemuProvider : public tenants::VmProvider {
  public:
   // Chooses the supervisor (an error when qemu.supervisor asks for systemd
@@ -87,6 +109,8 @@ class QemuProvider : public tenants::VmProvider {
   Result<std::vector<tenants::VmObject>> destroy(const std::string& tenant,
                                                  const std::string& ns) override;
   Result<tenants::VmObservation> observe(const std::string& tenant, const std::string& ns) override;
+  // What observe() answers, with the QEMU process's own fields typed.
+  Result<QemuObservation> observe_qemu(const std::string& tenant);
   // Stops QEMU, picks the cards again (those it holds that are still good
   // first; never a quarantined one or one in avoid_gpus), records them in
   // vm.json, starts QEMU. The disk, seed and SSH port stay.
@@ -99,6 +123,8 @@ class QemuProvider : public tenants::VmProvider {
   std::string user_data_location(const tenants::VmSpec& spec) const override {
     return vm_dir(spec.name) + "/user-data on the coordinator's host";
   }
+  // Never named to anyone: api_key() refuses first, as this provider keeps no key.
+  std::string api_key_location(const tenants::VmSpec&) const override { return "no key store"; }
 
   // One pass of the monitor (tests call it to not depend on timing).
   void check_vms();

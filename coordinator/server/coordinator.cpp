@@ -27,10 +27,10 @@
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/enroll/tokens.hpp"
 #include "coordinator/feed/status_feed.hpp"
+#include "coordinator/kubevirt/kubevirt_provider.hpp"
 #include "coordinator/qemu/qemu_provider.hpp"
 #include "coordinator/store/store.hpp"
 #include "coordinator/tenants/agent_control.hpp"
-#include "coordinator/tenants/kubevirt_provider.hpp"
 #include "coordinator/tenants/service.hpp"
 
 namespace factory::coordinator {
@@ -212,7 +212,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
     if (!qp) return qp.error().with_context("provider qemu");
     provider = std::move(*qp);
   } else {
-    provider = std::make_unique<tenants::KubeVirtProvider>(
+    provider = std::make_unique<kubevirt::KubeVirtProvider>(
         kube::AccessOptions{c->cfg_.kube_kubeconfig, c->cfg_.kube_context},
         std::chrono::duration_cast<std::chrono::milliseconds>(c->cfg_.kube_request_timeout));
   }

@@ -9,7 +9,7 @@
 // Rendered from cloud-init/user-data.yaml.tmpl (compiled in, see
 // embedded_files.hpp) as data, then emitted with to_yaml(): no value is
 // pasted into YAML text. KubeVirt reads it from the Secret built by
-// cloud_init_secret() in objects.hpp.
+// cloud_init_secret() in coordinator/kubevirt/objects.hpp.
 #include <cstddef>
 #include <functional>
 #include <map>

@@ -11,7 +11,7 @@
 
 #include "common/error.hpp"
 #include "contract/catalog.hpp"
-#include "coordinator/tenants/objects.hpp"
+#include "coordinator/tenants/vm_spec.hpp"
 
 namespace factory::tenants {
 
@@ -47,7 +47,7 @@ struct TenantRequest {
 // The VM for a request: validates the tenant name, finds the tier, applies
 // the overrides and checks the result (validate_vm_spec). An empty
 // gpu_resource stays empty when the tier has none: the coordinator picks an
-// allowlisted resource with a free card (see KubeVirtProvider::preflight);
+// allowlisted resource with a free card (VmProvider::preflight);
 // a dry run puts kAnyAllowlistedGpuPlaceholder there instead (fill_placeholder).
 Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequest& req,
                                const std::string& default_namespace,

@@ -581,7 +581,7 @@ Result<json> TenantService::credentials(const std::string& name, bool rotate) {
   if (!key) return key.error().with_context("reading tenant " + name + "'s API key");
   if (key->empty() && !rotate)
     return Error(Errc::failed_precondition, "tenant " + name + " has no API key stored (" +
-                                                api_key_secret_name(name) +
+                                                provider_->api_key_location(vm) +
                                                 " is missing): run `factory tenant credentials " +
                                                 name + " --rotate` to make one");
   json out = {{"tenant", name}, {"rotated", false}};

@@ -2,9 +2,10 @@
 // The one seam between tenant logic (store record, tokens, user-data,
 // revocation: service.hpp) and where VMs actually run: check, create,
 // observe and delete a VM with this shape, these GPUs and this user-data.
-// Two providers: KubeVirt in the host cluster (kubevirt_provider.hpp, the
-// default) and plain QEMU processes on a single host with the cards passed
-// through by vfio-pci (coordinator/qemu, `provider: qemu`).
+// Two providers, each in its own module and neither known here: KubeVirt in
+// the host cluster (coordinator/kubevirt, the default) and plain QEMU
+// processes on a single host with the cards passed through by vfio-pci
+// (coordinator/qemu, `provider: qemu`).
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -12,7 +13,7 @@
 
 #include "common/error.hpp"
 #include "contract/cluster_ranges.hpp"
-#include "coordinator/tenants/objects.hpp"
+#include "coordinator/tenants/vm_spec.hpp"
 
 namespace factory::tenants {
 
@@ -25,7 +26,8 @@ struct VmObject {
   std::string ref() const { return ns.empty() ? kind + "/" + name : kind + "/" + ns + "/" + name; }
 };
 
-// What the provider sees of a tenant's VM now.
+// What the provider sees of a tenant's VM now: what every provider answers,
+// and what only this one knows in its own type, shown beside it.
 struct VmObservation {
   bool exists = false;  // the VM object
   std::string status;   // KubeVirt's printableStatus: Starting, Running, ErrorUnschedulable
@@ -34,18 +36,18 @@ struct VmObservation {
   std::string reason;          // why it is not running, when the provider says
   int ssh_node_port = 0;       // where `ssh -p` reaches it on the node
   int endpoint_node_port = 0;  // where the model endpoint listens on the node (its tier has one)
-  // What only some providers know; empty / 0 when not.
-  std::string provider;            // "kubevirt" or "qemu"
-  std::string ssh_host;            // qemu: the host address the SSH port listens on
-  std::string accelerator;         // qemu: "kvm" or "tcg"
-  std::string accelerator_reason;  // qemu: why not KVM
-  std::string supervisor;          // qemu: "systemd" (its unit) or "child" (the coordinator's)
-  int pid = 0;                     // qemu: the QEMU process
-  int restarts = 0;                // qemu: starts after the first (it exited, or the host rebooted)
-  std::vector<std::string> gpus;   // qemu: the host PCI addresses passed through
+  std::string provider;        // "kubevirt" or "qemu"
+  // The host PCI addresses passed through, where the provider names them
+  // (qemu); a restart leaves them when a card fault was recorded.
+  std::vector<std::string> gpus;
   // What runs now, to tell one boot from the next: the VMI's uid (KubeVirt),
   // "pid:N" of the QEMU process; "" while nothing runs.
   std::string instance;
+  // What only this provider knows (the QEMU provider's process and
+  // accelerator), written by its own type's to_json(): tenant logic reads none
+  // of it, `tenant show` prints it with the fields above. An object.
+  nlohmann::json details = nlohmann::json::object();
+  // The fields above, then `details`' keys.
   nlohmann::json to_json() const;
 };
 
@@ -103,7 +105,8 @@ class VmProvider {
 
   // What the host's own cluster network uses, for a guest cluster to pick
   // its ranges around (cluster_ranges.hpp). KubeVirt: read from the host
-  // cluster's API (host_ranges.hpp). A provider with no host cluster has none.
+  // cluster's API (coordinator/kubevirt/host_ranges.hpp). A provider with no
+  // host cluster has none.
   virtual Result<std::vector<ranges::Fact>> host_ranges() = 0;
 
   // The tenant's API key (a tier with a model endpoint): "" when none is
@@ -124,6 +127,9 @@ class VmProvider {
   // Where the VM's user-data (and so the ubuntu password) is kept, as the
   // admin would look for it: "Secret tenants/tenant-1-cloud-init".
   virtual std::string user_data_location(const VmSpec& spec) const = 0;
+  // Where the tenant's API key is kept, by the name the admin would look for
+  // when it is missing: "tenant-1-endpoint-key".
+  virtual std::string api_key_location(const VmSpec& spec) const = 0;
 };
 
 }  // namespace factory::tenants

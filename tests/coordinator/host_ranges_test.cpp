@@ -1,12 +1,12 @@
 // The host cluster's ranges as the coordinator reads them from API lists
-// shaped as the API server sends them (coordinator/tenants/host_ranges.hpp):
+// shaped as the API server sends them (coordinator/kubevirt/host_ranges.hpp):
 // RKE2, kubeadm and a dual-stack cluster with ServiceCIDR objects.
-#include "coordinator/tenants/host_ranges.hpp"
+#include "coordinator/kubevirt/host_ranges.hpp"
 
 #include <gtest/gtest.h>
 
+using factory::kubevirt::host_range_facts;
 using factory::ranges::Fact;
-using factory::tenants::host_range_facts;
 using nlohmann::json;
 
 namespace {

@@ -2,7 +2,7 @@
 // manifests (tests/fixtures/runbook, verbatim from the seed), and valid for
 // a strict API server (the real KubeVirt OpenAPI schema; core kinds against
 // python3-kubernetes' models) — see tenant_test_data.hpp for the validators.
-#include "coordinator/tenants/objects.hpp"
+#include "coordinator/kubevirt/objects.hpp"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +13,7 @@ namespace factory::testing {
 namespace {
 
 using nlohmann::json;
+using namespace factory::kubevirt;
 using namespace factory::tenants;
 
 const json kFactoryLabels = {{"app.kubernetes.io/managed-by", "factory"},

@@ -135,22 +135,26 @@ TEST_F(QemuProviderTest, CreateRunsQemuOverACowDiskWithTheSeedAndDeleteLeavesNot
   EXPECT_EQ(ij.value("backing-filename", ""), base_.string()) << info.output;
   EXPECT_EQ(ij.value("virtual-size", 0ull), 1ull << 30);
 
-  auto o = p->observe("vm-a", "tenants");
+  auto o = p->observe_qemu("vm-a");
   ASSERT_TRUE(o.ok()) << o.error().message;
-  EXPECT_TRUE(o->exists);
-  EXPECT_EQ(o->provider, "qemu");
-  EXPECT_EQ(o->status, "Running");
-  EXPECT_EQ(o->phase, "running");  // QMP's query-status
-  EXPECT_EQ(o->accelerator, "tcg");
-  EXPECT_EQ(o->supervisor, "child");
-  EXPECT_EQ(o->ssh_host, "127.0.0.1");
-  EXPECT_GT(o->ssh_node_port, 0);
-  ASSERT_GT(o->pid, 0);
+  EXPECT_TRUE(o->vm.exists);
+  EXPECT_EQ(o->vm.provider, "qemu");
+  EXPECT_EQ(o->vm.status, "Running");
+  EXPECT_EQ(o->vm.phase, "running");  // QMP's query-status
+  EXPECT_EQ(o->qemu.accelerator, "tcg");
+  EXPECT_EQ(o->qemu.supervisor, "child");
+  EXPECT_EQ(o->qemu.ssh_host, "127.0.0.1");
+  EXPECT_GT(o->vm.ssh_node_port, 0);
+  ASSERT_GT(o->qemu.pid, 0);
   EXPECT_EQ(qemu_processes_for(d / "qemu.pid"), 1);
   // The SSH forward listens where the record says.
   EXPECT_NE(factory::testing::run({"ss", "-ltn"})
-                .output.find("127.0.0.1:" + std::to_string(o->ssh_node_port)),
+                .output.find("127.0.0.1:" + std::to_string(o->vm.ssh_node_port)),
             std::string::npos);
+  // The seam's observation carries the same, as its details.
+  auto seen = p->observe("vm-a", "tenants");
+  ASSERT_TRUE(seen.ok()) << seen.error().message;
+  EXPECT_EQ(seen->details, o->qemu.to_json());
 
   auto gone = p->destroy("vm-a", "tenants");
   ASSERT_TRUE(gone.ok()) << gone.error().message;
@@ -174,19 +178,19 @@ TEST_F(QemuProviderTest, AnEndedVmIsStartedAgainAndARestartedCoordinatorFindsItR
     std::vector<tenants::VmObject> created;
     auto made = p->provision(s, "#cloud-config\n", created);
     ASSERT_TRUE(made.ok()) << made.error().message;
-    first = p->observe("vm-b", "")->pid;
+    first = p->observe_qemu("vm-b")->qemu.pid;
     ASSERT_GT(first, 0);
     // The process ends (a crash, a guest poweroff): the monitor starts it again.
     ::kill(first, SIGKILL);
     int second = 0;
     ASSERT_TRUE(factory::testing::eventually(
         [&] {
-          auto o = p->observe("vm-b", "");
-          second = o ? o->pid : 0;
-          return o && o->status == "Running" && second != 0 && second != first;
+          auto o = p->observe_qemu("vm-b");
+          second = o ? o->qemu.pid : 0;
+          return o && o->vm.status == "Running" && second != 0 && second != first;
         },
         std::chrono::seconds(20), std::chrono::milliseconds(200)));
-    EXPECT_EQ(p->observe("vm-b", "")->restarts, 1);
+    EXPECT_EQ(p->observe_qemu("vm-b")->qemu.restarts, 1);
     EXPECT_EQ(qemu_processes_for(pidfile), 1);
     first = second;
   }  // the coordinator goes away; its VM does not
@@ -194,14 +198,14 @@ TEST_F(QemuProviderTest, AnEndedVmIsStartedAgainAndARestartedCoordinatorFindsItR
 
   auto p = provider();
   p->check_vms();
-  auto o = p->observe("vm-b", "");
+  auto o = p->observe_qemu("vm-b");
   ASSERT_TRUE(o.ok());
-  EXPECT_EQ(o->status, "Running");
-  EXPECT_EQ(o->pid, first);  // found again by its pidfile, not started twice
+  EXPECT_EQ(o->vm.status, "Running");
+  EXPECT_EQ(o->qemu.pid, first);  // found again by its pidfile, not started twice
   std::this_thread::sleep_for(std::chrono::seconds(1));
   p->check_vms();
   EXPECT_EQ(qemu_processes_for(pidfile), 1);
-  EXPECT_EQ(p->observe("vm-b", "")->pid, first);
+  EXPECT_EQ(p->observe_qemu("vm-b")->qemu.pid, first);
 
   // Its QMP socket answers a new coordinator too.
   auto q = qmp_execute(vm_dir("vm-b") + "/qmp.sock", "query-status");
@@ -213,7 +217,7 @@ TEST_F(QemuProviderTest, AnEndedVmIsStartedAgainAndARestartedCoordinatorFindsItR
   auto s = spec("vm-b");
   ASSERT_TRUE(p->provision(s, "", again).ok());
   EXPECT_TRUE(again.empty());
-  EXPECT_EQ(p->observe("vm-b", "")->pid, first);
+  EXPECT_EQ(p->observe_qemu("vm-b")->qemu.pid, first);
 
   ASSERT_TRUE(p->destroy("vm-b", "").ok());
   EXPECT_EQ(qemu_processes_for(pidfile), 0);
@@ -372,30 +376,30 @@ TEST_F(QemuProviderTest, ARestartStartsQemuAgainOnceEvenWhenResumed) {
   auto s = spec("vm-r");
   std::vector<tenants::VmObject> created;
   ASSERT_TRUE(p->provision(s, "#cloud-config\n", created).ok());
-  auto before = p->observe("vm-r", "");
+  auto before = p->observe_qemu("vm-r");
   ASSERT_TRUE(before.ok());
-  ASSERT_GT(before->pid, 0);
-  EXPECT_EQ(before->instance, "pid:" + std::to_string(before->pid));
+  ASSERT_GT(before->qemu.pid, 0);
+  EXPECT_EQ(before->vm.instance, "pid:" + std::to_string(before->qemu.pid));
   const std::string disk_id = factory::testing::slurp(vm_dir("vm-r") + "/meta-data");
 
   tenants::RestartRequest dry;
-  dry.from_instance = before->instance;
+  dry.from_instance = before->vm.instance;
   dry.dry_run = true;
   auto d = p->restart(s, dry);
   ASSERT_TRUE(d.ok()) << d.error().message;
   EXPECT_FALSE(d->restarted);
   EXPECT_EQ(d->note, "stop and start QEMU of tenant vm-r on the same cards (none)");
-  EXPECT_EQ(p->observe("vm-r", "")->pid, before->pid) << "a dry run touches nothing";
+  EXPECT_EQ(p->observe_qemu("vm-r")->qemu.pid, before->qemu.pid) << "a dry run touches nothing";
 
   tenants::RestartRequest req;
-  req.from_instance = before->instance;
+  req.from_instance = before->vm.instance;
   auto r = p->restart(s, req);
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_TRUE(r->restarted);
-  auto after = p->observe("vm-r", "");
+  auto after = p->observe_qemu("vm-r");
   ASSERT_TRUE(after.ok());
-  EXPECT_EQ(after->status, "Running");
-  EXPECT_NE(after->pid, before->pid);
+  EXPECT_EQ(after->vm.status, "Running");
+  EXPECT_NE(after->qemu.pid, before->qemu.pid);
   EXPECT_EQ(qemu_processes_for(vm_dir("vm-r") + "/qemu.pid"), 1);
   EXPECT_EQ(factory::testing::slurp(vm_dir("vm-r") + "/meta-data"), disk_id)
       << "the same guest: its instance-id is kept";
@@ -407,7 +411,7 @@ TEST_F(QemuProviderTest, ARestartStartsQemuAgainOnceEvenWhenResumed) {
   ASSERT_TRUE(again.ok()) << again.error().message;
   EXPECT_FALSE(again->restarted);
   EXPECT_NE(again->note.find("restarted already"), std::string::npos) << again->note;
-  EXPECT_EQ(p->observe("vm-r", "")->pid, after->pid);
+  EXPECT_EQ(p->observe_qemu("vm-r")->qemu.pid, after->qemu.pid);
 
   // A tenant with no VM here is told how to get one.
   auto none = p->restart(spec("vm-none"), req);

@@ -1,11 +1,11 @@
-// tenant create's MIG rule (coordinator/tenants/kubevirt_provider.cpp,
+// tenant create's MIG rule (coordinator/kubevirt/kubevirt_provider.cpp,
 // mig_capable_resources): a tier that cuts its card into MIG slices takes
 // only an allowlisted card whose PCI device has MIG, and says why not.
 #include <gtest/gtest.h>
 
-#include "coordinator/tenants/kubevirt_provider.hpp"
+#include "coordinator/kubevirt/kubevirt_provider.hpp"
 
-namespace factory::tenants {
+namespace factory::kubevirt {
 namespace {
 
 using nlohmann::json;
@@ -50,4 +50,4 @@ TEST(TenantMig, AResourceOutsideTheAllowlistCannotBeJudged) {
 }
 
 }  // namespace
-}  // namespace factory::tenants
+}  // namespace factory::kubevirt

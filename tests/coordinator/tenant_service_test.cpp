@@ -7,7 +7,7 @@
 
 #include "contract/catalog.hpp"
 #include "coordinator/config/coordinator_config.hpp"
-#include "coordinator/tenants/kubevirt_provider.hpp"
+#include "coordinator/kubevirt/kubevirt_provider.hpp"
 #include "coordinator/tenants/progress.hpp"
 #include "coordinator/tenants/request.hpp"
 #include "tests/coordinator/tenant_test_data.hpp"
@@ -16,6 +16,7 @@ namespace factory::testing {
 namespace {
 
 using nlohmann::json;
+using namespace factory::kubevirt;
 using namespace factory::tenants;
 
 catalog::Catalog builtin_catalog() {

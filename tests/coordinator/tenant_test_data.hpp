@@ -18,7 +18,7 @@
 
 #include "common/yaml_json.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
-#include "coordinator/tenants/objects.hpp"
+#include "coordinator/tenants/vm_spec.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace factory::testing {

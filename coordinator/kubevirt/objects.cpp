@@ -1,41 +1,16 @@
-#include "coordinator/tenants/objects.hpp"
+#include "coordinator/kubevirt/objects.hpp"
 
-#include "coordinator/tenants/k8s_names.hpp"
-
-namespace factory::tenants {
+namespace factory::kubevirt {
 
 using nlohmann::json;
+using tenants::kDomainLabel;
+using tenants::kManagedByLabel;
+using tenants::kManagedByValue;
+using tenants::kTenantLabel;
+using tenants::kTierLabel;
+using tenants::VmSpec;
 
 namespace {
-
-Error invalid(std::string message) {
-  return Error(Errc::invalid_argument, std::move(message));
-}
-
-bool starts_with(std::string_view s, std::string_view prefix) {
-  return s.substr(0, prefix.size()) == prefix;
-}
-
-// CDI fetches the image itself (source.http); it takes http and https. The
-// URL must have a host and no whitespace or control characters, which would
-// only surface later as an import pod failing in a loop.
-Status validate_image_url(std::string_view url) {
-  std::string_view rest;
-  if (starts_with(url, "https://"))
-    rest = url.substr(8);
-  else if (starts_with(url, "http://"))
-    rest = url.substr(7);
-  else
-    return invalid("image URL '" + std::string(url.substr(0, 100)) +
-                   "' must start with https:// or http:// (CDI downloads it into the VM's "
-                   "root disk)");
-  if (rest.empty() || rest.front() == '/')
-    return invalid("image URL '" + std::string(url.substr(0, 100)) + "' has no host");
-  for (char c : url)
-    if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f)
-      return invalid("image URL contains a space or a control character: percent-encode it");
-  return {};
-}
 
 json labels_json(const std::map<std::string, std::string>& labels) {
   json out = json::object();
@@ -65,36 +40,6 @@ std::string endpoint_service_name(const std::string& vm_name) {
 
 std::string api_key_secret_name(const std::string& vm_name) {
   return vm_name + "-endpoint-key";
-}
-
-Status validate_vm_spec(const VmSpec& spec) {
-  if (auto st = validate_vm_name(spec.name); !st.ok()) return st;
-  if (auto st = validate_namespace_name(spec.ns); !st.ok()) return st;
-  if (auto st = validate_quantity("--cpu", spec.cpu); !st.ok()) return st;
-  if (auto st = validate_quantity("--memory", spec.memory); !st.ok()) return st;
-  if (auto st = validate_quantity("--disk", spec.disk); !st.ok()) return st;
-  if (auto st = validate_image_url(spec.image_url); !st.ok()) return st;
-  if (spec.gpus < 0 || spec.gpus > kMaxGpusPerVm)
-    return invalid("--gpus " + std::to_string(spec.gpus) + " is out of range: want 0-" +
-                   std::to_string(kMaxGpusPerVm));
-  if (spec.gpus > 0) {
-    if (spec.gpu_resource.empty())
-      return invalid("no GPU resource name for a VM with " + std::to_string(spec.gpus) +
-                     " GPU(s): allowlist the card with `factory kubevirt allowlist` and name "
-                     "its resource in the tier");
-    if (auto st = validate_resource_name(spec.gpu_resource); !st.ok()) return st;
-  }
-  if (spec.ssh_node_port != 0)
-    if (auto st = validate_node_port(spec.ssh_node_port); !st.ok()) return st;
-  if (spec.tier.empty()) return invalid("no tier for tenant '" + spec.name + "'");
-  if (auto st = validate_label(kTierLabel, spec.tier); !st.ok()) return st;
-  for (const auto& [k, v] : spec.labels) {
-    if (auto st = validate_label(k, v); !st.ok()) return st;
-    // Factory finds its objects by these; a caller's label must not shadow them.
-    if (k == kManagedByLabel || k == kDomainLabel || starts_with(k, "factory.dev/"))
-      return invalid("label '" + k + "' is reserved for Factory's own bookkeeping");
-  }
-  return {};
 }
 
 std::map<std::string, std::string> tenant_labels(const VmSpec& spec) {
@@ -229,4 +174,4 @@ std::vector<json> tenant_objects(const VmSpec& spec, const std::string& userdata
   return out;
 }
 
-}  // namespace factory::tenants
+}  // namespace factory::kubevirt

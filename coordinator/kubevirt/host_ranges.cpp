@@ -1,8 +1,8 @@
-#include "coordinator/tenants/host_ranges.hpp"
+#include "coordinator/kubevirt/host_ranges.hpp"
 
 #include <algorithm>
 
-namespace factory::tenants {
+namespace factory::kubevirt {
 
 using nlohmann::json;
 
@@ -84,4 +84,4 @@ Result<std::vector<ranges::Fact>> read_host_ranges(kube::KubeClient& client) {
   return facts;
 }
 
-}  // namespace factory::tenants
+}  // namespace factory::kubevirt

@@ -1,4 +1,4 @@
-#include "coordinator/tenants/kubevirt_provider.hpp"
+#include "coordinator/kubevirt/kubevirt_provider.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -6,11 +6,19 @@
 
 #include "common/pki.hpp"
 #include "contract/mig_cards.hpp"
-#include "coordinator/tenants/host_ranges.hpp"
+#include "coordinator/kubevirt/host_ranges.hpp"
 
-namespace factory::tenants {
+namespace factory::kubevirt {
 
 using nlohmann::json;
+using tenants::kManagedByLabel;
+using tenants::kManagedByValue;
+using tenants::kTenantLabel;
+using tenants::RestartOutcome;
+using tenants::RestartRequest;
+using tenants::VmObject;
+using tenants::VmObservation;
+using tenants::VmSpec;
 
 namespace {
 
@@ -99,23 +107,6 @@ Error ssh_service_error(const Error& e, const VmSpec& spec) {
                  "node port " + std::to_string(spec.ssh_node_port) +
                      " is outside the cluster's node port range: " + e.message);
   return e.with_context("Service " + spec.ns + "/" + ssh_service_name(spec.name));
-}
-
-json VmObservation::to_json() const {
-  json j = {{"exists", exists}, {"status", status}, {"phase", phase},
-            {"ip", ip},         {"node", node},     {"ssh_node_port", ssh_node_port}};
-  if (!reason.empty()) j["reason"] = reason;
-  if (!provider.empty()) j["provider"] = provider;
-  if (!ssh_host.empty()) j["ssh_host"] = ssh_host;
-  if (!accelerator.empty()) j["accelerator"] = accelerator;
-  if (!accelerator_reason.empty()) j["accelerator_reason"] = accelerator_reason;
-  if (!supervisor.empty()) j["supervisor"] = supervisor;
-  if (pid != 0) j["pid"] = pid;
-  if (!provider.empty() && provider != "kubevirt") j["restarts"] = restarts;
-  if (!gpus.empty()) j["gpus"] = gpus;
-  if (!instance.empty()) j["instance"] = instance;
-  if (endpoint_node_port != 0) j["endpoint_node_port"] = endpoint_node_port;
-  return j;
 }
 
 std::vector<std::string> permitted_gpu_resources(const json& kubevirt_list) {
@@ -601,4 +592,4 @@ Result<RestartOutcome> KubeVirtProvider::restart(const VmSpec& spec, const Resta
   return out;
 }
 
-}  // namespace factory::tenants
+}  // namespace factory::kubevirt

@@ -13,7 +13,7 @@
 #include "contract/cluster_ranges.hpp"
 #include "coordinator/kube/client.hpp"
 
-namespace factory::tenants {
+namespace factory::kubevirt {
 
 // The label every distribution's cluster DNS Service carries: kubeadm's and
 // k3s's kube-system/kube-dns, RKE2's kube-system/rke2-coredns-rke2-coredns.
@@ -33,4 +33,4 @@ std::vector<ranges::Fact> host_range_facts(const nlohmann::json& nodes,
 // range is never silently left out.
 Result<std::vector<ranges::Fact>> read_host_ranges(kube::KubeClient& client);
 
-}  // namespace factory::tenants
+}  // namespace factory::kubevirt

@@ -1,16 +1,18 @@
 #pragma once
 // VMs as KubeVirt VirtualMachines in the host cluster, through the
-// Kubernetes API (coordinator/kube): the runbook's step 4 objects from
-// objects.hpp, GPU capacity read from the nodes and the KubeVirt CR, node
-// ports read from the Services.
+// Kubernetes API (coordinator/kube), behind the tenants' VM-provider seam
+// (tenants/vm_provider.hpp) as the QEMU provider is: the runbook's step 4
+// objects from objects.hpp, GPU capacity read from the nodes and the KubeVirt
+// CR, node ports read from the Services, the host's ranges from host_ranges.hpp.
 #include <chrono>
 #include <string>
 #include <vector>
 
 #include "coordinator/kube/client.hpp"
+#include "coordinator/kubevirt/objects.hpp"
 #include "coordinator/tenants/vm_provider.hpp"
 
-namespace factory::tenants {
+namespace factory::kubevirt {
 
 // GPU capacity of one resource, as the nodes advertise it and the VMs use it.
 struct GpuCapacity {
@@ -41,10 +43,17 @@ std::string capacity_shortfall(const GpuCapacity& c, int wanted);
 // The API server's refusal of the SSH Service, said the way a user acts on
 // it: a node port taken since the preflight looked (a race), or outside the
 // cluster's --service-node-port-range.
-Error ssh_service_error(const Error& e, const VmSpec& spec);
+Error ssh_service_error(const Error& e, const tenants::VmSpec& spec);
 
-class KubeVirtProvider : public VmProvider {
+class KubeVirtProvider : public tenants::VmProvider {
  public:
+  // The seam's types (tenants/vm_provider.hpp), unqualified in this provider.
+  using VmSpec = tenants::VmSpec;
+  using VmObject = tenants::VmObject;
+  using VmObservation = tenants::VmObservation;
+  using RestartRequest = tenants::RestartRequest;
+  using RestartOutcome = tenants::RestartOutcome;
+
   // Connects on every call, so a kubeconfig fixed (or a token rotated) while
   // the coordinator runs is picked up, and a broken one is reported where it
   // matters instead of stopping `factory serve` from starting.
@@ -65,6 +74,9 @@ class KubeVirtProvider : public VmProvider {
   std::string user_data_location(const VmSpec& spec) const override {
     return "Secret " + spec.ns + "/" + cloud_init_secret_name(spec.name);
   }
+  std::string api_key_location(const VmSpec& spec) const override {
+    return api_key_secret_name(spec.name);
+  }
 
  private:
   Result<kube::KubeClient> client() const;
@@ -73,4 +85,4 @@ class KubeVirtProvider : public VmProvider {
   std::chrono::milliseconds timeout_;
 };
 
-}  // namespace factory::tenants
+}  // namespace factory::kubevirt

@@ -1,0 +1,17 @@
+#include "coordinator/tenants/vm_provider.hpp"
+
+namespace factory::tenants {
+
+nlohmann::json VmObservation::to_json() const {
+  nlohmann::json j = {{"exists", exists}, {"status", status}, {"phase", phase},
+                      {"ip", ip},         {"node", node},     {"ssh_node_port", ssh_node_port}};
+  if (!reason.empty()) j["reason"] = reason;
+  if (!provider.empty()) j["provider"] = provider;
+  if (!gpus.empty()) j["gpus"] = gpus;
+  if (!instance.empty()) j["instance"] = instance;
+  if (endpoint_node_port != 0) j["endpoint_node_port"] = endpoint_node_port;
+  if (details.is_object()) j.update(details);
+  return j;
+}
+
+}  // namespace factory::tenants

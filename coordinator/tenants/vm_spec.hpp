@@ -1,0 +1,51 @@
+#pragma once
+// The VM a tenant gets, as every VM provider takes it (vm_provider.hpp): its
+// shape, its GPUs, its tier and the labels Factory finds its things by. The
+// fields are written as Kubernetes writes them (resource.Quantity, a device
+// plugin's resource name, a NodePort), and validate_vm_spec() holds them to
+// those rules whichever provider runs the VM, so a bad spec is refused before
+// anything is created.
+#include <map>
+#include <string>
+
+#include "common/error.hpp"
+
+namespace factory::tenants {
+
+inline constexpr int kMaxGpusPerVm = 16;
+
+struct VmSpec {
+  std::string name;  // the tenant's name; also the VM's and its hostname
+  std::string ns = "tenants";
+  std::string cpu = "8";  // resource.Quantity, as the runbook's VM
+  std::string memory = "16Gi";
+  std::string disk = "100Gi";
+  std::string image_url;     // http(s) URL of a cloud image, imported by CDI
+  std::string gpu_resource;  // e.g. nvidia.com/AD104GL_L4 (the allowlisted resourceName)
+  int gpus = 1;              // 0: a VM without a GPU
+  int ssh_node_port = 0;     // 0 = let Kubernetes pick
+  std::string tier;          // catalog tier, e.g. gpu-vm
+  bool needs_mig = false;    // the tier cuts its card into MIG slices (tier_needs_mig)
+  // The SSH NodePort Service exists: a tier with login, or an admin who gave
+  // --ssh-key to one without (catalog AccessSpec).
+  bool ssh_service = true;
+  // The guest port of the tier's model endpoint (catalog EndpointSpec), 0 for
+  // none; exposed by the NodePort Service `<name>-endpoint` on port 443.
+  int endpoint_port = 0;
+  std::map<std::string, std::string> labels;  // extra labels for every object of the tenant
+};
+
+// Every object Factory makes for a tenant carries these labels.
+inline constexpr const char* kManagedByLabel = "app.kubernetes.io/managed-by";
+inline constexpr const char* kManagedByValue = "factory";
+inline constexpr const char* kTenantLabel = "factory.dev/tenant";
+inline constexpr const char* kTierLabel = "factory.dev/tier";
+// KubeVirt's own label: the KubeVirt provider's Services select the VM's
+// launcher pod with it, so a request may not set it either.
+inline constexpr const char* kDomainLabel = "kubevirt.io/domain";
+
+// Checks every field against what Kubernetes, KubeVirt and CDI accept, so a
+// bad spec is refused before the first object is created.
+Status validate_vm_spec(const VmSpec& spec);
+
+}  // namespace factory::tenants
