@@ -444,8 +444,10 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
     std::string v = str(rs, "state") + " (asked " + str(rs, "requested_at");
     if (!str(rs, "finished_at").empty()) v += ", ended " + str(rs, "finished_at");
     v += ")";
-    if (!str(rs, "error").empty()) v += ": " + str(rs, "error");
-    else if (!str(rs, "note").empty()) v += ": " + str(rs, "note");
+    if (!str(rs, "error").empty())
+      v += ": " + str(rs, "error");
+    else if (!str(rs, "note").empty())
+      v += ": " + str(rs, "note");
     row("Restart:", v);
   }
   const json& a = t["agent"];
@@ -704,10 +706,9 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
                "Say what the restart would do (which cards it would leave and take); change "
                "nothing");
   add_output_option(*rs, rso->out);
-  set_examples(
-      *rs, {{"factory tenant restart alice --dry-run", "where alice's VM would come back"},
-            {"factory tenant restart alice",
-             "after `factory host quarantine`: alice comes back on a healthy card"}});
+  set_examples(*rs, {{"factory tenant restart alice --dry-run", "where alice's VM would come back"},
+                     {"factory tenant restart alice",
+                      "after `factory host quarantine`: alice comes back on a healthy card"}});
   rs->callback([&ctx, rso] {
     ctx.run = [&ctx, rso] { return restart(ctx, rso->name, rso->dry_run, rso->out); };
   });

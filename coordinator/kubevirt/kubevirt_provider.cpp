@@ -552,10 +552,10 @@ Result<RestartOutcome> KubeVirtProvider::restart(const VmSpec& spec, const Resta
                        ": run the same `factory tenant create` again to make it");
     return vm.error().with_context("VirtualMachine " + where);
   }
-  const std::string strategy = vm->value("/spec/runStrategy"_json_pointer,
-                                         vm->value("/spec/running"_json_pointer, false)
-                                             ? std::string("Always")
-                                             : std::string("Halted"));
+  const std::string strategy =
+      vm->value("/spec/runStrategy"_json_pointer, vm->value("/spec/running"_json_pointer, false)
+                                                      ? std::string("Always")
+                                                      : std::string("Halted"));
   RestartOutcome out;
   auto vmi = c->get(kube::kVirtualMachineInstance, spec.ns, spec.name);
   if (!vmi && vmi.error().code != Errc::not_found)
@@ -584,8 +584,8 @@ Result<RestartOutcome> KubeVirtProvider::restart(const VmSpec& spec, const Resta
              "GPUs again from the cards it still advertises (a quarantined card is not among "
              "them)";
   if (req.dry_run) return out;
-  if (auto st = kube::ignore_not_found(
-          c->remove(kube::kVirtualMachineInstance, spec.ns, spec.name));
+  if (auto st =
+          kube::ignore_not_found(c->remove(kube::kVirtualMachineInstance, spec.ns, spec.name));
       !st.ok())
     return st.error().with_context("deleting VirtualMachineInstance " + where);
   out.restarted = true;

@@ -663,8 +663,9 @@ Result<tenants::RestartOutcome> QemuProvider::restart(const tenants::VmSpec& spe
   const bool on_good_cards = std::all_of(rec->gpus.begin(), rec->gpus.end(), still_good);
   if (!req.from_instance.empty() && now != req.from_instance && on_good_cards) {
     out.gpus_after = rec->gpus;
-    out.note = now.empty() ? "QEMU is not running: the monitor starts it on the same cards"
-                           : "QEMU was restarted already (" + req.from_instance + " -> " + now + ")";
+    out.note = now.empty()
+                   ? "QEMU is not running: the monitor starts it on the same cards"
+                   : "QEMU was restarted already (" + req.from_instance + " -> " + now + ")";
     return out;
   }
 
@@ -688,8 +689,8 @@ Result<tenants::RestartOutcome> QemuProvider::restart(const tenants::VmSpec& spe
       if (!mig) return mig.error();
       ordered = std::move(*mig);
     }
-    auto pick = pick_gpus(ordered, rec->gpu_resource, static_cast<int>(rec->gpus.size()),
-                          spec.name, held_gpus());
+    auto pick = pick_gpus(ordered, rec->gpu_resource, static_cast<int>(rec->gpus.size()), spec.name,
+                          held_gpus());
     if (!pick)
       return pick.error().with_context("no healthy card for tenant " + spec.name +
                                        " to move to; it keeps running where it is");
@@ -702,9 +703,9 @@ Result<tenants::RestartOutcome> QemuProvider::restart(const tenants::VmSpec& spe
     return o.empty() ? std::string("none") : o;
   };
   out.note = std::string(now.empty() ? "start" : "stop and start") + " QEMU of tenant " +
-             spec.name + (picked == rec->gpus ? " on the same cards (" + list(picked) + ")"
-                                              : ", moving from " + list(rec->gpus) + " to " +
-                                                    list(picked));
+             spec.name +
+             (picked == rec->gpus ? " on the same cards (" + list(picked) + ")"
+                                  : ", moving from " + list(rec->gpus) + " to " + list(picked));
   if (req.dry_run) return out;
 
   if (auto st = stop_vm(spec.name); !st.ok())

@@ -672,18 +672,19 @@ Result<json> TenantService::restart(const std::string& name, bool dry_run) {
   auto rec = deps_.store.get_tenant(name);
   if (!rec) return Error(Errc::not_found, "no tenant named " + name);
   if (!has_vm(*rec))
-    return Error(Errc::failed_precondition,
-                 "tenant " + name + " has no VM (made by `factory token create`): nothing to restart");
+    return Error(
+        Errc::failed_precondition,
+        "tenant " + name + " has no VM (made by `factory token create`): nothing to restart");
   const std::string kube_state = rec->status.value("/kube/state"_json_pointer, std::string());
   if (rec->phase == "deleting" || kube_state != "created")
-    return Error(Errc::failed_precondition,
-                 "tenant " + name + " is " +
-                     (rec->phase == "deleting" ? "half-deleted: finish with `factory tenant delete " +
-                                                     name + "`"
-                                               : "not fully created (" +
-                                                     (kube_state.empty() ? "no VM yet" : kube_state) +
-                                                     "): run the same `factory tenant create` "
-                                                     "again first"));
+    return Error(
+        Errc::failed_precondition,
+        "tenant " + name + " is " +
+            (rec->phase == "deleting"
+                 ? "half-deleted: finish with `factory tenant delete " + name + "`"
+                 : "not fully created (" + (kube_state.empty() ? "no VM yet" : kube_state) +
+                       "): run the same `factory tenant create` "
+                       "again first"));
   VmSpec vm = vm_spec_from_stored(rec->spec, name);
   if (vm.ns.empty()) vm.ns = opts_.default_namespace;
   if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
@@ -700,9 +701,12 @@ Result<json> TenantService::restart(const std::string& name, bool dry_run) {
     req.dry_run = true;
     auto o = provider_->restart(vm, req);
     if (!o) return o.error();
-    return json{{"tenant", name},         {"dry_run", true},
-                {"would", o->note},       {"gpus_before", o->gpus_before},
-                {"gpus_after", o->gpus_after}, {"avoid_gpus", req.avoid_gpus}};
+    return json{{"tenant", name},
+                {"dry_run", true},
+                {"would", o->note},
+                {"gpus_before", o->gpus_before},
+                {"gpus_after", o->gpus_after},
+                {"avoid_gpus", req.avoid_gpus}};
   }
   // Journaled first: a coordinator killed from here on finishes it at start.
   // On the store's writer, so an agent's event stored meanwhile loses nothing.
@@ -754,9 +758,10 @@ Result<json> TenantService::run_restart(store::TenantRecord rec, const VmSpec& v
     return Status{};
   });
   if (!recorded)
-    spdlog::warn("tenants: the end of {}'s restart could not be recorded ({}): it is finished "
-                 "again at the next start, and does nothing twice",
-                 name, recorded.error().message);
+    spdlog::warn(
+        "tenants: the end of {}'s restart could not be recorded ({}): it is finished "
+        "again at the next start, and does nothing twice",
+        name, recorded.error().message);
   if (!o) {
     announce("failed", {{"error", o.error().message}});
     spdlog::warn("tenants: restart of {} failed: {}", name, o.error().message);

@@ -447,8 +447,7 @@ TEST_F(QemuProviderTest, ARestartLeavesAFaultedOrQuarantinedCardForAFreeOne) {
     rec.gpus = {card};
     rec.gpu_resource = "nvidia.com/27b8";
     ASSERT_TRUE(ensure_dir(vm_dir(tenant), 0700).ok());
-    ASSERT_TRUE(
-        write_file_atomic(vm_dir(tenant) + "/vm.json", rec.to_json().dump(), 0600).ok());
+    ASSERT_TRUE(write_file_atomic(vm_dir(tenant) + "/vm.json", rec.to_json().dump(), 0600).ok());
   };
   hold("vm-f", "0000:01:00.0", 30500);
   auto s = spec("vm-f");

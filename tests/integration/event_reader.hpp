@@ -89,7 +89,8 @@ class EventReader {
   }
   std::vector<Sse> events() { return parse_sse(text()); }
   // The first event of `type` whose data holds `key` = `value`.
-  std::optional<Sse> wait_for(const std::string& type, const std::string& key, const nlohmann::json& value,
+  std::optional<Sse> wait_for(const std::string& type, const std::string& key,
+                              const nlohmann::json& value,
                               std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     std::optional<Sse> found;
     eventually(

@@ -529,7 +529,8 @@ TEST_F(Tenants, DeleteRevokesTheTenantsTokens) {
 TEST_F(Tenants, ARestartReplacesTheVmiAnnouncedJournaledAndFinishedAfterAKill) {
   allowlist();
   ASSERT_EQ(create("tenant-1", "gpu-vm").exit_code, 0);
-  const std::string vmi_path = "/apis/kubevirt.io/v1/namespaces/tenants/virtualmachineinstances/tenant-1";
+  const std::string vmi_path =
+      "/apis/kubevirt.io/v1/namespaces/tenants/virtualmachineinstances/tenant-1";
   auto vmi_uid = [&] {
     json v = kube_.get(vmi_path);
     return v.is_object() ? v["metadata"].value("uid", "") : std::string();
@@ -546,8 +547,9 @@ TEST_F(Tenants, ARestartReplacesTheVmiAnnouncedJournaledAndFinishedAfterAKill) {
   auto dry = coordinator().factory({"tenant", "restart", "tenant-1", "--dry-run", "-o", "json"});
   ASSERT_EQ(dry.exit_code, 0) << dry.output;
   json d = json::parse(dry.output, nullptr, false);
-  EXPECT_NE(d.value("would", "").find("delete VirtualMachineInstance tenants/tenant-1 (uid " + first),
-            std::string::npos)
+  EXPECT_NE(
+      d.value("would", "").find("delete VirtualMachineInstance tenants/tenant-1 (uid " + first),
+      std::string::npos)
       << dry.output;
   std::this_thread::sleep_for(1s);
   EXPECT_EQ(vmi_uid(), first);
@@ -564,8 +566,8 @@ TEST_F(Tenants, ARestartReplacesTheVmiAnnouncedJournaledAndFinishedAfterAKill) {
   ASSERT_TRUE(started && done) << feed.text();
   EXPECT_EQ(started->data["action"], "restart");
   EXPECT_LT(std::stoull(started->id), std::stoull(done->id)) << "announced before it acts";
-  ASSERT_TRUE(eventually([&] { return !vmi_uid().empty() && vmi_uid() != first && running(); },
-                         10s));
+  ASSERT_TRUE(
+      eventually([&] { return !vmi_uid().empty() && vmi_uid() != first && running(); }, 10s));
   const std::string second = vmi_uid();
   json t = show("tenant-1");
   EXPECT_EQ(t["restart"]["state"], "done") << t.dump(2);
@@ -579,11 +581,15 @@ TEST_F(Tenants, ARestartReplacesTheVmiAnnouncedJournaledAndFinishedAfterAKill) {
   ASSERT_TRUE(stored.has_value());
   json rec = *stored;
   rec["status"].erase("restart");
-  rec["status"]["gpu_faults"] = {
-      {"GPU-1/xid-79",
-       {{"gpu", 0}, {"uuid", "GPU-1"}, {"kind", "xid"}, {"xid", 79}, {"code", "gpu_xid_79"},
-        {"summary", "GPU has fallen off the bus"}, {"fix", "quarantine"},
-        {"first_seen", "2026-12-03T10:00:00Z"}}}};
+  rec["status"]["gpu_faults"] = {{"GPU-1/xid-79",
+                                  {{"gpu", 0},
+                                   {"uuid", "GPU-1"},
+                                   {"kind", "xid"},
+                                   {"xid", 79},
+                                   {"code", "gpu_xid_79"},
+                                   {"summary", "GPU has fallen off the bus"},
+                                   {"fix", "quarantine"},
+                                   {"first_seen", "2026-12-03T10:00:00Z"}}}};
   coordinator().write_stored_record(rec);
   coordinator().start();
   t = show("tenant-1");
