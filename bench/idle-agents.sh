@@ -5,8 +5,10 @@
 # token and connected; then the coordinator's resident memory (VmRSS, and
 # its private part RssAnon) before the first agent and after all of them
 # have been connected and idle for IDLE seconds, and the difference per
-# agent. The agents report health every HEALTH seconds (default 60: idle),
-# so one health sample per tenant is held too, as in production.
+# agent; then the agents stop, and what stays (their tenants' state) is told
+# apart from what went with their connections. The agents report health
+# every HEALTH seconds (default 60: idle), so one health sample per tenant
+# is held too, as in production.
 #
 #   bench/idle-agents.sh [--agents N] [--idle S] [--health S] [--out DIR]
 #
@@ -27,7 +29,7 @@ while [ $# -gt 0 ]; do
     --idle) idle="$2"; shift 2 ;;
     --health) health="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "idle-agents: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -129,6 +131,17 @@ n="$(connected)"
 rss1="$(kib "$cpid" VmRSS)"
 anon1="$(kib "$cpid" RssAnon)"
 fds="$(ls /proc/$cpid/fd | wc -l)"
+# Then the agents leave: what stays is what their tenants cost (records,
+# presence, the latest health, tokens spent), not their connections. The
+# coordinator hands freed memory back every 5 s.
+for p in "${pids[@]:1}"; do kill "$p" 2>/dev/null; done
+for _ in $(seq 60); do
+  [ "$(connected)" -eq 0 ] && break
+  sleep 1
+done
+sleep 12
+rss2="$(kib "$cpid" VmRSS)"
+anon2="$(kib "$cpid" RssAnon)"
 
 {
   echo "idle agents, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -n), $(nproc) cores"
@@ -136,10 +149,13 @@ fds="$(ls /proc/$cpid/fd | wc -l)"
   echo "$agents real factory-agent --link-only, each with its own token and tenant, health every ${health} s"
   echo "all connected ${took} s after the first started; ${n} connected after ${idle} s idle; coordinator fds ${fds}"
   echo "coordinator resident: ${rss0} KiB before the first agent, ${rss1} KiB with them (private ${anon0} -> ${anon1} KiB)"
-  python3 - "$rss0" "$rss1" "$anon0" "$anon1" "$agents" <<'PY'
+  echo "after the agents left: ${rss2} KiB (private ${anon2} KiB)"
+  python3 - "$rss0" "$rss1" "$anon0" "$anon1" "$rss2" "$agents" <<'PY'
 import sys
-r0, r1, a0, a1, n = (int(x) for x in sys.argv[1:])
+r0, r1, a0, a1, r2, n = (int(x) for x in sys.argv[1:])
 print("per idle agent: %.1f KiB resident, %.1f KiB private" % ((r1 - r0) / n, (a1 - a0) / n))
+print("  of which its connection (gone when it left): %.1f KiB; its tenant's state (stays): %.1f KiB"
+      % ((r1 - r2) / n, (r2 - r0) / n))
 PY
 } | tee "$out/idle-agents.txt"
 echo "(logs in $out)"

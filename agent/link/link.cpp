@@ -222,7 +222,11 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     net::WsClientOptions o;
     o.url = agent_url();
     o.tls.ca_pem = identity->ca_pem;
-    o.tls.client_cert_pem = identity->cert_pem;
+    // The leaf alone: the coordinator trusts its own CA already, and every
+    // certificate presented is held parsed on its side for the connection's
+    // life (docs/scale.md, memory per idle agent).
+    auto chain = pki::split_pem_certificates(identity->cert_pem);
+    o.tls.client_cert_pem = chain.empty() ? identity->cert_pem : chain.front();
     o.tls.client_key_pem = identity->key_pem;
     o.idle_timeout = std::chrono::duration_cast<std::chrono::seconds>(cfg.heartbeat * 4);
     if (o.idle_timeout < std::chrono::seconds(4)) o.idle_timeout = std::chrono::seconds(4);
