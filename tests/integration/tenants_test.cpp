@@ -531,13 +531,18 @@ TEST_F(Tenants, ARestartReplacesTheVmiAnnouncedJournaledAndFinishedAfterAKill) {
   ASSERT_EQ(create("tenant-1", "gpu-vm").exit_code, 0);
   const std::string vmi_path =
       "/apis/kubevirt.io/v1/namespaces/tenants/virtualmachineinstances/tenant-1";
+  // Before virt-controller (the fake's) has made the VMI, the API answers a
+  // Status object (404) whose "status" is a string: not a VMI yet.
+  auto is_vmi = [](const json& v) {
+    return v.is_object() && v.value("kind", "") == "VirtualMachineInstance";
+  };
   auto vmi_uid = [&] {
     json v = kube_.get(vmi_path);
-    return v.is_object() ? v["metadata"].value("uid", "") : std::string();
+    return is_vmi(v) ? v["metadata"].value("uid", "") : std::string();
   };
   auto running = [&] {
     json v = kube_.get(vmi_path);
-    return v.is_object() && v.value("status", json::object()).value("phase", "") == "Running";
+    return is_vmi(v) && v.value("status", json::object()).value("phase", "") == "Running";
   };
   ASSERT_TRUE(eventually(running, 10s));
   const std::string first = vmi_uid();
