@@ -192,19 +192,8 @@ Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequ
 }
 
 json spec_json(const VmSpec& vm, const TenantRequest& req) {
-  json j = {{"tier", vm.tier},
-            {"namespace", vm.ns},
-            {"cpu", vm.cpu},
-            {"memory", vm.memory},
-            {"disk", vm.disk},
-            {"image", vm.image_url},
-            {"gpus", vm.gpus},
-            {"gpu_resource", vm.gpu_resource},
-            {"ssh_node_port", vm.ssh_node_port},
-            {"ssh_authorized_keys", req.ssh_authorized_keys}};
-  // Only when they differ from a login tier's, so older records read the same.
-  if (!vm.ssh_service) j["ssh_service"] = false;
-  if (vm.endpoint_port != 0) j["endpoint_port"] = vm.endpoint_port;
+  json j = vm_spec_to_stored(vm);
+  j["ssh_authorized_keys"] = req.ssh_authorized_keys;
   if (!req.models.empty()) j["models"] = req.models;
   return j;
 }

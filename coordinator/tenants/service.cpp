@@ -33,25 +33,6 @@ std::string record_namespace(const store::TenantRecord& t, const std::string& fa
   return ns.empty() ? fallback : ns;
 }
 
-// The VM of a tenant as it was first resolved: a re-run of create builds the
-// same objects even if the catalog changed meanwhile.
-VmSpec vm_spec_from_stored(const json& s, const std::string& name) {
-  VmSpec v;
-  v.name = name;
-  v.tier = s.value("tier", "");
-  v.ns = s.value("namespace", "");
-  v.cpu = s.value("cpu", "");
-  v.memory = s.value("memory", "");
-  v.disk = s.value("disk", "");
-  v.image_url = s.value("image", "");
-  v.gpus = s.value("gpus", 0);
-  v.gpu_resource = s.value("gpu_resource", "");
-  v.ssh_node_port = s.value("ssh_node_port", 0);
-  v.ssh_service = s.value("ssh_service", true);
-  v.endpoint_port = s.value("endpoint_port", 0);
-  return v;
-}
-
 // A model endpoint's API key: 40 characters of [a-z0-9], about 206 bits,
 // with a prefix that says what it is when one turns up in a paste.
 std::string new_api_key() {
@@ -215,7 +196,7 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
       return out;
     }
     // Finishing an interrupted or failed create: exactly what it asked for.
-    vm = vm_spec_from_stored(existing->spec, req.name);
+    vm = stored_vm(*existing);
     if (effective.ssh_authorized_keys.empty())
       effective.ssh_authorized_keys =
           existing->spec.value("ssh_authorized_keys", std::vector<std::string>{});
@@ -248,7 +229,8 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
                      " is not readable): set agents.binary in its config, or guests could never "
                      "install the agent");
   if (auto st = validate_cloud_init_params(params); !st.ok()) return st.error();
-  if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
+  if (!existing)
+    if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
   if (auto st = provider_->preflight(vm); !st.ok()) return st.error();
   // An interrupted create keeps what it read: its agent may hold the plan.
   json guest_ranges;
@@ -537,7 +519,7 @@ json TenantService::endpoint_view(const store::TenantRecord& t, const VmObservat
     v["error"] = "no URL yet: the endpoint Service has no node port";
     return v;
   }
-  auto key = provider_->api_key(vm_spec_from_stored(t.spec, t.name));
+  auto key = provider_->api_key(stored_vm(t));
   if (!key || key->empty()) {
     v["error"] = key ? "no API key stored" : key.error().message;
     return v;
@@ -575,8 +557,7 @@ Result<json> TenantService::credentials(const std::string& name, bool rotate) {
     return Error(Errc::failed_precondition, "tenant " + name + " (tier " +
                                                 (rec->tier.empty() ? "none" : rec->tier) +
                                                 ") serves no model endpoint: it has no API key");
-  VmSpec vm = vm_spec_from_stored(rec->spec, name);
-  if (vm.ns.empty()) vm.ns = opts_.default_namespace;
+  VmSpec vm = stored_vm(*rec);
   auto key = provider_->api_key(vm);
   if (!key) return key.error().with_context("reading tenant " + name + "'s API key");
   if (key->empty() && !rotate)
@@ -644,6 +625,15 @@ Result<json> TenantService::retry(const std::string& name, const std::string& st
   return json{{"tenant", name}, {"sent", true}, {"command", cmd}};
 }
 
+VmSpec TenantService::stored_vm(const store::TenantRecord& t) const {
+  bool needs_mig_stored = false;
+  VmSpec vm = vm_spec_from_stored(t.spec, t.name, &needs_mig_stored);
+  if (vm.ns.empty()) vm.ns = opts_.default_namespace;
+  if (!needs_mig_stored)
+    if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
+  return vm;
+}
+
 // ---- restart ----
 
 namespace {
@@ -685,9 +675,7 @@ Result<json> TenantService::restart(const std::string& name, bool dry_run) {
                  : "not fully created (" + (kube_state.empty() ? "no VM yet" : kube_state) +
                        "): run the same `factory tenant create` "
                        "again first"));
-  VmSpec vm = vm_spec_from_stored(rec->spec, name);
-  if (vm.ns.empty()) vm.ns = opts_.default_namespace;
-  if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
+  VmSpec vm = stored_vm(*rec);
   auto obs = provider_->observe(name, vm.ns);
   if (!obs) return obs.error().with_context("looking at the VM of " + name);
   if (!obs->exists)
@@ -781,9 +769,7 @@ void TenantService::resume_actions() {
   std::lock_guard changes(changes_mu_);
   for (const auto& t : deps_.store.list_tenants()) {
     if (t.status.value("/restart/state"_json_pointer, std::string()) != "restarting") continue;
-    VmSpec vm = vm_spec_from_stored(t.spec, t.name);
-    if (vm.ns.empty()) vm.ns = opts_.default_namespace;
-    if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
+    VmSpec vm = stored_vm(t);
     spdlog::info("tenants: finishing the restart of {} that a stop cut short", t.name);
     auto r = run_restart(t, vm);
     if (!r) spdlog::error("tenants: {}", r.error().message);
@@ -792,9 +778,7 @@ void TenantService::resume_actions() {
 
 json TenantService::restart_offer(const store::TenantRecord& t, const VmObservation& obs) {
   if (!card_fault_since_start(t) || !obs.exists) return nullptr;
-  VmSpec vm = vm_spec_from_stored(t.spec, t.name);
-  if (vm.ns.empty()) vm.ns = opts_.default_namespace;
-  if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
+  VmSpec vm = stored_vm(t);
   RestartRequest req;
   req.from_instance = obs.instance;
   req.avoid_gpus = cards_to_avoid(t, obs);

@@ -131,6 +131,11 @@ class TenantService {
   Status rollback(store::TenantRecord& rec, bool record_is_new, const std::string& token_id,
                   const std::vector<VmObject>& created, const Error& cause);
   nlohmann::json plan_steps(const store::TenantRecord& t) const;
+  // The VM of a tenant as it was first resolved (vm_spec_from_stored): a
+  // re-run of create builds the same objects even if the catalog changed
+  // meanwhile. The default namespace, and the catalog's needs_mig for a
+  // record written before it was kept.
+  VmSpec stored_vm(const store::TenantRecord& t) const;
   // The host cards a restart must leave (a card fault was recorded on the
   // tenant since it last started): every card it holds, where the provider
   // names them, as a guest's report cannot say which host card it is when

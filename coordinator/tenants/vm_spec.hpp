@@ -6,6 +6,7 @@
 // those rules whichever provider runs the VM, so a bad spec is refused before
 // anything is created.
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/error.hpp"
@@ -14,6 +15,8 @@ namespace factory::tenants {
 
 inline constexpr int kMaxGpusPerVm = 16;
 
+// A new field goes into vm_spec_to_stored / vm_spec_from_stored too
+// (StoredSpec.EveryFieldRoundTripsThroughTheRecord).
 struct VmSpec {
   std::string name;  // the tenant's name; also the VM's and its hostname
   std::string ns = "tenants";
@@ -33,6 +36,8 @@ struct VmSpec {
   // none; exposed by the NodePort Service `<name>-endpoint` on port 443.
   int endpoint_port = 0;
   std::map<std::string, std::string> labels;  // extra labels for every object of the tenant
+
+  bool operator==(const VmSpec&) const = default;
 };
 
 // Every object Factory makes for a tenant carries these labels.
@@ -47,5 +52,16 @@ inline constexpr const char* kDomainLabel = "kubevirt.io/domain";
 // Checks every field against what Kubernetes, KubeVirt and CDI accept, so a
 // bad spec is refused before the first object is created.
 Status validate_vm_spec(const VmSpec& spec);
+
+// The spec as the tenant's record keeps it (TenantRecord::spec), every field
+// but the name (the record's own), and back: a re-run of create, a restart
+// or a key rotation acts on exactly the VM that was first resolved, whatever
+// the catalog says now. ssh_service, endpoint_port and labels are written
+// only when they differ from their defaults, as records always had them.
+nlohmann::json vm_spec_to_stored(const VmSpec& spec);
+// A record written before needs_mig was kept has none: `needs_mig_stored`
+// says so, for the caller to take it from the catalog.
+VmSpec vm_spec_from_stored(const nlohmann::json& stored, const std::string& name,
+                           bool* needs_mig_stored = nullptr);
 
 }  // namespace factory::tenants

@@ -137,6 +137,60 @@ TEST(ResolveVmSpec, BadInputIsOneLineNamingIt) {
   EXPECT_NE(msg(r).find("Team_A"), std::string::npos);
 }
 
+// The spec a tenant's record keeps is the VM it was first resolved to, every
+// field of it: a re-run of create, a restart or a key rotation builds exactly
+// that VM. Each field below differs from its default, so one the record
+// dropped would come back different.
+TEST(StoredSpec, EveryFieldRoundTripsThroughTheRecord) {
+  VmSpec v;
+  v.name = "tenant-1";
+  v.ns = "team-a";
+  v.cpu = "4";
+  v.memory = "8Gi";
+  v.disk = "50Gi";
+  v.image_url = "https://images.example/noble.img";
+  v.gpu_resource = kL4Resource;
+  v.gpus = 2;
+  v.ssh_node_port = 30022;
+  v.tier = "gpu-k8s-mig";
+  v.needs_mig = true;
+  v.ssh_service = false;
+  v.endpoint_port = 11434;
+  v.labels = {{"team", "a"}, {"cost-center", "42"}};
+  const VmSpec defaults;
+  EXPECT_NE(v.ns, defaults.ns);
+  EXPECT_NE(v.gpus, defaults.gpus);
+  EXPECT_NE(v.needs_mig, defaults.needs_mig);
+  EXPECT_NE(v.ssh_service, defaults.ssh_service);
+
+  bool needs_mig_stored = false;
+  // Through the text the store writes, as a record is read back.
+  const json stored = json::parse(vm_spec_to_stored(v).dump());
+  EXPECT_FALSE(stored.contains("name")) << "the record's own name, not stored twice";
+  VmSpec back = vm_spec_from_stored(stored, "tenant-1", &needs_mig_stored);
+  EXPECT_EQ(back, v) << stored.dump();
+  EXPECT_TRUE(needs_mig_stored);
+
+  // A record from before needs_mig and labels were kept reads as it did,
+  // and says needs_mig is not its own (the caller asks the catalog).
+  VmSpec plain;
+  plain.name = "tenant-2";
+  json old = vm_spec_to_stored(plain);
+  old.erase("needs_mig");
+  EXPECT_FALSE(old.contains("labels"));
+  EXPECT_FALSE(old.contains("ssh_service")) << "written only when it differs";
+  EXPECT_EQ(vm_spec_from_stored(old, "tenant-2", &needs_mig_stored), plain);
+  EXPECT_FALSE(needs_mig_stored);
+
+  // What create stores is this spec plus the request's own fields.
+  TenantRequest req;
+  req.name = "tenant-1";
+  req.ssh_authorized_keys = {kTestEd25519Key};
+  const json rec = spec_json(v, req);
+  EXPECT_EQ(vm_spec_from_stored(rec, "tenant-1"), v);
+  EXPECT_EQ(rec["ssh_authorized_keys"], json::array({kTestEd25519Key}));
+}
+
 TEST(SameRequest, OnlyWhatTheNewRequestSetsMustMatch) {
   auto cat = builtin_catalog();
   TenantRequest first;
