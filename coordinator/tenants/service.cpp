@@ -651,9 +651,12 @@ bool card_fault_since_start(const store::TenantRecord& t) {
 
 }  // namespace
 
-std::vector<std::string> TenantService::cards_to_avoid(const store::TenantRecord& t,
-                                                       const VmObservation& obs) const {
-  return card_fault_since_start(t) ? obs.gpus : std::vector<std::string>{};
+RestartRequest TenantService::restart_request(const store::TenantRecord& t,
+                                              const VmObservation& obs) const {
+  RestartRequest req;
+  req.from_instance = obs.instance;
+  if (card_fault_since_start(t)) req.avoid_gpus = obs.gpus;
+  return req;
 }
 
 Result<json> TenantService::restart(const std::string& name, bool dry_run) {
@@ -682,9 +685,7 @@ Result<json> TenantService::restart(const std::string& name, bool dry_run) {
     return Error(Errc::failed_precondition, "tenant " + name +
                                                 " has no VM where its record says: run the same "
                                                 "`factory tenant create` again to make it");
-  RestartRequest req;
-  req.from_instance = obs->instance;
-  req.avoid_gpus = cards_to_avoid(*rec, *obs);
+  RestartRequest req = restart_request(*rec, *obs);
   if (dry_run) {
     req.dry_run = true;
     auto o = provider_->restart(vm, req);
@@ -779,9 +780,7 @@ void TenantService::resume_actions() {
 json TenantService::restart_offer(const store::TenantRecord& t, const VmObservation& obs) {
   if (!card_fault_since_start(t) || !obs.exists) return nullptr;
   VmSpec vm = stored_vm(t);
-  RestartRequest req;
-  req.from_instance = obs.instance;
-  req.avoid_gpus = cards_to_avoid(t, obs);
+  RestartRequest req = restart_request(t, obs);
   req.dry_run = true;
   auto o = provider_->restart(vm, req);
   if (!o) return json{{"command", ""}, {"why_not", o.error().message}};

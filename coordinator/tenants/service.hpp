@@ -136,12 +136,12 @@ class TenantService {
   // meanwhile. The default namespace, and the catalog's needs_mig for a
   // record written before it was kept.
   VmSpec stored_vm(const store::TenantRecord& t) const;
-  // The host cards a restart must leave (a card fault was recorded on the
-  // tenant since it last started): every card it holds, where the provider
+  // What a restart of the tenant asks its provider: replace the instance
+  // running now; leave the host cards it holds when a card fault was
+  // recorded on it since it last started (every card, where the provider
   // names them, as a guest's report cannot say which host card it is when
-  // there are several.
-  std::vector<std::string> cards_to_avoid(const store::TenantRecord& t,
-                                          const VmObservation& obs) const;
+  // there are several).
+  RestartRequest restart_request(const store::TenantRecord& t, const VmObservation& obs) const;
   // The restart journaled in `rec` (status.restart), carried out to its end.
   Result<nlohmann::json> run_restart(store::TenantRecord rec, const VmSpec& vm);
   // What `tenant show` offers for a tenant on a faulted card: the restart,

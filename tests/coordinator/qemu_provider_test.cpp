@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -87,6 +88,39 @@ class QemuProviderTest : public ::testing::Test {
   }
 
   std::string vm_dir(const std::string& t) { return opts_.vms_dir + "/" + t; }
+
+  // The runbook's L4 host (AD104GL, 10de:27b8) as a captured sysfs tree in
+  // `dir`, with these cards bound to vfio-pci by `factory host bind`
+  // (driverctl kept), for the provider to pick from. One monitor pass, at
+  // start only: records written by hand name cards that are not on this
+  // machine for a monitor to start QEMU with.
+  void l4_host(const TempDir& dir, const std::vector<std::string>& passthrough) {
+    namespace ht = factory::testing::hosttree;
+    ht::HostTree t(dir);
+    t.overlay(ht::host_fixtures() / "amd-epyc-host" / "root");
+    auto facts = ht::facts_file("l4-runbook");
+    for (auto& f : facts.functions)
+      if (std::find(passthrough.begin(), passthrough.end(), f.addr) != passthrough.end())
+        f.driver = "vfio-pci";
+    t.add(facts);
+    for (const auto& a : passthrough)
+      ht::write_text(t / ("/etc/driverctl.d/pci-" + a), "vfio-pci\n");
+    opts_.host_root = t.root().string();
+    opts_.monitor_every = std::chrono::hours(1);
+  }
+
+  // `tenant` holds `card`: its vm.json as provision writes it.
+  void hold_card(const std::string& tenant, const std::string& card, int ssh_port) {
+    VmRecord rec;
+    rec.tenant = tenant;
+    rec.vcpus = 1;
+    rec.memory_mib = 128;
+    rec.ssh_port = ssh_port;
+    rec.gpus = {card};
+    rec.gpu_resource = "nvidia.com/27b8";
+    ASSERT_TRUE(ensure_dir(vm_dir(tenant), 0700).ok());
+    ASSERT_TRUE(write_file_atomic(vm_dir(tenant) + "/vm.json", rec.to_json().dump(), 0600).ok());
+  }
 
   TempDir dir_{"qp"};
   fs::path base_;
@@ -267,17 +301,8 @@ TEST_F(QemuProviderTest, RefusesWhatCannotWorkBeforeMakingAnything) {
 // A MIG tier on the runbook's L4 host (AD104GL, 10de:27b8): refused before
 // anything is made, naming the card, as the KubeVirt provider does.
 TEST_F(QemuProviderTest, AMigTierIsRefusedOnTheRunbooksL4WithTheReason) {
-  namespace ht = factory::testing::hosttree;
   TempDir hdir("gm");
-  ht::HostTree t(hdir);
-  t.overlay(ht::host_fixtures() / "amd-epyc-host" / "root");
-  auto facts = ht::facts_file("l4-runbook");
-  for (auto& f : facts.functions)
-    if (f.addr == "0000:01:00.0") f.driver = "vfio-pci";
-  t.add(facts);
-  ht::write_text(t / "/etc/driverctl.d/pci-0000:01:00.0", "vfio-pci\n");
-  opts_.host_root = t.root().string();
-  opts_.monitor_every = std::chrono::hours(1);
+  l4_host(hdir, {"0000:01:00.0"});
   auto p = provider();
   auto s = spec("vm-mig");
   s.gpus = 1;
@@ -316,19 +341,8 @@ TEST_F(QemuProviderTest, AModelEndpointTierIsRefusedWithTheReason) {
 }
 
 TEST_F(QemuProviderTest, NeverTwoTenantsOnOneCard) {
-  namespace ht = factory::testing::hosttree;
   TempDir hdir("gh");
-  ht::HostTree t(hdir);
-  t.overlay(ht::host_fixtures() / "amd-epyc-host" / "root");
-  auto facts = ht::facts_file("l4-runbook");
-  for (auto& f : facts.functions)
-    if (f.addr == "0000:01:00.0") f.driver = "vfio-pci";
-  t.add(facts);
-  ht::write_text(t / "/etc/driverctl.d/pci-0000:01:00.0", "vfio-pci\n");
-  opts_.host_root = t.root().string();
-  // One pass at start only: the record below is written by hand, and its
-  // card is not on this machine for a monitor to start it with.
-  opts_.monitor_every = std::chrono::hours(1);
+  l4_host(hdir, {"0000:01:00.0"});
   auto p = provider();
 
   auto a = spec("vm-f");
@@ -336,15 +350,7 @@ TEST_F(QemuProviderTest, NeverTwoTenantsOnOneCard) {
   ASSERT_TRUE(p->preflight(a).ok());
   EXPECT_EQ(a.gpu_resource, "nvidia.com/27b8");  // no pci.ids in this tree: the raw device ID
   // vm-f holds the card (its record, as provision writes it).
-  VmRecord rec;
-  rec.tenant = "vm-f";
-  rec.vcpus = 1;
-  rec.memory_mib = 128;
-  rec.ssh_port = 30500;
-  rec.gpus = {"0000:01:00.0"};
-  rec.gpu_resource = "nvidia.com/27b8";
-  ASSERT_TRUE(ensure_dir(vm_dir("vm-f"), 0700).ok());
-  ASSERT_TRUE(write_file_atomic(vm_dir("vm-f") + "/vm.json", rec.to_json().dump(), 0600).ok());
+  hold_card("vm-f", "0000:01:00.0", 30500);
 
   auto b = spec("vm-g");
   b.gpus = 1;
@@ -425,31 +431,10 @@ TEST_F(QemuProviderTest, ARestartStartsQemuAgainOnceEvenWhenResumed) {
 // and with none free the VM stays where it is, told why. Dry runs: the
 // cards in this captured tree are not on this machine for QEMU to open.
 TEST_F(QemuProviderTest, ARestartLeavesAFaultedOrQuarantinedCardForAFreeOne) {
-  namespace ht = factory::testing::hosttree;
   TempDir hdir("gr");
-  ht::HostTree t(hdir);
-  t.overlay(ht::host_fixtures() / "amd-epyc-host" / "root");
-  auto facts = ht::facts_file("l4-runbook");
-  for (auto& f : facts.functions)
-    if (f.addr == "0000:01:00.0" || f.addr == "0000:41:00.0") f.driver = "vfio-pci";
-  t.add(facts);
-  ht::write_text(t / "/etc/driverctl.d/pci-0000:01:00.0", "vfio-pci\n");
-  ht::write_text(t / "/etc/driverctl.d/pci-0000:41:00.0", "vfio-pci\n");
-  opts_.host_root = t.root().string();
-  opts_.monitor_every = std::chrono::hours(1);
+  l4_host(hdir, {"0000:01:00.0", "0000:41:00.0"});
   auto p = provider();
-  auto hold = [&](const std::string& tenant, const std::string& card, int port) {
-    VmRecord rec;
-    rec.tenant = tenant;
-    rec.vcpus = 1;
-    rec.memory_mib = 128;
-    rec.ssh_port = port;
-    rec.gpus = {card};
-    rec.gpu_resource = "nvidia.com/27b8";
-    ASSERT_TRUE(ensure_dir(vm_dir(tenant), 0700).ok());
-    ASSERT_TRUE(write_file_atomic(vm_dir(tenant) + "/vm.json", rec.to_json().dump(), 0600).ok());
-  };
-  hold("vm-f", "0000:01:00.0", 30500);
+  hold_card("vm-f", "0000:01:00.0", 30500);
   auto s = spec("vm-f");
   s.gpus = 1;
   tenants::RestartRequest req;
@@ -477,13 +462,13 @@ TEST_F(QemuProviderTest, ARestartLeavesAFaultedOrQuarantinedCardForAFreeOne) {
   cards[0].quarantined = true;
   cards[0].reason = "Xid 79";
   cards[0].quarantined_at = "2026-12-03T18:00:00Z";
-  ASSERT_TRUE(host::write_cards(host::HostRoot(t.root().string()), cards).ok());
+  ASSERT_TRUE(host::write_cards(host::HostRoot(opts_.host_root), cards).ok());
   auto off = p->restart(s, req);
   ASSERT_TRUE(off.ok()) << off.error().message;
   EXPECT_EQ(off->gpus_after, std::vector<std::string>{"0000:41:00.0"});
 
   // The other card taken by another tenant: no move, and why.
-  hold("vm-g", "0000:41:00.0", 30501);
+  hold_card("vm-g", "0000:41:00.0", 30501);
   auto stuck = p->restart(s, req);
   ASSERT_FALSE(stuck.ok());
   EXPECT_NE(stuck.error().message.find("no healthy card for tenant vm-f to move to"),
