@@ -39,21 +39,6 @@ void put_error_and_diagnoses(json& j, const std::string& error,
 
 }  // namespace
 
-bool is_clean_text(const std::string& s, std::size_t max) {
-  if (s.size() > max) return false;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f) return false;
-    // C1 controls (U+0080..U+009F) are 0xC2 0x80..0x9F in UTF-8: some
-    // terminals act on them as on ESC sequences.
-    if (c == 0xc2 && i + 1 < s.size()) {
-      auto n = static_cast<unsigned char>(s[i + 1]);
-      if (n >= 0x80 && n <= 0x9f) return false;
-    }
-  }
-  return true;
-}
-
 json DiagnosisSample::to_json() const {
   return {{"code", code}, {"summary", summary}, {"fix", fix}, {"details", details}};
 }
@@ -400,104 +385,16 @@ void make_sendable(HealthSample& h) {
   }
 }
 
-void HealthRejects::add(const std::string& reason, const std::string& field) {
-  ++by_reason[reason];
-  if (fields.size() < 8) fields.push_back(field + " (" + reason + ")");
-}
-
 // ---------------------------------------------------------------------------
 // Reading a stranger's sample.
 
 namespace {
 
-// One object of the sample, read field by field; what breaks a rule is
-// dropped and counted with its path.
-class Reader {
- public:
-  Reader(const json& obj, std::string where, HealthRejects& rejects)
-      : obj_(obj), where_(std::move(where)), rejects_(rejects) {}
-
-  const json* get(const char* key) const {
-    if (!obj_.is_object()) return nullptr;
-    auto it = obj_.find(key);
-    if (it == obj_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-  std::string path(const char* key) const { return where_ + "." + key; }
-  void reject(const char* reason, const char* key) const { rejects_.add(reason, path(key)); }
-
-  std::string text(const char* key, std::size_t max) const {
-    const json* v = get(key);
-    if (!v) return "";
-    if (!v->is_string()) return reject("bad_type", key), "";
-    const auto& s = v->get_ref<const std::string&>();
-    if (s.size() > max) return reject("too_long", key), "";
-    if (!is_clean_text(s, max)) return reject("bad_text", key), "";
-    return s;
-  }
-
-  template <class T>
-  std::optional<T> integer(const char* key, long double lo, long double hi) const {
-    const json* v = get(key);
-    if (!v) return std::nullopt;
-    if (!v->is_number_integer()) return reject("bad_type", key), std::nullopt;
-    long double x = v->is_number_unsigned() ? static_cast<long double>(v->get<std::uint64_t>())
-                                            : static_cast<long double>(v->get<std::int64_t>());
-    if (x < lo || x > hi) return reject("out_of_range", key), std::nullopt;
-    return static_cast<T>(x);
-  }
-
-  std::optional<double> real(const char* key, double lo, double hi) const {
-    const json* v = get(key);
-    if (!v) return std::nullopt;
-    if (!v->is_number()) return reject("bad_type", key), std::nullopt;
-    double x = v->get<double>();
-    if (!std::isfinite(x) || x < lo || x > hi) return reject("out_of_range", key), std::nullopt;
-    return x;
-  }
-
-  std::optional<bool> opt_boolean(const char* key) const {
-    const json* v = get(key);
-    if (!v) return std::nullopt;
-    if (!v->is_boolean()) return reject("bad_type", key), std::nullopt;
-    return v->get<bool>();
-  }
-
-  bool boolean(const char* key) const {
-    const json* v = get(key);
-    if (!v) return false;
-    if (!v->is_boolean()) return reject("bad_type", key), false;
-    return v->get<bool>();
-  }
-
-  // The elements of a list field, at most max (the rest counted once).
-  std::vector<const json*> list(const char* key, std::size_t max) const {
-    std::vector<const json*> out;
-    const json* v = get(key);
-    if (!v) return out;
-    if (!v->is_array()) return reject("bad_type", key), out;
-    for (const auto& e : *v) {
-      if (out.size() == max) {
-        reject("too_many", key);
-        break;
-      }
-      if (!e.is_object()) {
-        reject("bad_type", key);
-        continue;
-      }
-      out.push_back(&e);
-    }
-    return out;
-  }
-
-  const std::string& where() const { return where_; }
-  HealthRejects& rejects() const { return rejects_; }
-
- private:
-  const json& obj_;
-  std::string where_;
-  HealthRejects& rejects_;
-};
+// A string of the sample: shown as it is, so no control characters; ""
+// when absent or dropped.
+std::string text(FieldReader& r, const char* key, std::size_t max) {
+  return r.clean_text(key, max).value_or("");
+}
 
 // Ranges wide enough for any card made, narrow enough that a number that
 // is not a reading (a negative size, 2^63 MiB) never reaches a dashboard.
@@ -521,28 +418,30 @@ bool clean_json(const json& j, std::size_t depth = 0) {
   return true;
 }
 
-std::vector<DiagnosisSample> read_diagnoses(const Reader& r) {
+std::vector<DiagnosisSample> read_diagnoses(FieldReader& r) {
   static const std::regex code_re("^[a-z][a-z0-9_]{0,63}$");
   std::vector<DiagnosisSample> out;
   int i = 0;
-  for (const json* e : r.list("diagnoses", lim::kDiagnoses)) {
-    Reader d(*e, r.where() + ".diagnoses[" + std::to_string(i++) + "]", r.rejects());
+  for (const json* e : r.objects("diagnoses", lim::kDiagnoses)) {
+    FieldReader d(*e, r.rejections(), r.item("diagnoses", i++));
     DiagnosisSample s;
-    s.code = d.text("code", lim::kShort);
-    if (!std::regex_match(s.code, code_re)) {
+    auto code = d.matching("code", lim::kShort,
+                           [](const std::string& c) { return std::regex_match(c, code_re); });
+    if (!code) {
       // A diagnosis is its code: without one it is nothing to show.
-      d.reject("bad_text", "code");
+      if (!d.get("code")) d.reject("code", RejectReason::missing);
       continue;
     }
-    s.summary = d.text("summary", lim::kText);
-    s.fix = d.text("fix", lim::kText);
+    s.code = std::move(*code);
+    s.summary = text(d, "summary", lim::kText);
+    s.fix = text(d, "fix", lim::kText);
     if (const json* det = d.get("details")) {
       if (!det->is_object())
-        d.reject("bad_type", "details");
+        d.reject("details", RejectReason::wrong_type);
       else if (det->dump().size() > lim::kDetails)
-        d.reject("too_long", "details");
+        d.reject("details", RejectReason::too_long);
       else if (!clean_json(*det))
-        d.reject("bad_text", "details");
+        d.reject("details", RejectReason::bad_format);
       else
         s.details = *det;
     }
@@ -552,18 +451,13 @@ std::vector<DiagnosisSample> read_diagnoses(const Reader& r) {
 }
 
 // An RFC 3339 time the agent wrote, or "" (counted) when it is not one.
-std::string timestamp(const Reader& r, const char* key) {
-  std::string s = r.text(key, lim::kShort);
-  if (!s.empty() && !parse_rfc3339(s)) {
-    r.reject("bad_text", key);
-    return "";
-  }
-  return s;
+std::string timestamp(FieldReader& r, const char* key) {
+  return r.time(key, lim::kShort).value_or("");
 }
 
-void read_faults(const Reader& r, GpuSample& g) {
-  g.serial = r.text("serial", lim::kShort);
-  g.lost = r.boolean("lost");
+void read_faults(FieldReader& r, GpuSample& g) {
+  g.serial = text(r, "serial", lim::kShort);
+  g.lost = r.boolean("lost").value_or(false);
   g.ecc_errors_corrected_volatile =
       r.integer<std::uint64_t>("ecc_errors_corrected_volatile", 0, kMaxErrors);
   g.ecc_errors_corrected_aggregate =
@@ -574,11 +468,11 @@ void read_faults(const Reader& r, GpuSample& g) {
   g.remapped_rows_correctable = r.integer<std::uint64_t>("remapped_rows_correctable", 0, kMaxCount);
   g.remapped_rows_uncorrectable =
       r.integer<std::uint64_t>("remapped_rows_uncorrectable", 0, kMaxCount);
-  g.remapped_rows_pending = r.opt_boolean("remapped_rows_pending");
-  g.remapped_rows_failure = r.opt_boolean("remapped_rows_failure");
+  g.remapped_rows_pending = r.boolean("remapped_rows_pending").value_or(false);
+  g.remapped_rows_failure = r.boolean("remapped_rows_failure").value_or(false);
   g.retired_pages_sbe = r.integer<std::uint64_t>("retired_pages_sbe", 0, kMaxCount);
   g.retired_pages_dbe = r.integer<std::uint64_t>("retired_pages_dbe", 0, kMaxCount);
-  g.retired_pages_pending = r.opt_boolean("retired_pages_pending");
+  g.retired_pages_pending = r.boolean("retired_pages_pending").value_or(false);
   // NVML's counter is an unsigned int.
   g.pcie_replay_count = r.integer<std::uint64_t>("pcie_replay_count", 0, 4294967295.0L);
   // A 64-bit mask of which NVML defines nine bits; a newer driver's bits
@@ -588,7 +482,7 @@ void read_faults(const Reader& r, GpuSample& g) {
   g.energy_mj = r.integer<std::uint64_t>("energy_mj", 0, 9007199254740992.0L);
   if (const json* n = r.get("nvlink")) {
     if (n->is_object()) {
-      Reader nr(*n, r.where() + ".nvlink", r.rejects());
+      FieldReader nr(*n, r.rejections(), r.at("nvlink"));
       NvlinkSample s;
       s.links = nr.integer<std::uint64_t>("links", 0, 64);
       s.crc_flit_errors = nr.integer<std::uint64_t>("crc_flit_errors", 0, kMaxErrors);
@@ -597,12 +491,12 @@ void read_faults(const Reader& r, GpuSample& g) {
       s.recovery_errors = nr.integer<std::uint64_t>("recovery_errors", 0, kMaxErrors);
       g.nvlink = s;
     } else {
-      r.reject("bad_type", "nvlink");
+      r.reject("nvlink", RejectReason::wrong_type);
     }
   }
   int i = 0;
-  for (const json* e : r.list("xids", lim::kXids)) {
-    Reader x(*e, r.where() + ".xids[" + std::to_string(i++) + "]", r.rejects());
+  for (const json* e : r.objects("xids", lim::kXids)) {
+    FieldReader x(*e, r.rejections(), r.item("xids", i++));
     XidSample s;
     // 999 is NVML's "an Xid it does not know"; nothing above it is one.
     auto xid = x.integer<int>("xid", 1, 999);
@@ -615,12 +509,12 @@ void read_faults(const Reader& r, GpuSample& g) {
   }
 }
 
-GpuSample read_gpu(const Reader& r, int position) {
+GpuSample read_gpu(FieldReader& r, int position) {
   GpuSample g;
   g.index = r.integer<int>("index", 0, 63).value_or(position);
-  g.name = r.text("name", lim::kName);
-  g.uuid = r.text("uuid", lim::kShort);
-  g.pci_bus_id = r.text("pci_bus_id", lim::kShort);
+  g.name = text(r, "name", lim::kName);
+  g.uuid = text(r, "uuid", lim::kShort);
+  g.pci_bus_id = text(r, "pci_bus_id", lim::kShort);
   g.minor_number = r.integer<int>("minor_number", 0, 255);
   g.memory_total_mib = r.integer<std::uint64_t>("memory_total_mib", 0, kMaxMib);
   g.memory_used_mib = r.integer<std::uint64_t>("memory_used_mib", 0, kMaxMib);
@@ -630,48 +524,48 @@ GpuSample read_gpu(const Reader& r, int position) {
   g.memory_utilization_percent = r.integer<int>("memory_utilization_percent", 0, 100);
   g.temperature_c = r.integer<int>("temperature_c", -60, 200);
   g.memory_temperature_c = r.integer<int>("memory_temperature_c", -60, 200);
-  g.power_draw_w = r.real("power_draw_w", 0, 10000);
-  g.power_limit_w = r.real("power_limit_w", 0, 10000);
+  g.power_draw_w = r.number("power_draw_w", 0, 10000);
+  g.power_limit_w = r.number("power_limit_w", 0, 10000);
   g.sm_clock_mhz = r.integer<int>("sm_clock_mhz", 0, 100000);
   g.memory_clock_mhz = r.integer<int>("memory_clock_mhz", 0, 100000);
-  g.pstate = r.text("pstate", 4);
+  g.pstate = text(r, "pstate", 4);
   static const std::regex pstate_re("^P([0-9]|1[0-5])$");
   if (!g.pstate.empty() && !std::regex_match(g.pstate, pstate_re)) {
-    r.reject("out_of_range", "pstate");
+    r.reject("pstate", RejectReason::bad_format);
     g.pstate.clear();
   }
   g.ecc_errors_uncorrected_volatile =
       r.integer<std::uint64_t>("ecc_errors_uncorrected_volatile", 0, 1e15L);
-  g.mig_mode = r.text("mig_mode", 16);
+  g.mig_mode = text(r, "mig_mode", 16);
   if (!g.mig_mode.empty() && g.mig_mode != "Enabled" && g.mig_mode != "Disabled") {
-    r.reject("out_of_range", "mig_mode");
+    r.reject("mig_mode", RejectReason::unknown_value);
     g.mig_mode.clear();
   }
   int i = 0;
-  for (const json* e : r.list("processes", lim::kProcesses)) {
-    Reader p(*e, r.where() + ".processes[" + std::to_string(i++) + "]", r.rejects());
+  for (const json* e : r.objects("processes", lim::kProcesses)) {
+    FieldReader p(*e, r.rejections(), r.item("processes", i++));
     GpuProcessSample s;
     auto pid = p.integer<std::uint32_t>("pid", 1, std::numeric_limits<std::int32_t>::max());
     if (!pid) continue;  // a process is its pid
     s.pid = *pid;
-    s.name = p.text("name", lim::kName);
+    s.name = text(p, "name", lim::kName);
     s.used_memory_mib = p.integer<std::uint64_t>("used_memory_mib", 0, kMaxMib);
     g.processes.push_back(std::move(s));
   }
   i = 0;
   static const std::regex mig_uuid("^MIG-[0-9A-Za-z-]{1,60}$");
-  for (const json* e : r.list("mig_instances", lim::kMigInstances)) {
-    Reader m(*e, r.where() + ".mig_instances[" + std::to_string(i++) + "]", r.rejects());
+  for (const json* e : r.objects("mig_instances", lim::kMigInstances)) {
+    FieldReader m(*e, r.rejections(), r.item("mig_instances", i++));
     MigInstanceSample s;
-    s.profile = m.text("profile", 24);
+    s.profile = text(m, "profile", 24);
     if (!valid_mig_profile_name(s.profile)) {
-      m.reject("out_of_range", "profile");
+      m.reject("profile", RejectReason::bad_format);
       continue;  // a slice is its profile
     }
-    s.memory_gib = m.real("memory_gib", 0, 4096);
-    s.uuid = m.text("uuid", lim::kShort);
+    s.memory_gib = m.number("memory_gib", 0, 4096);
+    s.uuid = text(m, "uuid", lim::kShort);
     if (!s.uuid.empty() && !std::regex_match(s.uuid, mig_uuid)) {
-      m.reject("out_of_range", "uuid");
+      m.reject("uuid", RejectReason::bad_format);
       s.uuid.clear();
     }
     g.mig_instances.push_back(std::move(s));
@@ -680,94 +574,94 @@ GpuSample read_gpu(const Reader& r, int position) {
   return g;
 }
 
-GpuSection read_gpu_section(const Reader& r) {
+GpuSection read_gpu_section(FieldReader& r) {
   GpuSection s;
-  s.source = r.text("source", 16);
+  s.source = text(r, "source", 16);
   if (s.source != "nvml" && s.source != "nvidia-smi" && s.source != "none") {
-    if (!s.source.empty()) r.reject("out_of_range", "source");
+    if (!s.source.empty()) r.reject("source", RejectReason::unknown_value);
     s.source = "none";
   }
-  s.driver_version = r.text("driver_version", lim::kShort);
-  s.cuda_driver_version = r.text("cuda_driver_version", lim::kShort);
-  s.via = r.text("via", lim::kText);
+  s.driver_version = text(r, "driver_version", lim::kShort);
+  s.cuda_driver_version = text(r, "cuda_driver_version", lim::kShort);
+  s.via = text(r, "via", lim::kText);
   int i = 0;
-  for (const json* e : r.list("gpus", lim::kGpus)) {
-    Reader g(*e, r.where() + ".gpus[" + std::to_string(i) + "]", r.rejects());
+  for (const json* e : r.objects("gpus", lim::kGpus)) {
+    FieldReader g(*e, r.rejections(), r.item("gpus", i));
     s.gpus.push_back(read_gpu(g, i++));
   }
-  s.error = r.text("error", lim::kText);
+  s.error = text(r, "error", lim::kText);
   s.diagnoses = read_diagnoses(r);
   return s;
 }
 
-OllamaSection read_ollama(const Reader& r) {
+OllamaSection read_ollama(FieldReader& r) {
   OllamaSection s;
-  s.version = r.text("version", lim::kShort);
+  s.version = text(r, "version", lim::kShort);
   int i = 0;
-  for (const json* e : r.list("models", lim::kModels)) {
-    Reader m(*e, r.where() + ".models[" + std::to_string(i++) + "]", r.rejects());
+  for (const json* e : r.objects("models", lim::kModels)) {
+    FieldReader m(*e, r.rejections(), r.item("models", i++));
     OllamaModelSample x;
-    x.name = m.text("name", lim::kName);
+    x.name = text(m, "name", lim::kName);
     if (x.name.empty()) continue;  // a model is its name
     x.size = m.integer<std::uint64_t>("size", 0, kMaxBytes).value_or(0);
     x.size_vram = m.integer<std::uint64_t>("size_vram", 0, kMaxBytes).value_or(0);
     if (x.size_vram > x.size) {
-      m.reject("out_of_range", "size_vram");
+      m.reject("size_vram", RejectReason::out_of_range);
       x.size_vram = x.size;
     }
     x.gpu_percent = m.integer<int>("gpu_percent", 0, 100).value_or(0);
     x.context_length = m.integer<std::int64_t>("context_length", 0, 1LL << 31);
-    x.expires_at = m.text("expires_at", lim::kShort);
+    x.expires_at = text(m, "expires_at", lim::kShort);
     s.models.push_back(std::move(x));
   }
-  s.error = r.text("error", lim::kText);
+  s.error = text(r, "error", lim::kText);
   s.diagnoses = read_diagnoses(r);
   return s;
 }
 
-K8sSection read_k8s(const Reader& r) {
+K8sSection read_k8s(FieldReader& r) {
   static const std::regex resource_re("^[A-Za-z0-9.-]+/[A-Za-z0-9_.-]+$");
   K8sSection s;
-  s.resource = r.text("resource", lim::kName);
+  s.resource = text(r, "resource", lim::kName);
   if (!std::regex_match(s.resource, resource_re)) {
-    if (!s.resource.empty()) r.reject("out_of_range", "resource");
+    if (!s.resource.empty()) r.reject("resource", RejectReason::bad_format);
     s.resource = "nvidia.com/gpu";
   }
   s.allocatable = r.integer<std::int64_t>("allocatable", 0, kMaxCount);
   s.capacity = r.integer<std::int64_t>("capacity", 0, kMaxCount);
   int i = 0;
-  for (const json* e : r.list("nodes", lim::kNodes)) {
-    Reader n(*e, r.where() + ".nodes[" + std::to_string(i++) + "]", r.rejects());
+  for (const json* e : r.objects("nodes", lim::kNodes)) {
+    FieldReader n(*e, r.rejections(), r.item("nodes", i++));
     K8sNodeSample x;
-    x.name = n.text("name", lim::kName);
-    x.ready = n.boolean("ready");
+    x.name = text(n, "name", lim::kName);
+    x.ready = n.boolean("ready").value_or(false);
     x.allocatable = n.integer<std::int64_t>("allocatable", 0, kMaxCount);
     x.capacity = n.integer<std::int64_t>("capacity", 0, kMaxCount);
-    x.gpu_label = n.text("gpu_label", lim::kShort);
+    x.gpu_label = text(n, "gpu_label", lim::kShort);
     s.nodes.push_back(std::move(x));
   }
   i = 0;
-  for (const json* e : r.list("pods", lim::kPods)) {
-    Reader p(*e, r.where() + ".pods[" + std::to_string(i++) + "]", r.rejects());
+  for (const json* e : r.objects("pods", lim::kPods)) {
+    FieldReader p(*e, r.rejections(), r.item("pods", i++));
     K8sPodSample x;
-    x.ns = p.text("namespace", lim::kShort);
-    x.name = p.text("name", lim::kName);
-    x.phase = p.text("phase", lim::kShort);
-    x.status = p.text("status", lim::kShort);
-    x.node = p.text("node", lim::kName);
+    x.ns = text(p, "namespace", lim::kShort);
+    x.name = text(p, "name", lim::kName);
+    x.phase = text(p, "phase", lim::kShort);
+    x.status = text(p, "status", lim::kShort);
+    x.node = text(p, "node", lim::kName);
     x.gpus = p.integer<std::int64_t>("gpus", 0, kMaxCount);
     x.gpumem_mib = p.integer<std::int64_t>("gpumem_mib", 0, kMaxMib);
     x.gpumem_percentage = p.integer<std::int64_t>("gpumem_percentage", 0, 100);
     s.pods.push_back(std::move(x));
   }
-  s.error = r.text("error", lim::kText);
+  s.error = text(r, "error", lim::kText);
   s.diagnoses = read_diagnoses(r);
   return s;
 }
 
-EndpointSection read_endpoint(const Reader& r) {
+EndpointSection read_endpoint(FieldReader& r) {
   EndpointSection s;
-  s.serving = r.boolean("serving");
+  s.serving = r.boolean("serving").value_or(false);
   // Counters since the agent started: a month of a busy endpoint fits 2^40.
   constexpr long double kMaxCounter = 1ULL << 40;
   const std::pair<const char*, std::uint64_t*> counters[] = {
@@ -779,21 +673,21 @@ EndpointSection read_endpoint(const Reader& r) {
       {"upstream_errors", &s.upstream_errors},
       {"in_flight", &s.in_flight}};
   for (auto [key, out] : counters) *out = r.integer<std::uint64_t>(key, 0, kMaxCounter).value_or(0);
-  s.certificate_expires_at = r.text("certificate_expires_at", lim::kShort);
+  s.certificate_expires_at = text(r, "certificate_expires_at", lim::kShort);
   if (const json* p = r.get("probe")) {
     if (p->is_object()) {
-      Reader pr(*p, r.where() + ".probe", r.rejects());
+      FieldReader pr(*p, r.rejections(), r.at("probe"));
       ProbeSample x;
-      x.model = pr.text("model", lim::kName);
-      x.ok = pr.boolean("ok");
+      x.model = text(pr, "model", lim::kName);
+      x.ok = pr.boolean("ok").value_or(false);
       // An hour is longer than any probe is waited for.
-      x.ttft_ms = pr.real("ttft_ms", 0, 3.6e6);
-      x.total_ms = pr.real("total_ms", 0, 3.6e6);
-      x.at = pr.text("at", lim::kShort);
-      x.error = pr.text("error", lim::kText);
+      x.ttft_ms = pr.number("ttft_ms", 0, 3.6e6);
+      x.total_ms = pr.number("total_ms", 0, 3.6e6);
+      x.at = text(pr, "at", lim::kShort);
+      x.error = text(pr, "error", lim::kText);
       s.probe = std::move(x);
     } else if (!p->is_null()) {
-      r.reject("bad_type", "probe");
+      r.reject("probe", RejectReason::wrong_type);
     }
   }
   return s;
@@ -801,41 +695,31 @@ EndpointSection read_endpoint(const Reader& r) {
 
 }  // namespace
 
-HealthSample parse_health_sample(const json& body, HealthRejects& rejects) {
-  HealthSample h;
+Decoded<HealthSample> decode_health_sample(const json& body) {
+  Decoded<HealthSample> out;
   if (!body.is_object()) {
-    rejects.add("bad_message", "health");
-    return h;
+    out.rejected.add("health", RejectReason::wrong_type);
+    out.refusal = "a health sample is a JSON object";
+    return out;
   }
-  Reader r(body, "health", rejects);
-  h.time = r.text("time", lim::kShort);
-  h.hostname = r.text("hostname", lim::kName);
-  h.plan_hash = r.text("plan_hash", lim::kShort);
-  if (const json* g = r.get("gpu")) {
-    if (g->is_object())
-      h.gpu = read_gpu_section(Reader(*g, "health.gpu", rejects));
-    else
-      r.reject("bad_type", "gpu");
-  }
-  if (const json* o = r.get("ollama")) {
-    if (o->is_object())
-      h.ollama = read_ollama(Reader(*o, "health.ollama", rejects));
-    else
-      r.reject("bad_type", "ollama");
-  }
-  if (const json* k = r.get("k8s")) {
-    if (k->is_object())
-      h.k8s = read_k8s(Reader(*k, "health.k8s", rejects));
-    else
-      r.reject("bad_type", "k8s");
-  }
-  if (const json* e = r.get("endpoint")) {
-    if (e->is_object())
-      h.endpoint = read_endpoint(Reader(*e, "health.endpoint", rejects));
-    else
-      r.reject("bad_type", "endpoint");
-  }
-  return h;
+  HealthSample h;
+  FieldReader r(body, out.rejected);
+  h.time = text(r, "time", lim::kShort);
+  h.hostname = text(r, "hostname", lim::kName);
+  h.plan_hash = text(r, "plan_hash", lim::kShort);
+  // Each section is an object, read by its own reader under its own path.
+  auto section = [&](const char* key) -> std::optional<FieldReader> {
+    const json* v = r.get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_object()) return r.reject(key, RejectReason::wrong_type), std::nullopt;
+    return FieldReader(*v, out.rejected, r.at(key));
+  };
+  if (auto g = section("gpu")) h.gpu = read_gpu_section(*g);
+  if (auto o = section("ollama")) h.ollama = read_ollama(*o);
+  if (auto k = section("k8s")) h.k8s = read_k8s(*k);
+  if (auto e = section("endpoint")) h.endpoint = read_endpoint(*e);
+  out.value = std::move(h);
+  return out;
 }
 
 }  // namespace factory::proto

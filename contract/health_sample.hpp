@@ -7,7 +7,7 @@
 //
 // Both sides use these types: the agent's collectors fill them and send
 // to_json(); the coordinator reads a frame's body back with
-// parse_health_sample(), which trusts nothing. Every string has a length
+// decode_health_sample(), which trusts nothing. Every string has a length
 // cap and may hold no control characters (a terminal escape in a GPU name
 // is an attack, not a typo), every list a size cap, every number a range.
 // A field that breaks its rule is dropped (read as unknown) and counted by
@@ -49,6 +49,8 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "contract/guest_input.hpp"
 
 namespace factory::proto {
 
@@ -284,19 +286,11 @@ struct HealthSample {
   std::vector<const DiagnosisSample*> all_diagnoses() const;
 };
 
-// What parse_health_sample dropped, by reason: "bad_type", "out_of_range",
-// "too_long", "bad_text" (control characters, or a code that is not one),
-// "too_many" (a list cut to its cap), "bad_message" (the body is no object).
-struct HealthRejects {
-  std::map<std::string, std::uint64_t> by_reason;
-  std::vector<std::string> fields;  // the first few dropped fields, for the log
-  void add(const std::string& reason, const std::string& field);
-  bool empty() const { return by_reason.empty(); }
-};
-
-// A health frame's body, from a stranger: never throws; what breaks a rule
-// is dropped and counted in `rejects`.
-HealthSample parse_health_sample(const nlohmann::json& body, HealthRejects& rejects);
+// A health frame's body, from a stranger, read with the one reader of
+// guest input (guest_input.hpp): never throws; what breaks a rule is
+// dropped and listed in `rejected`, the rest kept. No value (a refusal)
+// only when the body is not an object.
+Decoded<HealthSample> decode_health_sample(const nlohmann::json& body);
 
 // What the agent does to its own sample before it sends it: every string cut
 // to its cap (at a UTF-8 character boundary) with control characters and
@@ -308,9 +302,5 @@ HealthSample parse_health_sample(const nlohmann::json& body, HealthRejects& reje
 void make_sendable(HealthSample& sample);
 // One string as make_sendable leaves it.
 std::string clip_text(const std::string& s, std::size_t max);
-
-// A string as it may appear in a sample: true when it has no control
-// characters (C0, DEL, C1) and is at most max bytes.
-bool is_clean_text(const std::string& s, std::size_t max);
 
 }  // namespace factory::proto

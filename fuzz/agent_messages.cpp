@@ -48,9 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // An endpoint's CSR frame has the renewal's shape and decoder.
     (void)coordinator::decode_renew(body);
   } else if (type == proto::type::kHealth) {
-    proto::HealthRejects rejects;
-    auto sample = proto::parse_health_sample(body, rejects);
-    (void)sample.to_json().dump();
+    auto sample = proto::decode_health_sample(body);
+    if (sample.value) (void)sample.value->to_json().dump();
   } else {
     auto d = coordinator::decode_event(body);
     if (d.value) {
@@ -58,8 +57,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto& r = record();
       if (coordinator::project_event(r, *d.value)) (void)r.status.dump();
       if (const auto* h = std::get_if<coordinator::HealthEvent>(&d.value->body)) {
-        proto::HealthRejects rejects;
-        (void)proto::parse_health_sample(h->report, rejects).to_json().dump();
+        auto sample = proto::decode_health_sample(h->report);
+        if (sample.value) (void)sample.value->to_json().dump();
       }
     }
   }

@@ -11,12 +11,11 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto body = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return 0;
-  factory::proto::HealthRejects rejects;
-  auto sample = factory::proto::parse_health_sample(body, rejects);
-  const nlohmann::json kept = sample.to_json();
+  auto sample = factory::proto::decode_health_sample(body);
+  if (!sample.value) return 0;
+  const nlohmann::json kept = sample.value->to_json();
   (void)kept.dump();
-  factory::proto::HealthRejects again;
-  factory::proto::parse_health_sample(kept, again);
-  if (!again.empty()) std::abort();
+  auto again = factory::proto::decode_health_sample(kept);
+  if (!again.value || !again.rejected.empty()) std::abort();
   return 0;
 }

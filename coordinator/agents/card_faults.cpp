@@ -18,19 +18,18 @@ std::string text(const json& j, const char* key) {
 
 // The diagnosis for this code on this GPU (its details name the GPU), else
 // the first with the code; null when the agent sent none.
-json diagnosis_for(const json& health, const std::string& code, int index,
-                   const std::string& uuid) {
-  if (!health.is_object() || !health.contains("gpu") || !health["gpu"].is_object()) return nullptr;
-  const json& gpu = health["gpu"];
-  if (!gpu.contains("diagnoses") || !gpu["diagnoses"].is_array()) return nullptr;
-  json any;
-  for (const auto& d : gpu["diagnoses"]) {
-    if (!d.is_object() || text(d, "code") != code) continue;
-    const json& det = d.contains("details") ? d["details"] : json();
+const proto::DiagnosisSample* diagnosis_for(const proto::GpuSection& gpu, const std::string& code,
+                                            int index, const std::string& uuid) {
+  const proto::DiagnosisSample* any = nullptr;
+  for (const auto& d : gpu.diagnoses) {
+    if (d.code != code) continue;
+    // details is the one free-form part of a diagnosis (bounded and clean
+    // by the sample's reader): the agent names the GPU there.
+    const json& det = d.details;
     if (det.is_object() && ((!uuid.empty() && text(det, "uuid") == uuid) ||
                             (uuid.empty() && det.value("gpu", -1) == index)))
-      return d;
-    if (any.is_null()) any = d;
+      return &d;
+    if (!any) any = &d;
   }
   return any;
 }
@@ -52,19 +51,17 @@ json CardFault::to_json() const {
   return j;
 }
 
-std::vector<CardFault> card_faults(const json& health) {
+std::vector<CardFault> card_faults(const store::LatestHealth& health) {
   std::vector<CardFault> out;
-  if (!health.is_object() || !health.contains("gpu") || !health["gpu"].is_object()) return out;
-  const std::string seen_at = text(health, "received_at");
-  for (const auto& g : health["gpu"].value("gpus", json::array())) {
-    if (!g.is_object()) continue;
+  const proto::GpuSection& section = health.sample.gpu;
+  for (const auto& g : section.gpus) {
     CardFault base;
-    base.gpu_index = g.value("index", 0);
-    base.uuid = text(g, "uuid");
-    base.serial = text(g, "serial");
-    base.name = text(g, "name");
-    base.pci_bus_id = text(g, "pci_bus_id");
-    base.seen_at = seen_at;
+    base.gpu_index = g.index;
+    base.uuid = g.uuid;
+    base.serial = g.serial;
+    base.name = g.name;
+    base.pci_bus_id = g.pci_bus_id;
+    base.seen_at = health.received_at;
     const std::string who = base.uuid.empty() ? "gpu" + std::to_string(base.gpu_index) : base.uuid;
     auto add = [&](const std::string& kind, int xid, const std::string& code) {
       CardFault f = base;
@@ -72,19 +69,17 @@ std::vector<CardFault> card_faults(const json& health) {
       f.xid = xid;
       f.key = who + "/" + (kind == "xid" ? "xid-" + std::to_string(xid) : kind);
       f.code = code;
-      const json d = diagnosis_for(health, code, f.gpu_index, f.uuid);
-      f.summary = text(d, "summary");
-      f.fix = text(d, "fix");
+      if (const auto* d = diagnosis_for(section, code, f.gpu_index, f.uuid)) {
+        f.summary = d->summary;
+        f.fix = d->fix;
+      }
       out.push_back(std::move(f));
     };
-    if (g.value("lost", false) == true) add("lost", 0, "gpu_lost");
-    if (g.contains("remapped_rows_failure") && g["remapped_rows_failure"] == true)
+    if (g.lost) add("lost", 0, "gpu_lost");
+    if (g.remapped_rows_failure.value_or(false))
       add("row_remap_failure", 0, "gpu_row_remap_failure");
-    for (const auto& x : g.value("xids", json::array())) {
-      if (!x.is_object() || !x.contains("xid") || !x["xid"].is_number_integer()) continue;
-      int id = x["xid"].get<int>();
-      if (gpu::xid_faults_card(id)) add("xid", id, "gpu_xid_" + std::to_string(id));
-    }
+    for (const auto& x : g.xids)
+      if (gpu::xid_faults_card(x.xid)) add("xid", x.xid, "gpu_xid_" + std::to_string(x.xid));
   }
   return out;
 }

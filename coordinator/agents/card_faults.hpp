@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/store/store.hpp"
+
 namespace factory::coordinator {
 
 struct CardFault {
@@ -30,9 +32,8 @@ struct CardFault {
   nlohmann::json to_json() const;
 };
 
-// The card faults in one health sample as the coordinator keeps it
-// (proto::parse_health_sample's output, with its received_at).
-std::vector<CardFault> card_faults(const nlohmann::json& health);
+// The card faults in a tenant's latest health sample.
+std::vector<CardFault> card_faults(const store::LatestHealth& health);
 
 // Adds the faults status.gpu_faults does not hold yet (a fault seen again
 // keeps its first record); at most kMaxRecords, the oldest going first.

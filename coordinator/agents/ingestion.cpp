@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include "common/durations.hpp"
-#include "contract/health_sample.hpp"
 
 namespace factory::coordinator {
 
@@ -49,10 +48,13 @@ bool Ingestion::may_log(const std::string& tenant) {
 }
 
 void Ingestion::count(const std::string& tenant, const std::string& type,
-                      const std::vector<Rejection>& rejected) {
+                      const Rejections& rejected) {
   if (rejected.empty()) return;
-  for (const auto& r : rejected) feed_.count_rejected(tenant, reason_name(r.reason));
+  for (auto r : proto::kAllRejectReasons)
+    if (auto n = rejected.count(r)) feed_.count_rejected(tenant, reason_name(r), n);
   if (!may_log(tenant)) return;
+  // The paths are the coordinator's own words (keys and indices) or a
+  // guest's key cut short, never the guest's values.
   std::string what;
   for (const auto& r : rejected) {
     if (what.size() > 200) {
@@ -61,6 +63,7 @@ void Ingestion::count(const std::string& tenant, const std::string& type,
     }
     what += (what.empty() ? "" : ", ") + r.field + " (" + reason_name(r.reason) + ")";
   }
+  if (rejected.total() > rejected.kept().size()) what += ", ...";
   spdlog::warn("agents: {}: dropped from a {} message: {}",
                tenant.empty() ? std::string("unenrolled agent") : "tenant " + tenant, type, what);
 }
@@ -96,40 +99,20 @@ bool Ingestion::admit_health(const std::string& tenant) {
   return true;
 }
 
-bool Ingestion::may_warn(const std::string& tenant) {
-  auto now = std::chrono::steady_clock::now();
-  std::lock_guard lk(mu_);
-  Bucket& b = buckets_[tenant];
-  if (b.warned != std::chrono::steady_clock::time_point{} &&
-      now - b.warned < std::chrono::minutes(1))
-    return false;
-  b.warned = now;
-  return true;
-}
-
-std::optional<nlohmann::json> Ingestion::health(const std::string& tenant,
-                                                const nlohmann::json& body) {
+std::shared_ptr<const store::LatestHealth> Ingestion::health(const std::string& tenant,
+                                                             const nlohmann::json& body) {
   const std::string now = format_rfc3339(Clock::now());
   feed_.agent_seen(tenant, now);
   if (!admit_health(tenant)) {
     feed_.count_rejected(tenant, "rate_limited");
-    return std::nullopt;
+    return nullptr;
   }
-  proto::HealthRejects rejects;
-  proto::HealthSample sample = proto::parse_health_sample(body, rejects);
-  for (const auto& [reason, n] : rejects.by_reason) feed_.count_rejected(tenant, reason, n);
-  if (!rejects.empty() && may_warn(tenant)) {
-    // The paths are the coordinator's own words (keys and indices), never
-    // the guest's values.
-    std::string fields;
-    for (const auto& f : rejects.fields) fields += (fields.empty() ? "" : ", ") + f;
-    spdlog::warn("agents: tenant {}: health fields dropped: {}", tenant, fields);
-  }
-  if (rejects.by_reason.count("bad_message")) return std::nullopt;
+  auto decoded = proto::decode_health_sample(body);
+  count(tenant, "health", decoded.rejected);
+  if (!decoded.value) return nullptr;
   feed_.count_health_sample(tenant);
-  nlohmann::json kept = sample.to_json();
-  kept["received_at"] = now;
-  return kept;
+  return std::make_shared<const store::LatestHealth>(
+      store::LatestHealth{std::move(*decoded.value), now});
 }
 
 }  // namespace factory::coordinator

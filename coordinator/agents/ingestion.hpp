@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -57,24 +58,22 @@ class Ingestion {
 
   // What a decoder dropped from a message of type `type` (counted and, a few
   // a minute per tenant, logged). tenant "" for a connection without one.
-  void count(const std::string& tenant, const std::string& type,
-             const std::vector<Rejection>& rejected);
+  void count(const std::string& tenant, const std::string& type, const Rejections& rejected);
   // A message refused before any decoder saw it (a bad envelope).
   void count(const std::string& tenant, const std::string& reason);
 
   // The tenant is gone: its quota state goes with it.
   void forget(const std::string& tenant);
 
-  // One health frame's body: the sample to keep as the tenant's latest (its
-  // JSON with "received_at"), or nullopt when it is over the tenant's rate.
+  // One health frame's body: the sample to keep as the tenant's latest,
+  // or null when it is over the tenant's rate or no sample at all.
   // Thread-safe.
-  std::optional<nlohmann::json> health(const std::string& tenant, const nlohmann::json& body);
+  std::shared_ptr<const store::LatestHealth> health(const std::string& tenant,
+                                                    const nlohmann::json& body);
 
  private:
   bool may_log(const std::string& tenant);
   bool admit_health(const std::string& tenant);
-  // At most one warning a minute per tenant: the counter has the rest.
-  bool may_warn(const std::string& tenant);
 
   feed::FeedState& feed_;
   TenantQuotas quotas_;
@@ -88,7 +87,6 @@ class Ingestion {
   struct Bucket {
     double tokens = 0;
     std::chrono::steady_clock::time_point at{};
-    std::chrono::steady_clock::time_point warned{};
   };
   std::mutex mu_;
   std::map<std::string, Bucket> buckets_;

@@ -24,6 +24,8 @@
 #include <variant>
 #include <vector>
 
+#include "contract/guest_input.hpp"
+
 namespace factory::coordinator {
 
 // What the decoders allow. Sizes are bytes of UTF-8.
@@ -43,44 +45,21 @@ inline constexpr std::uint64_t kSteps = 1024;               // steps in a plan
 inline constexpr std::size_t kRangesAround = 256;  // ranges a guest cluster was picked around
 inline constexpr std::uint64_t kAttempts = 1'000'000;
 // Free-form JSON (a health report, a diagnosis's details, an event kind
-// this coordinator does not know yet): bounded in depth, width and strings.
-inline constexpr int kDepth = 6;
-inline constexpr std::size_t kItems = 64;  // keys of an object, items of a list
-inline constexpr std::size_t kKey = 64;
-inline constexpr std::size_t kString = 4096;
+// this coordinator does not know yet) is bounded by proto::FreeFormLimits.
+inline constexpr int kDepth = proto::FreeFormLimits{}.depth;
+inline constexpr std::size_t kItems = proto::FreeFormLimits{}.items;
+inline constexpr std::size_t kKey = proto::FreeFormLimits{}.key;
+inline constexpr std::size_t kString = proto::FreeFormLimits{}.string;
 }  // namespace limits
 
-// Why a field or a message was not kept: the `reason` label of the metric.
-enum class RejectReason {
-  missing,        // a required field is absent
-  wrong_type,     // a string where a number belongs, a list for an object, ...
-  too_long,       // a string over its limit
-  too_many,       // a list or object over its number of items
-  too_deep,       // nested deeper than free-form JSON may be
-  out_of_range,   // a number outside its range
-  bad_format,     // a name with characters its grammar does not allow, a bad time
-  unknown_value,  // not one of the values the field may take
-  unknown_field,  // a field this message type does not have
-};
-const char* reason_name(RejectReason r);
-inline constexpr RejectReason kAllRejectReasons[] = {
-    RejectReason::missing,    RejectReason::wrong_type,    RejectReason::too_long,
-    RejectReason::too_many,   RejectReason::too_deep,      RejectReason::out_of_range,
-    RejectReason::bad_format, RejectReason::unknown_value, RejectReason::unknown_field};
-
-struct Rejection {
-  std::string field;  // "hostname", "diagnosis.summary", "gpu.gpus[0]"
-  RejectReason reason;
-};
-
-// A decoded message: the value, what was dropped on the way, and, when no
-// value could be made, why (one line for the error frame).
-template <class T>
-struct Decoded {
-  std::optional<T> value;
-  std::vector<Rejection> rejected;
-  std::string refusal;  // set exactly when !value
-};
+// The one reader of guest input and its reasons (contract/guest_input.hpp),
+// under the names this module has always used.
+using proto::Decoded;
+using proto::kAllRejectReasons;
+using proto::reason_name;
+using proto::Rejection;
+using proto::Rejections;
+using proto::RejectReason;
 
 // hello: {agent_id?, agent_version?, hostname?, tenant?}
 struct AgentHello {

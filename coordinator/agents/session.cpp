@@ -376,11 +376,11 @@ void AgentSession::handle_health(const nlohmann::json& body) {
   if (auto kept = ctx_.ingestion.health(tenant_, body)) {
     ctx_.feed.health_changed(tenant_, *kept);
     note_card_faults(*kept);
-    ctx_.store.put_health(tenant_, std::move(*kept));
+    ctx_.store.put_health(tenant_, std::move(kept));
   }
 }
 
-void AgentSession::note_card_faults(const nlohmann::json& health) {
+void AgentSession::note_card_faults(const store::LatestHealth& health) {
   auto faults = card_faults(health);
   if (faults.empty()) return;
   if (!fault_keys_read_) {

@@ -116,7 +116,7 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   void handle_health(const nlohmann::json& body);
   // Records the card faults a sample shows that the tenant's record does
   // not hold yet, and announces each once (card_faults.hpp).
-  void note_card_faults(const nlohmann::json& health);
+  void note_card_faults(const store::LatestHealth& health);
   void handle_renew(const proto::Envelope& env);
   void handle_endpoint_csr(const proto::Envelope& env);
 

@@ -58,9 +58,12 @@ void FeedState::agent_disconnected(const std::string& tenant, const std::string&
                {{"connected", false}, {"state", how}, {"detail", detail}, {"last_seen", at}});
 }
 
-void FeedState::health_changed(const std::string& tenant, const nlohmann::json& sample) {
+void FeedState::health_changed(const std::string& tenant, const store::LatestHealth& sample) {
+  // The feed is an edge: the sample leaves as JSON here.
+  nlohmann::json health = sample.to_json();
+  nlohmann::json diagnoses = active_diagnoses(nlohmann::json(), health);
   bus_.publish("health", tenant,
-               {{"health", sample}, {"diagnoses", active_diagnoses(nlohmann::json(), sample)}});
+               {{"health", std::move(health)}, {"diagnoses", std::move(diagnoses)}});
 }
 
 void FeedState::phase_now(const std::string& tenant, const std::string& phase) {

@@ -78,7 +78,7 @@ class FeedState {
                           const std::string& detail);
   // A health sample taken in as the tenant's latest: a `health` event with
   // it and the diagnoses it makes active.
-  void health_changed(const std::string& tenant, const nlohmann::json& sample);
+  void health_changed(const std::string& tenant, const store::LatestHealth& sample);
   // An agent event stored (on the store's writer): a `progress`, `plan` or
   // `diagnosis` event, and a `phase` event when `after` (the record as the
   // event left it, when it changed) has a new phase.

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/durations.hpp"
+#include "contract/health_sample.hpp"
 #include "contract/xid_catalog.hpp"
 
 namespace factory::feed {
@@ -66,83 +67,88 @@ std::string labels(std::initializer_list<std::pair<const char*, std::string>> kv
   return out;
 }
 
-const json& field(const json& j, const char* key) {
-  static const json null;
-  return j.is_object() && j.contains(key) ? j[key] : null;
+// A reading the guest sent, as a sample's value; nullopt when it did not
+// (an older agent, a card without the call): left out, never 0.
+template <class T>
+std::optional<double> reading(const std::optional<T>& v) {
+  if (!v) return std::nullopt;
+  return static_cast<double>(*v);
 }
 
-std::string text(const json& j, const char* key) {
-  const json& v = field(j, key);
-  return v.is_string() ? v.get<std::string>() : std::string();
-}
+using proto::GpuSample;
+
+struct TenantHealth {
+  std::string tenant, tier;
+  std::shared_ptr<const store::LatestHealth> health;
+  const proto::HealthSample& sample() const { return health->sample; }
+};
 
 // The GPU series, named and labelled as NVIDIA's dcgm-exporter writes them
 // (its default counters, etc/default-counters.csv), so the dashboards made
 // for it work on Factory's tenants; `tenant` and `tier` say whose GPU it is.
-struct DcgmSeries {
+struct GpuSeries {
   const char* name;
-  const char* key;  // in the health sample's GPU
+  std::optional<double> (*value)(const GpuSample&);
   const char* help;
 };
-constexpr DcgmSeries kDcgm[] = {
-    {"DCGM_FI_DEV_GPU_UTIL", "utilization_percent", "GPU utilization (in %)."},
-    {"DCGM_FI_DEV_MEM_COPY_UTIL", "memory_utilization_percent", "Memory utilization (in %)."},
-    {"DCGM_FI_DEV_FB_USED", "memory_used_mib", "Framebuffer memory used (in MiB)."},
-    {"DCGM_FI_DEV_FB_FREE", "memory_free_mib", "Framebuffer memory free (in MiB)."},
-    {"DCGM_FI_DEV_FB_RESERVED", "memory_reserved_mib", "Framebuffer memory reserved (in MiB)."},
-    {"DCGM_FI_DEV_GPU_TEMP", "temperature_c", "GPU temperature (in C)."},
-    {"DCGM_FI_DEV_MEMORY_TEMP", "memory_temperature_c", "Memory temperature (in C)."},
-    {"DCGM_FI_DEV_POWER_USAGE", "power_draw_w", "Power draw (in W)."},
-    {"DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", "SM clock frequency (in MHz)."},
-    {"DCGM_FI_DEV_MEM_CLOCK", "memory_clock_mhz", "Memory clock frequency (in MHz)."},
+constexpr GpuSeries kDcgm[] = {
+    {"DCGM_FI_DEV_GPU_UTIL", [](const GpuSample& g) { return reading(g.utilization_percent); },
+     "GPU utilization (in %)."},
+    {"DCGM_FI_DEV_MEM_COPY_UTIL",
+     [](const GpuSample& g) { return reading(g.memory_utilization_percent); },
+     "Memory utilization (in %)."},
+    {"DCGM_FI_DEV_FB_USED", [](const GpuSample& g) { return reading(g.memory_used_mib); },
+     "Framebuffer memory used (in MiB)."},
+    {"DCGM_FI_DEV_FB_FREE", [](const GpuSample& g) { return reading(g.memory_free_mib); },
+     "Framebuffer memory free (in MiB)."},
+    {"DCGM_FI_DEV_FB_RESERVED", [](const GpuSample& g) { return reading(g.memory_reserved_mib); },
+     "Framebuffer memory reserved (in MiB)."},
+    {"DCGM_FI_DEV_GPU_TEMP", [](const GpuSample& g) { return reading(g.temperature_c); },
+     "GPU temperature (in C)."},
+    {"DCGM_FI_DEV_MEMORY_TEMP", [](const GpuSample& g) { return reading(g.memory_temperature_c); },
+     "Memory temperature (in C)."},
+    {"DCGM_FI_DEV_POWER_USAGE", [](const GpuSample& g) { return reading(g.power_draw_w); },
+     "Power draw (in W)."},
+    {"DCGM_FI_DEV_SM_CLOCK", [](const GpuSample& g) { return reading(g.sm_clock_mhz); },
+     "SM clock frequency (in MHz)."},
+    {"DCGM_FI_DEV_MEM_CLOCK", [](const GpuSample& g) { return reading(g.memory_clock_mhz); },
+     "Memory clock frequency (in MHz)."},
 };
 
-struct TenantHealth {
-  std::string tenant, tier;
-  json health;
-};
-
-std::string gpu_labels(const TenantHealth& t, const json& g) {
-  const json& minor = field(g, "minor_number");
-  int index = field(g, "index").is_number_integer() ? field(g, "index").get<int>() : 0;
+// The card's labels, dcgm-exporter's (camelCase `modelName` and `UUID`) or
+// Factory's own in Prometheus' snake_case.
+std::string card_labels(const TenantHealth& t, const GpuSample& g, bool dcgm) {
   // dcgm-exporter's `device` is the card's /dev node name.
-  std::string device =
-      "nvidia" + std::to_string(minor.is_number_integer() ? minor.get<int>() : index);
-  return labels({{"gpu", std::to_string(index)},
-                 {"UUID", text(g, "uuid")},
-                 {"pci_bus_id", text(g, "pci_bus_id")},
+  std::string device = "nvidia" + std::to_string(g.minor_number.value_or(g.index));
+  return labels({{"gpu", std::to_string(g.index)},
+                 {dcgm ? "UUID" : "uuid", g.uuid},
+                 {"pci_bus_id", g.pci_bus_id},
                  {"device", device},
-                 {"modelName", text(g, "name")},
-                 {"hostname", text(t.health, "hostname")},
+                 {dcgm ? "modelName" : "model_name", g.name},
+                 {"hostname", t.sample().hostname},
                  {"tenant", t.tenant},
                  {"tier", t.tier}});
 }
+std::string gpu_labels(const TenantHealth& t, const GpuSample& g) {
+  return card_labels(t, g, true);
+}
+std::string own_gpu_labels(const TenantHealth& t, const GpuSample& g) {
+  return card_labels(t, g, false);
+}
 
-// The same for Factory's own GPU series, in Prometheus' snake_case (the
-// dcgm-exporter names keep its camelCase `modelName` and `UUID`).
-std::string own_gpu_labels(const TenantHealth& t, const json& g) {
-  const json& minor = field(g, "minor_number");
-  int index = field(g, "index").is_number_integer() ? field(g, "index").get<int>() : 0;
-  std::string device =
-      "nvidia" + std::to_string(minor.is_number_integer() ? minor.get<int>() : index);
-  return labels({{"gpu", std::to_string(index)},
-                 {"uuid", text(g, "uuid")},
-                 {"pci_bus_id", text(g, "pci_bus_id")},
-                 {"device", device},
-                 {"model_name", text(g, "name")},
-                 {"hostname", text(t.health, "hostname")},
-                 {"tenant", t.tenant},
-                 {"tier", t.tier}});
+// Every GPU of every tenant.
+template <class F>
+void each_gpu(const std::vector<TenantHealth>& all, F&& each) {
+  for (const auto& t : all)
+    for (const auto& g : t.sample().gpu.gpus) each(t, g);
 }
 
 void render_gpus(Exposition& x, const std::vector<TenantHealth>& all) {
   for (const auto& s : kDcgm) {
     x.family(s.name, "gauge", s.help);
-    for (const auto& t : all)
-      for (const auto& g : field(field(t.health, "gpu"), "gpus")) {
-        const json& v = field(g, s.key);
-        if (v.is_number()) x.sample(s.name, gpu_labels(t, g), v.get<double>());
-      }
+    each_gpu(all, [&](const TenantHealth& t, const GpuSample& g) {
+      if (auto v = s.value(g)) x.sample(s.name, gpu_labels(t, g), *v);
+    });
   }
 }
 
@@ -150,102 +156,94 @@ void render_gpus(Exposition& x, const std::vector<TenantHealth>& all) {
 // (etc/default-counters.csv and dcp-metrics-included.csv), so its alert
 // rules and dashboards work on Factory's tenants too. What the guest did
 // not report (an older agent, a card without the call) is left out, not 0.
-struct DcgmFaultSeries {
+struct GpuFaultSeries {
   const char* name;
   const char* type;
-  const char* key;  // in the health sample's GPU
+  std::optional<double> (*value)(const GpuSample&);
   const char* help;
 };
-constexpr DcgmFaultSeries kDcgmFaults[] = {
-    {"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "pcie_replay_count",
+std::optional<double> flag(const std::optional<bool>& v) {
+  if (!v) return std::nullopt;
+  return *v ? 1 : 0;
+}
+constexpr GpuFaultSeries kDcgmFaults[] = {
+    {"DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter",
+     [](const GpuSample& g) { return reading(g.pcie_replay_count); },
      "Total number of PCIe retries."},
-    {"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter", "remapped_rows_correctable",
+    {"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
+     [](const GpuSample& g) { return reading(g.remapped_rows_correctable); },
      "Number of remapped rows for correctable errors."},
-    {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter", "remapped_rows_uncorrectable",
+    {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
+     [](const GpuSample& g) { return reading(g.remapped_rows_uncorrectable); },
      "Number of remapped rows for uncorrectable errors."},
-    {"DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "remapped_rows_failure",
+    {"DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge",
+     [](const GpuSample& g) { return flag(g.remapped_rows_failure); },
      "Whether remapping of rows has failed."},
-    {"DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge", "remapped_rows_pending",
+    {"DCGM_FI_DEV_ROW_REMAP_PENDING", "gauge",
+     [](const GpuSample& g) { return flag(g.remapped_rows_pending); },
      "Whether remapping of rows is pending."},
-    {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "clocks_event_reasons",
+    {"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge",
+     [](const GpuSample& g) { return reading(g.clocks_event_reasons); },
      "Current clock throttle reasons (NVML's clocks event reason bits)."},
-    {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "energy_mj",
+    {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
+     [](const GpuSample& g) { return reading(g.energy_mj); },
      "Total energy consumption since the driver loaded (in mJ)."},
-    {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "ecc_errors_corrected_volatile",
+    {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter",
+     [](const GpuSample& g) { return reading(g.ecc_errors_corrected_volatile); },
      "Total number of single-bit volatile ECC errors."},
-    {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "ecc_errors_uncorrected_volatile",
+    {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter",
+     [](const GpuSample& g) { return reading(g.ecc_errors_uncorrected_volatile); },
      "Total number of double-bit volatile ECC errors."},
-    {"DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter", "ecc_errors_corrected_aggregate",
+    {"DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "counter",
+     [](const GpuSample& g) { return reading(g.ecc_errors_corrected_aggregate); },
      "Total number of single-bit persistent ECC errors."},
-    {"DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter", "ecc_errors_uncorrected_aggregate",
+    {"DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "counter",
+     [](const GpuSample& g) { return reading(g.ecc_errors_uncorrected_aggregate); },
      "Total number of double-bit persistent ECC errors."},
-    {"DCGM_FI_DEV_RETIRED_SBE", "counter", "retired_pages_sbe",
+    {"DCGM_FI_DEV_RETIRED_SBE", "counter",
+     [](const GpuSample& g) { return reading(g.retired_pages_sbe); },
      "Total number of retired pages due to single-bit errors."},
-    {"DCGM_FI_DEV_RETIRED_DBE", "counter", "retired_pages_dbe",
+    {"DCGM_FI_DEV_RETIRED_DBE", "counter",
+     [](const GpuSample& g) { return reading(g.retired_pages_dbe); },
      "Total number of retired pages due to double-bit errors."},
-    {"DCGM_FI_DEV_RETIRED_PENDING", "counter", "retired_pages_pending",
+    {"DCGM_FI_DEV_RETIRED_PENDING", "counter",
+     [](const GpuSample& g) { return flag(g.retired_pages_pending); },
      "Total number of pages pending retirement."},
 };
 
-struct DcgmNvlinkSeries {
+struct NvlinkSeries {
   const char* name;
-  const char* key;  // in the sample's nvlink
+  std::optional<std::uint64_t> proto::NvlinkSample::*value;
   const char* help;
 };
-constexpr DcgmNvlinkSeries kDcgmNvlink[] = {
-    {"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "crc_flit_errors",
+constexpr NvlinkSeries kDcgmNvlink[] = {
+    {"DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", &proto::NvlinkSample::crc_flit_errors,
      "Total number of NVLink flow-control CRC errors."},
-    {"DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", "crc_data_errors",
+    {"DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", &proto::NvlinkSample::crc_data_errors,
      "Total number of NVLink data CRC errors."},
-    {"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "replay_errors",
+    {"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", &proto::NvlinkSample::replay_errors,
      "Total number of NVLink retries."},
-    {"DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "recovery_errors",
+    {"DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", &proto::NvlinkSample::recovery_errors,
      "Total number of NVLink recovery errors."},
 };
 
-// The Xid seen last: DCGM_FI_DEV_XID_ERRORS's value.
-int last_xid(const json& g) {
-  int last = 0;
-  std::optional<Clock::time_point> last_at;
-  for (const auto& x : field(g, "xids")) {
-    const json& id = field(x, "xid");
-    if (!id.is_number_integer()) continue;
-    auto at = parse_rfc3339(text(x, "last_at"));
-    if (last == 0 || !at || !last_at || *at >= *last_at) {
-      last = id.get<int>();
-      last_at = at ? std::optional(*at) : std::nullopt;
-    }
-  }
-  return last;
-}
-
 void render_gpu_faults(Exposition& x, const std::vector<TenantHealth>& all) {
-  auto gpus = [&](auto&& each) {
-    for (const auto& t : all)
-      for (const auto& g : field(field(t.health, "gpu"), "gpus")) each(t, g);
-  };
   x.family("DCGM_FI_DEV_XID_ERRORS", "gauge",
            "Value of the last XID error encountered (0: none not yet acknowledged).");
-  gpus([&](const TenantHealth& t, const json& g) {
-    // An agent that reports Xids sends the list, empty or not.
-    if (field(g, "xids").is_array())
-      x.sample("DCGM_FI_DEV_XID_ERRORS", gpu_labels(t, g), last_xid(g));
+  each_gpu(all, [&](const TenantHealth& t, const GpuSample& g) {
+    x.sample("DCGM_FI_DEV_XID_ERRORS", gpu_labels(t, g), g.last_xid());
   });
   for (const auto& s : kDcgmFaults) {
     x.family(s.name, s.type, s.help);
-    gpus([&](const TenantHealth& t, const json& g) {
-      const json& v = field(g, s.key);
-      if (v.is_number())
-        x.sample(s.name, gpu_labels(t, g), v.get<double>());
-      else if (v.is_boolean())
-        x.sample(s.name, gpu_labels(t, g), v.get<bool>() ? 1 : 0);
+    each_gpu(all, [&](const TenantHealth& t, const GpuSample& g) {
+      if (auto v = s.value(g)) x.sample(s.name, gpu_labels(t, g), *v);
     });
   }
   for (const auto& s : kDcgmNvlink) {
     x.family(s.name, "counter", s.help);
-    gpus([&](const TenantHealth& t, const json& g) {
-      const json& v = field(field(g, "nvlink"), s.key);
-      if (v.is_number()) x.sample(s.name, gpu_labels(t, g), v.get<double>());
+    each_gpu(all, [&](const TenantHealth& t, const GpuSample& g) {
+      if (!g.nvlink) return;
+      if (auto v = reading((*g.nvlink).*(s.value))) x.sample(s.name, gpu_labels(t, g), *v);
     });
   }
   // Factory's own: what dcgm-exporter cannot say (it stops reporting a lost
@@ -253,25 +251,21 @@ void render_gpu_faults(Exposition& x, const std::vector<TenantHealth>& all) {
   // what it means for the card (contract/xid_catalog.hpp judges the number).
   x.family("factory_gpu_lost", "gauge",
            "1 when NVML answers GPU_IS_LOST for the card: it fell off the bus.");
-  gpus([&](const TenantHealth& t, const json& g) {
-    if (field(g, "lost").is_boolean())
-      x.sample("factory_gpu_lost", own_gpu_labels(t, g), field(g, "lost") == true ? 1 : 0);
+  each_gpu(all, [&](const TenantHealth& t, const GpuSample& g) {
+    x.sample("factory_gpu_lost", own_gpu_labels(t, g), g.lost ? 1 : 0);
   });
   x.family("factory_gpu_xid", "gauge",
            "Times the card reported this Xid, kept until acknowledged in the guest; impact: "
            "card (it needs the admin), watch, application, unknown.");
-  gpus([&](const TenantHealth& t, const json& g) {
-    for (const auto& e : field(g, "xids")) {
-      const json& id = field(e, "xid");
-      const json& count = field(e, "count");
-      if (!id.is_number_integer() || !count.is_number()) continue;
-      const gpu::XidEntry* entry = gpu::find_xid(id.get<int>());
+  each_gpu(all, [&](const TenantHealth& t, const GpuSample& g) {
+    for (const auto& e : g.xids) {
+      const gpu::XidEntry* entry = gpu::find_xid(e.xid);
       x.sample("factory_gpu_xid",
                own_gpu_labels(t, g) + "," +
-                   labels({{"xid", std::to_string(id.get<int>())},
+                   labels({{"xid", std::to_string(e.xid)},
                            {"impact", entry ? std::string(gpu::impact_name(entry->impact))
                                             : std::string("unknown")}}),
-               count.get<double>());
+               static_cast<double>(e.count));
     }
   });
 }
@@ -280,47 +274,42 @@ void render_tenant_health(Exposition& x, const std::vector<TenantHealth>& all) {
   x.family("factory_tenant_gpus", "gauge", "GPUs the tenant's guest sees (its latest health).");
   for (const auto& t : all)
     x.sample("factory_tenant_gpus", labels({{"tenant", t.tenant}, {"tier", t.tier}}),
-             static_cast<double>(field(field(t.health, "gpu"), "gpus").size()));
+             static_cast<double>(t.sample().gpu.gpus.size()));
   x.family("factory_tenant_health_timestamp_seconds", "gauge",
            "When the coordinator received the tenant's latest health sample (Unix time).");
   for (const auto& t : all)
-    if (auto at = parse_rfc3339(text(t.health, "received_at")))
+    if (auto at = parse_rfc3339(t.health->received_at))
       x.sample("factory_tenant_health_timestamp_seconds", labels({{"tenant", t.tenant}}),
                std::chrono::duration<double>(at->time_since_epoch()).count());
+  auto cluster_series = [&](const char* name, std::optional<std::int64_t> proto::K8sSection::*v) {
+    for (const auto& t : all) {
+      const auto& k = t.sample().k8s;
+      if (!k || !((*k).*v)) continue;
+      x.sample(name, labels({{"tenant", t.tenant}, {"tier", t.tier}, {"resource", k->resource}}),
+               static_cast<double>(*((*k).*v)));
+    }
+  };
   x.family("factory_tenant_allocatable_gpus", "gauge",
            "Allocatable GPUs (HAMi's slices) the tenant's own cluster advertises, summed over its "
            "nodes.");
-  for (const auto& t : all) {
-    const json& k = field(t.health, "k8s");
-    std::string l =
-        labels({{"tenant", t.tenant}, {"tier", t.tier}, {"resource", text(k, "resource")}});
-    if (field(k, "allocatable").is_number())
-      x.sample("factory_tenant_allocatable_gpus", l, field(k, "allocatable").get<double>());
-  }
+  cluster_series("factory_tenant_allocatable_gpus", &proto::K8sSection::allocatable);
   x.family("factory_tenant_capacity_gpus", "gauge",
            "GPU capacity the tenant's own cluster advertises, summed over its nodes.");
-  for (const auto& t : all) {
-    const json& k = field(t.health, "k8s");
-    std::string l =
-        labels({{"tenant", t.tenant}, {"tier", t.tier}, {"resource", text(k, "resource")}});
-    if (field(k, "capacity").is_number())
-      x.sample("factory_tenant_capacity_gpus", l, field(k, "capacity").get<double>());
-  }
+  cluster_series("factory_tenant_capacity_gpus", &proto::K8sSection::capacity);
   x.family("factory_ollama_models_loaded", "gauge", "Models the tenant's Ollama has loaded.");
   for (const auto& t : all)
-    if (field(t.health, "ollama").is_object())
+    if (t.sample().ollama)
       x.sample("factory_ollama_models_loaded", labels({{"tenant", t.tenant}, {"tier", t.tier}}),
-               static_cast<double>(field(field(t.health, "ollama"), "models").size()));
+               static_cast<double>(t.sample().ollama->models.size()));
   x.family("factory_ollama_model_gpu_ratio", "gauge",
            "Share of a loaded Ollama model on the GPU (size_vram / size; 1 = all of it).");
-  for (const auto& t : all)
-    for (const auto& m : field(field(t.health, "ollama"), "models")) {
-      double size = field(m, "size").is_number() ? field(m, "size").get<double>() : 0;
-      double vram = field(m, "size_vram").is_number() ? field(m, "size_vram").get<double>() : 0;
+  for (const auto& t : all) {
+    if (!t.sample().ollama) continue;
+    for (const auto& m : t.sample().ollama->models)
       x.sample("factory_ollama_model_gpu_ratio",
-               labels({{"tenant", t.tenant}, {"tier", t.tier}, {"model", text(m, "name")}}),
-               size > 0 ? vram / size : 0);
-    }
+               labels({{"tenant", t.tenant}, {"tier", t.tier}, {"model", m.name}}),
+               m.size > 0 ? static_cast<double>(m.size_vram) / static_cast<double>(m.size) : 0);
+  }
 }
 
 // A model endpoint's proxy, as its guest last reported it. Its counters start
@@ -329,31 +318,32 @@ void render_endpoints(Exposition& x, const std::vector<TenantHealth>& all) {
   x.family("factory_endpoint_up", "gauge",
            "1 when the tenant's model endpoint proxy serves (its guest's latest health).");
   for (const auto& t : all)
-    if (field(t.health, "endpoint").is_object())
+    if (const auto& e = t.sample().endpoint)
       x.sample("factory_endpoint_up", labels({{"tenant", t.tenant}, {"tier", t.tier}}),
-               field(field(t.health, "endpoint"), "serving") == true ? 1 : 0);
+               e->serving ? 1 : 0);
   x.family("factory_endpoint_requests_total", "counter",
            "Requests to the tenant's model endpoint since its agent started, by result.");
   for (const auto& t : all) {
-    const json& e = field(t.health, "endpoint");
-    if (!e.is_object()) continue;
-    for (const auto& [key, result] :
-         {std::pair{"served", "served"}, std::pair{"unauthorized", "unauthorized"},
-          std::pair{"refused_paths", "refused_path"}, std::pair{"busy", "busy"},
-          std::pair{"upstream_errors", "upstream_error"}})
-      if (field(e, key).is_number())
-        x.sample("factory_endpoint_requests_total",
-                 labels({{"tenant", t.tenant}, {"tier", t.tier}, {"result", result}}),
-                 field(e, key).get<double>());
+    const auto& e = t.sample().endpoint;
+    if (!e) continue;
+    for (const auto& [n, result] :
+         {std::pair{e->served, "served"}, std::pair{e->unauthorized, "unauthorized"},
+          std::pair{e->refused_paths, "refused_path"}, std::pair{e->busy, "busy"},
+          std::pair{e->upstream_errors, "upstream_error"}})
+      x.sample("factory_endpoint_requests_total",
+               labels({{"tenant", t.tenant}, {"tier", t.tier}, {"result", result}}),
+               static_cast<double>(n));
   }
   x.family("factory_endpoint_probe_ttft_seconds", "gauge",
            "Time to the first token of the health probe's prompt, at its latest run.");
   for (const auto& t : all) {
-    const json& p = field(field(t.health, "endpoint"), "probe");
-    if (p.is_object() && field(p, "ok") == true && field(p, "ttft_ms").is_number())
+    const auto& e = t.sample().endpoint;
+    if (!e || !e->probe) continue;
+    const auto& p = *e->probe;
+    if (p.ok && p.ttft_ms)
       x.sample("factory_endpoint_probe_ttft_seconds",
-               labels({{"tenant", t.tenant}, {"tier", t.tier}, {"model", text(p, "model")}}),
-               field(p, "ttft_ms").get<double>() / 1000.0);
+               labels({{"tenant", t.tenant}, {"tier", t.tier}, {"model", p.model}}),
+               *p.ttft_ms / 1000.0);
   }
 }
 
@@ -406,7 +396,7 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
 
   std::vector<TenantHealth> health;
   for (auto& t : tenants)
-    if (auto h = store.get_health(t.name)) health.push_back({t.name, t.tier, std::move(*h)});
+    if (auto h = store.get_health(t.name)) health.push_back({t.name, t.tier, std::move(h)});
   render_gpus(x, health);
   render_gpu_faults(x, health);
   render_tenant_health(x, health);

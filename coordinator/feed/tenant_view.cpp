@@ -33,7 +33,7 @@ nlohmann::json TenantView::tenant(const store::TenantRecord& t) const {
   // Health is the store's latest sample; a record written before health
   // was state may still hold an old copy, which is not it.
   auto health = store_.get_health(t.name);
-  j["health"] = health ? *health : nlohmann::json(nullptr);
+  j["health"] = health ? health->to_json() : nlohmann::json(nullptr);
   if (!j.contains("diagnoses")) j["diagnoses"] = nlohmann::json::object();
   j["active_diagnoses"] = active_diagnoses(t.status, j["health"]);
   if (!t.spec.empty()) j["spec"] = t.spec;

@@ -157,15 +157,10 @@ class SqliteStore final : public Store {
     auto it = counts_.find(tenant);
     return it == counts_.end() ? 0 : it->second;
   }
-  std::optional<nlohmann::json> get_health(const std::string& tenant) const override {
-    std::shared_ptr<const nlohmann::json> sample;
-    {
-      std::lock_guard lk(health_mu_);
-      auto it = health_.find(tenant);
-      if (it == health_.end()) return std::nullopt;
-      sample = it->second.sample;
-    }
-    return *sample;
+  std::shared_ptr<const LatestHealth> get_health(const std::string& tenant) const override {
+    std::lock_guard lk(health_mu_);
+    auto it = health_.find(tenant);
+    return it == health_.end() ? nullptr : it->second.sample;
   }
   StoreStats stats() const override {
     std::lock_guard lk(queue_mu_);
@@ -250,8 +245,8 @@ class SqliteStore final : public Store {
     enqueue(std::move(op));
   }
 
-  void put_health(const std::string& tenant, nlohmann::json health) override {
-    auto sample = std::make_shared<const nlohmann::json>(std::move(health));
+  void put_health(const std::string& tenant, std::shared_ptr<const LatestHealth> sample) override {
+    if (!sample) return;
     std::lock_guard lk(health_mu_);
     auto& h = health_[tenant];
     h.sample = std::move(sample);
@@ -317,7 +312,7 @@ class SqliteStore final : public Store {
   // health_mu_, not a sample: put_health (on an io thread) never waits on
   // the copying of ten thousand samples.
   struct HealthEntry {
-    std::shared_ptr<const nlohmann::json> sample;
+    std::shared_ptr<const LatestHealth> sample;
     bool dirty = false;
   };
 
@@ -364,7 +359,7 @@ class SqliteStore final : public Store {
   bool apply_retention(Overlay& ov, std::uint64_t& expired);
   bool expire_old(Overlay& ov, Clock::time_point now, std::uint64_t& expired);
   bool flush_health(
-      std::vector<std::pair<std::string, std::shared_ptr<const nlohmann::json>>>& written);
+      std::vector<std::pair<std::string, std::shared_ptr<const LatestHealth>>>& written);
   Status load();
   Status import_file_store();
 
@@ -503,9 +498,11 @@ Status SqliteStore::load() {
   while (n.step() == SQLITE_ROW) counts_[n.text(0)] = static_cast<std::size_t>(n.int64(1));
   Stmt h(db_, "SELECT tenant, sample FROM health");
   while (h.step() == SQLITE_ROW) {
+    // Saved by this store, but a guest's words all the same: read back
+    // through the sample's own checks.
     auto j = nlohmann::json::parse(h.text(1), nullptr, false);
-    if (!j.is_discarded())
-      health_[h.text(0)] = {std::make_shared<const nlohmann::json>(std::move(j)), false};
+    if (auto latest = LatestHealth::from_json(j))
+      health_[h.text(0)] = {std::make_shared<const LatestHealth>(std::move(*latest)), false};
   }
   return {};
 }
@@ -775,7 +772,7 @@ void SqliteStore::run_batch(std::deque<Op>& batch, bool maintenance_due, bool he
   // age rule at maintenance.
   if (good && (maintenance_due || stored > 0)) good = apply_retention(ov, expired);
   if (good && maintenance_due) good = expire_old(ov, now_sys, expired);
-  std::vector<std::pair<std::string, std::shared_ptr<const nlohmann::json>>> health_written;
+  std::vector<std::pair<std::string, std::shared_ptr<const LatestHealth>>> health_written;
   if (good && health_due) good = flush_health(health_written);
   if (good) good = s.commit.run();
   if (!good) {
@@ -879,7 +876,7 @@ bool SqliteStore::expire_old(Overlay& ov, Clock::time_point now, std::uint64_t& 
 }
 
 bool SqliteStore::flush_health(
-    std::vector<std::pair<std::string, std::shared_ptr<const nlohmann::json>>>& written) {
+    std::vector<std::pair<std::string, std::shared_ptr<const LatestHealth>>>& written) {
   {
     std::lock_guard lk(health_mu_);
     for (auto& [tenant, h] : health_) {
@@ -889,7 +886,7 @@ bool SqliteStore::flush_health(
     }
   }
   for (auto& [tenant, sample] : written)
-    if (!stmts_->put_health.bind(1, tenant).bind(2, sample->dump()).run()) return false;
+    if (!stmts_->put_health.bind(1, tenant).bind(2, sample->to_json().dump()).run()) return false;
   return true;
 }
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "contract/health_sample.hpp"
 
 namespace factory::store {
 
@@ -42,6 +43,22 @@ struct TenantRecord {
 
   nlohmann::json to_json() const;
   static Result<TenantRecord> from_json(const nlohmann::json& j);
+};
+
+// A tenant's latest health: the sample as its reader kept it (validated,
+// bounded, typed) and when the coordinator took it in. Immutable once
+// made, and shared (std::shared_ptr<const LatestHealth>) between the
+// store, the session that made it and whoever reads it, never copied.
+struct LatestHealth {
+  proto::HealthSample sample;
+  std::string received_at;  // RFC 3339, the coordinator's clock
+
+  // The form of the API, the feed and the database: the sample's JSON
+  // with "received_at" beside its keys.
+  nlohmann::json to_json() const;
+  // Back from that form, through the sample's reader (what a database
+  // holds came from a guest); nullopt when it is not one.
+  static std::optional<LatestHealth> from_json(const nlohmann::json& j);
 };
 
 struct StoredEvent {
@@ -90,7 +107,7 @@ class Store {
   virtual std::uint64_t last_event_id(const std::string& tenant,
                                       const std::string& agent_id) const = 0;
   virtual std::size_t event_count(const std::string& tenant) const = 0;
-  virtual std::optional<nlohmann::json> get_health(const std::string& tenant) const = 0;
+  virtual std::shared_ptr<const LatestHealth> get_health(const std::string& tenant) const = 0;
   virtual StoreStats stats() const = 0;
 
   // From the disk: workers only.
@@ -122,8 +139,10 @@ class Store {
   virtual void update_tenant_async(const std::string& name,
                                    std::function<Status(TenantRecord&)> change,
                                    std::function<void(Result<TenantRecord>)> done) = 0;
-  // The tenant's latest health; saved coalesced, not per sample.
-  virtual void put_health(const std::string& tenant, nlohmann::json health) = 0;
+  // The tenant's latest health (null: ignored); saved coalesced, not per
+  // sample.
+  virtual void put_health(const std::string& tenant,
+                          std::shared_ptr<const LatestHealth> health) = 0;
 
   // Writes what is pending (health included) and stops the writer.
   virtual void close() = 0;

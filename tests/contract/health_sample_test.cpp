@@ -51,15 +51,19 @@ proto::HealthSample h200_sample() {
   return h;
 }
 
-json roundtrip(const json& in, proto::HealthRejects& rejects) {
-  return proto::parse_health_sample(in, rejects).to_json();
+json roundtrip(const json& in, proto::Rejections& rejects) {
+  auto d = proto::decode_health_sample(in);
+  rejects = d.rejected;
+  return d.value ? d.value->to_json() : json();
 }
+
+using proto::RejectReason;
 
 }  // namespace
 
 TEST(HealthSample, WhatTheAgentSendsReadsBackTheSame) {
   json sent = h200_sample().to_json();
-  proto::HealthRejects rejects;
+  proto::Rejections rejects;
   EXPECT_EQ(roundtrip(sent, rejects), sent);
   EXPECT_TRUE(rejects.empty());
   // Unknown keys are a newer agent's: ignored, not counted.
@@ -81,19 +85,21 @@ TEST(HealthSample, BadFieldsAreDroppedAndCountedByReason) {
   json in = h200_sample().to_json();
   auto& g = in["gpu"]["gpus"][0];
   g["utilization_percent"] = 250;                 // out_of_range
-  g["temperature_c"] = "hot";                     // bad_type
-  g["name"] = "NVIDIA \x1b]2;pwned\x07 H200";     // bad_text: a terminal escape
+  g["temperature_c"] = "hot";                     // wrong_type
+  g["name"] = "NVIDIA \x1b]2;pwned\x07 H200";     // bad_format: a terminal escape
   g["uuid"] = std::string(200, 'u');              // too_long
   g["memory_used_mib"] = -5;                      // out_of_range
   g["power_draw_w"] = 1e9;                        // out_of_range
-  g["pstate"] = "P99";                            // out_of_range
-  g["mig_mode"] = "Sometimes";                    // out_of_range
+  g["pstate"] = "P99";                            // bad_format
+  g["mig_mode"] = "Sometimes";                    // unknown_value
   in["ollama"]["models"][0]["size_vram"] = 5000;  // more on the GPU than the model: capped
   in["gpu"]["diagnoses"] =
       json::array({{{"code", "Not A Code!"}, {"summary", "x"}},
                    {{"code", "ok_code"}, {"summary", "fine"}, {"fix", "none"}}});
-  proto::HealthRejects rejects;
-  proto::HealthSample h = proto::parse_health_sample(in, rejects);
+  auto decoded = proto::decode_health_sample(in);
+  ASSERT_TRUE(decoded.value);
+  const proto::HealthSample& h = *decoded.value;
+  const proto::Rejections& rejects = decoded.rejected;
   const auto& r = h.gpu.gpus.at(0);
   EXPECT_FALSE(r.utilization_percent);
   EXPECT_FALSE(r.temperature_c);
@@ -110,14 +116,18 @@ TEST(HealthSample, BadFieldsAreDroppedAndCountedByReason) {
   EXPECT_EQ(h.ollama->models.at(0).size_vram, 2000u);
   ASSERT_EQ(h.gpu.diagnoses.size(), 1u);
   EXPECT_EQ(h.gpu.diagnoses[0].code, "ok_code");
-  EXPECT_EQ(rejects.by_reason["out_of_range"], 6u);
-  EXPECT_EQ(rejects.by_reason["bad_type"], 1u);
-  EXPECT_EQ(rejects.by_reason["bad_text"], 2u);
-  EXPECT_EQ(rejects.by_reason["too_long"], 1u);
-  ASSERT_FALSE(rejects.fields.empty());
-  EXPECT_EQ(rejects.fields[0], "health.gpu.gpus[0].name (bad_text)");
+  // One vocabulary with every other message's reader (guest_input.hpp).
+  EXPECT_EQ(rejects.count(RejectReason::out_of_range), 4u);
+  EXPECT_EQ(rejects.count(RejectReason::wrong_type), 1u);
+  EXPECT_EQ(rejects.count(RejectReason::bad_format), 3u);  // name, pstate, diagnosis code
+  EXPECT_EQ(rejects.count(RejectReason::unknown_value), 1u);
+  EXPECT_EQ(rejects.count(RejectReason::too_long), 1u);
+  EXPECT_EQ(rejects.total(), 10u);
+  ASSERT_FALSE(rejects.kept().empty());
+  EXPECT_EQ(rejects.kept()[0].field, "gpu.gpus[0].name");
+  EXPECT_EQ(rejects.kept()[0].reason, RejectReason::bad_format);
   // Nothing of the guest's text reaches the names of the fields dropped.
-  for (const auto& f : rejects.fields) EXPECT_EQ(f.find("pwned"), std::string::npos) << f;
+  for (const auto& f : rejects) EXPECT_EQ(f.field.find("pwned"), std::string::npos) << f.field;
 }
 
 TEST(HealthSample, ListsAreCutToTheirCaps) {
@@ -133,22 +143,23 @@ TEST(HealthSample, ListsAreCutToTheirCaps) {
   json procs = json::array();
   for (int i = 1; i <= 500; ++i) procs.push_back({{"pid", i}, {"name", "p"}});
   in["gpu"]["gpus"][0]["processes"] = procs;
-  proto::HealthRejects rejects;
-  auto h = proto::parse_health_sample(in, rejects);
-  EXPECT_EQ(h.gpu.gpus.size(), proto::health_limits::kGpus);
-  EXPECT_EQ(h.gpu.gpus[0].processes.size(), proto::health_limits::kProcesses);
-  EXPECT_EQ(rejects.by_reason["too_many"], 2u);
+  auto d = proto::decode_health_sample(in);
+  ASSERT_TRUE(d.value);
+  EXPECT_EQ(d.value->gpu.gpus.size(), proto::health_limits::kGpus);
+  EXPECT_EQ(d.value->gpu.gpus[0].processes.size(), proto::health_limits::kProcesses);
+  EXPECT_EQ(d.rejected.count(RejectReason::too_many), 2u);
 }
 
 TEST(HealthSample, WhatIsNotASampleIsRejectedWhole) {
-  proto::HealthRejects rejects;
-  proto::parse_health_sample(json::array({1, 2}), rejects);
-  EXPECT_EQ(rejects.by_reason["bad_message"], 1u);
-  proto::HealthRejects r2;
-  auto h = proto::parse_health_sample({{"gpu", "everything is fine"}, {"k8s", 7}}, r2);
-  EXPECT_EQ(r2.by_reason["bad_type"], 2u);
-  EXPECT_EQ(h.gpu.source, "none");
-  EXPECT_FALSE(h.k8s);
+  auto whole = proto::decode_health_sample(json::array({1, 2}));
+  EXPECT_FALSE(whole.value);
+  EXPECT_FALSE(whole.refusal.empty());
+  EXPECT_EQ(whole.rejected.count(RejectReason::wrong_type), 1u);
+  auto d = proto::decode_health_sample({{"gpu", "everything is fine"}, {"k8s", 7}});
+  ASSERT_TRUE(d.value);
+  EXPECT_EQ(d.rejected.count(RejectReason::wrong_type), 2u);
+  EXPECT_EQ(d.value->gpu.source, "none");
+  EXPECT_FALSE(d.value->k8s);
 }
 
 TEST(HealthSample, TheAgentClipsItsOwnSampleToWhatIsAccepted) {
@@ -165,9 +176,8 @@ TEST(HealthSample, TheAgentClipsItsOwnSampleToWhatIsAccepted) {
   EXPECT_EQ(h.gpu.gpus[0].processes[0].name.substr(0, 8), "worker?x");
   EXPECT_EQ(h.gpu.error, "bad byte ? here");
   EXPECT_EQ(h.gpu.diagnoses.size(), proto::health_limits::kDiagnoses);
-  proto::HealthRejects rejects;
-  proto::parse_health_sample(h.to_json(), rejects);
-  EXPECT_TRUE(rejects.empty()) << rejects.fields.size();
+  auto clipped = proto::decode_health_sample(h.to_json());
+  EXPECT_TRUE(clipped.rejected.empty()) << clipped.rejected.total();
 
   // Too big for a frame: the per-process lists go first.
   proto::HealthSample big = h200_sample();
@@ -209,7 +219,7 @@ TEST(HealthSample, MigSlicesReadBackAndHostileOnesAreDropped) {
     g.mig_instances.push_back(
         {"1g.18gb", 16.0, "MIG-1f2b7c6e-1a59-5d2e-9c14-2a8e3f6b0c0" + std::to_string(i)});
   json sent = h.to_json();
-  proto::HealthRejects rejects;
+  proto::Rejections rejects;
   EXPECT_EQ(roundtrip(sent, rejects), sent);
   EXPECT_TRUE(rejects.empty());
   EXPECT_EQ(sent["gpu"]["gpus"][0]["mig_instances"].size(), 7u);
@@ -222,13 +232,13 @@ TEST(HealthSample, MigSlicesReadBackAndHostileOnesAreDropped) {
   list[1]["uuid"] = "GPU-not-a-mig-device\nfake";        // bad text / not a MIG UUID
   list[2]["memory_gib"] = 1e9;                           // out of range
   for (int i = 0; i < 10; ++i) list.push_back(list[3]);  // more than any card has
-  proto::HealthRejects r2;
-  auto back = proto::parse_health_sample(bad, r2);
-  const auto& m = back.gpu.gpus.at(0).mig_instances;
+  auto back = proto::decode_health_sample(bad);
+  ASSERT_TRUE(back.value);
+  const auto& m = back.value->gpu.gpus.at(0).mig_instances;
   EXPECT_EQ(m.size(), proto::health_limits::kMigInstances - 1);
   EXPECT_EQ(m[0].uuid, "");
   EXPECT_FALSE(m[1].memory_gib);
-  EXPECT_FALSE(r2.empty());
+  EXPECT_FALSE(back.rejected.empty());
 }
 
 // A broken card's figures (issue 25): what the agent sends reads back the
@@ -251,7 +261,7 @@ TEST(HealthSample, FaultFiguresReadBackAndHostileOnesAreDropped) {
   g.xids.push_back({13, 2, "2026-12-01T09:00:00Z", "2026-12-01T09:30:00Z"});
   g.xids.push_back({79, 1, "2026-12-01T09:10:00Z", "2026-12-01T09:10:00Z"});
   json sent = h.to_json();
-  proto::HealthRejects rejects;
+  proto::Rejections rejects;
   EXPECT_EQ(roundtrip(sent, rejects), sent);
   EXPECT_TRUE(rejects.empty());
   EXPECT_EQ(g.last_xid(), 13) << "13 was seen last, at 09:30";
@@ -273,9 +283,10 @@ TEST(HealthSample, FaultFiguresReadBackAndHostileOnesAreDropped) {
                            {{"xid", 48}, {"count", 0}, {"last_at", "yesterday\u001b[2J"}},
                            {{"xid", 63}, {"first_at", "not a time"}},
                            "79"});
-  proto::HealthRejects r;
-  auto back = proto::parse_health_sample(bad, r);
-  const auto& x = back.gpu.gpus[0];
+  auto back = proto::decode_health_sample(bad);
+  ASSERT_TRUE(back.value);
+  const proto::Rejections& r = back.rejected;
+  const auto& x = back.value->gpu.gpus[0];
   EXPECT_FALSE(x.lost);
   EXPECT_FALSE(x.ecc_errors_corrected_volatile);
   EXPECT_FALSE(x.remapped_rows_correctable);
@@ -290,9 +301,9 @@ TEST(HealthSample, FaultFiguresReadBackAndHostileOnesAreDropped) {
   EXPECT_EQ(x.xids[0].last_at, "") << "a control character is no time";
   EXPECT_EQ(x.xids[1].first_at, "");
   EXPECT_EQ(x.remapped_rows_uncorrectable, 1u) << "the rest of the card is kept";
-  EXPECT_GE(r.by_reason["bad_type"], 6u);
-  EXPECT_GE(r.by_reason["out_of_range"], 5u);
-  EXPECT_GE(r.by_reason["bad_text"], 2u);
+  EXPECT_GE(r.count(RejectReason::wrong_type), 6u);
+  EXPECT_GE(r.count(RejectReason::out_of_range), 5u);
+  EXPECT_GE(r.count(RejectReason::bad_format), 2u);
 
   // More Xids than a sample carries: the agent keeps the most recent.
   proto::HealthSample many = h200_sample();

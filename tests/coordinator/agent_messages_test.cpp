@@ -15,13 +15,13 @@ using nlohmann::json;
 
 const std::string kEscapes = "\x1b[2J\x1b]0;owned\x07\r\n";
 
-std::vector<std::string> reasons_of(const std::vector<Rejection>& r) {
+std::vector<std::string> reasons_of(const Rejections& r) {
   std::vector<std::string> out;
   for (const auto& x : r) out.push_back(x.field + ":" + reason_name(x.reason));
   return out;
 }
 
-bool rejected(const std::vector<Rejection>& r, const std::string& field, RejectReason why) {
+bool rejected(const Rejections& r, const std::string& field, RejectReason why) {
   for (const auto& x : r)
     if (x.field == field && x.reason == why) return true;
   return false;
@@ -245,12 +245,15 @@ TEST(AgentMessages, FreeFormJsonIsBoundedInDepthWidthAndStrings) {
   EXPECT_EQ(other.value->to_json(), (json{{"id", 6}, {"kind", "synthetic"}, {"n", 6}}));
 }
 
-TEST(AgentMessages, RejectionsPerMessageAreCapped) {
+TEST(AgentMessages, RejectionsPerMessageAreCappedButCountedInFull) {
   json body = {{"id", 1}, {"kind", "plan"}};
   for (int i = 0; i < 5000; ++i) body["k" + std::to_string(i)] = i;
   auto d = decode_event(body);
   ASSERT_TRUE(d.value);
-  EXPECT_LE(d.rejected.size(), 64u);
+  // The list a log line is made from stays short; the metric counts every one.
+  EXPECT_EQ(d.rejected.kept().size(), Rejections::kKept);
+  EXPECT_EQ(d.rejected.count(RejectReason::unknown_field), 5000u);
+  EXPECT_EQ(d.rejected.total(), 5000u);
 }
 
 TEST(AgentProjection, SeesOnlyDecodedFieldsAndStaysBounded) {

@@ -13,15 +13,14 @@ namespace {
 
 using nlohmann::json;
 
-json sample_with(const proto::GpuSample& g, std::vector<proto::DiagnosisSample> ds = {}) {
+store::LatestHealth sample_with(const proto::GpuSample& g,
+                                std::vector<proto::DiagnosisSample> ds = {}) {
   proto::HealthSample h;
   h.time = "2026-12-01T10:00:00Z";
   h.gpu.source = "nvml";
   h.gpu.gpus.push_back(g);
   h.gpu.diagnoses = std::move(ds);
-  json j = h.to_json();
-  j["received_at"] = "2026-12-01T10:00:01Z";
-  return j;
+  return {std::move(h), "2026-12-01T10:00:01Z"};
 }
 
 proto::GpuSample card() {

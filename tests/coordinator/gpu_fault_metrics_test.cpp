@@ -4,7 +4,7 @@
 // Factory's own factory_gpu_xid and factory_gpu_lost; nothing for what the
 // guest did not report; and promtool accepting the whole exposition (but
 // for the lints it also raises on dcgm-exporter's own names). The sample
-// is what the coordinator keeps after parse_health_sample, fed to a real
+// is what the coordinator keeps after decode_health_sample, fed to a real
 // SQLite store.
 #include <gtest/gtest.h>
 
@@ -76,10 +76,11 @@ class GpuFaultMetrics : public ::testing::Test {
     h.hostname = "vm";
     h.gpu.source = "nvml";
     h.gpu.gpus.push_back(g);
-    proto::HealthRejects rejects;
-    auto kept = proto::parse_health_sample(h.to_json(), rejects);
-    ASSERT_TRUE(rejects.empty());
-    store_->put_health("tenant-1", kept.to_json());
+    auto kept = proto::decode_health_sample(h.to_json());
+    ASSERT_TRUE(kept.value);
+    ASSERT_TRUE(kept.rejected.empty());
+    store_->put_health("tenant-1", std::make_shared<const store::LatestHealth>(store::LatestHealth{
+                                       std::move(*kept.value), "2026-12-01T10:00:01Z"}));
   }
   std::string metrics() { return render_metrics(*store_, state_); }
 

@@ -41,6 +41,30 @@ StoredEvent event(std::uint64_t id, const std::string& agent = "a1",
   return e;
 }
 
+// The i-th health sample of a guest with one busy card, a model loaded and
+// an Xid not yet acknowledged.
+std::shared_ptr<const LatestHealth> health_sample(int i) {
+  proto::HealthSample h;
+  h.time = "2026-12-01T00:00:00Z";
+  h.hostname = "vm-t1";
+  h.gpu.source = "nvml";
+  h.gpu.driver_version = "580.95.05";
+  proto::GpuSample g;
+  g.name = "NVIDIA H200";
+  g.uuid = "GPU-0108b095-1b2c-4d5e-8f90-a1b2c3d4e5f6";
+  g.pci_bus_id = "00000000:00:06.0";
+  g.memory_total_mib = 143771;
+  g.utilization_percent = i % 101;
+  g.power_draw_w = 412.5;
+  g.remapped_rows_failure = false;
+  g.xids.push_back({79, 2, "2026-12-01T00:00:00Z", "2026-12-01T00:00:00Z"});
+  h.gpu.gpus.push_back(g);
+  h.ollama = proto::OllamaSection{};
+  h.ollama->version = "0.12.3";
+  h.ollama->models.push_back({"llama3.2:1b", 2000000000, 2000000000, 100, 4096, ""});
+  return std::make_shared<const LatestHealth>(LatestHealth{std::move(h), "2026-12-01T00:00:01Z"});
+}
+
 // append_event, waited for.
 Result<AppendOutcome> append(Store& s, const std::string& t, StoredEvent e,
                              Projection p = nullptr) {
@@ -204,15 +228,17 @@ TEST(SqliteStore, HealthIsKeptInMemoryAndSavedCoalesced) {
     o.health_flush = 3600s;  // only close() saves it here
     auto s = open(dir.path(), o);
     ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
-    for (int i = 0; i < 1000; ++i) s->put_health("t1", {{"sample", i}});
-    EXPECT_EQ((*s->get_health("t1"))["sample"], 999);
+    for (int i = 0; i < 1000; ++i) s->put_health("t1", health_sample(i));
+    EXPECT_EQ(s->get_health("t1")->sample.gpu.gpus[0].utilization_percent, 999 % 101);
     EXPECT_EQ(s->stats().transactions, 1u);  // the put_tenant alone
   }
   auto s = open(dir.path());
-  ASSERT_TRUE(s->get_health("t1").has_value());
-  EXPECT_EQ((*s->get_health("t1"))["sample"], 999);
+  auto saved = s->get_health("t1");
+  ASSERT_TRUE(saved);
+  // Read back whole: every figure, and when the coordinator took it in.
+  EXPECT_EQ(saved->to_json(), health_sample(999)->to_json());
   ASSERT_TRUE(s->delete_tenant("t1").ok());
-  EXPECT_FALSE(s->get_health("t1").has_value());
+  EXPECT_FALSE(s->get_health("t1"));
 }
 
 TEST(SqliteStore, DatabaseFilesArePrivate) {
