@@ -468,11 +468,11 @@ void read_faults(FieldReader& r, GpuSample& g) {
   g.remapped_rows_correctable = r.integer<std::uint64_t>("remapped_rows_correctable", 0, kMaxCount);
   g.remapped_rows_uncorrectable =
       r.integer<std::uint64_t>("remapped_rows_uncorrectable", 0, kMaxCount);
-  g.remapped_rows_pending = r.boolean("remapped_rows_pending").value_or(false);
-  g.remapped_rows_failure = r.boolean("remapped_rows_failure").value_or(false);
+  g.remapped_rows_pending = r.boolean("remapped_rows_pending");
+  g.remapped_rows_failure = r.boolean("remapped_rows_failure");
   g.retired_pages_sbe = r.integer<std::uint64_t>("retired_pages_sbe", 0, kMaxCount);
   g.retired_pages_dbe = r.integer<std::uint64_t>("retired_pages_dbe", 0, kMaxCount);
-  g.retired_pages_pending = r.boolean("retired_pages_pending").value_or(false);
+  g.retired_pages_pending = r.boolean("retired_pages_pending");
   // NVML's counter is an unsigned int.
   g.pcie_replay_count = r.integer<std::uint64_t>("pcie_replay_count", 0, 4294967295.0L);
   // A 64-bit mask of which NVML defines nine bits; a newer driver's bits

@@ -244,10 +244,10 @@ TEST(FeedStateEvents, ConnectsDisconnectsHealthProgressAndPhaseChanges) {
   p.agent_id = "a1";
   p.version = "1.0";
   st.agent_connected("t1", p);
-  st.health_changed(
-      "t1",
-      {{"gpu",
-        {{"gpus", json::array()}, {"diagnoses", {{{"code", "no_gpu"}, {"summary", "none"}}}}}}});
+  factory::store::LatestHealth health;
+  health.sample.gpu.diagnoses.push_back({"no_gpu", "none", "", json::object()});
+  health.received_at = "2026-12-01T00:00:00Z";
+  st.health_changed("t1", health);
   factory::store::TenantRecord rec;
   rec.name = "t1";
   rec.phase = "provisioning";
