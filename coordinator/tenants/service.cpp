@@ -263,7 +263,12 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
   }
   rec.tier = vm.tier;
   rec.phase = "creating";
-  rec.spec = stored_spec(vm, effective);
+  {
+    // What a newer coordinator kept in the spec stays with it.
+    nlohmann::json kept = std::move(rec.spec.extra);
+    rec.spec = stored_spec(vm, effective);
+    rec.spec.extra = std::move(kept);
+  }
   if (guest_ranges) rec.spec.guest_ranges = guest_ranges;
   {
     store::KubeStatus& ks = kube_of(rec);
