@@ -1,7 +1,7 @@
 #pragma once
 // What the coordinator remembers: tenants (spec, agent identity, derived
-// status), the events their agents sent (stored exactly once, kept within a
-// retention), and each tenant's latest health.
+// status: the typed record of tenant_record.hpp), the events their agents sent (stored exactly
+// once, kept within a retention), and each tenant's latest health.
 //
 // Threads. Reads of tenants, cursors and counts come from memory and never
 // wait on the disk: any thread, an io thread included. Writes go through one

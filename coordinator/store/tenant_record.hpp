@@ -3,11 +3,11 @@
 // its agent is (AgentPresence), what its agent's events and the
 // coordinator's own actions made of it (TenantStatus) and its model
 // endpoint (EndpointState). The coordinator reads and writes the members;
-// JSON is only the form at its edges: the database (sqlite_store.cpp), the
-// API and the feed (tenant_view.cpp), and the CLI, each through to_json()
-// and from_json().
+// JSON is only the form at its edges, through to_json() and from_json():
+// the database (sqlite_store.cpp), and the API and the feed
+// (feed/tenant_view.cpp, the tenants module's `tenant show`), whose JSON
+// is all the CLI reads. Every part has its to_json() for those views.
 //
-// Every part has its to_json() for the API's and the feed's views of it.
 // Every field is optional where a record may lack its key: a key that was
 // absent stays absent, so the JSON of every record written so far is the
 // same after from_json and to_json. A key a type does not know (a newer
