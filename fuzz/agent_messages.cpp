@@ -25,7 +25,7 @@ factory::store::TenantRecord& record() {
   // Bounded by the projection itself; reset now and then so the fuzzer also
   // sees an empty record.
   static unsigned n = 0;
-  if (++n % 4096 == 0) r.status = nlohmann::json::object();
+  if (++n % 4096 == 0) r.status = factory::store::TenantStatus{};
   return r;
 }
 }  // namespace
@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (d.value) {
       (void)d.value->to_json().dump();
       auto& r = record();
-      if (coordinator::project_event(r, *d.value)) (void)r.status.dump();
+      if (coordinator::project_event(r, *d.value)) (void)r.status.to_json().dump();
       if (const auto* h = std::get_if<coordinator::HealthEvent>(&d.value->body)) {
         auto sample = proto::decode_health_sample(h->report);
         if (sample.value) (void)sample.value->to_json().dump();

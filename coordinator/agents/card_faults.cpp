@@ -36,19 +36,24 @@ const proto::DiagnosisSample* diagnosis_for(const proto::GpuSection& gpu, const 
 
 }  // namespace
 
+store::GpuFaultRecord CardFault::record() const {
+  store::GpuFaultRecord r;
+  r.gpu = gpu_index;
+  r.uuid = uuid;
+  r.serial = serial;
+  r.name = name;
+  r.pci_bus_id = pci_bus_id;
+  r.kind = kind;
+  r.code = code;
+  r.summary = summary;
+  r.fix = fix;
+  r.first_seen = seen_at;
+  if (kind == "xid") r.xid = xid;
+  return r;
+}
+
 json CardFault::to_json() const {
-  json j = {{"gpu", gpu_index},
-            {"uuid", uuid},
-            {"serial", serial},
-            {"name", name},
-            {"pci_bus_id", pci_bus_id},
-            {"kind", kind},
-            {"code", code},
-            {"summary", summary},
-            {"fix", fix},
-            {"first_seen", seen_at}};
-  if (kind == "xid") j["xid"] = xid;
-  return j;
+  return record().to_json();
 }
 
 std::vector<CardFault> card_faults(const store::LatestHealth& health) {
@@ -84,23 +89,23 @@ std::vector<CardFault> card_faults(const store::LatestHealth& health) {
   return out;
 }
 
-std::vector<CardFault> record_card_faults(json& status, const std::vector<CardFault>& faults) {
-  if (!status.is_object()) status = json::object();
-  json& book = status["gpu_faults"];
-  if (!book.is_object()) book = json::object();
+std::vector<CardFault> record_card_faults(store::TenantStatus& status,
+                                          const std::vector<CardFault>& faults) {
+  if (!status.gpu_faults) status.gpu_faults.emplace();
+  auto& book = *status.gpu_faults;
   std::vector<CardFault> fresh;
   for (const auto& f : faults) {
     if (book.contains(f.key)) continue;
-    book[f.key] = f.to_json();
+    book[f.key] = f.record();
     fresh.push_back(f);
   }
   while (book.size() > kMaxCardFaultRecords) {
-    std::string oldest;
+    auto oldest = book.end();
     std::string oldest_at;
-    for (auto& [k, v] : book.items()) {
-      std::string at = v.is_object() ? v.value("first_seen", "") : "";
-      if (oldest.empty() || at < oldest_at) {
-        oldest = k;
+    for (auto it = book.begin(); it != book.end(); ++it) {
+      std::string at = it->second.first_seen.value_or("");
+      if (oldest == book.end() || at < oldest_at) {
+        oldest = it;
         oldest_at = at;
       }
     }

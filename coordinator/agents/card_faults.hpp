@@ -29,6 +29,8 @@ struct CardFault {
   int xid = 0;                                 // kind xid
   std::string code, summary, fix;              // the agent's diagnosis for it, when it sent one
   std::string seen_at;                         // when the coordinator took in the sample
+  // As the record keeps it (status.gpu_faults), and as the feed shows it.
+  store::GpuFaultRecord record() const;
   nlohmann::json to_json() const;
 };
 
@@ -38,7 +40,7 @@ std::vector<CardFault> card_faults(const store::LatestHealth& health);
 // Adds the faults status.gpu_faults does not hold yet (a fault seen again
 // keeps its first record); at most kMaxRecords, the oldest going first.
 // Returns the ones that were new.
-std::vector<CardFault> record_card_faults(nlohmann::json& status,
+std::vector<CardFault> record_card_faults(store::TenantStatus& status,
                                           const std::vector<CardFault>& faults);
 inline constexpr std::size_t kMaxCardFaultRecords = 32;
 

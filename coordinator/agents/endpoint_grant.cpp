@@ -9,11 +9,11 @@ using nlohmann::json;
 
 std::optional<json> EndpointGrant::offer(const std::string& tenant) const {
   auto rec = store_.get_tenant(tenant);
-  if (!rec || rec->endpoint.empty()) return std::nullopt;
-  const std::string sha = rec->endpoint.value("key_sha256", "");
+  if (!rec || !rec->endpoint) return std::nullopt;
+  const std::string sha = rec->endpoint->key_sha256.value_or("");
   if (!pki::is_sha256_hex(sha)) return std::nullopt;
   json body = {{"key_sha256", sha}};
-  const std::string url = rec->endpoint.value("url", "");
+  const std::string url = rec->endpoint->url.value_or("");
   if (!url.empty()) body["url"] = url;
   return body;
 }
@@ -24,7 +24,7 @@ Answer<json> EndpointGrant::sign(const std::string& tenant, const std::string& c
     return Refusal{"not_an_endpoint", "tenant " + tenant + " serves no model endpoint", ""};
   if (!ca_) return Refusal{"unavailable", "this coordinator has no endpoint CA; ask its admin", ""};
   auto rec = store_.get_tenant(tenant);
-  const std::string host = rec ? rec->endpoint.value("host", "") : "";
+  const std::string host = rec && rec->endpoint ? rec->endpoint->host.value_or("") : std::string();
   if (host.empty())
     return Refusal{"unavailable", "tenant " + tenant + "'s endpoint has no host yet", ""};
   auto issued = ca_->sign_endpoint_csr(csr_pem, tenant, {host}, ttl_);

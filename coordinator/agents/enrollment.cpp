@@ -15,11 +15,11 @@ std::string normalize_serial(std::string s) {
   return nz == std::string::npos ? "0" : s.substr(nz);
 }
 
-bool serial_listed(const nlohmann::json& list, const std::string& serial) {
-  if (!list.is_array()) return false;
+bool serial_listed(const store::AgentPresence& agent, const std::string& serial) {
+  if (!agent.cert_serials) return false;
   std::string want = normalize_serial(serial);
-  for (auto& s : list)
-    if (s.is_string() && normalize_serial(s.get<std::string>()) == want) return true;
+  for (const auto& s : *agent.cert_serials)
+    if (normalize_serial(s) == want) return true;
   return false;
 }
 
@@ -36,7 +36,7 @@ std::string Enrollment::certificate_refusal(const net::PeerInfo& peer) const {
   auto rec = store_.get_tenant(peer.subject_cn);
   if (!rec)
     return "tenant " + peer.subject_cn + " no longer exists; this agent's certificate is void";
-  if (!serial_listed(rec->agent.value("cert_serials", nlohmann::json::array()), peer.serial_hex))
+  if (!serial_listed(rec->agent, peer.serial_hex))
     return "certificate " + peer.serial_hex + " of tenant " + peer.subject_cn +
            " was revoked or replaced; " + reenroll_hint(peer.subject_cn);
   if (peer.client_cert_expired) {
@@ -79,12 +79,13 @@ Answer<nlohmann::json> Enrollment::enroll(const EnrollRequest& req, const std::s
     return Refusal{"enrollment_refused", spent.error().message, "enrollment refused"};
   }
   const std::string agent_id = pki::random_hex(8);
-  nlohmann::json identity = {{"agent_id", agent_id},
-                             {"cert_serials", nlohmann::json::array({cert->serial_hex})},
-                             {"certificate_expires_at", format_rfc3339(cert->not_after)},
-                             {"enrolled_at", format_rfc3339(Clock::now())},
-                             {"hostname", req.hostname},
-                             {"version", req.agent_version}};
+  store::AgentPresence identity;
+  identity.agent_id = agent_id;
+  identity.cert_serials = std::vector<std::string>{cert->serial_hex};
+  identity.certificate_expires_at = format_rfc3339(cert->not_after);
+  identity.enrolled_at = format_rfc3339(Clock::now());
+  identity.hostname = req.hostname;
+  identity.version = req.agent_version;
   auto set_identity = [&](store::TenantRecord& r) {
     r.agent = identity;
     if (r.phase == "pending") r.phase = "enrolled";
@@ -128,11 +129,11 @@ Answer<nlohmann::json> Enrollment::renew(const std::string& tenant,
   auto updated = store_.update_tenant(tenant, [&](store::TenantRecord& r) -> Status {
     // Revoked meanwhile (the list was emptied): the session's serial is no
     // longer listed, and this renewal must not bring it back.
-    if (!serial_listed(r.agent.value("cert_serials", nlohmann::json::array()), session_serial))
+    if (!serial_listed(r.agent, session_serial))
       return Error(Errc::permission_denied,
                    "certificate " + session_serial + " is no longer valid");
-    r.agent["cert_serials"] = nlohmann::json::array({session_serial, cert->serial_hex});
-    r.agent["certificate_expires_at"] = format_rfc3339(cert->not_after);
+    r.agent.cert_serials = std::vector<std::string>{session_serial, cert->serial_hex};
+    r.agent.certificate_expires_at = format_rfc3339(cert->not_after);
     return Status{};
   });
   if (!updated) {
@@ -150,8 +151,8 @@ Answer<nlohmann::json> Enrollment::renew(const std::string& tenant,
 Status Enrollment::revoke(const std::string& tenant) {
   if (store_.get_tenant(tenant)) {
     auto r = store_.update_tenant(tenant, [](store::TenantRecord& rec) {
-      rec.agent["cert_serials"] = nlohmann::json::array();
-      rec.agent["revoked_at"] = format_rfc3339(Clock::now());
+      rec.agent.cert_serials = std::vector<std::string>{};
+      rec.agent.revoked_at = format_rfc3339(Clock::now());
       return Status{};
     });
     if (!r && r.error().code != Errc::not_found) return r.error();

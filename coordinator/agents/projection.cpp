@@ -2,14 +2,27 @@
 
 namespace factory::coordinator {
 
-using nlohmann::json;
-
 namespace {
 
-json& object_at(json& parent, const char* key) {
-  auto& v = parent[key];
-  if (!v.is_object()) v = json::object();
-  return v;
+template <class T>
+T& made(std::optional<T>& v) {
+  if (!v) v.emplace();
+  return *v;
+}
+
+// Each field the event has, over what was there.
+template <class T>
+void over(std::optional<T>& field, const std::optional<T>& from) {
+  if (from) field = from;
+}
+
+store::DiagnosisRecord diagnosis_record(const AgentDiagnosis& d) {
+  store::DiagnosisRecord r;
+  r.code = d.code;
+  r.summary = d.summary;
+  r.fix = d.fix;
+  if (!d.details.empty()) r.details = d.details;
+  return r;
 }
 
 }  // namespace
@@ -22,29 +35,46 @@ std::string last_bytes(std::string_view tail, std::size_t max) {
   return std::string(tail);
 }
 
+// The status keeps what the decoded event holds (AgentEvent::to_json, less
+// its id, its kind and what names the step or plan), field by field.
 bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
-  json clean = ev.to_json();
-  clean.erase("id");
   if (const auto* p = std::get_if<ProgressEvent>(&ev.body)) {
-    auto& plan = object_at(t.status, "plan");
-    auto& steps = object_at(plan, "steps");
+    auto& plan = made(t.status.plan);
+    auto& steps = made(plan.steps);
     if (!steps.contains(p->step) && steps.size() >= kMaxProjectedSteps) return false;
-    if (p->plan_hash) plan["hash"] = *p->plan_hash;
-    auto& s = object_at(steps, p->step.c_str());
+    if (p->plan_hash) plan.hash = *p->plan_hash;
+    auto& s = steps[p->step];
     // When the step began, on the agent's clock: a step that rebooted the
     // guest began before the reboot, not when it is verified after it.
-    if (p->state == "started" && s.value("state", "") != "reboot_requested" && ev.time)
-      s["started_at"] = *ev.time;
-    for (auto& [k, v] : clean.items())
-      if (k != "kind" && k != "step" && k != "plan_hash") s[k] = v;
-    if (p->output_tail) s["output_tail"] = last_bytes(*p->output_tail);
+    if (p->state == "started" && s.state.value_or("") != "reboot_requested" && ev.time)
+      s.started_at = *ev.time;
+    over(s.time, ev.time);
+    if (ev.truncated) s.truncated = true;
+    over(s.state, p->state);
+    over(s.attempt, p->attempt);
+    over(s.message, p->message);
+    if (p->output_tail) s.output_tail = last_bytes(*p->output_tail);
+    if (p->diagnosis) s.diagnosis = diagnosis_record(*p->diagnosis);
+    over(s.percent, p->percent);
+    over(s.completed, p->completed);
+    over(s.total, p->total);
+    over(s.allocatable, p->allocatable);
+    over(s.expected, p->expected);
+    if (p->ranges) s.ranges = p->ranges->to_json();
     if (t.phase == "pending" || t.phase == "enrolled") t.phase = "provisioning";
     return true;
   }
   if (const auto* p = std::get_if<PlanEvent>(&ev.body)) {
-    auto& plan = object_at(t.status, "plan");
-    for (auto& [k, v] : clean.items())
-      if (k != "kind") plan[k == "plan_hash" ? "hash" : k] = v;
+    auto& plan = made(t.status.plan);
+    over(plan.time, ev.time);
+    if (ev.truncated) plan.truncated = true;
+    over(plan.hash, p->plan_hash);
+    over(plan.tier, p->tier);
+    over(plan.state, p->state);
+    over(plan.steps_total, p->steps_total);
+    over(plan.steps_done, p->steps_done);
+    over(plan.message, p->message);
+    over(plan.failed_step, p->failed_step);
     const std::string state = p->state.value_or("");
     if (state == "running")
       t.phase = "provisioning";
@@ -56,9 +86,13 @@ bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
   }
   // Health is the latest sample (store::Store::put_health), not the record.
   if (const auto* d = std::get_if<DiagnosisEvent>(&ev.body)) {
-    auto& all = object_at(t.status, "diagnoses");
+    auto& all = made(t.status.diagnoses);
     if (!all.contains(d->diagnosis.code) && all.size() >= kMaxProjectedDiagnoses) return false;
-    all[d->diagnosis.code] = clean;
+    store::DiagnosisRecord r = diagnosis_record(d->diagnosis);
+    r.kind = ev.kind;
+    r.time = ev.time;
+    if (ev.truncated) r.truncated = true;
+    all[d->diagnosis.code] = std::move(r);
     return true;
   }
   return false;

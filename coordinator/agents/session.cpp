@@ -51,11 +51,10 @@ void observe_step_duration(feed::FeedState& feed, const SessionContext& ctx,
   const std::string state = ev.value("state", "");
   if (state != "succeeded" && state != "failed") return;
   const std::string step = ev.value("step", "");
-  const auto& plan = t.status.value("plan", nlohmann::json::object());
-  if (!plan.contains("steps") || !plan["steps"].is_object() || !plan["steps"].contains(step))
-    return;
-  const auto& s = plan["steps"][step];
-  auto start = parse_rfc3339(s.value("started_at", ""));
+  if (!t.status.plan || !t.status.plan->steps) return;
+  auto it = t.status.plan->steps->find(step);
+  if (it == t.status.plan->steps->end()) return;
+  auto start = parse_rfc3339(it->second.started_at.value_or(""));
   auto end = parse_rfc3339(ev.value("time", ""));
   if (!start || !end || *end < *start) return;
   std::string kind = ctx.step_kind ? ctx.step_kind(t, step) : "";
@@ -259,7 +258,7 @@ void AgentSession::handle_hello(const proto::Envelope& env) {
   }
   if (hello_done_) return;
   auto rec = ctx_.store.get_tenant(tenant_);
-  agent_id_ = rec ? rec->agent.value("agent_id", "") : "";
+  agent_id_ = rec ? rec->agent.agent_id.value_or("") : "";
   if (rec && ctx_.plan_steps)
     if (auto ids = ctx_.plan_steps(*rec)) plan_steps_.emplace(ids->begin(), ids->end());
   ctx_.sessions.attach(tenant_, shared_from_this());
@@ -271,12 +270,12 @@ void AgentSession::handle_hello(const proto::Envelope& env) {
   live.remote = peer_.remote;
   live.connected_since = format_rfc3339(Clock::now());
   live.last_seen = live.connected_since;
-  if (rec && (rec->agent.value("version", "") != live.version)) {
+  if (rec && (rec->agent.version.value_or("") != live.version)) {
     // Recorded by the store's writer; nothing here waits for it.
     ctx_.store.update_tenant_async(
         tenant_,
         [v = live.version](store::TenantRecord& r) {
-          r.agent["version"] = v;
+          r.agent.version = v;
           return Status{};
         },
         nullptr);
@@ -385,9 +384,8 @@ void AgentSession::note_card_faults(const store::LatestHealth& health) {
   if (faults.empty()) return;
   if (!fault_keys_read_) {
     fault_keys_read_ = true;
-    if (auto t = ctx_.store.get_tenant(tenant_);
-        t && t->status.contains("gpu_faults") && t->status["gpu_faults"].is_object())
-      for (auto& [k, v] : t->status["gpu_faults"].items()) fault_keys_.insert(k);
+    if (auto t = ctx_.store.get_tenant(tenant_); t && t->status.gpu_faults)
+      for (const auto& [k, v] : *t->status.gpu_faults) fault_keys_.insert(k);
   }
   std::vector<CardFault> fresh;
   for (auto& f : faults)

@@ -61,7 +61,7 @@ void FeedState::agent_disconnected(const std::string& tenant, const std::string&
 void FeedState::health_changed(const std::string& tenant, const store::LatestHealth& sample) {
   // The feed is an edge: the sample leaves as JSON here.
   nlohmann::json health = sample.to_json();
-  nlohmann::json diagnoses = active_diagnoses(nlohmann::json(), health);
+  nlohmann::json diagnoses = active_diagnoses(store::TenantStatus{}, health);
   bus_.publish("health", tenant,
                {{"health", std::move(health)}, {"diagnoses", std::move(diagnoses)}});
 }
@@ -81,14 +81,11 @@ void FeedState::event_stored(const std::string& tenant, const nlohmann::json& ev
                              const store::TenantRecord* after) {
   const std::string kind = event.value("kind", "");
   nlohmann::json plan;
-  if (after && after->status.contains("plan") && after->status["plan"].is_object()) {
+  if (after && after->status.plan) {
     // Where the plan is (state, steps_done, steps_total) without every
-    // step's record, which the progress event itself updates: copied key by
-    // key, never the steps (a copy of them per event was most of a flood's
-    // allocations).
-    plan = nlohmann::json::object();
-    for (const auto& [k, v] : after->status["plan"].items())
-      if (k != "steps") plan[k] = v;
+    // step's record, which the progress event itself updates: never the
+    // steps (a copy of them per event was most of a flood's allocations).
+    plan = after->status.plan->to_json(/*with_steps=*/false);
   }
   if (kind == "progress" || kind == "plan") {
     nlohmann::json d = event;

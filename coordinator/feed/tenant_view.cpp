@@ -18,29 +18,31 @@ nlohmann::json TenantView::tenant(const store::TenantRecord& t) const {
     agent["dropped_events"] = l->dropped_events;
     agent["pending_events"] = l->pending_events;
   } else {
-    agent["state"] = t.agent.contains("agent_id") ? "unknown" : "never_connected";
-    agent["version"] = t.agent.value("version", "");
-    agent["hostname"] = t.agent.value("hostname", "");
+    agent["state"] = t.agent.agent_id ? "unknown" : "never_connected";
+    agent["version"] = t.agent.version.value_or("");
+    agent["hostname"] = t.agent.hostname.value_or("");
     agent["last_seen"] = "";
   }
-  agent["agent_id"] = t.agent.value("agent_id", "");
-  agent["enrolled_at"] = t.agent.value("enrolled_at", "");
-  agent["certificate_expires_at"] = t.agent.value("certificate_expires_at", "");
+  agent["agent_id"] = t.agent.agent_id.value_or("");
+  agent["enrolled_at"] = t.agent.enrolled_at.value_or("");
+  agent["certificate_expires_at"] = t.agent.certificate_expires_at.value_or("");
   nlohmann::json j = {{"name", t.name},   {"tier", t.tier},
                       {"phase", t.phase}, {"created_at", t.created_at},
                       {"agent", agent},   {"events_stored", store_.event_count(t.name)}};
-  for (auto& [k, v] : t.status.items()) j[k] = v;
+  // The status's JSON is the view's top level.
+  const nlohmann::json status = t.status.to_json();
+  for (auto& [k, v] : status.items()) j[k] = v;
   // Health is the store's latest sample; a record written before health
   // was state may still hold an old copy, which is not it.
   auto health = store_.get_health(t.name);
   j["health"] = health ? health->to_json() : nlohmann::json(nullptr);
   if (!j.contains("diagnoses")) j["diagnoses"] = nlohmann::json::object();
   j["active_diagnoses"] = active_diagnoses(t.status, j["health"]);
-  if (!t.spec.empty()) j["spec"] = t.spec;
+  if (nlohmann::json spec = t.spec.to_json(); !spec.empty()) j["spec"] = std::move(spec);
   return j;
 }
 
-nlohmann::json active_diagnoses(const nlohmann::json& status, const nlohmann::json& health) {
+nlohmann::json active_diagnoses(const store::TenantStatus& status, const nlohmann::json& health) {
   nlohmann::json out = nlohmann::json::array();
   auto add = [&](const nlohmann::json& d, const std::string& source, const std::string& step) {
     if (!d.is_object() || !d.contains("code") || !d["code"].is_string()) return;
@@ -52,13 +54,9 @@ nlohmann::json active_diagnoses(const nlohmann::json& status, const nlohmann::js
     if (!step.empty()) a["step"] = step;
     out.push_back(std::move(a));
   };
-  if (status.is_object() && status.contains("plan") && status["plan"].is_object()) {
-    const auto& steps = status["plan"].value("steps", nlohmann::json::object());
-    if (steps.is_object())
-      for (const auto& [id, s] : steps.items())
-        if (s.is_object() && s.value("state", "") == "failed" && s.contains("diagnosis"))
-          add(s["diagnosis"], "plan", id);
-  }
+  if (status.plan && status.plan->steps)
+    for (const auto& [id, s] : *status.plan->steps)
+      if (s.state == "failed" && s.diagnosis) add(s.diagnosis->to_json(), "plan", id);
   if (health.is_object())
     for (const char* section : {"gpu", "ollama", "k8s"})
       if (health.contains(section) && health[section].is_object())

@@ -36,6 +36,6 @@ class TenantView {
 
 // What is wrong with the tenant now: the diagnosis of each step whose latest
 // state is failed, then those of its latest health sample.
-nlohmann::json active_diagnoses(const nlohmann::json& status, const nlohmann::json& health);
+nlohmann::json active_diagnoses(const store::TenantStatus& status, const nlohmann::json& health);
 
 }  // namespace factory::feed

@@ -892,31 +892,6 @@ bool SqliteStore::flush_health(
 
 }  // namespace
 
-nlohmann::json TenantRecord::to_json() const {
-  nlohmann::json j = {
-      {"name", name}, {"tier", tier},   {"phase", phase},  {"created_at", created_at},
-      {"spec", spec}, {"agent", agent}, {"status", status}};
-  if (!endpoint.empty()) j["endpoint"] = endpoint;
-  return j;
-}
-
-Result<TenantRecord> TenantRecord::from_json(const nlohmann::json& j) {
-  try {
-    TenantRecord t;
-    t.name = j.at("name").get<std::string>();
-    t.tier = j.value("tier", "");
-    t.phase = j.value("phase", "pending");
-    t.created_at = j.value("created_at", "");
-    t.spec = j.value("spec", nlohmann::json::object());
-    t.agent = j.value("agent", nlohmann::json::object());
-    t.status = j.value("status", nlohmann::json::object());
-    t.endpoint = j.value("endpoint", nlohmann::json::object());
-    return t;
-  } catch (const nlohmann::json::exception& e) {
-    return Error(Errc::invalid_argument, std::string("tenant record: ") + e.what());
-  }
-}
-
 Result<std::unique_ptr<Store>> open_sqlite_store(const std::string& dir, StoreOptions opts) {
   auto s = std::make_unique<SqliteStore>(dir, opts);
   if (auto st = s->open(); !st.ok()) return st.error();

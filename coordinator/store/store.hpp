@@ -1,7 +1,7 @@
 #pragma once
 // What the coordinator remembers: tenants (spec, agent identity, derived
-// status), the events their agents sent (stored exactly once, kept within a
-// retention), and each tenant's latest health.
+// status: the typed record of tenant_record.hpp), the events their agents sent (stored exactly
+// once, kept within a retention), and each tenant's latest health.
 //
 // Threads. Reads of tenants, cursors and counts come from memory and never
 // wait on the disk: any thread, an io thread included. Writes go through one
@@ -25,25 +25,9 @@
 
 #include "common/error.hpp"
 #include "contract/health_sample.hpp"
+#include "coordinator/store/tenant_record.hpp"
 
 namespace factory::store {
-
-struct TenantRecord {
-  std::string name;
-  std::string tier;  // catalog item; empty for a token-only tenant
-  // creating | pending | enrolled | provisioning | ready | failed | deleting
-  std::string phase = "pending";
-  std::string created_at;
-  nlohmann::json spec = nlohmann::json::object();    // what the admin asked for
-  nlohmann::json agent = nlohmann::json::object();   // identity: agent_id, cert_serials, ...
-  nlohmann::json status = nlohmann::json::object();  // derived from events: plan, diagnoses, ...
-  // A tier with a model endpoint: {"key_sha256", "port", "host", "rotated_at"}.
-  // The hash only: the key itself lives in the provider's Secret.
-  nlohmann::json endpoint = nlohmann::json::object();
-
-  nlohmann::json to_json() const;
-  static Result<TenantRecord> from_json(const nlohmann::json& j);
-};
 
 // A tenant's latest health: the sample as its reader kept it (validated,
 // bounded, typed) and when the coordinator took it in. Immutable once

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cstdint>
 #include <set>
+#include <tuple>
 
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/tenants/k8s_names.hpp"
@@ -191,36 +192,47 @@ Result<VmSpec> resolve_vm_spec(const catalog::Catalog& catalog, const TenantRequ
   return s;
 }
 
-json spec_json(const VmSpec& vm, const TenantRequest& req) {
-  json j = vm_spec_to_stored(vm);
-  j["ssh_authorized_keys"] = req.ssh_authorized_keys;
-  if (!req.models.empty()) j["models"] = req.models;
-  return j;
+store::TenantSpec stored_spec(const VmSpec& vm, const TenantRequest& req) {
+  store::TenantSpec s = vm_spec_to_stored(vm);
+  s.ssh_authorized_keys = req.ssh_authorized_keys;
+  if (!req.models.empty()) s.models = req.models;
+  return s;
 }
 
-Status same_request(const json& stored, const TenantRequest& req) {
-  auto differs = [&](const char* key, const json& want) -> std::optional<std::string> {
-    json have = stored.contains(key) ? stored[key] : json();
+namespace {
+
+template <class T>
+json stored_value(const std::optional<T>& v) {
+  return v ? json(*v) : json();
+}
+
+}  // namespace
+
+Status same_request(const store::TenantSpec& stored, const TenantRequest& req) {
+  auto differs = [&](const char* key, const json& have,
+                     const json& want) -> std::optional<std::string> {
     if (have == want) return std::nullopt;
     return std::string(key) + " " + (have.is_null() ? "unset" : have.dump()) + ", not " +
            want.dump();
   };
   std::optional<std::string> d;
-  if (!d) d = differs("tier", req.tier);
-  if (!d && req.gpus) d = differs("gpus", *req.gpus);
-  const std::pair<const char*, const std::string*> overrides[] = {
-      {"cpu", &req.cpu},
-      {"memory", &req.memory},
-      {"disk", &req.disk},
-      {"image", &req.image},
-      {"gpu_resource", &req.gpu_resource},
-      {"namespace", &req.ns}};
-  for (auto [key, val] : overrides)
-    if (!d && !val->empty()) d = differs(key, *val);
-  if (!d && req.ssh_node_port != 0) d = differs("ssh_node_port", req.ssh_node_port);
+  if (!d) d = differs("tier", stored_value(stored.tier), req.tier);
+  if (!d && req.gpus) d = differs("gpus", stored_value(stored.gpus), *req.gpus);
+  const std::tuple<const char*, const std::optional<std::string>*, const std::string*> overrides[] =
+      {{"cpu", &stored.cpu, &req.cpu},
+       {"memory", &stored.memory, &req.memory},
+       {"disk", &stored.disk, &req.disk},
+       {"image", &stored.image, &req.image},
+       {"gpu_resource", &stored.gpu_resource, &req.gpu_resource},
+       {"namespace", &stored.ns, &req.ns}};
+  for (auto [key, have, val] : overrides)
+    if (!d && !val->empty()) d = differs(key, stored_value(*have), *val);
+  if (!d && req.ssh_node_port != 0)
+    d = differs("ssh_node_port", stored_value(stored.ssh_node_port), req.ssh_node_port);
   if (!d && !req.ssh_authorized_keys.empty())
-    d = differs("ssh_authorized_keys", req.ssh_authorized_keys);
-  if (!d && !req.models.empty()) d = differs("models", req.models);
+    d = differs("ssh_authorized_keys", stored_value(stored.ssh_authorized_keys),
+                req.ssh_authorized_keys);
+  if (!d && !req.models.empty()) d = differs("models", stored_value(stored.models), req.models);
   if (!d) return {};
   return Error(Errc::already_exists,
                "tenant " + req.name + " exists with a different spec (" + *d +

@@ -59,11 +59,11 @@ Status validate_model_name(const std::string& model);
 
 // The stored form of a resolved request: what `tenant show` prints as spec,
 // and what a re-run of create is compared with.
-nlohmann::json spec_json(const VmSpec& vm, const TenantRequest& req);
+store::TenantSpec stored_spec(const VmSpec& vm, const TenantRequest& req);
 
 // When a create is run again for a tenant that exists, it must ask for the
 // same thing: every field the new request sets must equal the stored spec.
 // Returns the first difference as one line, or ok.
-Status same_request(const nlohmann::json& stored_spec, const TenantRequest& req);
+Status same_request(const store::TenantSpec& stored_spec, const TenantRequest& req);
 
 }  // namespace factory::tenants

@@ -25,12 +25,22 @@ std::string now_str() {
 
 // A token-only tenant (`factory token create`) has neither tier nor VM.
 bool has_vm(const store::TenantRecord& t) {
-  return !t.tier.empty() || t.status.contains("kube");
+  return !t.tier.empty() || t.status.kube.has_value();
 }
 
 std::string record_namespace(const store::TenantRecord& t, const std::string& fallback) {
-  std::string ns = t.spec.value("namespace", "");
+  std::string ns = t.spec.ns.value_or("");
   return ns.empty() ? fallback : ns;
+}
+
+std::string kube_state(const store::TenantRecord& t) {
+  return t.status.kube ? t.status.kube->state.value_or("") : "";
+}
+
+// status.kube, made when the record has none yet.
+store::KubeStatus& kube_of(store::TenantRecord& t) {
+  if (!t.status.kube) t.status.kube.emplace();
+  return *t.status.kube;
 }
 
 // A model endpoint's API key: 40 characters of [a-z0-9], about 206 bits,
@@ -106,7 +116,7 @@ std::optional<json> TenantService::plan_for(const store::TenantRecord& t) const 
   json plan = catalog::plan_for(*tier);
   // --model: the tenant's models replace the tier's ollama_model steps, in
   // the place of the first, each a copy of it; the probe asks the first.
-  if (t.spec.contains("models") && t.spec["models"].is_array() && !t.spec["models"].empty()) {
+  if (t.spec.models && !t.spec.models->empty()) {
     json steps = json::array();
     bool placed = false;
     for (const auto& step : plan["steps"]) {
@@ -116,31 +126,32 @@ std::optional<json> TenantService::plan_for(const store::TenantRecord& t) const 
       }
       if (placed) continue;
       placed = true;
-      for (const auto& m : t.spec["models"]) {
+      for (const auto& m : *t.spec.models) {
         json copy = step;
-        copy["id"] = "model-" + m.get<std::string>();
+        copy["id"] = "model-" + m;
         copy["params"]["model"] = m;
         steps.push_back(copy);
       }
     }
     plan["steps"] = steps;
     if (plan.contains("health") && plan["health"].contains("probe"))
-      plan["health"]["probe"]["model"] = t.spec["models"][0];
+      plan["health"]["probe"]["model"] = t.spec.models->front();
   }
   // The host's ranges read at create travel to the agent in its rke2 step,
   // which adds the guest's own and picks (or checks the catalog's).
-  if (const json* gr = t.spec.contains("guest_ranges") ? &t.spec["guest_ranges"] : nullptr)
+  if (const auto& gr = t.spec.guest_ranges)
     for (auto& step : plan["steps"])
       if (step.value("kind", "") == "rke2")
-        step["params"]["ranges"] = {{"avoid", gr->value("avoid", json::array())},
-                                    {"pool", gr->value("pool", json::object())}};
+        step["params"]["ranges"] = {{"avoid", gr->avoid.value_or(json::array())},
+                                    {"pool", gr->pool.value_or(json::object())}};
   return json{{"hash", catalog::plan_hash(plan)}, {"plan", plan}};
 }
 
-Result<json> TenantService::guest_ranges_for(const catalog::Tier& tier) {
+Result<std::optional<store::GuestRanges>> TenantService::guest_ranges_for(
+    const catalog::Tier& tier) {
   auto rke2 = std::find_if(tier.steps.begin(), tier.steps.end(),
                            [](const catalog::StepDef& s) { return s.kind == "rke2"; });
-  if (rke2 == tier.steps.end()) return json();
+  if (rke2 == tier.steps.end()) return std::optional<store::GuestRanges>();
   auto host = provider_->host_ranges();
   if (!host)
     return host.error().with_context("choosing tier " + tier.name +
@@ -162,10 +173,12 @@ Result<json> TenantService::guest_ranges_for(const catalog::Tier& tier) {
     if (!c) return c.error().with_context("tier " + tier.name + "'s guest cluster ranges");
     planned = *c;
   }
-  return json{{"avoid", ranges::to_json(facts)},
-              {"pool", ranges::to_json(opts_.guest_ranges_pool)},
-              {"planned", ranges::to_json(planned)},
-              {"fixed", fixed}};
+  store::GuestRanges gr;
+  gr.avoid = ranges::to_json(facts);
+  gr.pool = ranges::to_json(opts_.guest_ranges_pool);
+  gr.planned = ranges::to_json(planned);
+  gr.fixed = fixed;
+  return std::optional<store::GuestRanges>(std::move(gr));
 }
 
 Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
@@ -189,7 +202,7 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
                    "tenant " + req.name + " is half-deleted: finish with `factory tenant delete " +
                        req.name + "`, then create it again");
     if (auto st = same_request(existing->spec, req); !st.ok()) return st.error();
-    if (existing->status.value("/kube/state"_json_pointer, std::string()) == "created") {
+    if (kube_state(*existing) == "created") {
       CreateOutcome out;
       out.note =
           "tenant " + req.name + " exists already (phase " + existing->phase + "); nothing changed";
@@ -199,7 +212,7 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
     vm = stored_vm(*existing);
     if (effective.ssh_authorized_keys.empty())
       effective.ssh_authorized_keys =
-          existing->spec.value("ssh_authorized_keys", std::vector<std::string>{});
+          existing->spec.ssh_authorized_keys.value_or(std::vector<std::string>{});
   }
 
   // Everything that can be checked without acting is checked before the
@@ -233,9 +246,9 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
     if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
   if (auto st = provider_->preflight(vm); !st.ok()) return st.error();
   // An interrupted create keeps what it read: its agent may hold the plan.
-  json guest_ranges;
-  if (existing && existing->spec.contains("guest_ranges")) {
-    guest_ranges = existing->spec["guest_ranges"];
+  std::optional<store::GuestRanges> guest_ranges;
+  if (existing && existing->spec.guest_ranges) {
+    guest_ranges = existing->spec.guest_ranges;
   } else if (const catalog::Tier* tier = catalog_.find(vm.tier)) {
     auto gr = guest_ranges_for(*tier);
     if (!gr) return gr.error();
@@ -250,14 +263,20 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
   }
   rec.tier = vm.tier;
   rec.phase = "creating";
-  rec.spec = spec_json(vm, effective);
-  if (!guest_ranges.is_null()) rec.spec["guest_ranges"] = guest_ranges;
-  json kube_status = rec.status.value("kube", json::object());
-  kube_status["state"] = "creating";
-  kube_status["namespace"] = vm.ns;
-  kube_status["started_at"] = now_str();
-  kube_status.erase("error");
-  rec.status["kube"] = kube_status;
+  {
+    // What a newer coordinator kept in the spec stays with it.
+    nlohmann::json kept = std::move(rec.spec.extra);
+    rec.spec = stored_spec(vm, effective);
+    rec.spec.extra = std::move(kept);
+  }
+  if (guest_ranges) rec.spec.guest_ranges = guest_ranges;
+  {
+    store::KubeStatus& ks = kube_of(rec);
+    ks.state = "creating";
+    ks.ns = vm.ns;
+    ks.started_at = now_str();
+    ks.error.reset();
+  }
   if (auto st = store.put_tenant(rec); !st.ok())
     return st.error().with_context("recording tenant " + req.name);
   spdlog::info("tenants: creating tenant {} (tier {}, {} x {}, namespace {}){}", vm.name, vm.tier,
@@ -306,10 +325,15 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
     if (!have) return rollback(rec, record_is_new, token_id, out.objects, have.error()).error();
     std::string key = *have;
     if (key.empty()) new_key = key = new_api_key();
-    rec.endpoint = {{"key_sha256", pki::sha256_hex(key)},
-                    {"port", vm.endpoint_port},
-                    {"host", opts_.endpoint_host},
-                    {"rotated_at", rec.endpoint.value("rotated_at", now_str())}};
+    // A fresh state (a URL comes once the Service has its port), keeping
+    // the time of the key's last rotation and what a newer coordinator kept.
+    store::EndpointState e;
+    e.key_sha256 = pki::sha256_hex(key);
+    e.port = vm.endpoint_port;
+    e.host = opts_.endpoint_host;
+    e.rotated_at = rec.endpoint && rec.endpoint->rotated_at ? *rec.endpoint->rotated_at : now_str();
+    if (rec.endpoint) e.extra = rec.endpoint->extra;
+    rec.endpoint = std::move(e);
     if (auto st = store.put_tenant(rec); !st.ok())
       return rollback(rec, record_is_new, token_id, out.objects, st.error()).error();
   }
@@ -324,29 +348,31 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
 
   auto now = store.get_tenant(req.name).value_or(rec);
   if (now.phase == "creating" || now.phase == "failed") {
-    if (now.agent.value("agent_id", "").empty())
+    if (now.agent.agent_id.value_or("").empty())
       now.phase = "pending";
     else
-      now.phase = now.status.contains("plan") ? "provisioning" : "enrolled";
+      now.phase = now.status.plan ? "provisioning" : "enrolled";
   }
-  json ks = now.status.value("kube", json::object());
-  ks["state"] = "created";
-  ks["gpu_resource"] = vm.gpu_resource;
-  ks["created_at"] = now_str();
-  json objects = ks.value("objects", json::array());
-  for (const auto& r : refs(out.objects))
-    if (std::find(objects.begin(), objects.end(), r) == objects.end()) objects.push_back(r);
-  ks["objects"] = objects;
-  if (!token_id.empty()) ks["bootstrap_token_id"] = token_id;
-  ks.erase("error");
-  now.status["kube"] = ks;
+  {
+    store::KubeStatus& ks = kube_of(now);
+    ks.state = "created";
+    ks.gpu_resource = vm.gpu_resource;
+    ks.created_at = now_str();
+    std::vector<std::string> objects = ks.objects.value_or(std::vector<std::string>{});
+    for (const auto& r : refs(out.objects))
+      if (std::find(objects.begin(), objects.end(), r) == objects.end()) objects.push_back(r);
+    ks.objects = objects;
+    if (!token_id.empty()) ks.bootstrap_token_id = token_id;
+    ks.error.reset();
+  }
   now.tier = vm.tier;
   now.spec = rec.spec;
   if (vm.endpoint_port != 0) {
     now.endpoint = rec.endpoint;
+    if (!now.endpoint) now.endpoint.emplace();
     // The URL needs the node port Kubernetes picked for the Service.
     if (auto obs = provider_->observe(vm.name, vm.ns); obs && obs->endpoint_node_port != 0)
-      now.endpoint["url"] = endpoint_url(obs->endpoint_node_port);
+      now.endpoint->url = endpoint_url(obs->endpoint_node_port);
   }
   if (auto st = store.put_tenant(now); !st.ok())
     return st.error().with_context("recording tenant " + req.name +
@@ -387,21 +413,20 @@ Status TenantService::rollback(store::TenantRecord& rec, bool record_is_new,
   }
   auto now = store.get_tenant(rec.name).value_or(rec);
   now.phase = "failed";
-  json ks = now.status.value("kube", json::object());
-  ks["state"] = "failed";
-  ks["error"] = cause.message + (left.empty() ? "" : "; could not remove " + left);
-  json objects = ks.value("objects", json::array());
+  store::KubeStatus& ks = kube_of(now);
+  ks.state = "failed";
+  ks.error = cause.message + (left.empty() ? "" : "; could not remove " + left);
+  std::vector<std::string> objects = ks.objects.value_or(std::vector<std::string>{});
   for (const auto& o : created) {
     bool gone = std::none_of(failures.begin(), failures.end(),
                              [&](const auto& f) { return f.first.ref() == o.ref(); });
     if (!gone || o.kind == "Namespace") objects.push_back(o.ref());
   }
-  ks["objects"] = objects;
-  now.status["kube"] = ks;
+  ks.objects = objects;
+  const std::string error = *ks.error;
   if (auto st = store.put_tenant(now); !st.ok())
     spdlog::error("tenants: could not record the failure of {}: {}", rec.name, st.error().message);
-  spdlog::warn("tenants: create of {} failed; left in phase failed: {}", rec.name,
-               ks["error"].get<std::string>());
+  spdlog::warn("tenants: create of {} failed; left in phase failed: {}", rec.name, error);
   return Error(cause.code, cause.message + (left.empty() ? "" : "; could not remove " + left) +
                                "; tenant " + rec.name +
                                " is left in phase failed: run the same create again to finish it, "
@@ -435,7 +460,7 @@ Result<json> TenantService::remove(const std::string& name, const std::string& n
     if (!d) {
       if (rec) {
         auto now = store.get_tenant(name).value_or(*rec);
-        now.status["kube"]["error"] = d.error().message;
+        kube_of(now).error = d.error().message;
         (void)store.put_tenant(now);
       }
       return Error(d.error().code, d.error().message + "; tenant " + name +
@@ -462,12 +487,16 @@ Result<json> TenantService::remove(const std::string& name, const std::string& n
 
 json TenantService::plan_steps(const store::TenantRecord& t) const {
   json out = json::array();
-  const json reported = t.status.value("/plan/steps"_json_pointer, json::object());
+  static const std::map<std::string, store::PlanStep> kNone;
+  const auto& reported = t.status.plan && t.status.plan->steps ? *t.status.plan->steps : kNone;
   std::vector<std::string> seen;
   auto entry = [&](const std::string& id, const std::string& kind) {
     json s = {{"id", id}, {"kind", kind}, {"state", "pending"}};
-    if (reported.contains(id) && reported[id].is_object())
-      for (auto& [k, v] : reported[id].items()) s[k] = v;
+    // The API's view of the step: what its agent reported over the defaults.
+    if (auto it = reported.find(id); it != reported.end()) {
+      const json step = it->second.to_json();
+      for (auto& [k, v] : step.items()) s[k] = v;
+    }
     seen.push_back(id);
     return s;
   };
@@ -475,7 +504,7 @@ json TenantService::plan_steps(const store::TenantRecord& t) const {
     for (const auto& s : (*plan)["plan"].value("steps", json::array()))
       out.push_back(entry(s.value("id", ""), s.value("kind", "")));
   // Steps an agent reported that the catalog no longer has (it changed).
-  for (auto& [id, v] : reported.items())
+  for (const auto& [id, v] : reported)
     if (std::find(seen.begin(), seen.end(), id) == seen.end()) out.push_back(entry(id, ""));
   return out;
 }
@@ -497,7 +526,7 @@ Result<json> TenantService::show(const std::string& name) {
     j["vm"] = obs ? obs->to_json() : json{{"error", obs.error().message}};
     if (obs)
       if (json offer = restart_offer(*rec, *obs); !offer.is_null()) j["restart_offer"] = offer;
-    if (!rec->endpoint.empty()) j["endpoint"] = endpoint_view(*rec, obs ? &*obs : nullptr);
+    if (rec->endpoint) j["endpoint"] = endpoint_view(*rec, obs ? &*obs : nullptr);
   }
   return j;
 }
@@ -510,9 +539,9 @@ std::string TenantService::endpoint_url(int node_port) const {
 }
 
 json TenantService::endpoint_view(const store::TenantRecord& t, const VmObservation* obs) {
-  json v = {{"url", t.endpoint.value("url", "")},
-            {"rotated_at", t.endpoint.value("rotated_at", "")},
-            {"answers", false}};
+  const store::EndpointState e = t.endpoint.value_or(store::EndpointState{});
+  json v = {
+      {"url", e.url.value_or("")}, {"rotated_at", e.rotated_at.value_or("")}, {"answers", false}};
   if (obs && obs->endpoint_node_port != 0) v["url"] = endpoint_url(obs->endpoint_node_port);
   const std::string url = v["url"].get<std::string>();
   if (url.empty()) {
@@ -553,7 +582,7 @@ Result<json> TenantService::credentials(const std::string& name, bool rotate) {
   if (auto st = enroll::validate_tenant_name(name); !st.ok()) return st.error();
   auto rec = deps_.store.get_tenant(name);
   if (!rec) return Error(Errc::not_found, "no tenant named " + name);
-  if (rec->endpoint.empty())
+  if (!rec->endpoint)
     return Error(Errc::failed_precondition, "tenant " + name + " (tier " +
                                                 (rec->tier.empty() ? "none" : rec->tier) +
                                                 ") serves no model endpoint: it has no API key");
@@ -572,8 +601,9 @@ Result<json> TenantService::credentials(const std::string& name, bool rotate) {
     if (auto st = provider_->put_api_key(vm, fresh, created); !st.ok())
       return st.error().with_context("rotating tenant " + name + "'s API key");
     auto now = deps_.store.get_tenant(name).value_or(*rec);
-    now.endpoint["key_sha256"] = pki::sha256_hex(fresh);
-    now.endpoint["rotated_at"] = now_str();
+    if (!now.endpoint) now.endpoint.emplace();
+    now.endpoint->key_sha256 = pki::sha256_hex(fresh);
+    now.endpoint->rotated_at = now_str();
     if (auto st = deps_.store.put_tenant(now); !st.ok())
       return st.error().with_context("recording the new key of tenant " + name +
                                      " (the Secret has it already: rotate again)");
@@ -589,13 +619,13 @@ Result<json> TenantService::credentials(const std::string& name, bool rotate) {
     spdlog::info("tenants: rotated the API key of {} (guest {})", name,
                  told ? "told" : "not connected; told when it reconnects");
   }
-  std::string url = rec->endpoint.value("url", "");
+  std::string url = rec->endpoint->url.value_or("");
   if (auto obs = provider_->observe(name, vm.ns); obs && obs->endpoint_node_port != 0)
     url = endpoint_url(obs->endpoint_node_port);
   out["url"] = url;
   out["api_key"] = *key;
   out["ca"] = opts_.endpoint_ca_pem;
-  out["rotated_at"] = rec->endpoint.value("rotated_at", "");
+  out["rotated_at"] = rec->endpoint->rotated_at.value_or("");
   return out;
 }
 
@@ -641,11 +671,11 @@ namespace {
 // A card fault recorded on the tenant (status.gpu_faults) since its last
 // restart finished, or ever when it was never restarted.
 bool card_fault_since_start(const store::TenantRecord& t) {
-  const std::string since = t.status.value("/restart/finished_at"_json_pointer, std::string());
-  // Named: items() of a temporary would outlive it in the loop.
-  const json faults = t.status.value("gpu_faults", json::object());
-  for (const auto& [key, f] : faults.items())
-    if (f.is_object() && f.value("first_seen", "") > since) return true;
+  const std::string since =
+      t.status.restart ? t.status.restart->finished_at.value_or("") : std::string();
+  if (!t.status.gpu_faults) return false;
+  for (const auto& [key, f] : *t.status.gpu_faults)
+    if (f.first_seen.value_or("") > since) return true;
   return false;
 }
 
@@ -668,16 +698,15 @@ Result<json> TenantService::restart(const std::string& name, bool dry_run) {
     return Error(
         Errc::failed_precondition,
         "tenant " + name + " has no VM (made by `factory token create`): nothing to restart");
-  const std::string kube_state = rec->status.value("/kube/state"_json_pointer, std::string());
-  if (rec->phase == "deleting" || kube_state != "created")
-    return Error(
-        Errc::failed_precondition,
-        "tenant " + name + " is " +
-            (rec->phase == "deleting"
-                 ? "half-deleted: finish with `factory tenant delete " + name + "`"
-                 : "not fully created (" + (kube_state.empty() ? "no VM yet" : kube_state) +
-                       "): run the same `factory tenant create` "
-                       "again first"));
+  const std::string kube_now = kube_state(*rec);
+  if (rec->phase == "deleting" || kube_now != "created")
+    return Error(Errc::failed_precondition,
+                 "tenant " + name + " is " +
+                     (rec->phase == "deleting"
+                          ? "half-deleted: finish with `factory tenant delete " + name + "`"
+                          : "not fully created (" + (kube_now.empty() ? "no VM yet" : kube_now) +
+                                "): run the same `factory tenant create` "
+                                "again first"));
   VmSpec vm = stored_vm(*rec);
   auto obs = provider_->observe(name, vm.ns);
   if (!obs) return obs.error().with_context("looking at the VM of " + name);
@@ -699,13 +728,14 @@ Result<json> TenantService::restart(const std::string& name, bool dry_run) {
   }
   // Journaled first: a coordinator killed from here on finishes it at start.
   // On the store's writer, so an agent's event stored meanwhile loses nothing.
-  const json journal = {{"state", "restarting"},
-                        {"requested_at", now_str()},
-                        {"from_instance", req.from_instance},
-                        {"avoid_gpus", req.avoid_gpus},
-                        {"gpus_before", obs->gpus}};
+  store::RestartJournal journal;
+  journal.state = "restarting";
+  journal.requested_at = now_str();
+  journal.from_instance = req.from_instance;
+  journal.avoid_gpus = req.avoid_gpus;
+  journal.gpus_before = obs->gpus;
   auto journaled = deps_.store.update_tenant(name, [&](store::TenantRecord& r) {
-    r.status["restart"] = journal;
+    r.status.restart = journal;
     return Status{};
   });
   if (!journaled)
@@ -716,34 +746,35 @@ Result<json> TenantService::restart(const std::string& name, bool dry_run) {
 
 Result<json> TenantService::run_restart(store::TenantRecord rec, const VmSpec& vm) {
   const std::string name = rec.name;
-  json journal = rec.status["restart"];
+  const store::RestartJournal journal = rec.status.restart.value_or(store::RestartJournal{});
   RestartRequest req;
-  req.from_instance = journal.value("from_instance", "");
-  req.avoid_gpus = journal.value("avoid_gpus", std::vector<std::string>{});
+  req.from_instance = journal.from_instance.value_or("");
+  req.avoid_gpus = journal.avoid_gpus.value_or(std::vector<std::string>{});
   auto announce = [&](const std::string& state, json extra) {
     if (!deps_.announce) return;
     extra["action"] = "restart";
     extra["state"] = state;
     deps_.announce(name, extra);
   };
-  announce("started", {{"requested_at", journal.value("requested_at", "")},
-                       {"gpus_before", journal.value("gpus_before", json::array())},
-                       {"avoid_gpus", req.avoid_gpus}});
+  announce("started",
+           {{"requested_at", journal.requested_at.value_or("")},
+            {"gpus_before", journal.gpus_before ? json(*journal.gpus_before) : json::array()},
+            {"avoid_gpus", req.avoid_gpus}});
   spdlog::info("tenants: restarting the VM of {}{}", name,
                req.avoid_gpus.empty() ? "" : " off its faulted card(s)");
   auto o = provider_->restart(vm, req);
-  json ended = journal;
-  ended["finished_at"] = now_str();
+  store::RestartJournal ended = journal;
+  ended.finished_at = now_str();
   if (o) {
-    ended["state"] = "done";
-    ended["note"] = o->note;
-    ended["gpus_after"] = o->gpus_after;
+    ended.state = "done";
+    ended.note = o->note;
+    ended.gpus_after = o->gpus_after;
   } else {
-    ended["state"] = "failed";
-    ended["error"] = o.error().message;
+    ended.state = "failed";
+    ended.error = o.error().message;
   }
   auto recorded = deps_.store.update_tenant(name, [&](store::TenantRecord& r) {
-    r.status["restart"] = ended;
+    r.status.restart = ended;
     return Status{};
   });
   if (!recorded)
@@ -769,7 +800,7 @@ Result<json> TenantService::run_restart(store::TenantRecord rec, const VmSpec& v
 void TenantService::resume_actions() {
   std::lock_guard changes(changes_mu_);
   for (const auto& t : deps_.store.list_tenants()) {
-    if (t.status.value("/restart/state"_json_pointer, std::string()) != "restarting") continue;
+    if (!t.status.restart || t.status.restart->state != "restarting") continue;
     VmSpec vm = stored_vm(t);
     spdlog::info("tenants: finishing the restart of {} that a stop cut short", t.name);
     auto r = run_restart(t, vm);

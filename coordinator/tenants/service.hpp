@@ -152,12 +152,12 @@ class TenantService {
   // What `tenant show` says of a model endpoint: its URL and whether it
   // answers an authenticated GET /v1/models now (a call to the guest).
   nlohmann::json endpoint_view(const store::TenantRecord& t, const VmObservation* obs);
-  // For a tier with an rke2 step: {"avoid": facts, "pool", "planned": the
-  // ranges the agent will get unless the guest's own networks move it,
-  // "fixed": whether the catalog fixes them}; null for other tiers. Reads the
-  // host cluster (a worker thread's call). Refuses a catalog's fixed ranges
-  // that clash, naming the clash.
-  Result<nlohmann::json> guest_ranges_for(const catalog::Tier& tier);
+  // For a tier with an rke2 step: the host's facts to avoid, the pool,
+  // the ranges the agent will get unless the guest's own networks move it
+  // ("planned") and whether the catalog fixes them; nullopt for other
+  // tiers. Reads the host cluster (a worker thread's call). Refuses a
+  // catalog's fixed ranges that clash, naming the clash.
+  Result<std::optional<store::GuestRanges>> guest_ranges_for(const catalog::Tier& tier);
 
   TenantServiceDeps deps_;
   catalog::Catalog catalog_;

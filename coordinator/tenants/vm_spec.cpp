@@ -69,43 +69,42 @@ Status validate_vm_spec(const VmSpec& spec) {
   return {};
 }
 
-nlohmann::json vm_spec_to_stored(const VmSpec& spec) {
-  nlohmann::json j = {{"tier", spec.tier},
-                      {"namespace", spec.ns},
-                      {"cpu", spec.cpu},
-                      {"memory", spec.memory},
-                      {"disk", spec.disk},
-                      {"image", spec.image_url},
-                      {"gpus", spec.gpus},
-                      {"gpu_resource", spec.gpu_resource},
-                      {"ssh_node_port", spec.ssh_node_port},
-                      {"needs_mig", spec.needs_mig}};
-  if (!spec.ssh_service) j["ssh_service"] = false;
-  if (spec.endpoint_port != 0) j["endpoint_port"] = spec.endpoint_port;
-  if (!spec.labels.empty()) j["labels"] = spec.labels;
-  return j;
+store::TenantSpec vm_spec_to_stored(const VmSpec& spec) {
+  store::TenantSpec s;
+  s.tier = spec.tier;
+  s.ns = spec.ns;
+  s.cpu = spec.cpu;
+  s.memory = spec.memory;
+  s.disk = spec.disk;
+  s.image = spec.image_url;
+  s.gpus = spec.gpus;
+  s.gpu_resource = spec.gpu_resource;
+  s.ssh_node_port = spec.ssh_node_port;
+  s.needs_mig = spec.needs_mig;
+  if (!spec.ssh_service) s.ssh_service = false;
+  if (spec.endpoint_port != 0) s.endpoint_port = spec.endpoint_port;
+  if (!spec.labels.empty()) s.labels = spec.labels;
+  return s;
 }
 
-VmSpec vm_spec_from_stored(const nlohmann::json& s, const std::string& name,
+VmSpec vm_spec_from_stored(const store::TenantSpec& s, const std::string& name,
                            bool* needs_mig_stored) {
   VmSpec v;
   v.name = name;
-  v.tier = s.value("tier", "");
-  v.ns = s.value("namespace", "");
-  v.cpu = s.value("cpu", "");
-  v.memory = s.value("memory", "");
-  v.disk = s.value("disk", "");
-  v.image_url = s.value("image", "");
-  v.gpus = s.value("gpus", 0);
-  v.gpu_resource = s.value("gpu_resource", "");
-  v.ssh_node_port = s.value("ssh_node_port", 0);
-  v.ssh_service = s.value("ssh_service", true);
-  v.endpoint_port = s.value("endpoint_port", 0);
-  v.needs_mig = s.value("needs_mig", false);
-  if (needs_mig_stored) *needs_mig_stored = s.contains("needs_mig");
-  if (s.contains("labels") && s["labels"].is_object())
-    for (const auto& [k, val] : s["labels"].items())
-      if (val.is_string()) v.labels[k] = val.get<std::string>();
+  v.tier = s.tier.value_or("");
+  v.ns = s.ns.value_or("");
+  v.cpu = s.cpu.value_or("");
+  v.memory = s.memory.value_or("");
+  v.disk = s.disk.value_or("");
+  v.image_url = s.image.value_or("");
+  v.gpus = s.gpus.value_or(0);
+  v.gpu_resource = s.gpu_resource.value_or("");
+  v.ssh_node_port = s.ssh_node_port.value_or(0);
+  v.ssh_service = s.ssh_service.value_or(true);
+  v.endpoint_port = s.endpoint_port.value_or(0);
+  v.needs_mig = s.needs_mig.value_or(false);
+  if (needs_mig_stored) *needs_mig_stored = s.needs_mig.has_value();
+  v.labels = s.labels.value_or(std::map<std::string, std::string>{});
   return v;
 }
 

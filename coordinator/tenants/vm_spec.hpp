@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/error.hpp"
+#include "coordinator/store/tenant_record.hpp"
 
 namespace factory::tenants {
 
@@ -56,12 +57,12 @@ Status validate_vm_spec(const VmSpec& spec);
 // The spec as the tenant's record keeps it (TenantRecord::spec), every field
 // but the name (the record's own), and back: a re-run of create, a restart
 // or a key rotation acts on exactly the VM that was first resolved, whatever
-// the catalog says now. ssh_service, endpoint_port and labels are written
+// the catalog says now. ssh_service, endpoint_port and labels are set
 // only when they differ from their defaults, as records always had them.
-nlohmann::json vm_spec_to_stored(const VmSpec& spec);
+store::TenantSpec vm_spec_to_stored(const VmSpec& spec);
 // A record written before needs_mig was kept has none: `needs_mig_stored`
 // says so, for the caller to take it from the catalog.
-VmSpec vm_spec_from_stored(const nlohmann::json& stored, const std::string& name,
+VmSpec vm_spec_from_stored(const store::TenantSpec& stored, const std::string& name,
                            bool* needs_mig_stored = nullptr);
 
 }  // namespace factory::tenants

@@ -72,8 +72,8 @@ TEST(AgentEnrollment, TheTokenIsCheckedBeforeTheCsrIsEvenRead) {
   ASSERT_EQ(refusal_of(ok), "");
   auto rec = rig.store->get_tenant("t1");
   ASSERT_TRUE(rec);
-  EXPECT_EQ(rec->agent.value("hostname", ""), "guest-1");
-  EXPECT_EQ(rec->agent.value("version", ""), "0.1.0");
+  EXPECT_EQ(rec->agent.hostname.value_or(""), "guest-1");
+  EXPECT_EQ(rec->agent.version.value_or(""), "0.1.0");
 }
 
 }  // namespace

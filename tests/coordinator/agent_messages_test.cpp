@@ -268,12 +268,13 @@ TEST(AgentProjection, SeesOnlyDecodedFieldsAndStaysBounded) {
   ASSERT_TRUE(ev.value);
   EXPECT_TRUE(project_event(t, *ev.value));
   EXPECT_EQ(t.phase, "provisioning");
-  EXPECT_EQ(t.status["plan"]["steps"]["s1"], (json{{"state", "started"}, {"message", "m"}}));
+  EXPECT_EQ(t.status.to_json()["plan"]["steps"]["s1"],
+            (json{{"state", "started"}, {"message", "m"}}));
   for (std::size_t i = 0; i < kMaxProjectedSteps + 50; ++i) {
     auto e = decode_event({{"id", 2 + i}, {"kind", "progress"}, {"step", "x" + std::to_string(i)}});
     project_event(t, *e.value);
   }
-  EXPECT_EQ(t.status["plan"]["steps"].size(), kMaxProjectedSteps);
+  EXPECT_EQ(t.status.to_json()["plan"]["steps"].size(), kMaxProjectedSteps);
   auto done = decode_event({{"id", 999}, {"kind", "plan"}, {"state", "succeeded"}});
   EXPECT_TRUE(project_event(t, *done.value));
   EXPECT_EQ(t.phase, "ready");
@@ -291,7 +292,7 @@ TEST(StatusProjection, AStepKeepsTheLastBytesOfItsOutputOnACharacter) {
   ASSERT_TRUE(e.value);
   ASSERT_EQ(*std::get<ProgressEvent>(e.value->body).output_tail, tail) << "decoded whole";
   EXPECT_TRUE(project_event(t, *e.value));
-  const std::string kept = t.status["plan"]["steps"]["s"]["output_tail"];
+  const std::string kept = t.status.to_json()["plan"]["steps"]["s"]["output_tail"];
   EXPECT_EQ(kept.size(), kProjectedTailBytes - 1);
   EXPECT_EQ(kept.substr(kept.size() - 3), "END");
   EXPECT_NE(static_cast<unsigned char>(kept[0]) & 0xC0, 0x80) << "never half a character";

@@ -70,22 +70,23 @@ TEST(CardFaults, ACardFaultIsJudgedByItsNumberNotTheGuestsWords) {
 }
 
 TEST(CardFaults, RecordedOncePerCardAndFaultAndBounded) {
-  json status = json::object();
+  store::TenantStatus status;
   proto::GpuSample g = card();
   g.xids.push_back({48, 1, "", ""});
   auto faults = card_faults(sample_with(g));
   EXPECT_EQ(record_card_faults(status, faults).size(), 1u);
   EXPECT_TRUE(record_card_faults(status, faults).empty()) << "seen again: nothing new";
-  EXPECT_EQ(status["gpu_faults"][g.uuid + "/xid-48"]["first_seen"], "2026-12-01T10:00:01Z");
+  EXPECT_EQ(status.gpu_faults->at(g.uuid + "/xid-48").first_seen.value_or(""),
+            "2026-12-01T10:00:01Z");
   for (int i = 0; i < 40; ++i) {
     CardFault f = faults[0];
     f.key = "GPU-" + std::to_string(i) + "/lost";
     f.seen_at = "2026-12-02T10:00:" + std::string(i < 10 ? "0" : "") + std::to_string(i) + "Z";
     record_card_faults(status, {f});
   }
-  EXPECT_EQ(status["gpu_faults"].size(), kMaxCardFaultRecords);
-  EXPECT_FALSE(status["gpu_faults"].contains(g.uuid + "/xid-48")) << "the oldest went first";
-  EXPECT_TRUE(status["gpu_faults"].contains("GPU-39/lost"));
+  EXPECT_EQ(status.gpu_faults->size(), kMaxCardFaultRecords);
+  EXPECT_FALSE(status.gpu_faults->contains(g.uuid + "/xid-48")) << "the oldest went first";
+  EXPECT_TRUE(status.gpu_faults->contains("GPU-39/lost"));
 }
 
 }  // namespace

@@ -94,10 +94,10 @@ TEST(StatusProjection, EventsDriveThePhase) {
   EXPECT_TRUE(coordinator::project_event(
       t, ev({{"kind", "plan"}, {"state", "running"}, {"plan_hash", "ab12"}})));
   EXPECT_EQ(t.phase, "provisioning");
-  EXPECT_EQ(t.status["plan"]["hash"], "ab12");
+  EXPECT_EQ(t.status.to_json()["plan"]["hash"], "ab12");
   EXPECT_TRUE(coordinator::project_event(
       t, ev({{"kind", "progress"}, {"step", "nvidia-driver"}, {"state", "reboot_requested"}})));
-  EXPECT_EQ(t.status["plan"]["steps"]["nvidia-driver"]["state"], "reboot_requested");
+  EXPECT_EQ(t.status.to_json()["plan"]["steps"]["nvidia-driver"]["state"], "reboot_requested");
   EXPECT_TRUE(coordinator::project_event(t, ev({{"kind", "plan"}, {"state", "succeeded"}})));
   EXPECT_EQ(t.phase, "ready");
   // Health is state, kept as the tenant's latest sample by the store
@@ -105,7 +105,7 @@ TEST(StatusProjection, EventsDriveThePhase) {
   // changes nothing here.
   EXPECT_FALSE(
       coordinator::project_event(t, ev({{"kind", "health"}, {"gpu", {{"source", "nvml"}}}})));
-  EXPECT_FALSE(t.status.contains("health"));
+  EXPECT_FALSE(t.status.to_json().contains("health"));
   EXPECT_FALSE(coordinator::project_event(t, ev({{"kind", "synthetic"}})));
 }
 

@@ -251,7 +251,10 @@ TEST(FeedStateEvents, ConnectsDisconnectsHealthProgressAndPhaseChanges) {
   factory::store::TenantRecord rec;
   rec.name = "t1";
   rec.phase = "provisioning";
-  rec.status = {{"plan", {{"steps_done", 1}, {"steps_total", 3}, {"steps", {{"a", {}}}}}}};
+  rec.status.plan.emplace();
+  rec.status.plan->steps_done = 1;
+  rec.status.plan->steps_total = 3;
+  rec.status.plan->steps = std::map<std::string, factory::store::PlanStep>{{"a", {}}};
   st.event_stored("t1", {{"kind", "progress"}, {"id", 7}, {"step", "a"}, {"state", "succeeded"}},
                   &rec);
   st.event_stored("t1", {{"kind", "progress"}, {"id", 8}, {"step", "b"}, {"state", "started"}},

@@ -158,7 +158,7 @@ TEST(SqliteStore, NoChangeIsLostBetweenProjectionsAndUpdatesFromOtherThreads) {
   TempDir dir("store");
   auto s = open(dir.path());
   auto t = tenant("t1");
-  t.status = {{"events", 0}, {"updates", 0}};
+  t.status.extra = {{"events", 0}, {"updates", 0}};
   ASSERT_TRUE(s->put_tenant(t).ok());
   std::atomic<int> answered{0};
   std::thread io([&] {
@@ -166,7 +166,7 @@ TEST(SqliteStore, NoChangeIsLostBetweenProjectionsAndUpdatesFromOtherThreads) {
       s->append_event(
           "t1", event(id),
           [](TenantRecord& r) {
-            r.status["events"] = r.status["events"].get<int>() + 1;
+            r.status.extra["events"] = r.status.extra["events"].get<int>() + 1;
             return true;
           },
           [&](Result<AppendOutcome> r) {
@@ -176,7 +176,7 @@ TEST(SqliteStore, NoChangeIsLostBetweenProjectionsAndUpdatesFromOtherThreads) {
   std::thread worker([&] {
     for (int i = 0; i < 200; ++i)
       ASSERT_TRUE(s->update_tenant("t1", [](TenantRecord& r) {
-                     r.status["updates"] = r.status["updates"].get<int>() + 1;
+                     r.status.extra["updates"] = r.status.extra["updates"].get<int>() + 1;
                      return Status{};
                    }).ok());
   });
@@ -184,8 +184,8 @@ TEST(SqliteStore, NoChangeIsLostBetweenProjectionsAndUpdatesFromOtherThreads) {
   worker.join();
   ASSERT_TRUE(factory::testing::eventually([&] { return answered == 2000; }));
   auto rec = s->get_tenant("t1");
-  EXPECT_EQ(rec->status["events"], 2000);
-  EXPECT_EQ(rec->status["updates"], 200);
+  EXPECT_EQ(rec->status.extra["events"], 2000);
+  EXPECT_EQ(rec->status.extra["updates"], 200);
   // Batched: far fewer transactions (and syncs) than operations.
   EXPECT_LT(s->stats().transactions, 1100u);
 }

@@ -165,9 +165,11 @@ TEST(StoredSpec, EveryFieldRoundTripsThroughTheRecord) {
 
   bool needs_mig_stored = false;
   // Through the text the store writes, as a record is read back.
-  const json stored = json::parse(vm_spec_to_stored(v).dump());
+  const json stored = json::parse(vm_spec_to_stored(v).to_json().dump());
   EXPECT_FALSE(stored.contains("name")) << "the record's own name, not stored twice";
-  VmSpec back = vm_spec_from_stored(stored, "tenant-1", &needs_mig_stored);
+  auto read = store::TenantSpec::from_json(stored);
+  ASSERT_TRUE(read.ok()) << read.error().message;
+  VmSpec back = vm_spec_from_stored(*read, "tenant-1", &needs_mig_stored);
   EXPECT_EQ(back, v) << stored.dump();
   EXPECT_TRUE(needs_mig_stored);
 
@@ -175,10 +177,10 @@ TEST(StoredSpec, EveryFieldRoundTripsThroughTheRecord) {
   // and says needs_mig is not its own (the caller asks the catalog).
   VmSpec plain;
   plain.name = "tenant-2";
-  json old = vm_spec_to_stored(plain);
-  old.erase("needs_mig");
-  EXPECT_FALSE(old.contains("labels"));
-  EXPECT_FALSE(old.contains("ssh_service")) << "written only when it differs";
+  store::TenantSpec old = vm_spec_to_stored(plain);
+  old.needs_mig.reset();
+  EXPECT_FALSE(old.labels.has_value());
+  EXPECT_FALSE(old.ssh_service.has_value()) << "written only when it differs";
   EXPECT_EQ(vm_spec_from_stored(old, "tenant-2", &needs_mig_stored), plain);
   EXPECT_FALSE(needs_mig_stored);
 
@@ -186,9 +188,9 @@ TEST(StoredSpec, EveryFieldRoundTripsThroughTheRecord) {
   TenantRequest req;
   req.name = "tenant-1";
   req.ssh_authorized_keys = {kTestEd25519Key};
-  const json rec = spec_json(v, req);
+  const store::TenantSpec rec = stored_spec(v, req);
   EXPECT_EQ(vm_spec_from_stored(rec, "tenant-1"), v);
-  EXPECT_EQ(rec["ssh_authorized_keys"], json::array({kTestEd25519Key}));
+  EXPECT_EQ(rec.to_json()["ssh_authorized_keys"], json::array({kTestEd25519Key}));
 }
 
 TEST(SameRequest, OnlyWhatTheNewRequestSetsMustMatch) {
@@ -201,7 +203,7 @@ TEST(SameRequest, OnlyWhatTheNewRequestSetsMustMatch) {
   auto vm = resolve_vm_spec(cat, first, "tenants");
   ASSERT_TRUE(vm.ok());
   vm->gpu_resource = kL4Resource;  // what the coordinator picked
-  json stored = spec_json(*vm, first);
+  store::TenantSpec stored = stored_spec(*vm, first);
 
   TenantRequest again;
   again.name = "tenant-1";
