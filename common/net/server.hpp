@@ -6,6 +6,13 @@
 // holds no read or write buffer, no timer and no coroutine frame; deadlines
 // are kept by one sweep per io thread.
 //
+// The parts, each in its own file: the io threads (io_pool), the admission
+// of connections and the stranger pool (server_admission), the TLS
+// connection and its output queue (tls_connection.cpp), the HTTP session
+// (http_session.cpp), the websocket session that takes over at the upgrade
+// (ws_session.cpp), and the one decision of how a connection ends
+// (server_close).
+//
 // Threads: the server runs on an IoPool. Each connection lives on one io
 // thread, and its handlers (HttpHandler, WsHandler callbacks) run there. The
 // calls a handler makes back (HttpExchange::respond/write, WsConnection::send/
@@ -26,44 +33,13 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/net/io_pool.hpp"
 #include "common/net/tls.hpp"
 
-namespace boost::asio {
-class io_context;
-}
-
 namespace factory::net {
-
-// Io threads, each running its own io_context.
-class IoPool {
- public:
-  explicit IoPool(std::size_t threads);
-  ~IoPool();
-  IoPool(const IoPool&) = delete;
-  IoPool& operator=(const IoPool&) = delete;
-
-  std::size_t size() const { return contexts_.size(); }
-  boost::asio::io_context& at(std::size_t i);
-  // The one that runs on the thread calling run(): timers and signals go here.
-  boost::asio::io_context& main();
-  // Round robin, for spreading connections.
-  boost::asio::io_context& next();
-
-  // Runs every context (all but the first on threads of their own) until stop().
-  void run();
-  // Thread-safe; run() returns once every thread has stopped.
-  void stop();
-
- private:
-  struct Context;
-  std::vector<std::unique_ptr<Context>> contexts_;
-  std::vector<std::thread> threads_;
-  std::atomic<std::size_t> next_{0};
-};
 
 // What the TLS handshake proved about the peer.
 struct PeerInfo {

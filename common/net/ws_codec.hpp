@@ -35,6 +35,7 @@ inline constexpr std::uint16_t going_away = 1001;
 inline constexpr std::uint16_t protocol_error = 1002;
 inline constexpr std::uint16_t unsupported = 1003;
 inline constexpr std::uint16_t no_status = 1005;  // never sent: "the close frame had no code"
+inline constexpr std::uint16_t abnormal = 1006;   // never sent: "no close frame at all"
 inline constexpr std::uint16_t invalid_payload = 1007;
 inline constexpr std::uint16_t policy = 1008;
 inline constexpr std::uint16_t too_big = 1009;
