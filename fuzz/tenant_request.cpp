@@ -22,7 +22,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)req->to_json(true).dump();
   auto vm = tenants::resolve_vm_spec(*catalog, *req, "factory", true);
   if (!vm) return 0;
-  auto spec = tenants::spec_json(*vm, *req);
+  auto spec = tenants::stored_spec(*vm, *req);
+  (void)spec.to_json().dump();
   (void)tenants::same_request(spec, *req);
   return 0;
 }

@@ -42,7 +42,7 @@ struct GuestRanges {
   bool operator==(const GuestRanges&) const = default;
 };
 
-// What the admin asked for, as create resolved it (tenants::spec_json): the
+// What the admin asked for, as create resolved it (tenants::stored_spec): the
 // VM's shape (tenants::VmSpec, but its name) and the request's own fields.
 // Empty for a tenant made by `factory token create`.
 struct TenantSpec {
