@@ -328,6 +328,9 @@ class Rke2 final : public Step {
     return out;
   }
 
+  // What one look at the nodes is given at least, near the deadline.
+  static constexpr auto kLookAllowance = 2s;
+
   Readiness wait_ready(const StepContext& ctx,
                        std::chrono::steady_clock::time_point give_up) const {
     ProgressLimiter limiter(15s);
@@ -345,7 +348,12 @@ class Rke2 final : public Step {
                        {"message", "waiting for the guest cluster's node to be Ready: " + state}});
         last_state = state;
       }
-      if (std::chrono::steady_clock::now() + 1s >= give_up) return r;
+      // The next look must have time to answer: one started in the last
+      // moments before give_up is killed at once, and "kubectl timed out"
+      // would hide what every earlier look said ("refused"). Found on a
+      // machine where a look takes ~0.4 s: the last one began 0.1 s
+      // before the deadline.
+      if (std::chrono::steady_clock::now() + 1s + kLookAllowance >= give_up) return r;
       std::this_thread::sleep_for(1s);
     }
   }
