@@ -6,8 +6,17 @@ namespace factory::feed {
 
 std::string format_sse(const FeedEvent& e) {
   // data is one line of JSON (nlohmann escapes every newline), so one
-  // `data:` line carries it whole.
-  return "id: " + std::to_string(e.id) + "\nevent: " + e.type + "\ndata: " + e.data + "\n\n";
+  // `data:` line carries it whole. Sized once: the history keeps these
+  // strings, and appending piece by piece left up to twice the text's size
+  // allocated in each (history_bytes counts the text).
+  const std::string id = std::to_string(e.id);
+  constexpr std::string_view kId = "id: ", kEvent = "\nevent: ", kData = "\ndata: ", kEnd = "\n\n";
+  std::string out;
+  out.reserve(kId.size() + id.size() + kEvent.size() + e.type.size() + kData.size() +
+              e.data.size() + kEnd.size());
+  out.append(kId).append(id).append(kEvent).append(e.type).append(kData).append(e.data).append(
+      kEnd);
+  return out;
 }
 
 namespace {
