@@ -131,6 +131,10 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   void read_available();
   void on_bytes(std::string_view data);
   bool flush();
+  // After an SSL call that made no progress: true when TLS asked for the
+  // socket to be readable or writable and the wait is set; false when the
+  // connection cannot go on (the caller says why).
+  bool wait_as_tls_asks(int ssl_ret);
   void wait_read();
   void wait_write();
   void post_flush();

@@ -221,12 +221,7 @@ void Conn::watch_departure() {
     http()->departure_watch_over = true;
     return;
   }
-  int e = SSL_get_error(ssl_, n);
-  if (e == SSL_ERROR_WANT_READ) return wait_read();
-  if (e == SSL_ERROR_WANT_WRITE) {
-    want_write_ = true;
-    return wait_write();
-  }
+  if (wait_as_tls_asks(n)) return;
   ERR_clear_error();
   fail(CloseReason::left_before_answer);
 }

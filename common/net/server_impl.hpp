@@ -20,6 +20,7 @@
 
 #include "common/net/server.hpp"
 #include "common/net/server_admission.hpp"
+#include "common/net/server_close.hpp"
 
 namespace factory::net {
 
@@ -59,6 +60,22 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   struct Counters {
     std::atomic<std::uint64_t> accepted{0}, open{0}, refused_capacity{0}, handshake_failures{0},
         handshakes_full{0}, handshakes_resumed{0}, deadline_closes{0}, oversize_closes{0};
+    // The counter a close adds to, as decide_close named it.
+    void add(CloseAction::Count c) {
+      switch (c) {
+        case CloseAction::Count::none:
+          return;
+        case CloseAction::Count::handshake_failure:
+          handshake_failures++;
+          return;
+        case CloseAction::Count::deadline:
+          deadline_closes++;
+          return;
+        case CloseAction::Count::oversize:
+          oversize_closes++;
+          return;
+      }
+    }
   } counters;
 
   Impl(IoPool& p, ServerOptions o)

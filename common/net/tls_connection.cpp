@@ -154,6 +154,7 @@ void Conn::do_handshake() {
   ERR_clear_error();
   int r = SSL_do_handshake(ssl_);
   if (r == 1) {
+    want_write_ = false;
     end_handshake();
     peer_.resumed = SSL_session_reused(ssl_) == 1;
     (peer_.resumed ? srv_->counters.handshakes_resumed : srv_->counters.handshakes_full)++;
@@ -169,9 +170,7 @@ void Conn::do_handshake() {
     set_deadline(Clock::now() + srv_->opts.request_timeout);
     return;
   }
-  int e = SSL_get_error(ssl_, r);
-  if (e == SSL_ERROR_WANT_READ) return wait_read();
-  if (e == SSL_ERROR_WANT_WRITE) return wait_write();
+  if (wait_as_tls_asks(r)) return;
   end_handshake();
   unsigned long err = ERR_peek_last_error();
   char buf[256] = {0};
@@ -193,12 +192,7 @@ void Conn::read_available() {
       if (state_ == State::http_wait || state_ == State::http_write) return;
       continue;
     }
-    int e = SSL_get_error(ssl_, n);
-    if (e == SSL_ERROR_WANT_READ) return wait_read();
-    if (e == SSL_ERROR_WANT_WRITE) {
-      want_write_ = true;
-      return wait_write();
-    }
+    if (wait_as_tls_asks(n)) return;
     // close_notify, a reset, or the peer just went.
     ERR_clear_error();
     return fail(CloseReason::peer_hung_up);
@@ -254,15 +248,7 @@ bool Conn::flush() {
       }
       continue;
     }
-    int e = SSL_get_error(ssl_, n);
-    if (e == SSL_ERROR_WANT_WRITE) {
-      wait_write();
-      return true;
-    }
-    if (e == SSL_ERROR_WANT_READ) {
-      wait_read();
-      return true;
-    }
+    if (wait_as_tls_asks(n)) return true;
     ERR_clear_error();
     fail(CloseReason::write_failed, {0, "write"});
     return false;
@@ -270,6 +256,20 @@ bool Conn::flush() {
   // Nothing left to write.
   if (state_ == State::http_write) answer_written();
   return state_ != State::closed;
+}
+
+bool Conn::wait_as_tls_asks(int ret) {
+  switch (SSL_get_error(ssl_, ret)) {
+    case SSL_ERROR_WANT_READ:
+      wait_read();
+      return true;
+    case SSL_ERROR_WANT_WRITE:
+      want_write_ = true;
+      wait_write();
+      return true;
+    default:
+      return false;
+  }
 }
 
 void Conn::wait_read() {
@@ -344,19 +344,7 @@ void Conn::fail(CloseReason why, CloseDetail detail) {
   ctx.stranger = stranger_limited();
   ctx.stranger_deadline = srv_->opts.strangers.deadline;
   CloseAction act = decide_close(why, detail, ctx);
-  switch (act.count) {
-    case CloseAction::Count::none:
-      break;
-    case CloseAction::Count::handshake_failure:
-      srv_->counters.handshake_failures++;
-      break;
-    case CloseAction::Count::deadline:
-      srv_->counters.deadline_closes++;
-      break;
-    case CloseAction::Count::oversize:
-      srv_->counters.oversize_closes++;
-      break;
-  }
+  srv_->counters.add(act.count);
   if (!act.log.empty()) {
     if (act.warn)
       spdlog::warn("{}: {} {}", srv_->opts.name, peer_.remote, act.log);

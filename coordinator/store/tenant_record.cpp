@@ -2,7 +2,10 @@
 // (tenant_record.hpp).
 #include "coordinator/store/tenant_record.hpp"
 
+#include <concepts>
 #include <limits>
+#include <string_view>
+#include <type_traits>
 
 namespace factory::store {
 
@@ -28,17 +31,15 @@ Status read(const json& v, std::int64_t& out, const std::string& where);
 Status read(const json& v, std::uint64_t& out, const std::string& where);
 Status read(const json& v, double& out, const std::string& where);
 Status read(const json& v, json& out, const std::string& where);
-Status read(const json& v, GuestRanges& out, const std::string& where);
-Status read(const json& v, TenantSpec& out, const std::string& where);
-Status read(const json& v, AgentPresence& out, const std::string& where);
-Status read(const json& v, KubeStatus& out, const std::string& where);
-Status read(const json& v, DiagnosisRecord& out, const std::string& where);
-Status read(const json& v, PlanStep& out, const std::string& where);
-Status read(const json& v, PlanStatus& out, const std::string& where);
-Status read(const json& v, GpuFaultRecord& out, const std::string& where);
-Status read(const json& v, RestartJournal& out, const std::string& where);
-Status read(const json& v, TenantStatus& out, const std::string& where);
-Status read(const json& v, EndpointState& out, const std::string& where);
+
+// The parts of the record (the types with an `extra`): each names its fields
+// once, in each_field below, and one reader and one writer walk them.
+template <class T>
+concept Part = requires(const T& t) {
+  { t.extra } -> std::convertible_to<const json&>;
+};
+template <Part T>
+Status read(const json& v, T& out, const std::string& where);
 
 template <class T>
 Status read(const json& v, std::vector<T>& out, const std::string& where) {
@@ -130,18 +131,17 @@ class Fields {
   Fields(const json& object, const std::string& where) : rest_(object), where_(where) {}
 
   template <class T>
-  Fields& get(const char* key, std::optional<T>& out) {
-    if (error_) return *this;
+  void operator()(const char* key, std::optional<T>& out) {
+    if (error_) return;
     auto it = rest_.find(key);
-    if (it == rest_.end() || it->is_null()) return *this;
+    if (it == rest_.end() || it->is_null()) return;
     T value{};
     if (auto st = read(*it, value, where_.empty() ? key : where_ + "." + key); !st.ok()) {
       error_ = st.error();
-      return *this;
+      return;
     }
     out = std::move(value);
     rest_.erase(it);
-    return *this;
   }
 
   Status done(json& extra) {
@@ -156,176 +156,164 @@ class Fields {
   std::optional<Error> error_;
 };
 
-Status read(const json& v, GuestRanges& g, const std::string& where) {
-  if (!v.is_object()) return bad(where, "an object", v);
-  Fields f(v, where);
-  f.get("avoid", g.avoid).get("pool", g.pool).get("planned", g.planned).get("fixed", g.fixed);
-  return f.done(g.extra);
+// Each part's fields, in the order they are written, each named once.
+template <class S, class T>
+concept Is = std::same_as<std::remove_const_t<S>, T>;
+
+template <Is<GuestRanges> S, class V>
+void each_field(S& g, V& v) {
+  v("avoid", g.avoid);
+  v("pool", g.pool);
+  v("planned", g.planned);
+  v("fixed", g.fixed);
 }
 
-Status read(const json& v, TenantSpec& s, const std::string& where) {
-  if (!v.is_object()) return bad(where, "an object", v);
-  Fields f(v, where);
-  f.get("tier", s.tier)
-      .get("namespace", s.ns)
-      .get("cpu", s.cpu)
-      .get("memory", s.memory)
-      .get("disk", s.disk)
-      .get("image", s.image)
-      .get("gpus", s.gpus)
-      .get("gpu_resource", s.gpu_resource)
-      .get("ssh_node_port", s.ssh_node_port)
-      .get("needs_mig", s.needs_mig)
-      .get("ssh_service", s.ssh_service)
-      .get("endpoint_port", s.endpoint_port)
-      .get("labels", s.labels)
-      .get("ssh_authorized_keys", s.ssh_authorized_keys)
-      .get("models", s.models)
-      .get("guest_ranges", s.guest_ranges);
-  return f.done(s.extra);
+template <Is<TenantSpec> S, class V>
+void each_field(S& s, V& v) {
+  v("tier", s.tier);
+  v("namespace", s.ns);
+  v("cpu", s.cpu);
+  v("memory", s.memory);
+  v("disk", s.disk);
+  v("image", s.image);
+  v("gpus", s.gpus);
+  v("gpu_resource", s.gpu_resource);
+  v("ssh_node_port", s.ssh_node_port);
+  v("needs_mig", s.needs_mig);
+  v("ssh_service", s.ssh_service);
+  v("endpoint_port", s.endpoint_port);
+  v("labels", s.labels);
+  v("ssh_authorized_keys", s.ssh_authorized_keys);
+  v("models", s.models);
+  v("guest_ranges", s.guest_ranges);
 }
 
-Status read(const json& v, AgentPresence& a, const std::string& where) {
-  if (!v.is_object()) return bad(where, "an object", v);
-  Fields f(v, where);
-  f.get("agent_id", a.agent_id)
-      .get("cert_serials", a.cert_serials)
-      .get("certificate_expires_at", a.certificate_expires_at)
-      .get("enrolled_at", a.enrolled_at)
-      .get("hostname", a.hostname)
-      .get("version", a.version)
-      .get("revoked_at", a.revoked_at);
-  return f.done(a.extra);
+template <Is<AgentPresence> S, class V>
+void each_field(S& a, V& v) {
+  v("agent_id", a.agent_id);
+  v("cert_serials", a.cert_serials);
+  v("certificate_expires_at", a.certificate_expires_at);
+  v("enrolled_at", a.enrolled_at);
+  v("hostname", a.hostname);
+  v("version", a.version);
+  v("revoked_at", a.revoked_at);
 }
 
-Status read(const json& v, KubeStatus& k, const std::string& where) {
-  if (!v.is_object()) return bad(where, "an object", v);
-  Fields f(v, where);
-  f.get("state", k.state)
-      .get("namespace", k.ns)
-      .get("started_at", k.started_at)
-      .get("created_at", k.created_at)
-      .get("gpu_resource", k.gpu_resource)
-      .get("objects", k.objects)
-      .get("bootstrap_token_id", k.bootstrap_token_id)
-      .get("error", k.error);
-  return f.done(k.extra);
+template <Is<KubeStatus> S, class V>
+void each_field(S& k, V& v) {
+  v("state", k.state);
+  v("namespace", k.ns);
+  v("started_at", k.started_at);
+  v("created_at", k.created_at);
+  v("gpu_resource", k.gpu_resource);
+  v("objects", k.objects);
+  v("bootstrap_token_id", k.bootstrap_token_id);
+  v("error", k.error);
 }
 
-Status read(const json& v, DiagnosisRecord& d, const std::string& where) {
-  if (!v.is_object()) return bad(where, "an object", v);
-  Fields f(v, where);
-  f.get("kind", d.kind)
-      .get("code", d.code)
-      .get("summary", d.summary)
-      .get("fix", d.fix)
-      .get("details", d.details)
-      .get("time", d.time)
-      .get("truncated", d.truncated);
-  return f.done(d.extra);
+template <Is<DiagnosisRecord> S, class V>
+void each_field(S& d, V& v) {
+  v("kind", d.kind);
+  v("code", d.code);
+  v("summary", d.summary);
+  v("fix", d.fix);
+  v("details", d.details);
+  v("time", d.time);
+  v("truncated", d.truncated);
 }
 
-Status read(const json& v, PlanStep& s, const std::string& where) {
-  if (!v.is_object()) return bad(where, "an object", v);
-  Fields f(v, where);
-  f.get("state", s.state)
-      .get("started_at", s.started_at)
-      .get("time", s.time)
-      .get("truncated", s.truncated)
-      .get("attempt", s.attempt)
-      .get("message", s.message)
-      .get("output_tail", s.output_tail)
-      .get("diagnosis", s.diagnosis)
-      .get("percent", s.percent)
-      .get("completed", s.completed)
-      .get("total", s.total)
-      .get("allocatable", s.allocatable)
-      .get("expected", s.expected)
-      .get("ranges", s.ranges);
-  return f.done(s.extra);
+template <Is<PlanStep> S, class V>
+void each_field(S& s, V& v) {
+  v("state", s.state);
+  v("started_at", s.started_at);
+  v("time", s.time);
+  v("truncated", s.truncated);
+  v("attempt", s.attempt);
+  v("message", s.message);
+  v("output_tail", s.output_tail);
+  v("diagnosis", s.diagnosis);
+  v("percent", s.percent);
+  v("completed", s.completed);
+  v("total", s.total);
+  v("allocatable", s.allocatable);
+  v("expected", s.expected);
+  v("ranges", s.ranges);
 }
 
-Status read(const json& v, PlanStatus& p, const std::string& where) {
-  if (!v.is_object()) return bad(where, "an object", v);
-  Fields f(v, where);
-  f.get("hash", p.hash)
-      .get("tier", p.tier)
-      .get("state", p.state)
-      .get("message", p.message)
-      .get("failed_step", p.failed_step)
-      .get("steps_total", p.steps_total)
-      .get("steps_done", p.steps_done)
-      .get("time", p.time)
-      .get("truncated", p.truncated)
-      .get("steps", p.steps);
-  return f.done(p.extra);
+template <Is<PlanStatus> S, class V>
+void each_field(S& p, V& v) {
+  v("hash", p.hash);
+  v("tier", p.tier);
+  v("state", p.state);
+  v("message", p.message);
+  v("failed_step", p.failed_step);
+  v("steps_total", p.steps_total);
+  v("steps_done", p.steps_done);
+  v("time", p.time);
+  v("truncated", p.truncated);
+  v("steps", p.steps);
 }
 
-Status read(const json& v, GpuFaultRecord& g, const std::string& where) {
-  if (!v.is_object()) return bad(where, "an object", v);
-  Fields f(v, where);
-  f.get("gpu", g.gpu)
-      .get("uuid", g.uuid)
-      .get("serial", g.serial)
-      .get("name", g.name)
-      .get("pci_bus_id", g.pci_bus_id)
-      .get("kind", g.kind)
-      .get("xid", g.xid)
-      .get("code", g.code)
-      .get("summary", g.summary)
-      .get("fix", g.fix)
-      .get("first_seen", g.first_seen);
-  return f.done(g.extra);
+template <Is<GpuFaultRecord> S, class V>
+void each_field(S& g, V& v) {
+  v("gpu", g.gpu);
+  v("uuid", g.uuid);
+  v("serial", g.serial);
+  v("name", g.name);
+  v("pci_bus_id", g.pci_bus_id);
+  v("kind", g.kind);
+  v("xid", g.xid);
+  v("code", g.code);
+  v("summary", g.summary);
+  v("fix", g.fix);
+  v("first_seen", g.first_seen);
 }
 
-Status read(const json& v, RestartJournal& r, const std::string& where) {
-  if (!v.is_object()) return bad(where, "an object", v);
-  Fields f(v, where);
-  f.get("state", r.state)
-      .get("requested_at", r.requested_at)
-      .get("finished_at", r.finished_at)
-      .get("from_instance", r.from_instance)
-      .get("avoid_gpus", r.avoid_gpus)
-      .get("gpus_before", r.gpus_before)
-      .get("gpus_after", r.gpus_after)
-      .get("note", r.note)
-      .get("error", r.error);
-  return f.done(r.extra);
+template <Is<RestartJournal> S, class V>
+void each_field(S& r, V& v) {
+  v("state", r.state);
+  v("requested_at", r.requested_at);
+  v("finished_at", r.finished_at);
+  v("from_instance", r.from_instance);
+  v("avoid_gpus", r.avoid_gpus);
+  v("gpus_before", r.gpus_before);
+  v("gpus_after", r.gpus_after);
+  v("note", r.note);
+  v("error", r.error);
 }
 
-Status read(const json& v, TenantStatus& s, const std::string& where) {
-  if (!v.is_object()) return bad(where, "an object", v);
-  Fields f(v, where);
-  f.get("kube", s.kube)
-      .get("plan", s.plan)
-      .get("diagnoses", s.diagnoses)
-      .get("gpu_faults", s.gpu_faults)
-      .get("restart", s.restart);
-  return f.done(s.extra);
+template <Is<TenantStatus> S, class V>
+void each_field(S& s, V& v) {
+  v("kube", s.kube);
+  v("plan", s.plan);
+  v("diagnoses", s.diagnoses);
+  v("gpu_faults", s.gpu_faults);
+  v("restart", s.restart);
 }
 
-Status read(const json& v, EndpointState& e, const std::string& where) {
-  if (!v.is_object()) return bad(where, "an object", v);
-  Fields f(v, where);
-  f.get("key_sha256", e.key_sha256)
-      .get("port", e.port)
-      .get("host", e.host)
-      .get("rotated_at", e.rotated_at)
-      .get("url", e.url);
-  return f.done(e.extra);
+template <Is<EndpointState> S, class V>
+void each_field(S& e, V& v) {
+  v("key_sha256", e.key_sha256);
+  v("port", e.port);
+  v("host", e.host);
+  v("rotated_at", e.rotated_at);
+  v("url", e.url);
 }
 
-// Writers: the JSON of each type, its unknown keys first.
-json write(const GuestRanges& g);
-json write(const KubeStatus& k);
-json write(const DiagnosisRecord& d);
-json write(const PlanStep& s);
-json write(const PlanStatus& p, bool with_steps = true);
-json write(const GpuFaultRecord& g);
-json write(const RestartJournal& r);
+template <Part T>
+Status read(const json& v, T& out, const std::string& where) {
+  if (!v.is_object()) return bad(where, "an object", v);
+  Fields f(v, where);
+  each_field(out, f);
+  return f.done(out.extra);
+}
+
+// Writers: the JSON of each part, its unknown keys first.
+template <Part T>
+json write(const T& part, const char* skip = nullptr);
 
 template <class T>
-json write(const T& v) {
+requires(!Part<T>) json write(const T& v) {
   return json(v);
 }
 
@@ -336,110 +324,25 @@ json write(const std::map<std::string, T>& m) {
   return j;
 }
 
-template <class T>
-void put(json& j, const char* key, const std::optional<T>& v) {
-  if (v) j[key] = write(*v);
-}
+// Puts each field that is set under its key (but `skip`).
+class Writer {
+ public:
+  Writer(json& j, const char* skip) : j_(j), skip_(skip) {}
+  template <class T>
+  void operator()(const char* key, const std::optional<T>& v) {
+    if (v && !(skip_ && std::string_view(key) == skip_)) j_[key] = write(*v);
+  }
 
-json start(const json& extra) {
-  return extra.is_object() ? extra : json::object();
-}
+ private:
+  json& j_;
+  const char* skip_;
+};
 
-json write(const GuestRanges& g) {
-  json j = start(g.extra);
-  put(j, "avoid", g.avoid);
-  put(j, "pool", g.pool);
-  put(j, "planned", g.planned);
-  put(j, "fixed", g.fixed);
-  return j;
-}
-
-json write(const KubeStatus& k) {
-  json j = start(k.extra);
-  put(j, "state", k.state);
-  put(j, "namespace", k.ns);
-  put(j, "started_at", k.started_at);
-  put(j, "created_at", k.created_at);
-  put(j, "gpu_resource", k.gpu_resource);
-  put(j, "objects", k.objects);
-  put(j, "bootstrap_token_id", k.bootstrap_token_id);
-  put(j, "error", k.error);
-  return j;
-}
-
-json write(const DiagnosisRecord& d) {
-  json j = start(d.extra);
-  put(j, "kind", d.kind);
-  put(j, "code", d.code);
-  put(j, "summary", d.summary);
-  put(j, "fix", d.fix);
-  put(j, "details", d.details);
-  put(j, "time", d.time);
-  put(j, "truncated", d.truncated);
-  return j;
-}
-
-json write(const PlanStep& s) {
-  json j = start(s.extra);
-  put(j, "state", s.state);
-  put(j, "started_at", s.started_at);
-  put(j, "time", s.time);
-  put(j, "truncated", s.truncated);
-  put(j, "attempt", s.attempt);
-  put(j, "message", s.message);
-  put(j, "output_tail", s.output_tail);
-  put(j, "diagnosis", s.diagnosis);
-  put(j, "percent", s.percent);
-  put(j, "completed", s.completed);
-  put(j, "total", s.total);
-  put(j, "allocatable", s.allocatable);
-  put(j, "expected", s.expected);
-  put(j, "ranges", s.ranges);
-  return j;
-}
-
-json write(const PlanStatus& p, bool with_steps) {
-  json j = start(p.extra);
-  put(j, "hash", p.hash);
-  put(j, "tier", p.tier);
-  put(j, "state", p.state);
-  put(j, "message", p.message);
-  put(j, "failed_step", p.failed_step);
-  put(j, "steps_total", p.steps_total);
-  put(j, "steps_done", p.steps_done);
-  put(j, "time", p.time);
-  put(j, "truncated", p.truncated);
-  if (with_steps) put(j, "steps", p.steps);
-  return j;
-}
-
-json write(const GpuFaultRecord& g) {
-  json j = start(g.extra);
-  put(j, "gpu", g.gpu);
-  put(j, "uuid", g.uuid);
-  put(j, "serial", g.serial);
-  put(j, "name", g.name);
-  put(j, "pci_bus_id", g.pci_bus_id);
-  put(j, "kind", g.kind);
-  put(j, "xid", g.xid);
-  put(j, "code", g.code);
-  put(j, "summary", g.summary);
-  put(j, "fix", g.fix);
-  put(j, "first_seen", g.first_seen);
-  return j;
-}
-
-json write(const RestartJournal& r) {
-  json j = start(r.extra);
-  put(j, "state", r.state);
-  put(j, "requested_at", r.requested_at);
-  put(j, "finished_at", r.finished_at);
-  put(j, "from_instance", r.from_instance);
-  put(j, "avoid_gpus", r.avoid_gpus);
-  put(j, "gpus_before", r.gpus_before);
-  put(j, "gpus_after", r.gpus_after);
-  put(j, "note", r.note);
-  put(j, "error", r.error);
+template <Part T>
+json write(const T& part, const char* skip) {
+  json j = part.extra.is_object() ? part.extra : json::object();
+  Writer w(j, skip);
+  each_field(part, w);
   return j;
 }
 
@@ -467,7 +370,7 @@ json PlanStep::to_json() const {
   return write(*this);
 }
 json PlanStatus::to_json(bool with_steps) const {
-  return write(*this, with_steps);
+  return write(*this, with_steps ? nullptr : "steps");
 }
 json GpuFaultRecord::to_json() const {
   return write(*this);
@@ -483,24 +386,7 @@ bool TenantSpec::empty() const {
 }
 
 json TenantSpec::to_json() const {
-  json j = start(extra);
-  put(j, "tier", tier);
-  put(j, "namespace", ns);
-  put(j, "cpu", cpu);
-  put(j, "memory", memory);
-  put(j, "disk", disk);
-  put(j, "image", image);
-  put(j, "gpus", gpus);
-  put(j, "gpu_resource", gpu_resource);
-  put(j, "ssh_node_port", ssh_node_port);
-  put(j, "needs_mig", needs_mig);
-  put(j, "ssh_service", ssh_service);
-  put(j, "endpoint_port", endpoint_port);
-  put(j, "labels", labels);
-  put(j, "ssh_authorized_keys", ssh_authorized_keys);
-  put(j, "models", models);
-  put(j, "guest_ranges", guest_ranges);
-  return j;
+  return write(*this);
 }
 
 Result<TenantSpec> TenantSpec::from_json(const json& j) {
@@ -514,15 +400,7 @@ bool AgentPresence::empty() const {
 }
 
 json AgentPresence::to_json() const {
-  json j = start(extra);
-  put(j, "agent_id", agent_id);
-  put(j, "cert_serials", cert_serials);
-  put(j, "certificate_expires_at", certificate_expires_at);
-  put(j, "enrolled_at", enrolled_at);
-  put(j, "hostname", hostname);
-  put(j, "version", version);
-  put(j, "revoked_at", revoked_at);
-  return j;
+  return write(*this);
 }
 
 Result<AgentPresence> AgentPresence::from_json(const json& j) {
@@ -536,13 +414,7 @@ bool TenantStatus::empty() const {
 }
 
 json TenantStatus::to_json() const {
-  json j = start(extra);
-  put(j, "kube", kube);
-  put(j, "plan", plan);
-  put(j, "diagnoses", diagnoses);
-  put(j, "gpu_faults", gpu_faults);
-  put(j, "restart", restart);
-  return j;
+  return write(*this);
 }
 
 Result<TenantStatus> TenantStatus::from_json(const json& j) {
@@ -552,13 +424,7 @@ Result<TenantStatus> TenantStatus::from_json(const json& j) {
 // ---- EndpointState ----
 
 json EndpointState::to_json() const {
-  json j = start(extra);
-  put(j, "key_sha256", key_sha256);
-  put(j, "port", port);
-  put(j, "host", host);
-  put(j, "rotated_at", rotated_at);
-  put(j, "url", url);
-  return j;
+  return write(*this);
 }
 
 Result<EndpointState> EndpointState::from_json(const json& j) {
@@ -568,7 +434,7 @@ Result<EndpointState> EndpointState::from_json(const json& j) {
 // ---- TenantRecord ----
 
 json TenantRecord::to_json() const {
-  json j = start(extra);
+  json j = extra.is_object() ? extra : json::object();
   j["name"] = name;
   j["tier"] = tier;
   j["phase"] = phase;
