@@ -151,6 +151,17 @@ TEST(EventBus, TheRingIsBoundedInBytesToo) {
   EXPECT_EQ(late->all().find("event: reset"), std::string::npos);
 }
 
+// The history's byte bound counts each event's text; the string holding it
+// must not be larger. Built piece by piece it was up to twice its text (a
+// thousand 1 KB health events held ~2 MB for a 1 MB bound), which the
+// coordinator's memory per agent showed (issue 24).
+TEST(EventBus, AnEventsTextIsHeldWithoutSlack) {
+  FeedEvent e{1733300000000001, "health", "t1", "{\"pad\":\"" + std::string(1000, 'x') + "\"}"};
+  const std::string sse = format_sse(e);
+  EXPECT_EQ(sse, "id: 1733300000000001\nevent: health\ndata: " + e.data + "\n\n");
+  EXPECT_EQ(sse.capacity(), sse.size());
+}
+
 TEST(EventBus, ASlowReaderIsDroppedWithALastEventAndTheOthersGoOn) {
   EventBus bus(opts());
   auto slow = std::make_shared<Reader>(3);  // the retry line and two events
