@@ -9,6 +9,9 @@ What it checks against:
   third_party/schemas/kubevirt-openapi.json (see third_party/schemas/SOURCES.md).
 - CDI kinds (cdi.kubevirt.io/v1beta1 DataVolume, ...): the real CDI OpenAPI
   document, third_party/schemas/cdi-openapi.json.
+- Factory's factory.dev/v1alpha1 Tenant: the openAPIV3Schema of
+  deploy/kubernetes/tenant-crd.yaml (its root CEL rule on metadata.name is
+  not evaluated; the coordinator checks the name again when it reads one).
 - The GPU Operator's nvidia.com/v1 ClusterPolicy: the openAPIV3Schema of its
   real CustomResourceDefinition,
   third_party/schemas/gpu-operator-clusterpolicies-crd.yaml (metadata is
@@ -70,9 +73,13 @@ OPENAPI_GROUPS = {
     "cdi.kubevirt.io": "cdi-openapi.json",
 }
 
-# Groups whose kinds come from a CustomResourceDefinition in third_party/schemas.
+# Groups whose kinds come from a CustomResourceDefinition in third_party/schemas,
+# and Factory's own (an absolute path: the CRD `factory install crds` prints,
+# kept in deploy/).
 CRD_GROUPS = {
     "nvidia.com": "gpu-operator-clusterpolicies-crd.yaml",
+    "factory.dev": os.path.normpath(os.path.join(HERE, "..", "..", "deploy", "kubernetes",
+                                                 "tenant-crd.yaml")),
 }
 
 FREE_FORM_SUFFIXES = (".RawExtension", ".FieldsV1", ".Patch")
