@@ -12,7 +12,15 @@ resource version" after compaction), create, update (PUT, conditional on
 resourceVersion), server-side apply (PATCH application/apply-patch+yaml,
 fieldManager required), JSON merge patch (conditional when it carries a
 resourceVersion), delete with propagationPolicy (owned objects are
-garbage-collected unless Orphan), dryRun=All.
+garbage-collected unless Orphan), dryRun=All. metadata.finalizers hold a
+deleted object (deletionTimestamp set, MODIFIED) until the last is removed;
+none may be added to an object being deleted. Factory's Tenant
+(factory.dev/v1alpha1, validated by its CRD) has the status subresource:
+GET/PUT/PATCH .../status change only the status, writes of the object keep
+it, and metadata.generation moves with the spec only. Leases
+(coordination.k8s.io/v1) are stored with optimistic concurrency, as the
+API server does: their holderIdentity and renewTime mean something only to
+the clients that take turns by them.
 
 Every object a client writes is validated by k8s_schema.py against the real
 OpenAPI schemas (KubeVirt, CDI) or python3-kubernetes' models (core kinds),
@@ -62,7 +70,8 @@ listed with fieldSelector spec.nodeName.
 DOES NOT: persist anything, run admission webhooks beyond the schemas,
 track managedFields or detect apply conflicts between field managers (apply
 merges maps and replaces lists), implement strategic merge patch or JSON
-patch, serve the /status subresources (clients' status writes are ignored),
+patch, serve the /status subresources of built-in and KubeVirt kinds
+(clients' status writes to them are ignored; a Tenant's /status is served),
 keep Terminating namespaces (a namespace and its contents go at once),
 paginate lists, run pods, or boot anything.
 
@@ -135,7 +144,12 @@ RESOURCES = [
     ("kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances", True),
     ("cdi.kubevirt.io", "v1beta1", "DataVolume", "datavolumes", True),
     ("nvidia.com", "v1", "ClusterPolicy", "clusterpolicies", False),
+    ("factory.dev", "v1alpha1", "Tenant", "tenants", True),
 ]
+# Custom resources whose CRD declares the status subresource: a write of the
+# object keeps its status, a write of .../status changes nothing else and
+# never bumps metadata.generation (deploy/kubernetes/tenant-crd.yaml).
+STATUS_SUBRESOURCE = {"Tenant"}
 # Kinds whose status belongs to a controller (the fake), never to clients.
 CONTROLLER_STATUS = {"Node", "KubeVirt", "VirtualMachine", "VirtualMachineInstance",
                      "DataVolume", "Namespace", "Service", "PersistentVolumeClaim", "Pod",
@@ -730,10 +744,14 @@ class Handler(BaseHTTPRequestHandler):
             ns, rest = rest[1], rest[2:]
         elif len(rest) == 2 and rest[0] == "namespaces":
             rest = ["namespaces", rest[1]]
+        self.subresource = ""
+        if len(rest) == 3 and rest[2] == "status":
+            self.subresource, rest = "status", rest[:2]
         if not rest or len(rest) > 2:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         res = RES_BY_PATH.get((group, version, rest[0]))
-        if res is None or (ns and not res.namespaced) or group in self.server.args.no_group:
+        if res is None or (ns and not res.namespaced) or group in self.server.args.no_group or \
+                (self.subresource and res.kind not in STATUS_SUBRESOURCE):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         return res, ns, rest[1] if len(rest) == 2 else ""
 
@@ -860,11 +878,29 @@ class Handler(BaseHTTPRequestHandler):
 
     def finish_write(self, res, obj, old, q, type_):
         """Validation, controller-owned fields, storage (unless dryRun)."""
+        status_write = getattr(self, "subresource", "") == "status"
         if res.kind in CONTROLLER_STATUS:
             if old is not None and "status" in old:
                 obj["status"] = copy.deepcopy(old["status"])
             elif old is None:
                 obj.pop("status", None)
+        elif res.kind in STATUS_SUBRESOURCE and not status_write:
+            if old is not None and "status" in old:
+                obj["status"] = copy.deepcopy(old["status"])
+            else:
+                obj.pop("status", None)
+        if status_write:
+            if old is None:
+                raise not_found(res, obj["metadata"].get("name", ""))
+            # Only the status changes: the rest is the live object's.
+            status = obj.get("status")
+            obj = copy.deepcopy(old)
+            if status is None:
+                obj.pop("status", None)
+            else:
+                obj["status"] = status
+        if old is not None:
+            self.check_finalizers(res, obj, old)
         validate_or_422(res, obj)
         if res.kind == "Secret":
             # stringData is write-only: the API server folds it into data.
@@ -882,11 +918,32 @@ class Handler(BaseHTTPRequestHandler):
             obj["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"] if old else ""
             return obj
         self.store.put(res, obj, type_)
+        md = obj["metadata"]
+        if md.get("deletionTimestamp") and not md.get("finalizers"):
+            # The last finalizer is gone: the deletion that waited for it happens now.
+            self.store.drop(res, obj)
+            return obj
         if res.kind == "Service":
             reserve_node_ports(self.store, obj)
         if res.kind == "KubeVirt":
             self.store.plugin_due = time.monotonic() + self.server.args.device_plugin_delay
         return obj
+
+    def check_finalizers(self, res, obj, old):
+        """deletionTimestamp is the server's; an object being deleted may lose
+        finalizers but not gain one (the API server's rule)."""
+        md, omd = obj["metadata"], old["metadata"]
+        for k in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+            if k in omd:
+                md[k] = omd[k]
+            else:
+                md.pop(k, None)
+        if omd.get("deletionTimestamp"):
+            added = set(md.get("finalizers") or []) - set(omd.get("finalizers") or [])
+            if added:
+                raise ApiError(422, "Invalid", '%s "%s" is invalid: metadata.finalizers: Forbidden: '
+                               'no new finalizers can be added if the object is being deleted, found '
+                               'new finalizers %s' % (res.kind_qualified, md["name"], json.dumps(sorted(added))))
 
     def do_create(self, res, ns, name, q, body):
         obj = self.parse_object(body, self.headers.get("Content-Type", ""))
@@ -980,6 +1037,18 @@ class Handler(BaseHTTPRequestHandler):
             old = self.store.get(res, ns, name)
             if old is None:
                 raise not_found(res, name)
+            if self.subresource:
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+            if (old["metadata"].get("finalizers")) and q.get("dryRun") != "All":
+                # Finalizers hold the object: it is marked, and goes when the
+                # last one is removed (finish_write).
+                if not old["metadata"].get("deletionTimestamp"):
+                    marked = copy.deepcopy(old)
+                    marked["metadata"]["deletionTimestamp"] = now_rfc3339()
+                    marked["metadata"]["deletionGracePeriodSeconds"] = 0
+                    self.store.put(res, marked, "MODIFIED")
+                    return 200, marked
+                return 200, old
             if q.get("dryRun") != "All":
                 self.store.drop(res, old, propagation)
             return 200, old
