@@ -498,7 +498,11 @@ TEST_F(PostgresStoreTest, AConnectionDroppedMidRunIsMadeAgainWithNothingLostOrSt
 TEST_F(PostgresStoreTest, ConnectionsCutDuringBatchesLeaveNothingHalfApplied) {
   auto s = open();
   ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
-  constexpr std::uint64_t kEvents = 600;
+  constexpr std::uint64_t kEvents = 600, kCutEvery = 100;
+  // Cuts tied to the agent's progress, not to a clock, so that each lands
+  // while events flow however fast this machine is: at every kCutEvery
+  // events the agent asks for one and goes on once it has been started.
+  std::atomic<std::uint64_t> cut_wanted{0}, cut_started{0};
   std::atomic<bool> done{false};
   std::uint64_t failures = 0;
   std::thread agent([&] {
@@ -508,6 +512,10 @@ TEST_F(PostgresStoreTest, ConnectionsCutDuringBatchesLeaveNothingHalfApplied) {
     // that one would read as stored before.
     std::uint64_t next = 1;
     while (next <= kEvents) {
+      if (std::uint64_t k = (next - 1) / kCutEvery; k > cut_wanted && next < kEvents) {
+        cut_wanted = k;
+        while (cut_started < k) std::this_thread::sleep_for(1ms);
+      }
       std::vector<std::future<Result<AppendOutcome>>> window;
       auto failed = std::make_shared<std::atomic<bool>>(false);
       for (std::uint64_t id = next; id < next + 20 && id <= kEvents; ++id) {
@@ -531,16 +539,20 @@ TEST_F(PostgresStoreTest, ConnectionsCutDuringBatchesLeaveNothingHalfApplied) {
     }
     done = true;
   });
-  const std::string kill_writer =
+  const std::string kill_store =
       "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
       "WHERE datname = current_database() AND pid <> pg_backend_pid()";
   int cuts = 0;
-  while (!done && cuts < 8) {
-    std::this_thread::sleep_for(30ms);
-    if (sql(kill_writer) != "0") ++cuts;
+  while (!done) {
+    if (cut_wanted == cut_started) {
+      std::this_thread::sleep_for(1ms);
+      continue;
+    }
+    cut_started = cut_wanted.load();
+    if (sql(kill_store) != "0") ++cuts;
   }
   agent.join();
-  EXPECT_GE(cuts, 3);
+  EXPECT_EQ(cuts, static_cast<int>((kEvents - 1) / kCutEvery));
   EXPECT_GE(failures, 1u);
   EXPECT_EQ(stored_ids("t1"), one_to(kEvents));
   EXPECT_EQ(sql("SELECT n FROM event_counts WHERE tenant = 't1'"), std::to_string(kEvents));

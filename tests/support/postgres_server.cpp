@@ -75,10 +75,16 @@ PostgresServer::PostgresServer() {
   char tmpl[] = "/tmp/factory-pg-XXXXXX";
   if (!::mkdtemp(tmpl)) setup_failed("postgres: cannot make a directory under /tmp");
   root_ = tmpl;
-  init_cluster();
-  for (int attempt = 0; attempt < 3; ++attempt)
-    if (start_once()) return;
-  setup_failed("postgres: the server did not start; its log:\n" + slurp(root_ / "server.log"));
+  try {
+    init_cluster();
+    for (int attempt = 0; attempt < 3; ++attempt)
+      if (start_once()) return;
+    setup_failed("postgres: the server did not start; its log:\n" + slurp(root_ / "server.log"));
+  } catch (const SetupFailed&) {
+    // No destructor runs for a constructor that threw: the directory goes here.
+    stop();
+    throw;
+  }
 }
 
 PostgresServer::~PostgresServer() {
