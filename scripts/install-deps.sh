@@ -7,10 +7,12 @@
 set -euo pipefail
 
 # python3: the configure step finds it for the module graph test (tests/).
+# libpq-dev: the PostgreSQL store's client library (coordinator/store).
 build_pkgs=(
   build-essential cmake ninja-build ccache pkg-config python3
   libboost1.81-dev libssl-dev nlohmann-json3-dev libyaml-cpp-dev
   libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libsqlite3-dev
+  libpq-dev
 )
 # What scripts/demo.sh runs besides the two binaries: the Kubernetes API test
 # double (python3 with yaml, jsonschema and kubernetes; its PKI is made with
@@ -28,8 +30,10 @@ demo_pkgs=(
 # QEMU, debootstrap and genisoimage boot the real guests of `make e2e-vm`
 # (the provider's seed ISO, the base image, the VMs). python3-cryptography
 # issues the fleet benchmark's agent certificates (make bench-fleet).
+# postgresql: the real server the PostgreSQL store's tests start
+# (tests/support/postgres_server.hpp); its service is kept from starting.
 test_pkgs=(
-  cloud-init prometheus testssl.sh python3-cryptography
+  cloud-init prometheus testssl.sh python3-cryptography postgresql
   iproute2 binutils systemd faketime
   clang libclang-rt-14-dev clang-format clang-tidy
   qemu-system-x86 qemu-utils debootstrap genisoimage e2fsprogs
@@ -61,8 +65,9 @@ if [[ $(id -u) -ne 0 ]]; then
   as_root=(sudo)
 fi
 echo "installing: ${missing[*]}"
-# The prometheus package would start a server on :9090 where systemd runs;
-# we only need promtool, so keep services from starting during the install.
+# The prometheus package would start a server on :9090 where systemd runs
+# (postgresql one on :5432); we only need promtool and the server binaries the
+# tests start themselves, so keep services from starting during the install.
 policy=/usr/sbin/policy-rc.d
 created_policy=0
 if [[ ! -e $policy ]]; then

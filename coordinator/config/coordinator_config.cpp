@@ -152,9 +152,16 @@ Status read_keys(const nlohmann::json& doc, const std::string& path, Coordinator
   if (!top) return top.error();
   // Each list is read left to right (a braced list is sequenced), so done()
   // comes after the reads that make its keys known; the first error wins.
-  for (auto st : {top->read("state_dir", c.state_dir), top->read("external_url", c.external_url),
-                  top->read("catalog", c.catalog), top->read("log_level", c.log_level)})
+  for (auto st : {top->read("state_dir", c.state_dir), top->read("store", c.store),
+                  top->read("external_url", c.external_url), top->read("catalog", c.catalog),
+                  top->read("log_level", c.log_level)})
     if (!st.ok()) return st;
+  // The value is not repeated: it may hold a password.
+  if (!c.store.empty() && c.store.rfind("postgres://", 0) != 0 &&
+      c.store.rfind("postgresql://", 0) != 0)
+    return top->bad_value("store",
+                          "want \"\" (SQLite in state_dir) or a postgres:// URI such as "
+                          "postgres://factory@db.example:5432/factory");
 
   auto agents = top->section("agents");
   if (!agents) return agents.error();

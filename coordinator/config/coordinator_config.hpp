@@ -3,6 +3,11 @@
 // file naming only what differs (or no file at all) is a working config:
 //
 //   state_dir: /var/lib/factory        # CA, admin token, tenants, events (0700)
+//   store: ""                          # tenants and events: "" = SQLite in
+//                                      # <state_dir>/store; postgres://user@host/db
+//                                      # = that PostgreSQL database (libpq's URI; leave
+//                                      # the password to PGPASSWORD or ~/.pgpass, it is
+//                                      # never logged)
 //   external_url: wss://<host>:8443    # what agents dial; default from agents.listen
 //                                      # (provider qemu: wss://10.0.2.2:<port>, the
 //                                      # host's loopback as QEMU user networking shows it)
@@ -101,6 +106,9 @@ struct QemuSettings {
 
 struct CoordinatorConfig {
   std::string state_dir = "/var/lib/factory";
+  // "" = the embedded SQLite store; else a postgres:// (or postgresql://)
+  // URI. It may hold a password: never put in a message or a log line.
+  std::string store;
   std::string external_url;    // derived when empty
   std::string endpoints_host;  // "" = external_url's host
   std::string agents_listen = "0.0.0.0:8443";

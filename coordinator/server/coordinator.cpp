@@ -149,7 +149,9 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   store::StoreOptions so;
   so.max_events_per_tenant = c->cfg_.quota_max_events_stored;
   so.max_event_age = c->cfg_.quota_max_event_age;
-  auto store = store::open_sqlite_store((fs::path(dir) / "store").string(), so);
+  auto store = c->cfg_.store.empty()
+                   ? store::open_sqlite_store((fs::path(dir) / "store").string(), so)
+                   : store::open_postgres_store(c->cfg_.store, so);
   if (!store) return store.error();
   p.store = std::move(*store);
   p.workers = std::make_unique<WorkerPool>(c->cfg_.worker_threads);

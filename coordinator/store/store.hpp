@@ -6,9 +6,10 @@
 // Threads. Reads of tenants, cursors and counts come from memory and never
 // wait on the disk: any thread, an io thread included. Writes go through one
 // writer thread that batches whatever is queued into one transaction and one
-// sync (SQLite in WAL mode, synchronous=FULL): an io thread queues an event
-// with append_event() and hears back when it is durable; a worker or the CLI
-// may instead wait for put_tenant()/update_tenant(). Health is state, not
+// sync (SQLite in WAL mode, synchronous=FULL; or one PostgreSQL commit): an
+// io thread queues an event with append_event() and hears back when it is
+// durable; a worker or the CLI may instead wait for
+// put_tenant()/update_tenant(). Health is state, not
 // history: put_health() replaces the tenant's latest sample in memory, and
 // the writer saves the latest of each tenant at most every health_flush.
 //
@@ -136,5 +137,14 @@ class Store {
 // earlier file store (<dir>/tenants/*.json, <dir>/events/*.jsonl) is
 // imported on first open and left as <dir>/*.imported.
 Result<std::unique_ptr<Store>> open_sqlite_store(const std::string& dir, StoreOptions opts = {});
+
+// A PostgreSQL database, for coordinators that share one: libpq's conninfo
+// ("host=… dbname=… user=…" or a postgres:// URI). The same semantics, with
+// the database's constraints keeping an event once whichever coordinator
+// stores it; tables are made if absent. A lost connection fails the batch
+// it broke (rolled back whole) and is made again with a backoff. The
+// password is never logged nor put in an error.
+Result<std::unique_ptr<Store>> open_postgres_store(const std::string& conninfo,
+                                                   StoreOptions opts = {});
 
 }  // namespace factory::store

@@ -52,6 +52,30 @@ TEST(CoordinatorConfig, ReadsKeysAndRefusesUnknownOnes) {
       coordinator::load_coordinator_config((dir.path() / "missing.yaml").string(), true).ok());
 }
 
+// store: SQLite unless a PostgreSQL URI is given; anything else is refused
+// without being repeated (it may hold a password).
+TEST(CoordinatorConfig, StoreIsSqliteUnlessAPostgresUri) {
+  TempDir dir("cfg");
+  auto p = dir.path() / "c.yaml";
+  auto c = coordinator::load_coordinator_config(p.string(), false);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->store, "");
+  for (std::string uri : {"postgres://factory@db.example:5432/factory",
+                          "postgresql://factory:pw@10.0.0.5/factory?sslmode=verify-full"}) {
+    std::ofstream(p) << "store: '" << uri << "'\n";
+    c = coordinator::load_coordinator_config(p.string(), true);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_EQ(c->store, uri);
+  }
+  std::ofstream(p) << "store: 'host=db password=hunter2-secret'\n";
+  c = coordinator::load_coordinator_config(p.string(), true);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().code, Errc::invalid_argument);
+  EXPECT_NE(c.error().message.find("store"), std::string::npos) << c.error().message;
+  EXPECT_NE(c.error().message.find("postgres://"), std::string::npos) << c.error().message;
+  EXPECT_EQ(c.error().message.find("hunter2"), std::string::npos) << c.error().message;
+}
+
 TEST(Router, MatchesParamsAndRequiresTheToken) {
   WorkerPool workers(1);
   coordinator::ApiRouter r("secret-token-secret-token-secret-token", workers);

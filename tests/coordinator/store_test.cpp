@@ -1,9 +1,16 @@
-// The embedded store (coordinator/store): a real SQLite database in a temp
-// dir, reopened as a restarted coordinator would, fed from several threads
-// as the io threads and workers do.
+// The stores (coordinator/store), each against the real thing: the embedded
+// one on a SQLite database in a temp dir, the shared one on a real
+// PostgreSQL server (tests/support/postgres_server.hpp), a database of its
+// own per test. Reopened as a restarted coordinator would, fed from several
+// threads as the io threads and workers do. The suite (StoreTest) runs every
+// test against both backends; what only one of them has (SQLite's files, the
+// import of the old file store; PostgreSQL's shared database and lost
+// connections) is tested apart below.
 #include "coordinator/store/store.hpp"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 
@@ -11,8 +18,11 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <set>
+#include <sstream>
 #include <thread>
 
+#include "tests/support/postgres_server.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace factory::store {
@@ -80,10 +90,54 @@ std::unique_ptr<Store> open(const fs::path& dir, StoreOptions o = {}) {
   return s ? std::move(*s) : nullptr;
 }
 
-TEST(SqliteStore, TenantsSurviveAReopen) {
-  TempDir dir("store");
+using factory::testing::PostgresServer;
+
+// One backend's place to keep a store: a directory for SQLite, a database of
+// its own for PostgreSQL. open() opens a store there, again and again, as a
+// restarted coordinator would; sql() changes it behind the store's back.
+class StoreTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (postgres())
+      conninfo_ = PostgresServer::instance().create_database();
+    else
+      dir_.emplace("store");
+  }
+  bool postgres() const { return GetParam() == "postgres"; }
+
+  Result<std::unique_ptr<Store>> try_open(StoreOptions o = {}) {
+    return postgres() ? open_postgres_store(conninfo_, o)
+                      : open_sqlite_store(dir_->path().string(), o);
+  }
+  std::unique_ptr<Store> open(StoreOptions o = {}) {
+    auto s = try_open(o);
+    EXPECT_TRUE(s.ok()) << (s ? "" : s.error().message);
+    return s ? std::move(*s) : nullptr;
+  }
+  // The same SQL on both: the two schemas have the same tables and columns.
+  void sql(const std::string& query) {
+    if (postgres()) {
+      PostgresServer::instance().sql(dbname(), query);
+      return;
+    }
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((dir_->path() / "factory.db").c_str(), &db), SQLITE_OK);
+    EXPECT_EQ(sqlite3_exec(db, query.c_str(), nullptr, nullptr, nullptr), SQLITE_OK) << query;
+    sqlite3_close(db);
+  }
+  std::string dbname() const { return conninfo_.substr(conninfo_.rfind('=') + 1); }
+
+ private:
+  std::optional<TempDir> dir_;
+  std::string conninfo_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values("sqlite", "postgres"),
+                         [](const auto& info) { return info.param; });
+
+TEST_P(StoreTest, TenantsSurviveAReopen) {
   {
-    auto s = open(dir.path());
+    auto s = open();
     ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
     ASSERT_TRUE(s->put_tenant(tenant("t2")).ok());
     ASSERT_TRUE(s->delete_tenant("t2").ok());
@@ -96,17 +150,16 @@ TEST(SqliteStore, TenantsSurviveAReopen) {
     EXPECT_EQ(s->update_tenant("nope", [](TenantRecord&) { return Status{}; }).error().code,
               Errc::not_found);
   }
-  auto s = open(dir.path());
+  auto s = open();
   auto all = s->list_tenants();
   ASSERT_EQ(all.size(), 1u);
   EXPECT_EQ(all[0].name, "t1");
   EXPECT_EQ(all[0].phase, "ready");
 }
 
-TEST(SqliteStore, EventsAreStoredOnceAndTheirCursorSurvivesAReopen) {
-  TempDir dir("store");
+TEST_P(StoreTest, EventsAreStoredOnceAndTheirCursorSurvivesAReopen) {
   {
-    auto s = open(dir.path());
+    auto s = open();
     ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
     for (std::uint64_t id : {1, 2, 3}) {
       auto r = append(*s, "t1", event(id));
@@ -121,7 +174,7 @@ TEST(SqliteStore, EventsAreStoredOnceAndTheirCursorSurvivesAReopen) {
     EXPECT_EQ(s->last_event_id("t1", "a1"), 3u);
     EXPECT_EQ(s->stats().events_duplicate, 1u);
   }
-  auto s = open(dir.path());
+  auto s = open();
   EXPECT_EQ(s->last_event_id("t1", "a1"), 3u);
   EXPECT_EQ(s->last_event_id("t1", "a2"), 1u);
   EXPECT_EQ(s->event_count("t1"), 4u);
@@ -135,9 +188,8 @@ TEST(SqliteStore, EventsAreStoredOnceAndTheirCursorSurvivesAReopen) {
   EXPECT_FALSE(orphan.ok());
 }
 
-TEST(SqliteStore, ProjectionChangesTheRecordInTheEventsTransaction) {
-  TempDir dir("store");
-  auto s = open(dir.path());
+TEST_P(StoreTest, ProjectionChangesTheRecordInTheEventsTransaction) {
+  auto s = open();
   ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
   auto r = append(*s, "t1", event(1), [](TenantRecord& t) {
     t.phase = "provisioning";
@@ -154,9 +206,8 @@ TEST(SqliteStore, ProjectionChangesTheRecordInTheEventsTransaction) {
   EXPECT_FALSE(called);
 }
 
-TEST(SqliteStore, NoChangeIsLostBetweenProjectionsAndUpdatesFromOtherThreads) {
-  TempDir dir("store");
-  auto s = open(dir.path());
+TEST_P(StoreTest, NoChangeIsLostBetweenProjectionsAndUpdatesFromOtherThreads) {
+  auto s = open();
   auto t = tenant("t1");
   t.status.extra = {{"events", 0}, {"updates", 0}};
   ASSERT_TRUE(s->put_tenant(t).ok());
@@ -190,11 +241,10 @@ TEST(SqliteStore, NoChangeIsLostBetweenProjectionsAndUpdatesFromOtherThreads) {
   EXPECT_LT(s->stats().transactions, 1100u);
 }
 
-TEST(SqliteStore, RetentionKeepsTheNewestAndStillRefusesReplaysOfTheOldest) {
-  TempDir dir("store");
+TEST_P(StoreTest, RetentionKeepsTheNewestAndStillRefusesReplaysOfTheOldest) {
   StoreOptions o;
   o.max_events_per_tenant = 10;
-  auto s = open(dir.path(), o);
+  auto s = open(o);
   ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
   ASSERT_TRUE(s->put_tenant(tenant("t2")).ok());
   for (std::uint64_t id = 1; id <= 25; ++id) ASSERT_TRUE(append(*s, "t1", event(id)).ok());
@@ -208,12 +258,11 @@ TEST(SqliteStore, RetentionKeepsTheNewestAndStillRefusesReplaysOfTheOldest) {
   EXPECT_FALSE(append(*s, "t1", event(3))->stored);
 }
 
-TEST(SqliteStore, EventsOlderThanTheirAgeAreDroppedAtMaintenance) {
-  TempDir dir("store");
+TEST_P(StoreTest, EventsOlderThanTheirAgeAreDroppedAtMaintenance) {
   StoreOptions o;
   o.max_event_age = 1s;
   o.maintenance_every = 1s;
-  auto s = open(dir.path(), o);
+  auto s = open(o);
   ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
   ASSERT_TRUE(append(*s, "t1", event(1)).ok());
   ASSERT_TRUE(factory::testing::eventually([&] { return s->event_count("t1") == 0; }, 6s));
@@ -221,18 +270,17 @@ TEST(SqliteStore, EventsOlderThanTheirAgeAreDroppedAtMaintenance) {
   EXPECT_EQ(s->last_event_id("t1", "a1"), 1u);
 }
 
-TEST(SqliteStore, HealthIsKeptInMemoryAndSavedCoalesced) {
-  TempDir dir("store");
+TEST_P(StoreTest, HealthIsKeptInMemoryAndSavedCoalesced) {
   {
     StoreOptions o;
     o.health_flush = 3600s;  // only close() saves it here
-    auto s = open(dir.path(), o);
+    auto s = open(o);
     ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
     for (int i = 0; i < 1000; ++i) s->put_health("t1", health_sample(i));
     EXPECT_EQ(s->get_health("t1")->sample.gpu.gpus[0].utilization_percent, 999 % 101);
     EXPECT_EQ(s->stats().transactions, 1u);  // the put_tenant alone
   }
-  auto s = open(dir.path());
+  auto s = open();
   auto saved = s->get_health("t1");
   ASSERT_TRUE(saved);
   // Read back whole: every figure, and when the coordinator took it in.
@@ -240,6 +288,41 @@ TEST(SqliteStore, HealthIsKeptInMemoryAndSavedCoalesced) {
   ASSERT_TRUE(s->delete_tenant("t1").ok());
   EXPECT_FALSE(s->get_health("t1"));
 }
+
+TEST_P(StoreTest, AWaitingCallFromAStoreCallbackIsRefusedNotADeadlock) {
+  auto s = open();
+  ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
+  std::promise<Status> inner;
+  s->append_event("t1", event(1), nullptr,
+                  [&](Result<AppendOutcome>) { inner.set_value(s->put_tenant(tenant("t2"))); });
+  auto st = inner.get_future().get();
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, Errc::internal);
+}
+
+TEST_P(StoreTest, AnUnreadableRecordIsLeftOutAndTheRestLoads) {
+  {
+    auto s = open();
+    ASSERT_TRUE(s->put_tenant(tenant("good")).ok());
+    ASSERT_TRUE(s->put_tenant(tenant("bad")).ok());
+  }
+  sql("UPDATE tenants SET record = '{not json' WHERE name = 'bad'");
+  auto s = open();
+  auto all = s->list_tenants();
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(all[0].name, "good");
+}
+
+TEST_P(StoreTest, ANewerSchemaIsRefusedWithTheFix) {
+  { auto s = open(); }
+  sql("UPDATE meta SET value = '99' WHERE key = 'schema'");
+  auto s = try_open();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code, Errc::failed_precondition);
+  EXPECT_NE(s.error().message.find("newer Factory"), std::string::npos);
+}
+
+// --- SQLite only: its files, and the file store it replaced ---------------
 
 TEST(SqliteStore, DatabaseFilesArePrivate) {
   TempDir dir("store");
@@ -250,37 +333,6 @@ TEST(SqliteStore, DatabaseFilesArePrivate) {
     ASSERT_EQ(::stat((dir.path() / f).c_str(), &st), 0) << f;
     EXPECT_EQ(st.st_mode & 0777, 0600u) << f;
   }
-}
-
-TEST(SqliteStore, AWaitingCallFromAStoreCallbackIsRefusedNotADeadlock) {
-  TempDir dir("store");
-  auto s = open(dir.path());
-  ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
-  std::promise<Status> inner;
-  s->append_event("t1", event(1), nullptr,
-                  [&](Result<AppendOutcome>) { inner.set_value(s->put_tenant(tenant("t2"))); });
-  auto st = inner.get_future().get();
-  ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.error().code, Errc::internal);
-}
-
-TEST(SqliteStore, AnUnreadableRecordIsLeftOutAndTheRestLoads) {
-  TempDir dir("store");
-  {
-    auto s = open(dir.path());
-    ASSERT_TRUE(s->put_tenant(tenant("good")).ok());
-    ASSERT_TRUE(s->put_tenant(tenant("bad")).ok());
-  }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((dir.path() / "factory.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "UPDATE tenants SET record = '{not json' WHERE name = 'bad'", nullptr,
-                         nullptr, nullptr),
-            SQLITE_OK);
-  sqlite3_close(db);
-  auto s = open(dir.path());
-  auto all = s->list_tenants();
-  ASSERT_EQ(all.size(), 1u);
-  EXPECT_EQ(all[0].name, "good");
 }
 
 TEST(SqliteStore, ImportsTheFileStoreSkippingACorruptRecordInTheMiddle) {
@@ -302,16 +354,231 @@ TEST(SqliteStore, ImportsTheFileStoreSkippingACorruptRecordInTheMiddle) {
   EXPECT_FALSE(fs::exists(dir.path() / "events"));
 }
 
-TEST(SqliteStore, ANewerSchemaIsRefusedWithTheFix) {
-  TempDir dir("store");
-  { auto s = open(dir.path()); }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((dir.path() / "factory.db").c_str(), &db), SQLITE_OK);
-  sqlite3_exec(db, "UPDATE meta SET value = '99' WHERE key = 'schema'", nullptr, nullptr, nullptr);
-  sqlite3_close(db);
-  auto s = open_sqlite_store(dir.path().string());
-  ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().message.find("newer Factory"), std::string::npos);
+// --- PostgreSQL only: one database shared, and a connection that can drop --
+
+class PostgresStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { conninfo_ = PostgresServer::instance().create_database(); }
+  std::unique_ptr<Store> open(const std::string& extra = "") {
+    auto s = open_postgres_store(conninfo_ + extra);
+    EXPECT_TRUE(s.ok()) << (s ? "" : s.error().message);
+    return s ? std::move(*s) : nullptr;
+  }
+  std::string sql(const std::string& query) {
+    return PostgresServer::instance().sql(conninfo_.substr(conninfo_.rfind('=') + 1), query);
+  }
+  // The ids stored for the tenant, as the database has them, in order.
+  std::vector<std::uint64_t> stored_ids(const std::string& t) {
+    std::vector<std::uint64_t> ids;
+    std::istringstream in(
+        sql("SELECT event_id FROM events WHERE tenant = '" + t + "' ORDER BY seq"));
+    for (std::uint64_t id; in >> id;) ids.push_back(id);
+    return ids;
+  }
+  std::string conninfo_;
+};
+
+std::vector<std::uint64_t> one_to(std::uint64_t n) {
+  std::vector<std::uint64_t> v;
+  for (std::uint64_t i = 1; i <= n; ++i) v.push_back(i);
+  return v;
+}
+
+// Two coordinators on one database, an agent's events reaching both (it
+// reconnected to the other, or a proxy replayed): each stored once, by the
+// database's constraints, whatever each coordinator's memory says.
+TEST_F(PostgresStoreTest, AnEventSentToTwoStoresOnOneDatabaseIsStoredOnce) {
+  auto a = open();
+  ASSERT_TRUE(a->put_tenant(tenant("t1")).ok());
+  auto b = open();
+  ASSERT_TRUE(b->get_tenant("t1").has_value());
+  constexpr std::uint64_t kEvents = 300;
+  std::vector<std::atomic<int>> stored(kEvents + 1);
+  auto feed = [&](Store& s) {
+    for (std::uint64_t id = 1; id <= kEvents; ++id) {
+      auto r = append(s, "t1", event(id));
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      if (r->stored) ++stored[id];
+    }
+  };
+  std::thread ta([&] { feed(*a); }), tb([&] { feed(*b); });
+  ta.join();
+  tb.join();
+  for (std::uint64_t id = 1; id <= kEvents; ++id) EXPECT_EQ(stored[id], 1) << "event " << id;
+  EXPECT_EQ(a->stats().events_stored + b->stats().events_stored, kEvents);
+  EXPECT_EQ(stored_ids("t1"), one_to(kEvents));
+  // A replay on the store that never saw it stored is still one.
+  auto c = open();
+  EXPECT_EQ(c->event_count("t1"), kEvents);
+  EXPECT_EQ(c->last_event_id("t1", "a1"), kEvents);
+  EXPECT_FALSE(append(*c, "t1", event(7))->stored);
+}
+
+// A second store on the same database (a restarted or another coordinator)
+// loads every tenant, cursor, count and latest health, and the history.
+TEST_F(PostgresStoreTest, AStoreReopenedOnTheSameDatabaseSeesEverything) {
+  {
+    auto s = open();
+    ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
+    ASSERT_TRUE(s->put_tenant(tenant("t2")).ok());
+    for (std::uint64_t id = 1; id <= 5; ++id) ASSERT_TRUE(append(*s, "t1", event(id)).ok());
+    ASSERT_TRUE(append(*s, "t2", event(9, "b1"), [](TenantRecord& t) {
+                  t.phase = "ready";
+                  return true;
+                }).ok());
+    s->put_health("t1", health_sample(42));
+  }
+  auto s = open();
+  ASSERT_EQ(s->list_tenants().size(), 2u);
+  EXPECT_EQ(s->get_tenant("t2")->phase, "ready");
+  EXPECT_EQ(s->event_count("t1"), 5u);
+  EXPECT_EQ(s->event_count("t2"), 1u);
+  EXPECT_EQ(s->last_event_id("t1", "a1"), 5u);
+  EXPECT_EQ(s->last_event_id("t2", "b1"), 9u);
+  ASSERT_TRUE(s->get_health("t1"));
+  EXPECT_EQ(s->get_health("t1")->to_json(), health_sample(42)->to_json());
+  auto recent = s->recent_events("t1", 3);
+  ASSERT_EQ(recent.size(), 3u);
+  EXPECT_EQ(recent[0].id, 3u);
+  EXPECT_EQ(recent[2].event["kind"], "progress");
+}
+
+// The server ends the store's connections (a failover, a restart, an
+// operator's pg_terminate_backend) while an agent's events flow: the batch
+// that was cut is answered `unavailable` and the agent replays it (as a
+// session does), the store reconnects, and in the end every event is stored
+// once. The password of the conninfo appears in no line the store logs.
+TEST_F(PostgresStoreTest, AConnectionDroppedMidRunIsMadeAgainWithNothingLostOrStoredTwice) {
+  std::ostringstream logs;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(logs);
+  spdlog::default_logger()->sinks().push_back(sink);
+  auto s = open(" password=hunter2-not-for-logs");
+  ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
+  constexpr std::uint64_t kEvents = 200;
+  std::uint64_t failures = 0;
+  const std::string kill_others =
+      "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+      "WHERE datname = current_database() AND pid <> pg_backend_pid()";
+  const std::string others =
+      "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+      "AND pid <> pg_backend_pid()";
+  for (std::uint64_t id = 1; id <= kEvents; ++id) {
+    if (id == 60 || id == 140) {
+      // The writer's (and the reader's, until a read made it again).
+      EXPECT_NE(sql(kill_others), "0");
+      ASSERT_TRUE(factory::testing::eventually([&] { return sql(others) == "0"; }));
+    }
+    for (int attempt = 0;; ++attempt) {
+      auto r = append(*s, "t1", event(id));
+      if (r.ok()) break;
+      ++failures;
+      EXPECT_EQ(r.error().code, Errc::unavailable) << r.error().message;
+      ASSERT_LT(attempt, 100) << r.error().message;
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  EXPECT_GE(failures, 2u);  // each drop was seen, not hidden
+  EXPECT_EQ(s->event_count("t1"), kEvents);
+  EXPECT_EQ(s->stats().events_stored, kEvents);
+  auto recent = s->recent_events("t1", 1000);  // on a reader connection made again
+  ASSERT_EQ(recent.size(), kEvents);
+  for (std::uint64_t i = 0; i < kEvents; ++i) EXPECT_EQ(recent[i].id, i + 1);
+  EXPECT_EQ(stored_ids("t1"), one_to(kEvents));
+  s->close();
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_NE(logs.str().find("reconnected"), std::string::npos) << logs.str();
+  EXPECT_EQ(logs.str().find("hunter2"), std::string::npos) << logs.str();
+}
+
+// The same, with the connection cut while batches are in flight: a batch
+// cut before its COMMIT is rolled back whole, one cut after it may be stored
+// though it was answered as failed, and the replay of it then reads as
+// stored before. Either way the database holds every event once, and its
+// count agrees.
+TEST_F(PostgresStoreTest, ConnectionsCutDuringBatchesLeaveNothingHalfApplied) {
+  auto s = open();
+  ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
+  constexpr std::uint64_t kEvents = 600, kCutEvery = 100;
+  // Cuts tied to the agent's progress, not to a clock, so that each lands
+  // while events flow however fast this machine is: at every kCutEvery
+  // events the agent asks for one and goes on once it has been started.
+  std::atomic<std::uint64_t> cut_wanted{0}, cut_started{0};
+  std::atomic<bool> done{false};
+  std::uint64_t failures = 0;
+  std::thread agent([&] {
+    // A session keeps a window of events in flight and replays from the
+    // first that failed, as the agent's link does; as a session does, it
+    // cancels (still_wanted) what follows a failed event, or the replay of
+    // that one would read as stored before.
+    std::uint64_t next = 1;
+    while (next <= kEvents) {
+      if (std::uint64_t k = (next - 1) / kCutEvery; k > cut_wanted && next < kEvents) {
+        cut_wanted = k;
+        while (cut_started < k) std::this_thread::sleep_for(1ms);
+      }
+      std::vector<std::future<Result<AppendOutcome>>> window;
+      auto failed = std::make_shared<std::atomic<bool>>(false);
+      for (std::uint64_t id = next; id < next + 20 && id <= kEvents; ++id) {
+        auto p = std::make_shared<std::promise<Result<AppendOutcome>>>();
+        window.push_back(p->get_future());
+        s->append_event(
+            "t1", event(id), nullptr,
+            [p, failed](Result<AppendOutcome> r) {
+              if (!r.ok()) *failed = true;
+              p->set_value(std::move(r));
+            },
+            [failed] { return !*failed; });
+      }
+      std::uint64_t first = next;
+      for (std::size_t i = 0; i < window.size(); ++i) {
+        auto r = window[i].get();
+        if (!r.ok() && next == first + i) ++failures;
+        if (r.ok() && next == first + i) ++next;
+      }
+      if (next < first + window.size()) std::this_thread::sleep_for(10ms);
+    }
+    done = true;
+  });
+  const std::string kill_store =
+      "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+      "WHERE datname = current_database() AND pid <> pg_backend_pid()";
+  int cuts = 0;
+  while (!done) {
+    if (cut_wanted == cut_started) {
+      std::this_thread::sleep_for(1ms);
+      continue;
+    }
+    cut_started = cut_wanted.load();
+    if (sql(kill_store) != "0") ++cuts;
+  }
+  agent.join();
+  EXPECT_EQ(cuts, static_cast<int>((kEvents - 1) / kCutEvery));
+  EXPECT_GE(failures, 1u);
+  EXPECT_EQ(stored_ids("t1"), one_to(kEvents));
+  EXPECT_EQ(sql("SELECT n FROM event_counts WHERE tenant = 't1'"), std::to_string(kEvents));
+  EXPECT_EQ(sql("SELECT last_id FROM cursors WHERE tenant = 't1'"), std::to_string(kEvents));
+  EXPECT_EQ(s->event_count("t1"), kEvents);
+  EXPECT_EQ(s->last_event_id("t1", "a1"), kEvents);
+}
+
+// A conninfo's password never reaches an error: not when the server cannot
+// be reached, not when the string does not parse, in either of libpq's forms.
+TEST(PostgresStoreSecrets, ThePasswordIsInNoError) {
+  const std::string port = std::to_string(factory::testing::free_loopback_port());
+  for (const std::string& conninfo :
+       {"host=127.0.0.1 port=" + port + " dbname=f user=u password=hunter2-secret",
+        "postgresql://u:hunter2-secret@127.0.0.1:" + port + "/f"}) {
+    auto s = open_postgres_store(conninfo);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.error().code, Errc::unavailable) << s.error().message;
+    EXPECT_NE(s.error().message.find("127.0.0.1"), std::string::npos) << s.error().message;
+    EXPECT_NE(s.error().message.find("dbname=f"), std::string::npos) << s.error().message;
+    EXPECT_EQ(s.error().message.find("hunter2"), std::string::npos) << s.error().message;
+  }
+  auto bad = open_postgres_store("host=127.0.0.1 password=hunter2-secret nonsense");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, Errc::invalid_argument);
+  EXPECT_EQ(bad.error().message.find("hunter2"), std::string::npos) << bad.error().message;
 }
 
 }  // namespace
