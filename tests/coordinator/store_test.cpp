@@ -549,10 +549,20 @@ TEST_F(PostgresStoreTest, ConnectionsCutDuringBatchesLeaveNothingHalfApplied) {
       continue;
     }
     cut_started = cut_wanted.load();
-    if (sql(kill_store) != "0") ++cuts;
+    // The store may be between connections (reconnecting after the last
+    // cut, with its backoff): try until this cut lands on one, while the
+    // events flow and bring the store back.
+    while (!done) {
+      if (sql(kill_store) != "0") {
+        ++cuts;
+        break;
+      }
+      std::this_thread::sleep_for(2ms);
+    }
   }
   agent.join();
-  EXPECT_EQ(cuts, static_cast<int>((kEvents - 1) / kCutEvery));
+  // Every cut but perhaps the last (the agent may finish first) landed.
+  EXPECT_GE(cuts, static_cast<int>((kEvents - 1) / kCutEvery) - 1);
   EXPECT_GE(failures, 1u);
   EXPECT_EQ(stored_ids("t1"), one_to(kEvents));
   EXPECT_EQ(sql("SELECT n FROM event_counts WHERE tenant = 't1'"), std::to_string(kEvents));
