@@ -42,6 +42,10 @@ if [ -n "$(git -C "$top" status --porcelain --untracked-files=no)" ]; then
 fi
 if [ -z "$root" ]; then
   root="$(mktemp -d /var/tmp/factory-fresh.XXXXXX)"
+  # It becomes the chroot's "/": 0755 as on a real machine, not mktemp's
+  # 0700, or no user but root can reach a file in it (the PostgreSQL tests
+  # run the server as nobody and failed on exactly that).
+  chmod 0755 "$root"
 elif [ -e "$root" ] && [ -n "$(ls -A "$root")" ]; then
   echo "fresh-machine-check: $root exists and is not empty" >&2
   exit 2

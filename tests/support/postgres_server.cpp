@@ -125,7 +125,13 @@ bool PostgresServer::start_once() {
   std::vector<std::string> args = {
       postgres, "-D", data, "-k", sockets, "-p", port, "-c", "listen_addresses=127.0.0.1",
       // A test server: nothing to keep after a crash.
-      "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200"};
+      "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200",
+      // Dynamic shared memory in the data directory, not /dev/shm: a server
+      // killed with its test leaves its /dev/shm segments behind, and a
+      // later server whose random name meets one it may not open stops with
+      // "could not open shared memory segment: Permission denied" (seen in
+      // scripts/fresh-machine-check.sh's chroot).
+      "-c", "dynamic_shared_memory_type=mmap"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
