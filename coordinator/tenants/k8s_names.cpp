@@ -31,7 +31,8 @@ Error invalid(std::string message) {
   return Error(Errc::invalid_argument, std::move(message));
 }
 
-// Labels of the above joined by '.', at most 253 characters.
+}  // namespace
+
 bool is_dns1123_subdomain(std::string_view s) {
   if (s.empty() || s.size() > 253) return false;
   size_t start = 0;
@@ -47,6 +48,8 @@ bool is_dns1123_subdomain(std::string_view s) {
     start = dot + 1;
   }
 }
+
+namespace {
 
 // ([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9], at most 63 characters: the name
 // part of a qualified name, and (when not empty) a label value.

@@ -23,6 +23,9 @@ inline constexpr size_t kMaxVmNameLength = 63 - 4;
 // [a-z0-9]([-a-z0-9]*[a-z0-9])?, at most 63 characters: namespaces, hostnames.
 bool is_dns1123_label(std::string_view s);
 
+// DNS-1123 labels joined by '.', at most 253 characters: Secret names.
+bool is_dns1123_subdomain(std::string_view s);
+
 // A VM (= tenant) name: a DNS-1123 label that starts with a letter and leaves
 // room for "-ssh", because `<name>-ssh` is a Service name, and Service names
 // are DNS-1035 labels (no leading digit, at most 63 characters).

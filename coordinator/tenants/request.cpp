@@ -31,7 +31,6 @@ const std::set<std::string> kKeys = {"name",
                                      "ssh_authorized_keys",
                                      "models",
                                      "password"};
-constexpr std::size_t kMaxModels = 8;
 
 Status read_string(const json& j, const char* key, std::string& out) {
   if (!j.contains(key) || j[key].is_null()) return {};
@@ -108,8 +107,8 @@ Result<TenantRequest> TenantRequest::from_json(const json& j) {
     }
   }
   if (j.contains("models") && !j["models"].is_null()) {
-    if (!j["models"].is_array() || j["models"].size() > kMaxModels)
-      return invalid("'models' must be a list of at most " + std::to_string(kMaxModels) +
+    if (!j["models"].is_array() || j["models"].size() > kMaxRequestModels)
+      return invalid("'models' must be a list of at most " + std::to_string(kMaxRequestModels) +
                      " Ollama model names");
     for (auto& m : j["models"]) {
       if (!m.is_string()) return invalid("'models' must be a list of strings");

@@ -4,6 +4,7 @@
 // tier's VM from the catalog, overridden field by field by what the request
 // sets. Shared by the coordinator and by `--dry-run`, which builds the same
 // objects without contacting anything.
+#include <cstddef>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -20,6 +21,9 @@ namespace factory::tenants {
 // this, and the dry run's header says so. A valid resource name, so the
 // printed VirtualMachine still validates.
 inline constexpr const char* kAnyAllowlistedGpuPlaceholder = "factory.dev/any-allowlisted-gpu";
+
+// At most this many models in place of a tier's.
+inline constexpr std::size_t kMaxRequestModels = 8;
 
 struct TenantRequest {
   std::string name;

@@ -3,7 +3,6 @@
 
 #include <cctype>
 #include <optional>
-#include <set>
 #include <string_view>
 
 #include "coordinator/enroll/tenant_name.hpp"
@@ -37,7 +36,6 @@ constexpr const char* kModelPattern = "^[a-z0-9][a-z0-9._:/-]{0,127}$";
 constexpr const char* kImagePattern = "^https?://[^/\\s][^\\s]*$";
 // A catalog version as `factory catalog list` shows it: printable, no spaces.
 constexpr const char* kCatalogVersionPattern = "^[A-Za-z0-9][-A-Za-z0-9_.+]{0,63}$";
-constexpr std::size_t kMaxModels = 8;
 constexpr std::size_t kMaxSshKeyLength = 16384;
 
 json str(const char* description, std::size_t max_length, const char* pattern = nullptr) {
@@ -111,7 +109,7 @@ json spec_schema() {
         {"image", str("Cloud image URL CDI imports; default: the tier's.", 2048, kImagePattern)},
         {"models",
          {{"type", "array"},
-          {"maxItems", kMaxModels},
+          {"maxItems", kMaxRequestModels},
           {"items", str("An Ollama model (llama3.2:1b).", 128, kModelPattern)},
           {"description", "Models to serve instead of the tier's."}}},
         {"sshKeys",
@@ -158,17 +156,6 @@ Error invalid(const std::string& field, const std::string& why) {
 // The message of a validator that names the CLI's flag, said of the field.
 Error invalid_from(const std::string& field, const Error& e) {
   return invalid(field, e.message);
-}
-
-// A Secret's name: dot-separated DNS-1123 labels, at most 253 characters.
-bool is_dns1123_subdomain(std::string_view s) {
-  if (s.empty() || s.size() > 253) return false;
-  for (std::size_t start = 0;;) {
-    const std::size_t dot = s.find('.', start);
-    if (!is_dns1123_label(s.substr(start, dot - start))) return false;
-    if (dot == std::string_view::npos) return true;
-    start = dot + 1;
-  }
 }
 
 Status read_string(const json& spec, const char* key, std::string& out) {
@@ -242,14 +229,12 @@ Status read_ssh_keys(const json& spec, TenantResource& r) {
   return {};
 }
 
-const std::set<std::string> kSpecKeys = {"tier",    "gpus",        "gpuResource", "cpu",
-                                         "memory",  "disk",        "image",       "models",
-                                         "sshKeys", "sshNodePort", "project",     "catalogVersion"};
-
 Status read_spec(const json& spec, TenantResource& r) {
   if (!spec.is_object()) return invalid("spec", "must be an object");
+  // The fields a spec may have are the schema's: one list for both.
+  static const json kSpecFields = spec_schema()["properties"];
   for (auto& [k, v] : spec.items())
-    if (!kSpecKeys.count(k)) return invalid("spec", "unknown field '" + k + "'");
+    if (!kSpecFields.contains(k)) return invalid("spec", "unknown field '" + k + "'");
   TenantRequest& q = r.request;
   if (auto st = read_string(spec, "tier", q.tier); !st.ok()) return st;
   if (q.tier.empty()) return invalid("spec.tier", "is required (factory catalog list)");
@@ -286,9 +271,9 @@ Status read_spec(const json& spec, TenantResource& r) {
         return Error(Errc::invalid_argument, "Tenant " + st.error().message);
   if (auto st = read_string(spec, "image", q.image); !st.ok()) return st;
   if (auto it = spec.find("models"); it != spec.end() && !it->is_null()) {
-    if (!it->is_array() || it->size() > kMaxModels)
-      return invalid("spec.models", "must be a list of at most " + std::to_string(kMaxModels) +
-                                        " Ollama model names");
+    if (!it->is_array() || it->size() > kMaxRequestModels)
+      return invalid("spec.models", "must be a list of at most " +
+                                        std::to_string(kMaxRequestModels) + " Ollama model names");
     for (const json& m : *it) {
       if (!m.is_string()) return invalid("spec.models", "must be a list of strings");
       if (auto st = validate_model_name(m.get<std::string>()); !st.ok())
