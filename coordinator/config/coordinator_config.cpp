@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -202,6 +203,34 @@ Status read_keys(const nlohmann::json& doc, const std::string& path, Coordinator
   if (auto st = top->read("provider", c.provider); !st.ok()) return st;
   if (c.provider != "kubevirt" && c.provider != "qemu")
     return top->bad_value("provider", "want kubevirt or qemu (got " + c.provider + ")");
+  auto tenants = top->section("tenants");
+  if (!tenants) return tenants.error();
+  for (auto st : {tenants->read("source", c.tenants_source), tenants->done()})
+    if (!st.ok()) return st;
+  if (c.tenants_source != "coordinator" && c.tenants_source != "kubernetes")
+    return tenants->bad_value("source",
+                              "want coordinator or kubernetes (got " + c.tenants_source + ")");
+  if (c.tenants_source == "kubernetes" && c.provider != "kubevirt")
+    return tenants->bad_value("source",
+                              "kubernetes needs provider: kubevirt (Tenant objects live in the "
+                              "host cluster)");
+  auto le = top->section("leader_election");
+  if (!le) return le.error();
+  LeaderElectionSettings& l = c.leader_election;
+  for (auto st :
+       {le->read("enabled", l.enabled), le->read("lease", l.lease), le->read("namespace", l.ns),
+        le->read("identity", l.identity), read_duration(*le, "lease_duration", l.lease_duration),
+        read_duration(*le, "renew_deadline", l.renew_deadline),
+        read_duration(*le, "retry_period", l.retry_period), le->done()})
+    if (!st.ok()) return st;
+  if (l.enabled && c.provider != "kubevirt")
+    return le->bad_value("enabled", "a Lease needs provider: kubevirt (the host cluster)");
+  if (l.retry_period < std::chrono::seconds(1) || l.renew_deadline <= l.retry_period ||
+      l.lease_duration <= l.renew_deadline)
+    return le->bad_value("lease_duration",
+                         "want retry_period >= 1s < renew_deadline < lease_duration (a leader "
+                         "must give up before another may take over)");
+
   auto qemu = top->section("qemu");
   if (!qemu) return qemu.error();
   for (auto st :
@@ -300,6 +329,15 @@ Result<CoordinatorConfig> load_coordinator_config(const std::string& path, bool 
   if (c.token_tenant_ttl < std::chrono::minutes(5) ||
       c.token_tenant_ttl > std::chrono::hours(24 * 7))
     return Error(Errc::invalid_argument, path + ": tokens.tenant_ttl must be between 5m and 7d");
+  if (c.leader_election.ns.empty()) {
+    const char* pod_ns = std::getenv("POD_NAMESPACE");
+    c.leader_election.ns = pod_ns && *pod_ns ? pod_ns : c.kube_namespace;
+  }
+  if (c.leader_election.identity.empty()) {
+    const char* pod = std::getenv("POD_NAME");
+    c.leader_election.identity =
+        pod && *pod ? std::string(pod) : hostname() + "-" + std::to_string(::getpid());
+  }
   if (c.io_threads == 0)
     c.io_threads = std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 4);
   if (c.agent_cert_ttl < std::chrono::seconds(10))

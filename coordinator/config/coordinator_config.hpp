@@ -49,6 +49,22 @@
 //     context: ""                      # "" = the kubeconfig's current-context
 //     namespace: tenants               # where tenant objects go (--namespace overrides)
 //     request_timeout: 10s             # per API request (on a worker, never an io thread)
+//   tenants:
+//     source: coordinator              # where tenants are defined: coordinator (its own
+//                                      # store; `tenant create` acts at once) or kubernetes
+//                                      # (Tenant objects, factory.dev/v1alpha1, in
+//                                      # kube.namespace: the leader reconciles them, and
+//                                      # `tenant create|delete` write them; provider kubevirt)
+//   leader_election:                   # replicas on one PostgreSQL store: one leader runs
+//                                      # the reconcilers and resumes interrupted actions
+//     enabled: false                   # true: a coordination.k8s.io/v1 Lease decides
+//                                      # (false: this coordinator is the only one)
+//     lease: factory-coordinator       # the Lease's name
+//     namespace: ""                    # "" = $POD_NAMESPACE, else kube.namespace
+//     identity: ""                     # "" = $POD_NAME, else <hostname>-<pid>
+//     lease_duration: 10s              # a leader that stops renewing is replaced after this
+//     renew_deadline: 7s               # a leader that cannot renew for this long steps down
+//     retry_period: 2s                 # how often the Lease is tried and renewed
 //   qemu:                              # provider qemu only
 //     binary: qemu-system-x86_64       # looked up on PATH unless a path
 //     img: qemu-img
@@ -104,6 +120,17 @@ struct QemuSettings {
   std::string ssh_listen = "127.0.0.1";
 };
 
+// leader_election: the Lease replicas elect their leader with.
+struct LeaderElectionSettings {
+  bool enabled = false;
+  std::string lease = "factory-coordinator";
+  std::string ns;        // resolved: never empty after load
+  std::string identity;  // resolved: never empty after load
+  std::chrono::seconds lease_duration{10};
+  std::chrono::seconds renew_deadline{7};
+  std::chrono::seconds retry_period{2};
+};
+
 struct CoordinatorConfig {
   std::string state_dir = "/var/lib/factory";
   // "" = the embedded SQLite store; else a postgres:// (or postgresql://)
@@ -135,6 +162,11 @@ struct CoordinatorConfig {
   std::size_t io_threads = 0;  // resolved: never 0 after load
   std::size_t worker_threads = 4;
   std::string provider = "kubevirt";  // or "qemu"
+  // tenants.source: "coordinator" (the store is the truth) or "kubernetes"
+  // (Tenant objects are; the controller reconciles them into the store).
+  std::string tenants_source = "coordinator";
+  bool tenants_from_kubernetes() const { return tenants_source == "kubernetes"; }
+  LeaderElectionSettings leader_election;
   QemuSettings qemu;
   // guest_ranges: what gpu-k8s guests pick their ranges around, besides
   // what the host cluster's API shows, and where they pick them.

@@ -76,6 +76,44 @@ TEST(CoordinatorConfig, StoreIsSqliteUnlessAPostgresUri) {
   EXPECT_EQ(c.error().message.find("hunter2"), std::string::npos) << c.error().message;
 }
 
+// tenants.source and leader_election: off by default, checked when set.
+TEST(CoordinatorConfig, TenantsSourceAndLeaderElection) {
+  TempDir dir("cfg");
+  auto p = dir.path() / "c.yaml";
+  auto c = coordinator::load_coordinator_config(p.string(), false);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->tenants_source, "coordinator");
+  EXPECT_FALSE(c->tenants_from_kubernetes());
+  EXPECT_FALSE(c->leader_election.enabled);
+  EXPECT_EQ(c->leader_election.lease, "factory-coordinator");
+  EXPECT_FALSE(c->leader_election.identity.empty());
+  EXPECT_FALSE(c->leader_election.ns.empty());
+
+  std::ofstream(p) << "kube:\n  namespace: gpu\ntenants:\n  source: kubernetes\n"
+                      "leader_election:\n  enabled: true\n  identity: pod-a\n"
+                      "  lease_duration: 12s\n";
+  c = coordinator::load_coordinator_config(p.string(), true);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->tenants_from_kubernetes());
+  EXPECT_TRUE(c->leader_election.enabled);
+  EXPECT_EQ(c->leader_election.identity, "pod-a");
+  EXPECT_EQ(c->leader_election.lease_duration, std::chrono::seconds(12));
+  if (!std::getenv("POD_NAMESPACE")) {
+    EXPECT_EQ(c->leader_election.ns, "gpu");
+  }
+
+  auto refused = [&](const std::string& yaml, const std::string& needle) {
+    std::ofstream(p) << yaml;
+    auto r = coordinator::load_coordinator_config(p.string(), true);
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_NE(r.error().message.find(needle), std::string::npos) << r.error().message;
+  };
+  refused("tenants:\n  source: git\n", "want coordinator or kubernetes");
+  refused("provider: qemu\ntenants:\n  source: kubernetes\n", "provider: kubevirt");
+  refused("provider: qemu\nleader_election:\n  enabled: true\n", "provider: kubevirt");
+  refused("leader_election:\n  lease_duration: 5s\n  renew_deadline: 7s\n", "lease_duration");
+}
+
 TEST(Router, MatchesParamsAndRequiresTheToken) {
   WorkerPool workers(1);
   coordinator::ApiRouter r("secret-token-secret-token-secret-token", workers);
