@@ -194,4 +194,14 @@ std::size_t FeedState::connected_count() const {
                                                 [](const auto& p) { return p.second.connected; }));
 }
 
+void FeedState::set_leadership(const std::string& replica, bool leading) {
+  std::lock_guard lk(mu_);
+  leadership_ = Leadership{replica, leading};
+}
+
+std::optional<FeedState::Leadership> FeedState::leadership() const {
+  std::lock_guard lk(mu_);
+  return leadership_;
+}
+
 }  // namespace factory::feed

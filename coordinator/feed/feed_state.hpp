@@ -118,6 +118,15 @@ class FeedState {
   std::map<std::string, AgentPresence> all() const;
   std::size_t connected_count() const;
 
+  // Leader election (replicas on one store): this replica's name and
+  // whether it leads now; absent when there is no election.
+  struct Leadership {
+    std::string replica;
+    bool leading = false;
+  };
+  void set_leadership(const std::string& replica, bool leading);
+  std::optional<Leadership> leadership() const;
+
   // What GET /v1/events streams.
   EventBus& bus() { return bus_; }
   const EventBus& bus() const { return bus_; }
@@ -134,6 +143,7 @@ class FeedState {
   StepDurations steps_;
   AgentCounters counters_;
   std::map<std::string, std::string> phases_;  // the last phase published, per tenant
+  std::optional<Leadership> leadership_;
   EventBus bus_;
 };
 

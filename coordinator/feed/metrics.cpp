@@ -373,6 +373,11 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
   };
   x.family("factory_agents_connected", "gauge", "Agents connected to this coordinator now.");
   x.sample("factory_agents_connected", "", static_cast<double>(state.connected_count()));
+  if (auto l = state.leadership()) {
+    x.family("factory_leader", "gauge",
+             "1 when this replica holds the coordinators' Lease (runs the reconcilers), else 0.");
+    x.sample("factory_leader", labels({{"replica", l->replica}}), l->leading ? 1 : 0);
+  }
   std::map<std::string, int> phases;
   for (auto p : {"pending", "enrolled", "provisioning", "ready", "failed"}) phases[p] = 0;
   auto tenants = store.list_tenants();

@@ -27,6 +27,7 @@
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/enroll/tokens.hpp"
 #include "coordinator/feed/status_feed.hpp"
+#include "coordinator/kube/leader_election.hpp"
 #include "coordinator/kubevirt/kubevirt_provider.hpp"
 #include "coordinator/qemu/qemu_provider.hpp"
 #include "coordinator/store/store.hpp"
@@ -70,6 +71,8 @@ struct Coordinator::Parts {
   // The binary itself, read once at start: served from memory, so a
   // download never reads the disk on an io thread.
   std::shared_ptr<const std::string> agent_binary_bytes;
+  // The Lease election (null without one) and whether this replica leads.
+  std::unique_ptr<kube::LeaderElector> elector;
 };
 
 struct Coordinator::Net {
@@ -235,6 +238,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
 }
 
 Coordinator::~Coordinator() {
+  if (parts_ && parts_->elector) parts_->elector->stop();
   if (net_ && net_->agents) net_->agents->stop();
   if (net_ && net_->api) net_->api->stop();
   if (parts_ && parts_->workers) parts_->workers->stop();
@@ -438,10 +442,60 @@ Status Coordinator::start() {
         cfg_.state_dir, format_rfc3339(p.ca->not_after()));
   schedule_renewal();
   schedule_memory_trim();
-  // A restart a kill cut short is finished now (it waits on the cluster).
+  if (cfg_.leader_election.enabled)
+    start_leader_election();
+  else
+    on_leadership(true);
+  return {};
+}
+
+void Coordinator::start_leader_election() {
+  Parts& p = *parts_;
+  const LeaderElectionSettings& le = cfg_.leader_election;
+  // The access is resolved once (the kubeconfig, or the pod's service
+  // account, whose token file current_token() rereads as it rotates).
+  auto access = kube::resolve_access(kube::AccessOptions{cfg_.kube_kubeconfig, cfg_.kube_context});
+  if (!access) {
+    // Not fatal: this replica still serves agents, the API and the feed;
+    // it just never leads. Said loudly, and in /metrics (factory_leader 0).
+    spdlog::error("leader election: cannot reach the host cluster ({}); this replica will not lead",
+                  access.error().message);
+    p.feed->state().set_leadership(le.identity, false);
+    return;
+  }
+  kube::LeaderElectionOptions opts;
+  opts.lease_name = le.lease;
+  opts.ns = le.ns;
+  opts.identity = le.identity;
+  opts.lease_duration = le.lease_duration;
+  opts.renew_deadline = le.renew_deadline;
+  opts.retry_period = le.retry_period;
+  p.feed->state().set_leadership(le.identity, false);
+  p.elector = std::make_unique<kube::LeaderElector>(
+      kube::KubeClient(std::move(*access), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                               cfg_.kube_request_timeout)),
+      opts,
+      kube::LeaderCallbacks{.on_start = [this] { on_leadership(true); },
+                            .on_stop = [this] { on_leadership(false); },
+                            .on_new_leader =
+                                [](const std::string& holder) {
+                                  spdlog::info(
+                                      "leader election: the leader is {}",
+                                      holder.empty() ? "nobody (the Lease is free)" : holder);
+                                }});
+  p.elector->start();
+}
+
+// Runs on the elector's thread (or start()'s): quick, it only queues work.
+void Coordinator::on_leadership(bool leading) {
+  Parts& p = *parts_;
+  if (cfg_.leader_election.enabled)
+    p.feed->state().set_leadership(cfg_.leader_election.identity, leading);
+  if (!leading) return;
+  // A restart a kill cut short is finished now (it waits on the cluster);
+  // by the leader only, so two replicas never finish the same one.
   if (!p.workers->post([svc = p.tenants.get()] { svc->resume_actions(); }))
     spdlog::error("could not queue the resumption of interrupted tenant actions");
-  return {};
 }
 
 void Coordinator::schedule_memory_trim() {
@@ -516,6 +570,9 @@ void Coordinator::run() {
     stop();
   });
   net_->pool->run();
+  // The Lease is released (the next replica leads at once) before the rest
+  // stops; on this thread, as releasing it waits on the API server.
+  if (parts_->elector) parts_->elector->stop();
   // The io threads are done. What the store's writer still holds (events
   // queued behind the last batch, the coalesced latest health of every
   // tenant) is written now: the caller may end the process without running

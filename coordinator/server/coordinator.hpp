@@ -57,6 +57,11 @@ class Coordinator {
   net::TlsServerOptions agents_tls(const net::TlsServerOptions& serving) const;
   void schedule_renewal();
   void schedule_memory_trim();
+  // Leader election (leader_election.enabled): what only the leader runs
+  // starts when this replica takes the Lease and stops when it loses it.
+  // Without an election this coordinator leads from start() on.
+  void start_leader_election();
+  void on_leadership(bool leading);
 
   CoordinatorConfig cfg_;
   struct Parts;  // every module's piece, in the order they are built
