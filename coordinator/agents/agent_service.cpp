@@ -5,7 +5,7 @@
 namespace factory::coordinator {
 
 AgentService::AgentService(store::Store& store, const enroll::CertificateAuthority& ca,
-                           enroll::TokenBook& tokens, feed::FeedState& feed, WorkerPool& workers,
+                           enroll::Tokens& tokens, feed::FeedState& feed, WorkerPool& workers,
                            AgentServiceOptions opts)
     : store_(store),
       feed_(feed),

@@ -46,9 +46,8 @@ using PlanProvider = std::function<std::optional<nlohmann::json>(const store::Te
 
 class AgentService {
  public:
-  AgentService(store::Store& store, const enroll::CertificateAuthority& ca,
-               enroll::TokenBook& tokens, feed::FeedState& feed, WorkerPool& workers,
-               AgentServiceOptions opts);
+  AgentService(store::Store& store, const enroll::CertificateAuthority& ca, enroll::Tokens& tokens,
+               feed::FeedState& feed, WorkerPool& workers, AgentServiceOptions opts);
   AgentService(const AgentService&) = delete;
   AgentService& operator=(const AgentService&) = delete;
 

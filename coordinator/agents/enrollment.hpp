@@ -23,7 +23,7 @@ namespace factory::coordinator {
 
 class Enrollment {
  public:
-  Enrollment(store::Store& store, const enroll::CertificateAuthority& ca, enroll::TokenBook& tokens,
+  Enrollment(store::Store& store, const enroll::CertificateAuthority& ca, enroll::Tokens& tokens,
              feed::AgentCounters& counters, std::chrono::seconds cert_ttl,
              std::chrono::seconds renewal_grace)
       : store_(store),
@@ -61,7 +61,7 @@ class Enrollment {
  private:
   store::Store& store_;
   const enroll::CertificateAuthority& ca_;
-  enroll::TokenBook& tokens_;
+  enroll::Tokens& tokens_;
   feed::AgentCounters& counters_;
   std::chrono::seconds cert_ttl_;
   std::chrono::seconds renewal_grace_;

@@ -51,14 +51,44 @@ Status ApiAuth::save_locked() const {
   return write_file_atomic(path_, nlohmann::json{{"tokens", list}}.dump(2) + "\n", 0600);
 }
 
+Status ApiAuth::use_store(std::shared_ptr<ApiTokenStore> store) {
+  {
+    std::lock_guard lk(store_mu_);
+    store_ = std::move(store);
+  }
+  return refresh();
+}
+
+Status ApiAuth::refresh() {
+  std::lock_guard slk(store_mu_);
+  if (!store_) return {};
+  // Read with no lock a check takes: a slow database delays no request.
+  auto all = store_->all();
+  if (!all) return all.error().with_context("reading the read-only API tokens");
+  std::lock_guard lk(mu_);
+  tokens_ = std::move(*all);
+  return {};
+}
+
 Result<IssuedToken> ApiAuth::create_read_only_token() {
   IssuedToken out;
   out.id = "ro-" + pki::random_token_chars(8);
   // A prefix says what the token is when it turns up in a file or a paste.
   out.token = "factory-ro-" + pki::random_token_chars(40);
   out.created_at = format_rfc3339(Clock::now());
+  StoredApiToken kept{out.id, pki::sha256_hex(out.token), out.created_at};
+  {
+    std::lock_guard slk(store_mu_);
+    if (store_) {
+      if (auto st = store_->add(kept); !st.ok())
+        return st.error().with_context("saving the read-only token");
+      std::lock_guard lk(mu_);
+      tokens_.push_back(std::move(kept));
+      return out;
+    }
+  }
   std::lock_guard lk(mu_);
-  tokens_.push_back({out.id, pki::sha256_hex(out.token), out.created_at});
+  tokens_.push_back(std::move(kept));
   if (auto st = save_locked(); !st.ok()) {
     tokens_.pop_back();
     return st.error().with_context("saving the read-only token");

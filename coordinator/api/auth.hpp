@@ -7,10 +7,10 @@
 // cookie rides along with requests the user did not mean, so it never
 // carries the right to change anything.
 //
-// Read-only tokens are kept as SHA-256 hashes in a 0600 file; the token
-// itself is printed once. Sessions live in memory (a restart signs everyone
-// out). Thread-safe; every check is a hash and a map lookup (no waiting on
-// an io thread); creating a token writes the file (call it from a worker).
+// Read-only tokens are kept as SHA-256 hashes in a 0600 file, or in the
+// database replicas share (ApiTokenStore); the token itself is printed once. Sessions live in
+// memory (a restart signs everyone out). Thread-safe; every check is a hash and a map lookup (no
+// waiting on an io thread); creating a token writes the file (call it from a worker).
 //
 // What is limited is accounted per token (its "principal"), so that no
 // read-only token can take what the admin needs: each token holds at most
@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -55,12 +56,34 @@ struct IssuedToken {
   std::string id, token, created_at;
 };
 
+// A read-only token as it is kept: its id, the SHA-256 of the token, when.
+struct StoredApiToken {
+  std::string id, sha256, created_at;
+};
+
+// Where read-only tokens are kept when coordinators share them (the
+// replicas' database, coordinator/shared) instead of the file of
+// ApiAuth::load. Both calls may wait on the database: never on an io thread.
+class ApiTokenStore {
+ public:
+  virtual ~ApiTokenStore() = default;
+  virtual Status add(const StoredApiToken& token) = 0;
+  // Every token kept, oldest first.
+  virtual Result<std::vector<StoredApiToken>> all() const = 0;
+};
+
 class ApiAuth {
  public:
   explicit ApiAuth(std::string admin_token) : admin_(std::move(admin_token)) {}
 
   // Read-only tokens from `path` (absent: none yet); new ones are saved there.
   Status load(std::string path);
+  // Or from a store other coordinators share: what it holds now, and new
+  // ones are added there. Checks still read memory only; refresh() (from a
+  // worker, every few seconds) takes in what the others added, and drops
+  // what was deleted from the store.
+  Status use_store(std::shared_ptr<ApiTokenStore> store);
+  Status refresh();
   Result<IssuedToken> create_read_only_token();
   std::vector<ReadOnlyToken> read_only_tokens() const;
 
@@ -96,10 +119,12 @@ class ApiAuth {
   std::string admin_;
   mutable std::mutex mu_;
   std::string path_;
-  struct Stored {
-    std::string id, sha256, created_at;
-  };
-  std::vector<Stored> tokens_;
+  std::shared_ptr<ApiTokenStore> store_;
+  // Orders a creation and a refresh, so that a refresh that read the store
+  // before a token was added cannot drop it from memory after. Never held
+  // by a check: they take only mu_, and only for the lookup.
+  std::mutex store_mu_;
+  std::vector<StoredApiToken> tokens_;
   // sha256 of the cookie value -> session, so the map holds no usable secret.
   std::map<std::string, Session> sessions_;
 };

@@ -219,76 +219,103 @@ Status check_key_file_private(const fs::path& key_path) {
 
 }  // namespace
 
-Result<CertificateAuthority> CertificateAuthority::load_or_create(const fs::path& state_dir,
-                                                                  CaFiles files) {
+Result<CaPem> CertificateAuthority::create_pem(const char* common_name) {
+  auto key = new_p256_key();
+  if (!key.ok()) return key.error().with_context("create CA");
+  auto cert = make_ca_certificate(key->get(), now_seconds(), common_name);
+  if (!cert.ok()) return cert.error().with_context("create CA");
+  auto kp = ossl::private_key_to_pem(key->get());
+  if (!kp.ok()) return kp.error().with_context("create CA");
+  auto cp = ossl::certificate_to_pem(cert->get());
+  if (!cp.ok()) return cp.error().with_context("create CA");
+  return CaPem{std::move(*cp), std::move(*kp)};
+}
+
+Result<std::optional<CaPem>> CertificateAuthority::read_files(const fs::path& state_dir,
+                                                              CaFiles files) {
   const fs::path cert_path = state_dir / files.cert;
   const fs::path key_path = state_dir / files.key;
   std::error_code ec;
   bool have_cert = fs::exists(cert_path, ec);
   bool have_key = fs::exists(key_path, ec);
-
-  std::string cert_pem, key_pem;
-  if (!have_cert && !have_key) {
-    if (!fs::exists(state_dir, ec)) {
-      if (auto st = ensure_dir(state_dir, 0700); !st.ok())
-        return st.error().with_context("create CA");
-    }
-    auto key = new_p256_key();
-    if (!key.ok()) return key.error().with_context("create CA");
-    auto cert = make_ca_certificate(key->get(), now_seconds(), files.common_name);
-    if (!cert.ok()) return cert.error().with_context("create CA");
-    auto kp = ossl::private_key_to_pem(key->get());
-    if (!kp.ok()) return kp.error().with_context("create CA");
-    auto cp = ossl::certificate_to_pem(cert->get());
-    if (!cp.ok()) return cp.error().with_context("create CA");
-    key_pem = std::move(*kp);
-    cert_pem = std::move(*cp);
-    // The key first: a crash between the two writes leaves a key without a
-    // certificate, which load refuses loudly instead of silently making a
-    // second CA that no enrolled agent trusts.
-    if (auto st = write_file_atomic(key_path, key_pem, 0600); !st.ok())
-      return st.error().with_context("create CA");
-    if (auto st = write_file_atomic(cert_path, cert_pem, 0644); !st.ok())
-      return st.error().with_context("create CA");
-  } else if (have_cert != have_key) {
+  if (!have_cert && !have_key) return std::optional<CaPem>();
+  if (have_cert != have_key) {
     const fs::path& present = have_cert ? cert_path : key_path;
     const fs::path& missing = have_cert ? key_path : cert_path;
     return Error(Errc::failed_precondition,
                  "CA: " + present.string() + " exists but " + missing.string() +
                      " is missing; restore it from a backup, or remove " + present.string() +
                      " to create a new CA (every enrolled agent must then enroll again)");
-  } else {
-    if (auto st = check_key_file_private(key_path); !st.ok())
-      return st.error().with_context("load CA");
-    auto cp = read_file(cert_path);
-    if (!cp.ok()) return cp.error().with_context("load CA");
-    auto kp = read_file(key_path);
-    if (!kp.ok()) return kp.error().with_context("load CA");
-    cert_pem = std::move(*cp);
-    key_pem = std::move(*kp);
   }
+  if (auto st = check_key_file_private(key_path); !st.ok())
+    return st.error().with_context("load CA");
+  auto cp = read_file(cert_path);
+  if (!cp.ok()) return cp.error().with_context("load CA");
+  auto kp = read_file(key_path);
+  if (!kp.ok()) return kp.error().with_context("load CA");
+  return std::optional<CaPem>(CaPem{std::move(*cp), std::move(*kp)});
+}
 
+Result<CertificateAuthority> CertificateAuthority::load_or_create(const fs::path& state_dir,
+                                                                  CaFiles files) {
+  const fs::path cert_path = state_dir / files.cert;
+  const fs::path key_path = state_dir / files.key;
+  auto existing = read_files(state_dir, files);
+  if (!existing) return existing.error();
+  CaPem pem;
+  if (*existing) {
+    pem = std::move(**existing);
+  } else {
+    std::error_code ec;
+    if (!fs::exists(state_dir, ec)) {
+      if (auto st = ensure_dir(state_dir, 0700); !st.ok())
+        return st.error().with_context("create CA");
+    }
+    auto made = create_pem(files.common_name);
+    if (!made) return made.error();
+    pem = std::move(*made);
+    // The key first: a crash between the two writes leaves a key without a
+    // certificate, which load refuses loudly instead of silently making a
+    // second CA that no enrolled agent trusts.
+    if (auto st = write_file_atomic(key_path, pem.private_key_pem, 0600); !st.ok())
+      return st.error().with_context("create CA");
+    if (auto st = write_file_atomic(cert_path, pem.certificate_pem, 0644); !st.ok())
+      return st.error().with_context("create CA");
+  }
+  return checked(pem, cert_path.string(), key_path.string());
+}
+
+Result<CertificateAuthority> CertificateAuthority::from_pem(const CaPem& pem,
+                                                            const std::string& where) {
+  return checked(pem, where + " (certificate)", where + " (key)");
+}
+
+Result<CertificateAuthority> CertificateAuthority::checked(const CaPem& pem,
+                                                           const std::string& cert_name,
+                                                           const std::string& key_name) {
+  const std::string& cert_pem = pem.certificate_pem;
+  const std::string& key_pem = pem.private_key_pem;
   auto cert = ossl::load_certificate(cert_pem);
-  if (!cert.ok()) return cert.error().with_context("load CA: " + cert_path.string());
+  if (!cert.ok()) return cert.error().with_context("load CA: " + cert_name);
   auto key = ossl::load_private_key(key_pem);
-  if (!key.ok()) return key.error().with_context("load CA: " + key_path.string());
+  if (!key.ok()) return key.error().with_context("load CA: " + key_name);
   if (!pki::key_matches_certificate(key_pem, cert_pem))
-    return Error(Errc::failed_precondition, "load CA: " + key_path.string() +
-                                                " is not the key of " + cert_path.string() +
+    return Error(Errc::failed_precondition, "load CA: " + key_name + " is not the key of " +
+                                                cert_name +
                                                 "; restore the matching pair from a backup");
   auto info = pki::inspect_certificate(cert_pem);
-  if (!info.ok()) return info.error().with_context("load CA: " + cert_path.string());
+  if (!info.ok()) return info.error().with_context("load CA: " + cert_name);
   if (!info->is_ca)
-    return Error(Errc::failed_precondition,
-                 "load CA: " + cert_path.string() +
-                     " is not a CA certificate (basicConstraints CA:TRUE missing)");
+    return Error(
+        Errc::failed_precondition,
+        "load CA: " + cert_name + " is not a CA certificate (basicConstraints CA:TRUE missing)");
   auto digest = pki::certificate_sha256(cert_pem);
   if (!digest.ok()) return digest.error().with_context("load CA");
 
   CertificateAuthority ca;
   ca.cert_ = std::shared_ptr<X509>(cert->release(), X509_free);
   ca.key_ = std::shared_ptr<EVP_PKEY>(key->release(), EVP_PKEY_free);
-  ca.cert_pem_ = std::move(cert_pem);
+  ca.cert_pem_ = cert_pem;
   ca.sha256_ = std::move(*digest);
   ca.not_after_ = info->not_after;
   return ca;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,13 @@ struct IssuedCertificate {
   Clock::time_point not_after;
 };
 
+// A CA's certificate and private key as PEM: what is kept of it where it is
+// not a pair of files (the replicas' shared database, coordinator/shared).
+struct CaPem {
+  std::string certificate_pem;
+  std::string private_key_pem;  // PKCS#8
+};
+
 class CertificateAuthority {
  public:
   // Loads ca.crt / ca.key from state_dir, or creates both on first start
@@ -57,6 +65,18 @@ class CertificateAuthority {
   // certificate is not a CA, or ca.key is readable by group or others.
   static Result<CertificateAuthority> load_or_create(const std::filesystem::path& state_dir,
                                                      CaFiles files = {});
+
+  // The same checks on a certificate and key held elsewhere than in files;
+  // `where` names them in a refusal (e.g. "the shared database's agents CA").
+  static Result<CertificateAuthority> from_pem(const CaPem& pem, const std::string& where);
+  // A new CA (a P-256 key, a self-signed certificate of ~10 years), made in
+  // memory: nothing is written.
+  static Result<CaPem> create_pem(const char* common_name = kCaCommonName);
+  // The pair load_or_create() would load from state_dir, read and refused as
+  // it refuses them, without creating anything: nullopt when neither file
+  // exists.
+  static Result<std::optional<CaPem>> read_files(const std::filesystem::path& state_dir,
+                                                 CaFiles files = {});
 
   const std::string& certificate_pem() const { return cert_pem_; }
   // SHA-256 of the CA certificate's DER, lower-case hex: what agents pin.
@@ -86,6 +106,10 @@ class CertificateAuthority {
 
  private:
   CertificateAuthority() = default;
+  // The checks of a CA however it is kept; cert_name and key_name say where
+  // its two halves are in a refusal.
+  static Result<CertificateAuthority> checked(const CaPem& pem, const std::string& cert_name,
+                                              const std::string& key_name);
   Result<IssuedCertificate> issue(EVP_PKEY* subject_key, const std::string& subject_cn,
                                   const char* subject_o, const char* extended_key_usage,
                                   const std::vector<std::string>& hosts,

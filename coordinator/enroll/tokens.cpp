@@ -358,55 +358,80 @@ void TokenBook::prune(Clock::time_point now) {
   if (n > 0) (void)compact();
 }
 
-Result<IssuedToken> TokenBook::issue(const std::string& tenant, std::chrono::seconds ttl,
-                                     Clock::time_point now) {
-  std::lock_guard lk(*mu_);
+Result<NewToken> make_token(const std::string& tenant, std::chrono::seconds ttl,
+                            Clock::time_point now) {
   if (auto st = validate_tenant_name(tenant); !st.ok())
     return st.error().with_context("create token");
   if (ttl <= std::chrono::seconds(0))
     return Error(Errc::invalid_argument, "create token: TTL must be positive (e.g. 1h)");
   now = floor_seconds(now);
-  prune(now);
-  TokenRecord rec;
-  // 36^6 ids: a clash is rare but would make one of two tokens unusable.
-  do {
-    rec.id = pki::random_token_chars(kTokenIdLength);
-  } while (tokens_.contains(rec.id));
+  NewToken out;
+  TokenRecord& rec = out.record;
+  rec.id = pki::random_token_chars(kTokenIdLength);
   std::string secret = pki::random_token_chars(kTokenSecretLength);
   rec.tenant = tenant;
   rec.secret_sha256 = pki::sha256_hex(secret);
   rec.created_at = now;
   rec.expires_at = now + ttl;
+  out.token = rec.id + "." + secret;
+  return out;
+}
+
+Result<IssuedToken> TokenBook::issue(const std::string& tenant, std::chrono::seconds ttl,
+                                     Clock::time_point now) {
+  std::lock_guard lk(*mu_);
+  auto made = make_token(tenant, ttl, now);
+  if (!made) return made.error();
+  prune(made->record.created_at);
+  // 36^6 ids: a clash is rare but would make one of two tokens unusable.
+  while (tokens_.contains(made->record.id)) {
+    made = make_token(tenant, ttl, now);
+    if (!made) return made.error();
+  }
+  const TokenRecord& rec = made->record;
   tokens_.emplace(rec.id, rec);
   if (auto st = record(json{{"op", "issue"}, {"token", to_json(rec)}}.dump()); !st.ok()) {
     // Never shown, so never usable: take it back out.
     tokens_.erase(rec.id);
     return st.error().with_context("create token");
   }
-  return IssuedToken{rec.id + "." + secret, rec.id, rec.tenant, rec.expires_at};
+  return IssuedToken{made->token, rec.id, rec.tenant, rec.expires_at};
 }
 
-Result<TokenRecord*> TokenBook::find_valid(std::string_view token, Clock::time_point now) {
+Result<TokenParts> parse_token(std::string_view token) {
   token = trim(token);
   size_t dot = token.find('.');
   if (dot == std::string_view::npos || !token_chars(token.substr(0, dot), kTokenIdLength) ||
       !token_chars(token.substr(dot + 1), kTokenSecretLength))
     return unauthenticated("token malformed (expected <6 chars>.<32 chars> of a-z0-9)");
-  std::string id(token.substr(0, dot));
-  std::string_view secret = token.substr(dot + 1);
+  return TokenParts{std::string(token.substr(0, dot)), pki::sha256_hex(token.substr(dot + 1))};
+}
 
-  auto it = tokens_.find(id);
-  // Hash, then compare in constant time, so the time taken says nothing about
+Status judge_token(const TokenRecord* known, const TokenParts& presented, Clock::time_point now) {
+  // The hash compared in constant time, so the time taken says nothing about
   // how much of the secret was right.
-  std::string hash = pki::sha256_hex(secret);
-  if (it == tokens_.end() || !pki::secure_equals(hash, it->second.secret_sha256))
-    return unauthenticated("unknown token '" + id + "'");
-  TokenRecord& t = it->second;
-  if (t.revoked) return unauthenticated("token revoked");
-  if (t.used_at) return unauthenticated("token already used at " + format_rfc3339(*t.used_at));
-  if (now >= t.expires_at)
-    return unauthenticated("token expired at " + format_rfc3339(t.expires_at));
-  return &t;
+  if (known == nullptr || !pki::secure_equals(presented.secret_sha256, known->secret_sha256))
+    return unauthenticated("unknown token '" + presented.id + "'");
+  if (known->revoked) return unauthenticated("token revoked");
+  if (known->used_at)
+    return unauthenticated("token already used at " + format_rfc3339(*known->used_at));
+  if (now >= known->expires_at)
+    return unauthenticated("token expired at " + format_rfc3339(known->expires_at));
+  return {};
+}
+
+Error use_not_recorded(const std::string& id, const Error& why) {
+  return Error(Errc::unavailable, "could not record token '" + id + "' as used (" + why.message +
+                                      "); it is refused, create a new token");
+}
+
+Result<TokenRecord*> TokenBook::find_valid(std::string_view token, Clock::time_point now) {
+  auto parts = parse_token(token);
+  if (!parts) return parts.error();
+  auto it = tokens_.find(parts->id);
+  TokenRecord* known = it == tokens_.end() ? nullptr : &it->second;
+  if (auto st = judge_token(known, *parts, now); !st.ok()) return st.error();
+  return known;
 }
 
 Result<std::string> TokenBook::check(std::string_view token, Clock::time_point now) const {
@@ -429,10 +454,7 @@ Result<std::string> TokenBook::redeem(std::string_view token, Clock::time_point 
   std::string tenant = t.tenant;
   std::string id = t.id;
   json r = {{"op", "use"}, {"id", id}, {"at", format_rfc3339(now)}};
-  if (auto st = record(r.dump()); !st.ok())
-    return Error(Errc::unavailable, "could not record token '" + id + "' as used (" +
-                                        st.error().message +
-                                        "); it is refused, create a new token");
+  if (auto st = record(r.dump()); !st.ok()) return use_not_recorded(id, st.error());
   return tenant;
 }
 

@@ -57,7 +57,53 @@ struct IssuedToken {
   Clock::time_point expires_at;
 };
 
-class TokenBook {
+// The rules both books below follow, written once so that their refusals
+// read the same. A token's id and the SHA-256 of its secret, or "token
+// malformed (...)" (surrounding whitespace is ignored).
+struct TokenParts {
+  std::string id;
+  std::string secret_sha256;
+};
+Result<TokenParts> parse_token(std::string_view token);
+// Whether the token `presented` may be redeemed now, judged against the book's
+// entry for its id (`known`: null when the book has none): "unknown token"
+// (also for a wrong secret, compared in constant time: no oracle for ids),
+// "token revoked", "token already used at <time>", "token expired at <time>";
+// all Errc::unauthenticated.
+Status judge_token(const TokenRecord* known, const TokenParts& presented, Clock::time_point now);
+// A new token for `tenant` (checked) valid for `ttl` from `now` (whole
+// seconds): its entry, and the token itself ("<id>.<secret>") to show once.
+struct NewToken {
+  TokenRecord record;
+  std::string token;
+};
+Result<NewToken> make_token(const std::string& tenant, std::chrono::seconds ttl,
+                            Clock::time_point now);
+// The refusal of a redeem whose use could not be recorded (fail closed).
+Error use_not_recorded(const std::string& id, const Error& why);
+
+// What enrollment, the admin API and tenant logic ask of the one-time
+// tokens, whichever book keeps them: TokenBook (below: files in state_dir,
+// one coordinator) or the replicas' shared database (coordinator/shared,
+// when the store is PostgreSQL). Both give the same answers and the same
+// refusals, word for word; TokenBook's comments say what each call means.
+// Every call may wait on a disk or a database: call it from a worker.
+class Tokens {
+ public:
+  virtual ~Tokens() = default;
+  virtual Result<IssuedToken> issue(const std::string& tenant, std::chrono::seconds ttl,
+                                    Clock::time_point now = Clock::now()) = 0;
+  virtual Result<std::string> redeem(std::string_view token,
+                                     Clock::time_point now = Clock::now()) = 0;
+  virtual Result<std::string> check(std::string_view token,
+                                    Clock::time_point now = Clock::now()) const = 0;
+  virtual Result<size_t> revoke_tenant(const std::string& tenant,
+                                       Clock::time_point now = Clock::now()) = 0;
+  // Every token the book holds, oldest first (a database may fail to answer).
+  virtual Result<std::vector<TokenRecord>> records() const = 0;
+};
+
+class TokenBook final : public Tokens {
  public:
   // A missing file is an empty book; an unreadable or corrupt one is an error
   // (never silently treated as empty, which would lose revocations).
@@ -65,25 +111,28 @@ class TokenBook {
 
   // A new token for a valid tenant name; persisted before it is returned.
   Result<IssuedToken> issue(const std::string& tenant, std::chrono::seconds ttl,
-                            Clock::time_point now = Clock::now());
+                            Clock::time_point now = Clock::now()) override;
 
   // Checks the token (surrounding whitespace ignored) and returns its tenant.
   // The token is recorded as used on disk BEFORE success is returned, so no
   // crash can let it be redeemed twice. Errc::unauthenticated with "token
   // malformed", "unknown token" (also for a wrong secret: no oracle for ids),
   // "token revoked", "token already used at <time>" or "token expired at <time>".
-  Result<std::string> redeem(std::string_view token, Clock::time_point now = Clock::now());
+  Result<std::string> redeem(std::string_view token, Clock::time_point now = Clock::now()) override;
 
   // The checks of redeem() without spending the token: its tenant, or the
   // same refusal. Enrollment asks this before it signs anything, so an
   // unknown token costs the coordinator a hash, not a signature.
-  Result<std::string> check(std::string_view token, Clock::time_point now = Clock::now()) const;
+  Result<std::string> check(std::string_view token,
+                            Clock::time_point now = Clock::now()) const override;
 
   // Revokes every unused token of the tenant not revoked yet; returns how many.
-  Result<size_t> revoke_tenant(const std::string& tenant, Clock::time_point now = Clock::now());
+  Result<size_t> revoke_tenant(const std::string& tenant,
+                               Clock::time_point now = Clock::now()) override;
 
   // Every token the book holds, oldest first.
   std::vector<TokenRecord> list() const;
+  Result<std::vector<TokenRecord>> records() const override { return list(); }
   const std::filesystem::path& path() const { return path_; }
   std::filesystem::path journal_path() const { return path_.string() + ".journal"; }
 

@@ -30,6 +30,7 @@
 #include "coordinator/kube/leader_election.hpp"
 #include "coordinator/kubevirt/kubevirt_provider.hpp"
 #include "coordinator/qemu/qemu_provider.hpp"
+#include "coordinator/shared/replica.hpp"
 #include "coordinator/store/store.hpp"
 #include "coordinator/tenants/agent_control.hpp"
 #include "coordinator/tenants/service.hpp"
@@ -60,7 +61,7 @@ struct Coordinator::Parts {
   // on an io thread.
   std::unique_ptr<WorkerPool> workers;
   std::unique_ptr<enroll::CertificateAuthority> ca;
-  std::unique_ptr<enroll::TokenBook> tokens;
+  std::unique_ptr<enroll::Tokens> tokens;
   std::unique_ptr<store::Store> store;
   std::unique_ptr<feed::StatusFeed> feed;
   std::unique_ptr<AgentService> agents;
@@ -71,8 +72,14 @@ struct Coordinator::Parts {
   // The binary itself, read once at start: served from memory, so a
   // download never reads the disk on an io thread.
   std::shared_ptr<const std::string> agent_binary_bytes;
-  // The Lease election (null without one) and whether this replica leads.
+  // The Lease election (null without one); stopped before anything it
+  // calls into goes (~Coordinator, run()).
   std::unique_ptr<kube::LeaderElector> elector;
+  // Replicas on one PostgreSQL database (`store: postgres://…`, issue 26):
+  // the CAs, the admin token and both kinds of tokens are the database's,
+  // not state_dir's. Last, so destroyed first: it refreshes the router's
+  // read-only tokens from a thread of its own.
+  std::unique_ptr<shared::Replica> replica;
 };
 
 struct Coordinator::Net {
@@ -139,16 +146,27 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   const std::string& dir = c->cfg_.state_dir;
   if (auto st = ensure_dir(dir, 0700); !st.ok())
     return st.error().with_context("state_dir (run as a user that can write it, or set state_dir)");
-  auto ca = enroll::CertificateAuthority::load_or_create(dir);
+  if (shared::shares_state(c->cfg_.store)) {
+    auto replica = shared::Replica::open(c->cfg_.store, dir, fs::path(dir) / kAdminTokenFile);
+    if (!replica) return replica.error();
+    p.replica = std::move(*replica);
+  }
+  auto ca = p.replica ? p.replica->ca() : enroll::CertificateAuthority::load_or_create(dir);
   if (!ca) return ca.error();
   p.ca = std::make_unique<enroll::CertificateAuthority>(std::move(*ca));
-  auto endpoint_ca = enroll::CertificateAuthority::load_or_create(dir, enroll::kEndpointCaFiles);
+  auto endpoint_ca =
+      p.replica ? p.replica->endpoint_ca()
+                : enroll::CertificateAuthority::load_or_create(dir, enroll::kEndpointCaFiles);
   if (!endpoint_ca) return endpoint_ca.error().with_context("endpoint CA");
-  auto admin = load_or_create_admin_token(dir);
+  auto admin = p.replica ? p.replica->admin_token() : load_or_create_admin_token(dir);
   if (!admin) return admin.error();
-  auto tokens = enroll::TokenBook::load(fs::path(dir) / kTokenBookFile);
-  if (!tokens) return tokens.error();
-  p.tokens = std::make_unique<enroll::TokenBook>(std::move(*tokens));
+  if (p.replica) {
+    p.tokens = p.replica->token_book();
+  } else {
+    auto tokens = enroll::TokenBook::load(fs::path(dir) / kTokenBookFile);
+    if (!tokens) return tokens.error();
+    p.tokens = std::make_unique<enroll::TokenBook>(std::move(*tokens));
+  }
   store::StoreOptions so;
   so.max_events_per_tenant = c->cfg_.quota_max_events_stored;
   so.max_event_age = c->cfg_.quota_max_event_age;
@@ -172,7 +190,9 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
       std::make_unique<AgentService>(*p.store, *p.ca, *p.tokens, p.feed->state(), *p.workers, ao);
   p.agent_control = std::make_unique<AgentsForTenants>(*p.agents);
   p.router = std::make_unique<ApiRouter>(*admin, *p.workers);
-  if (auto st = p.router->auth().load((fs::path(dir) / kApiTokensFile).string()); !st.ok())
+  if (auto st = p.replica ? p.replica->share_api_tokens(p.router->auth())
+                          : p.router->auth().load((fs::path(dir) / kApiTokensFile).string());
+      !st.ok())
     return st.error();
   p.agent_binary =
       c->cfg_.agent_binary.empty() ? self_dir() + "/factory-agent" : c->cfg_.agent_binary;
@@ -339,15 +359,21 @@ void Coordinator::install_core_routes() {
       list.push_back({{"id", t.id}, {"access", "read-only"}, {"created_at", t.created_at}});
     return json_response({{"api_tokens", list}});
   });
-  r.add("GET", "/v1/tokens", [&p](auto&, auto&) {
-    nlohmann::json list = nlohmann::json::array();
-    for (auto& t : p.tokens->list())
-      list.push_back({{"id", t.id},
-                      {"tenant", t.tenant},
-                      {"state", enroll::token_state(t)},
-                      {"expires_at", format_rfc3339(t.expires_at)}});
-    return json_response({{"tokens", list}});
-  });
+  // Blocking: the book may be a database (shared::Replica).
+  r.add("GET", "/v1/tokens",
+        [&p](auto&, auto&) {
+          auto records = p.tokens->records();
+          if (!records)
+            return net::HttpResponseOut::error(503, "store_failed", records.error().message);
+          nlohmann::json list = nlohmann::json::array();
+          for (auto& t : *records)
+            list.push_back({{"id", t.id},
+                            {"tenant", t.tenant},
+                            {"state", enroll::token_state(t)},
+                            {"expires_at", format_rfc3339(t.expires_at)}});
+          return json_response({{"tokens", list}});
+        },
+        {.blocking = true});
 }
 
 Status Coordinator::issue_serving_certificate(net::TlsServerOptions& tls) {

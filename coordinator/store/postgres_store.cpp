@@ -20,6 +20,7 @@
 #include "common/durations.hpp"
 #include "common/log.hpp"
 #include "coordinator/store/batching_store.hpp"
+#include "coordinator/store/postgres_conninfo.hpp"
 
 namespace factory::store {
 
@@ -103,57 +104,6 @@ const Prepared kStatements[] = {
      "SELECT seq, agent_id, event_id, received_at, body FROM events "
      "WHERE tenant = $1 ORDER BY seq DESC LIMIT $2::bigint"},
 };
-
-// --- the connection string, never shown whole ------------------------------
-
-// The conninfo's password ("" when none): whatever is said about the
-// database has it taken out.
-std::string password_of(const std::string& conninfo) {
-  char* err = nullptr;
-  PQconninfoOption* opts = PQconninfoParse(conninfo.c_str(), &err);
-  PQfreemem(err);
-  std::string pw;
-  for (auto* o = opts; o && o->keyword; ++o)
-    if (std::string_view(o->keyword) == "password" && o->val) pw = o->val;
-  PQconninfoFree(opts);
-  return pw;
-}
-
-std::string scrub(std::string text, const std::string& secret) {
-  if (secret.empty()) return text;
-  for (auto at = text.find(secret); at != std::string::npos; at = text.find(secret, at))
-    text.replace(at, secret.size(), "***");
-  return text;
-}
-
-// Where the store is, for messages: host, port, database and user, nothing
-// else of the conninfo (a password, a key file's passphrase).
-Result<std::string> describe_conninfo(const std::string& conninfo) {
-  char* err = nullptr;
-  PQconninfoOption* opts = PQconninfoParse(conninfo.c_str(), &err);
-  // libpq's message may quote the string it could not parse: not repeated.
-  PQfreemem(err);
-  if (!opts)
-    return Error(Errc::invalid_argument,
-                 "store: the PostgreSQL connection string does not parse (a key=value list or "
-                 "a postgres:// URI; it is not repeated here, it may hold a password)");
-  std::string out;
-  for (auto* o = opts; o->keyword; ++o) {
-    std::string_view k = o->keyword;
-    if (!o->val || !*o->val) continue;
-    if (k == "host" || k == "hostaddr" || k == "port" || k == "dbname" || k == "user")
-      out += (out.empty() ? "" : " ") + std::string(k) + "=" + o->val;
-  }
-  PQconninfoFree(opts);
-  return "postgres " + (out.empty() ? std::string("(libpq's defaults)") : out);
-}
-
-// The first line of libpq's message.
-std::string first_line(const char* msg) {
-  std::string s = msg ? msg : "";
-  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
-  return s.empty() ? "no message" : s;
-}
 
 // --- results ------------------------------------------------------------------
 

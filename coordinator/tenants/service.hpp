@@ -70,7 +70,7 @@ struct TenantServiceOptions {
 // What the service works with, all owned by the server and outliving it.
 struct TenantServiceDeps {
   store::Store& store;
-  enroll::TokenBook& tokens;
+  enroll::Tokens& tokens;
   const feed::TenantView& view;  // the record as the status feed shows it
   AgentControl& agents;
   // Puts an `action` event for the tenant on the status feed (never waits):

@@ -399,3 +399,32 @@ TEST(EnrollCa, EndpointCertificatesComeFromTheirOwnCaForTheCoordinatorsHost) {
   EXPECT_FALSE(ep->sign_endpoint_csr(*csr, "t5", {}, 24h).ok()) << "a host is required";
   EXPECT_FALSE(ep->sign_endpoint_csr("not a csr", "t5", {"127.0.0.1"}, 24h).ok());
 }
+
+// A CA kept elsewhere than in files (the replicas' database,
+// coordinator/shared): made in memory, writing nothing, and held to the
+// checks of the files, its refusals naming where it is kept.
+TEST(EnrollCa, ACaFromPemIsCheckedAsItsFilesAre) {
+  TempDir tmp("ca-pem");
+  auto made = CertificateAuthority::create_pem();
+  ASSERT_TRUE(made.ok()) << made.error().message;
+  EXPECT_TRUE(std::filesystem::is_empty(tmp.path()));
+  auto ca = CertificateAuthority::from_pem(*made, "the database");
+  ASSERT_TRUE(ca.ok()) << ca.error().message;
+  EXPECT_EQ(ca->certificate_pem(), made->certificate_pem);
+  EXPECT_EQ(ca->sha256(), *pki::certificate_sha256(made->certificate_pem));
+  // What read_files reads is what load_or_create loads.
+  EXPECT_FALSE(*CertificateAuthority::read_files(tmp.path()));
+  CertificateAuthority on_disk = make_ca(tmp.path());
+  auto read = CertificateAuthority::read_files(tmp.path());
+  ASSERT_TRUE(read.ok() && *read);
+  EXPECT_EQ((*read)->certificate_pem, on_disk.certificate_pem());
+  auto other = CertificateAuthority::create_pem();
+  ASSERT_TRUE(other.ok());
+  auto mismatched = CertificateAuthority::from_pem(
+      factory::enroll::CaPem{made->certificate_pem, other->private_key_pem}, "the database");
+  ASSERT_FALSE(mismatched.ok());
+  EXPECT_EQ(mismatched.error().code, factory::Errc::failed_precondition);
+  EXPECT_EQ(mismatched.error().message,
+            "load CA: the database (key) is not the key of the database (certificate); restore "
+            "the matching pair from a backup");
+}
