@@ -21,6 +21,7 @@ BatchingStore::BatchingStore(std::unique_ptr<StoreBackend> backend, Snapshot loa
     writer_id_ = std::this_thread::get_id();
     writer_loop();
   });
+  if (backend_->shared()) backend_->listen([this](Invalidation what) { reload(std::move(what)); });
 }
 
 BatchingStore::~BatchingStore() {
@@ -142,8 +143,21 @@ void BatchingStore::put_health(const std::string& tenant,
   h.dirty = true;
 }
 
+void BatchingStore::reload(Invalidation what) {
+  Op op;
+  op.kind = Op::Kind::reload;
+  op.reload = std::move(what);
+  enqueue(std::move(op));
+}
+
 void BatchingStore::close() {
   bool writer_running = false;
+  {
+    std::lock_guard lk(queue_mu_);
+    if (stopping_) return;
+  }
+  // No reload is asked for once the writer is told to stop.
+  backend_->stop_listening();
   {
     std::lock_guard lk(queue_mu_);
     if (stopping_) return;
@@ -190,6 +204,8 @@ void BatchingStore::fail_op(Op& op, const Error& e) {
     case Op::Kind::remove:
       if (op.status_done) op.status_done(e);
       break;
+    case Op::Kind::reload:
+      break;
   }
 }
 
@@ -234,6 +250,7 @@ Status BatchingStore::add_count(Overlay& ov, const std::string& tenant, std::int
   auto n = backend_->add_count(tenant, delta, current_count(ov, tenant));
   if (!n) return n.error();
   ov.counts[tenant] = *n;
+  ov.changed.insert(tenant);
   return {};
 }
 
@@ -293,6 +310,7 @@ Status BatchingStore::apply_append(Op& op, Overlay& ov, Outcome& out, std::int64
   }
   out.append.seq = ins->seq;
   ov.cursors[key] = op.event.id;
+  ov.changed.insert(op.tenant);
   if (auto st = add_count(ov, op.tenant, 1); !st.ok()) return st;
   if (op.project) {
     TenantRecord changed = std::move(*rec);
@@ -304,6 +322,7 @@ Status BatchingStore::apply_append(Op& op, Overlay& ov, Outcome& out, std::int64
     }
     if (did) {
       if (auto st = backend_->write_record(changed); !st.ok()) return st;
+      ov.changed.insert(op.tenant);
       ov.tenants[op.tenant] = changed;
       out.append.record = std::move(changed);
     }
@@ -340,16 +359,21 @@ Status BatchingStore::apply_ops(std::deque<Op>& batch, Overlay& ov, std::vector<
           break;
         }
         if (auto w = backend_->write_record(*rec); !w.ok()) return w;
+        ov.changed.insert(op.tenant);
         ov.tenants[op.tenant] = *rec;
         out.record = std::move(*rec);
         break;
       }
       case Op::Kind::put:
         if (auto w = backend_->write_record(op.record); !w.ok()) return w;
+        ov.changed.insert(op.tenant);
         ov.tenants[op.tenant] = op.record;
+        break;
+      case Op::Kind::reload:  // done first, with the locks (lock_and_reload)
         break;
       case Op::Kind::remove:
         if (auto w = backend_->delete_tenant(op.tenant); !w.ok()) return w;
+        ov.changed.insert(op.tenant);
         ov.tenants[op.tenant] = std::nullopt;
         ov.counts.erase(op.tenant);
         for (auto it = ov.cursors.begin(); it != ov.cursors.end();)
@@ -365,27 +389,122 @@ Status BatchingStore::apply_ops(std::deque<Op>& batch, Overlay& ov, std::vector<
   return {};
 }
 
-void BatchingStore::run_batch(std::deque<Op>& batch, bool maintenance_due, bool health_due) {
-  Overlay ov;
-  std::vector<Outcome> outcomes(batch.size());
-  std::uint64_t stored = 0, duplicates = 0, expired = 0;
-  HealthWritten health_written;
+// A shared database: the records this batch changes are read as the
+// database has them and locked until it commits, so a change another
+// replica committed is never overwritten with memory's older copy (two
+// replicas' read-modify-writes of one record serialize on its row). Then
+// what other replicas changed is read, in the same transaction, into the
+// overlay: published with the batch, after whatever this store committed
+// before.
+Status BatchingStore::lock_and_reload(std::deque<Op>& batch, Overlay& ov) {
+  std::set<std::string> names;
+  std::optional<Invalidation> reload = deferred_reload_;
+  for (const Op& op : batch) {
+    if (op.kind == Op::Kind::reload) {
+      if (!reload) reload.emplace();
+      reload->merge(op.reload);
+    } else {
+      names.insert(op.tenant);
+    }
+  }
+  if (!names.empty()) {
+    auto locked = backend_->lock_records({names.begin(), names.end()});
+    if (!locked) return locked.error();
+    for (const auto& name : names) {
+      auto it = locked->find(name);
+      if (it == locked->end())
+        ov.tenants[name] = std::nullopt;
+      else
+        ov.tenants[name] = std::move(it->second);
+    }
+  }
+  if (!reload) return {};
+  auto snap = backend_->load_tenants(*reload);
+  if (!snap) return snap.error();
+  std::set<std::string> scope = reload->tenants;
+  if (reload->all) {
+    std::shared_lock lk(mu_);
+    for (const auto& [name, _] : tenants_) scope.insert(name);
+    for (const auto& [name, _] : counts_) scope.insert(name);
+  }
+  for (const auto& [name, _] : snap->tenants) scope.insert(name);
+  for (const auto& [name, _] : snap->counts) scope.insert(name);
+  for (const auto& name : scope) {
+    auto it = snap->tenants.find(name);
+    if (it == snap->tenants.end()) {
+      ov.tenants[name] = std::nullopt;
+      // Deleted by another replica: its latest health goes with it.
+      std::lock_guard lk(health_mu_);
+      health_.erase(name);
+    } else {
+      ov.tenants[name] = std::move(it->second);
+    }
+    // Its cursors and count are the database's: memory's are dropped first.
+    ov.deleted.push_back(name);
+    if (auto n = snap->counts.find(name); n != snap->counts.end())
+      ov.counts[name] = static_cast<std::int64_t>(n->second);
+  }
+  for (auto& [key, id] : snap->cursors) ov.cursors[key] = id;
+  // Another replica's agent sample, saved at its health flush, unless this
+  // store holds a newer one of its own, not yet saved.
+  std::lock_guard lk(health_mu_);
+  for (auto& [name, sample] : snap->health) {
+    auto& h = health_[name];
+    if (!h.dirty) h.sample = std::move(sample);
+  }
+  return {};
+}
+
+Status BatchingStore::try_batch(std::deque<Op>& batch, Overlay& ov, std::vector<Outcome>& outcomes,
+                                bool maintenance_due, bool health_due,
+                                HealthWritten& health_written, std::uint64_t& stored,
+                                std::uint64_t& duplicates, std::uint64_t& expired) {
   const auto now = Clock::now();
   std::optional<Snapshot> reloaded;
   Status st = backend_->reconnect_if_lost(reloaded);
   // A batch whose COMMIT was sent but not answered may have been stored:
   // what the database holds is the truth, and replays of it read as such.
   if (reloaded) publish(std::move(*reloaded), false);
-  if (st.ok()) st = backend_->begin();
-  if (st.ok()) {
-    st = apply_ops(batch, ov, outcomes, unix_seconds(now), stored, duplicates);
-    // The cap is applied every batch (only tenants over it are touched); the
-    // age rule at maintenance.
-    if (st.ok() && (maintenance_due || stored > 0)) st = apply_retention(ov, expired);
-    if (st.ok() && maintenance_due) st = expire_old(ov, now, expired);
-    if (st.ok() && health_due) st = flush_health(health_written);
-    if (st.ok()) st = backend_->commit();
-    if (!st.ok()) backend_->rollback();
+  if (!st.ok()) return st;
+  const bool shared = backend_->shared();
+  if (auto b = backend_->begin(); !b.ok()) return b;
+  if (shared) st = lock_and_reload(batch, ov);
+  if (st.ok()) st = apply_ops(batch, ov, outcomes, unix_seconds(now), stored, duplicates);
+  // The cap is applied every batch (only tenants over it are touched); the
+  // age rule at maintenance.
+  if (st.ok() && (maintenance_due || stored > 0)) st = apply_retention(ov, expired);
+  if (st.ok() && maintenance_due) st = expire_old(ov, now, expired);
+  if (st.ok() && health_due) st = flush_health(health_written);
+  if (shared)
+    for (const auto& [tenant, _] : health_written) ov.changed.insert(tenant);
+  if (st.ok() && shared && !ov.changed.empty()) st = backend_->announce(ov.changed);
+  if (st.ok()) st = backend_->commit();
+  if (!st.ok()) backend_->rollback();
+  return st;
+}
+
+void BatchingStore::run_batch(std::deque<Op>& batch, bool maintenance_due, bool health_due) {
+  Overlay ov;
+  std::vector<Outcome> outcomes;
+  std::uint64_t stored = 0, duplicates = 0, expired = 0;
+  Status st;
+  // A deadlock or serialization failure against another replica's
+  // transaction is tried again whole (its changes re-read what the other
+  // committed), a few times, before the batch fails.
+  for (int attempt = 0;; ++attempt) {
+    ov = Overlay{};
+    outcomes.assign(batch.size(), Outcome{});
+    stored = duplicates = expired = 0;
+    HealthWritten health_written;
+    st = try_batch(batch, ov, outcomes, maintenance_due, health_due, health_written, stored,
+                   duplicates, expired);
+    if (!st.ok()) {
+      // Health samples that were not written stay dirty for the next try.
+      std::lock_guard lk(health_mu_);
+      for (auto& [tenant, _] : health_written)
+        if (auto it = health_.find(tenant); it != health_.end()) it->second.dirty = true;
+    }
+    if (st.ok() || st.error().code != Errc::conflict || attempt == 2) break;
   }
   if (!st.ok()) {
     const Error& e = st.error();
@@ -394,15 +513,16 @@ void BatchingStore::run_batch(std::deque<Op>& batch, bool maintenance_due, bool 
       std::lock_guard lk(queue_mu_);
       ++stats_.write_failures;
     }
-    // Health samples that were not written stay dirty for the next try.
-    {
-      std::lock_guard lk(health_mu_);
-      for (auto& [tenant, _] : health_written)
-        if (auto it = health_.find(tenant); it != health_.end()) it->second.dirty = true;
+    // What other replicas changed is still to be read: with the next batch.
+    for (auto& op : batch) {
+      if (op.kind != Op::Kind::reload) continue;
+      if (!deferred_reload_) deferred_reload_.emplace();
+      deferred_reload_->merge(op.reload);
     }
     for (auto& op : batch) fail_op(op, e);
     return;
   }
+  deferred_reload_.reset();
   // Committed: publish, then tell.
   publish_batch(ov);
   {
@@ -454,6 +574,8 @@ void BatchingStore::tell(std::deque<Op>& batch, std::vector<Outcome>& outcomes) 
       case Op::Kind::put:
       case Op::Kind::remove:
         if (op.status_done) op.status_done(out.status);
+        break;
+      case Op::Kind::reload:
         break;
     }
   }

@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -45,6 +46,18 @@ struct Inserted {
   std::uint64_t seq = 0;  // when stored
   // When not stored: the agent's cursor as the database has it, if any.
   std::optional<std::uint64_t> cursor;
+};
+
+// What another replica changed, as its notification said: these tenants,
+// or everything (a payload too long to name them, or notifications that may
+// have been missed while the listener was reconnecting).
+struct Invalidation {
+  bool all = false;
+  std::set<std::string> tenants;
+  void merge(const Invalidation& other) {
+    all = all || other.all;
+    if (!all) tenants.insert(other.tenants.begin(), other.tenants.end());
+  }
 };
 
 // A database, as the writer uses it. Every method but recent_events() and
@@ -90,6 +103,32 @@ class StoreBackend {
 
   // Once the writer has stopped: lets the database go.
   virtual void close() = 0;
+
+  // --- a database other coordinators share (PostgreSQL) ---------------------
+  // Whether other coordinators (replicas) may write to the database too.
+  // False (SQLite): memory is the truth, and nothing below is called.
+  virtual bool shared() const { return false; }
+  // In the transaction: the records of `names` as the database has them,
+  // each row locked until the transaction ends, in name order (two replicas
+  // locking the same rows never deadlock). A name without a (readable)
+  // record is absent from the answer.
+  virtual Result<std::map<std::string, TenantRecord>> lock_records(
+      const std::vector<std::string>& /*names*/) {
+    return Error(Errc::internal, "store: not a shared database");
+  }
+  // In the transaction: the records, cursors, counts and latest health of
+  // these tenants (every tenant when `what.all`).
+  virtual Result<Snapshot> load_tenants(const Invalidation& /*what*/) {
+    return Error(Errc::internal, "store: not a shared database");
+  }
+  // In the transaction: tells the other replicas, once it commits, that
+  // these tenants changed.
+  virtual Status announce(const std::set<std::string>& /*tenants*/) { return {}; }
+  // Starts the listener thread: `changed` is called on it with what another
+  // replica changed (everything after the listener's own reconnection).
+  virtual void listen(std::function<void(Invalidation)> /*changed*/) {}
+  // Stops it, before the writer stops.
+  virtual void stop_listening() {}
 };
 
 // The Store of both backends: memory, the queue and the writer; the backend
@@ -123,11 +162,16 @@ class BatchingStore final : public Store {
                     std::function<bool()> still_wanted) override;
   void put_health(const std::string& tenant, std::shared_ptr<const LatestHealth> sample) override;
 
+  // What another replica changed: reloaded from the database by the writer,
+  // in order with this store's own batches, so a reload never publishes a
+  // value older than one this store committed. The listener's thread.
+  void reload(Invalidation what);
+
   void close() override;
 
  private:
   struct Op {
-    enum class Kind { append, update, put, remove } kind = Kind::append;
+    enum class Kind { append, update, put, remove, reload } kind = Kind::append;
     std::string tenant;
     StoredEvent event;
     Projection project;
@@ -137,6 +181,7 @@ class BatchingStore final : public Store {
     std::function<void(Result<TenantRecord>)> update_done;
     TenantRecord record;
     std::function<void(Status)> status_done;
+    Invalidation reload;
   };
 
   // What one batch changes, published to memory only once it is committed.
@@ -144,7 +189,11 @@ class BatchingStore final : public Store {
     std::map<std::string, std::optional<TenantRecord>> tenants;  // nullopt: deleted
     std::unordered_map<std::string, std::uint64_t> cursors;
     std::map<std::string, std::int64_t> counts;  // absolute values, as the database has them
+    // Their cursors and count are replaced (deleted, or reloaded).
     std::vector<std::string> deleted;
+    // Shared database only: what this batch changed in the database (the
+    // other replicas are told).
+    std::set<std::string> changed;
   };
 
   // What one operation of a batch comes to, told once the batch is committed.
@@ -179,6 +228,13 @@ class BatchingStore final : public Store {
                    std::int64_t now_unix, std::uint64_t& stored, std::uint64_t& duplicates);
   Status apply_append(Op& op, Overlay& ov, Outcome& out, std::int64_t now_unix,
                       std::uint64_t& stored, std::uint64_t& duplicates);
+  // Shared database: the records the batch changes, locked and read from
+  // the database into the overlay, and what other replicas changed reloaded.
+  Status lock_and_reload(std::deque<Op>& batch, Overlay& ov);
+  // One try of a batch: its transaction, committed or rolled back.
+  Status try_batch(std::deque<Op>& batch, Overlay& ov, std::vector<Outcome>& outcomes,
+                   bool maintenance_due, bool health_due, HealthWritten& health_written,
+                   std::uint64_t& stored, std::uint64_t& duplicates, std::uint64_t& expired);
   void publish_batch(Overlay& ov);
   static void tell(std::deque<Op>& batch, std::vector<Outcome>& outcomes);
   std::optional<TenantRecord> current(const Overlay& ov, const std::string& name) const;
@@ -213,6 +269,9 @@ class BatchingStore final : public Store {
   // A full disk or a lost server fails every batch; the log says so a few
   // times, then how often.
   LogThrottle write_failure_log_{};
+  // Reloads of a batch that failed, tried again with the next one (the
+  // writer's only).
+  std::optional<Invalidation> deferred_reload_;
 };
 
 }  // namespace factory::store

@@ -9,13 +9,27 @@
 // overwritten; and a lost connection is reconnected with a backoff, the
 // batch it broke answered with its error and rolled back whole, and the
 // memory reloaded from what the database holds.
+//
+// Replicas: several coordinators on one database (issue 26). A batch that
+// changed tenants NOTIFYs `factory_store` in its transaction (delivered only
+// if it commits) with this store's replica id and the tenants' names; a
+// listener thread on a connection of its own LISTENs and has the writer
+// reload what another replica changed. The records a batch changes are read
+// FOR UPDATE in its transaction (lock_records), so two replicas changing one
+// record serialize on its row.
 #include <libpq-fe.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
+#include <thread>
 
 #include "common/durations.hpp"
 #include "common/log.hpp"
@@ -31,6 +45,10 @@ constexpr int kSchemaVersion = 1;
 // starting together would otherwise race CREATE TABLE IF NOT EXISTS (it is
 // not atomic against itself in PostgreSQL). "Factory" in ASCII.
 constexpr const char* kSchemaLock = "SELECT pg_advisory_xact_lock(19793809657049465)";
+constexpr const char* kStoreChannel = "factory_store";
+// PostgreSQL refuses a NOTIFY payload of 8000 bytes or more: past this, the
+// payload says "everything" instead of naming the tenants.
+constexpr std::size_t kMaxPayload = 7900;
 
 // The same tables and columns as the embedded store, so that what a test or
 // an operator writes about one reads the same on the other. Bodies are text,
@@ -103,7 +121,43 @@ const Prepared kStatements[] = {
     {"recent",
      "SELECT seq, agent_id, event_id, received_at, body FROM events "
      "WHERE tenant = $1 ORDER BY seq DESC LIMIT $2::bigint"},
+    // Locked in name order (the rows are locked as the sort returns them),
+    // so two replicas' batches never wait on each other in a cycle here.
+    {"lock_records",
+     "SELECT name, record FROM tenants WHERE name = ANY($1::text[]) ORDER BY name FOR UPDATE"},
+    {"some_tenants", "SELECT name, record FROM tenants WHERE name = ANY($1::text[])"},
+    {"some_cursors",
+     "SELECT tenant, agent_id, last_id FROM cursors WHERE tenant = ANY($1::text[])"},
+    {"some_counts", "SELECT tenant, n FROM event_counts WHERE tenant = ANY($1::text[])"},
+    {"some_health", "SELECT tenant, sample FROM health WHERE tenant = ANY($1::text[])"},
+    {"notify", "SELECT pg_notify($1, $2)"},
 };
+
+// A text[] parameter in PostgreSQL's array syntax: every element quoted,
+// its quotes and backslashes escaped.
+std::string text_array(const std::vector<std::string>& items) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i) out += ',';
+    out += '"';
+    for (char ch : items[i]) {
+      if (ch == '"' || ch == '\\') out += '\\';
+      out += ch;
+    }
+    out += '"';
+  }
+  out += '}';
+  return out;
+}
+
+// This store's name among the replicas: random, per open.
+std::string new_replica_id() {
+  std::random_device rd;
+  std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 
 // --- results ------------------------------------------------------------------
 
@@ -119,11 +173,44 @@ std::int64_t cell_int(const PGresult* r, int row, int col) {
   return std::strtoll(PQgetvalue(r, row, col), nullptr, 10);
 }
 
+// Rows of (tenant, sample) into `out`. Saved by a coordinator, but a
+// guest's words all the same: read back through the sample's own checks.
+void read_health(const PGresult* r,
+                 std::map<std::string, std::shared_ptr<const LatestHealth>>& out) {
+  for (int i = 0; i < PQntuples(r); ++i) {
+    auto j = nlohmann::json::parse(cell(r, i, 1), nullptr, false);
+    if (auto latest = LatestHealth::from_json(j))
+      out[cell(r, i, 0)] = std::make_shared<const LatestHealth>(std::move(*latest));
+  }
+}
+
+// Rows of (name, record) into `out`; an unreadable record is left out with
+// an error (one must not keep every other tenant out).
+void read_records(const PGresult* r, std::map<std::string, TenantRecord>& out) {
+  for (int i = 0; i < PQntuples(r); ++i) {
+    auto j = nlohmann::json::parse(cell(r, i, 1), nullptr, false);
+    auto rec = j.is_discarded() ? Result<TenantRecord>(Error(Errc::io, "not JSON"))
+                                : TenantRecord::from_json(j);
+    if (!rec) {
+      spdlog::error("store: the record of tenant '{}' is unreadable ({}); it is left out",
+                    cell(r, i, 0), rec.error().message);
+      continue;
+    }
+    out[rec->name] = std::move(*rec);
+  }
+}
+
 class PostgresBackend final : public StoreBackend {
  public:
   PostgresBackend(std::string conninfo, std::string where)
-      : conninfo_(std::move(conninfo)), secret_(password_of(conninfo_)), where_(std::move(where)) {}
-  ~PostgresBackend() override { close(); }
+      : conninfo_(std::move(conninfo)),
+        secret_(password_of(conninfo_)),
+        where_(std::move(where)),
+        wake_fd_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+  ~PostgresBackend() override {
+    close();
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
   PostgresBackend(const PostgresBackend&) = delete;
   PostgresBackend& operator=(const PostgresBackend&) = delete;
 
@@ -196,13 +283,86 @@ class PostgresBackend final : public StoreBackend {
   }
 
   void close() override {
+    stop_listening();
     // An open that failed half way may hold its connections too.
     disconnect(wconn_);
+    disconnect(lconn_);
     std::lock_guard lk(read_mu_);
     disconnect(rconn_);
   }
 
+  // --- replicas ----------------------------------------------------------------
+  bool shared() const override { return true; }
+
+  Result<std::map<std::string, TenantRecord>> lock_records(
+      const std::vector<std::string>& names) override {
+    auto r = run(wconn_, "lock_records", {text_array(names)});
+    if (!r) return r.error();
+    std::map<std::string, TenantRecord> out;
+    read_records(r->get(), out);
+    return out;
+  }
+
+  Result<Snapshot> load_tenants(const Invalidation& what) override;
+
+  Status announce(const std::set<std::string>& tenants) override {
+    nlohmann::json note = {{"replica", replica_}, {"tenants", tenants}};
+    std::string payload = note.dump();
+    if (payload.size() > kMaxPayload)
+      payload = nlohmann::json{{"replica", replica_}, {"all", true}}.dump();
+    return done(run(wconn_, "notify", {kStoreChannel, payload}));
+  }
+
+  void listen(std::function<void(Invalidation)> changed) override {
+    if (listener_.joinable()) return;
+    changed_ = std::move(changed);
+    listen_stop_ = false;
+    listener_ = std::thread([this] { listener_loop(); });
+  }
+
+  void stop_listening() override {
+    if (!listener_.joinable()) return;
+    listen_stop_ = true;
+    wake();
+    listener_.join();
+  }
+
+  // Before the listener thread starts (open()): LISTENing before memory is
+  // loaded, so no change committed after the load goes unheard.
+  Status start_listening() {
+    auto c = connect_listener();
+    if (!c) return c.error();
+    lconn_ = *c;
+    return {};
+  }
+
  private:
+  // The listener's connection: its own, LISTENing.
+  Result<PGconn*> connect_listener() const;
+  void listener_loop();
+  // What the notifications waiting on the listener's connection say;
+  // false when the connection is lost.
+  bool drain_notifications(Invalidation& changed);
+  void listener_lost(const std::string& why);
+  void wake() const {
+    const std::uint64_t one = 1;
+    if (wake_fd_ < 0) return;
+    [[maybe_unused]] auto n = ::write(wake_fd_, &one, sizeof one);
+  }
+  // Waits for a wake() or `d`, whichever comes first, and consumes the wake.
+  bool wait_wake(std::chrono::milliseconds d) const {
+    pollfd p{wake_fd_, POLLIN, 0};
+    int n = ::poll(&p, 1, static_cast<int>(d.count()));
+    if (n > 0) {
+      std::uint64_t v;
+      [[maybe_unused]] auto r = ::read(wake_fd_, &v, sizeof v);
+      return true;
+    }
+    return false;
+  }
+  // A prepared statement on the reading connection, made again once if lost.
+  Result<PgResult> read(const char* name, const std::vector<std::string>& params) const;
+
   static void disconnect(PGconn*& c) {
     if (c) PQfinish(c);
     c = nullptr;
@@ -231,13 +391,14 @@ class PostgresBackend final : public StoreBackend {
   }
 
   // A connection, its statements prepared (once the schema exists).
-  Result<PGconn*> connect(bool with_statements = true) const;
+  Result<PGconn*> connect(bool with_statements = true,
+                          const char* app = "factory-coordinator") const;
   Status prepare(PGconn* c) const;
   // Runs a prepared statement; an error unless it returned rows or ran.
   Result<PgResult> run(PGconn* c, const char* name, const std::vector<std::string>& params) const;
   Result<PgResult> exec(PGconn* c, const char* sql) const;
   Status create_schema(PGconn* c);
-  Result<Snapshot> load(PGconn* c) const;
+  Result<Snapshot> load(PGconn* c, bool with_health = true) const;
 
   const std::string conninfo_;       // holds the password: never logged, never in a message
   const std::string secret_;         // scrubbed from whatever libpq says
@@ -249,9 +410,20 @@ class PostgresBackend final : public StoreBackend {
   std::chrono::milliseconds backoff_{100};
   std::chrono::steady_clock::time_point next_connect_{};
   Error connect_error_;
+
+  // Replicas.
+  const std::string replica_ = new_replica_id();
+  PGconn* lconn_ = nullptr;  // the listener's: open() makes it, then its thread's only
+  const int wake_fd_;        // an eventfd: wakes the listener's poll (a stop)
+  std::atomic<bool> listen_stop_{false};
+  std::thread listener_;
+  std::function<void(Invalidation)> changed_;
+  // A server away for minutes is said once in a while, not every backoff.
+  LogThrottle listener_log_{3, std::chrono::seconds(60)};
+  LogThrottle listener_back_log_{3, std::chrono::seconds(60)};
 };
 
-Result<PGconn*> PostgresBackend::connect(bool with_statements) const {
+Result<PGconn*> PostgresBackend::connect(bool with_statements, const char* app) const {
   // Defaults first: the conninfo (expanded from "dbname") overrides them.
   // Keepalives so that a peer gone without a word (a node lost) is noticed
   // in about half a minute rather than at the kernel's two hours.
@@ -262,7 +434,7 @@ Result<PGconn*> PostgresBackend::connect(bool with_statements) const {
                         "keepalives_count",
                         "dbname",
                         nullptr};
-  const char* vals[] = {"10", "factory-coordinator", "10", "5", "3", conninfo_.c_str(), nullptr};
+  const char* vals[] = {"10", app, "10", "5", "3", conninfo_.c_str(), nullptr};
   PGconn* c = PQconnectdbParams(keys, vals, 1);
   if (!c) return Error(Errc::internal, "store: " + where_ + ": libpq is out of memory");
   if (PQstatus(c) != CONNECTION_OK) {
@@ -342,22 +514,11 @@ Status PostgresBackend::create_schema(PGconn* c) {
 
 // What a start (or a reconnection) needs: every tenant, cursor, count and
 // latest health; never the history itself.
-Result<Snapshot> PostgresBackend::load(PGconn* c) const {
+Result<Snapshot> PostgresBackend::load(PGconn* c, bool with_health) const {
   Snapshot s;
   auto t = exec(c, "SELECT name, record FROM tenants");
   if (!t) return t.error();
-  for (int i = 0; i < PQntuples(t->get()); ++i) {
-    auto j = nlohmann::json::parse(cell(t->get(), i, 1), nullptr, false);
-    auto rec = j.is_discarded() ? Result<TenantRecord>(Error(Errc::io, "not JSON"))
-                                : TenantRecord::from_json(j);
-    if (!rec) {
-      // One unreadable record must not keep every other tenant out.
-      spdlog::error("store: the record of tenant '{}' is unreadable ({}); it is left out",
-                    cell(t->get(), i, 0), rec.error().message);
-      continue;
-    }
-    s.tenants[rec->name] = std::move(*rec);
-  }
+  read_records(t->get(), s.tenants);
   auto cur = exec(c, "SELECT tenant, agent_id, last_id FROM cursors");
   if (!cur) return cur.error();
   for (int i = 0; i < PQntuples(cur->get()); ++i)
@@ -367,15 +528,10 @@ Result<Snapshot> PostgresBackend::load(PGconn* c) const {
   if (!n) return n.error();
   for (int i = 0; i < PQntuples(n->get()); ++i)
     s.counts[cell(n->get(), i, 0)] = static_cast<std::size_t>(cell_int(n->get(), i, 1));
+  if (!with_health) return s;
   auto h = exec(c, "SELECT tenant, sample FROM health");
   if (!h) return h.error();
-  for (int i = 0; i < PQntuples(h->get()); ++i) {
-    // Saved by this store, but a guest's words all the same: read back
-    // through the sample's own checks.
-    auto j = nlohmann::json::parse(cell(h->get(), i, 1), nullptr, false);
-    if (auto latest = LatestHealth::from_json(j))
-      s.health[cell(h->get(), i, 0)] = std::make_shared<const LatestHealth>(std::move(*latest));
-  }
+  read_health(h->get(), s.health);
   return s;
 }
 
@@ -385,6 +541,7 @@ Result<Snapshot> PostgresBackend::open() {
   wconn_ = *c;
   if (auto st = create_schema(wconn_); !st.ok()) return st.error();
   if (auto st = prepare(wconn_); !st.ok()) return st.error();
+  if (auto st = start_listening(); !st.ok()) return st.error();
   auto snap = load(wconn_);
   if (!snap) return snap.error().with_context("load");
   auto r = connect();
@@ -393,25 +550,28 @@ Result<Snapshot> PostgresBackend::open() {
   return snap;
 }
 
-std::vector<StoredEvent> PostgresBackend::recent_events(const std::string& tenant,
-                                                        std::size_t max) const {
+Result<PgResult> PostgresBackend::read(const char* name,
+                                       const std::vector<std::string>& params) const {
   std::lock_guard lk(read_mu_);
-  std::vector<StoredEvent> out;
   Result<PgResult> r = Error(Errc::unavailable, "store: not connected");
   // A connection lost since the last read is made again, once.
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!rconn_ || PQstatus(rconn_) != CONNECTION_OK) {
       disconnect(rconn_);
       auto c = connect();
-      if (!c) {
-        r = c.error();
-        break;
-      }
+      if (!c) return c.error();
       rconn_ = *c;
     }
-    r = run(rconn_, "recent", {tenant, std::to_string(max)});
+    r = run(rconn_, name, params);
     if (r || r.error().code != Errc::unavailable) break;
   }
+  return r;
+}
+
+std::vector<StoredEvent> PostgresBackend::recent_events(const std::string& tenant,
+                                                        std::size_t max) const {
+  std::vector<StoredEvent> out;
+  auto r = read("recent", {tenant, std::to_string(max)});
   if (!r) {
     spdlog::error("{} (recent events of {})", r.error().message, tenant);
     return out;
@@ -452,6 +612,108 @@ Status PostgresBackend::reconnect_if_lost(std::optional<Snapshot>& reloaded) {
   reloaded = std::move(*snap);
   spdlog::info("store: reconnected to {}", where_);
   return {};
+}
+
+Result<Snapshot> PostgresBackend::load_tenants(const Invalidation& what) {
+  if (what.all) return load(wconn_);
+  Snapshot s;
+  const std::string names = text_array({what.tenants.begin(), what.tenants.end()});
+  auto t = run(wconn_, "some_tenants", {names});
+  if (!t) return t.error();
+  read_records(t->get(), s.tenants);
+  auto cur = run(wconn_, "some_cursors", {names});
+  if (!cur) return cur.error();
+  for (int i = 0; i < PQntuples(cur->get()); ++i)
+    s.cursors[cursor_key(cell(cur->get(), i, 0), cell(cur->get(), i, 1))] =
+        static_cast<std::uint64_t>(cell_int(cur->get(), i, 2));
+  auto n = run(wconn_, "some_counts", {names});
+  if (!n) return n.error();
+  for (int i = 0; i < PQntuples(n->get()); ++i)
+    s.counts[cell(n->get(), i, 0)] = static_cast<std::size_t>(cell_int(n->get(), i, 1));
+  auto h = run(wconn_, "some_health", {names});
+  if (!h) return h.error();
+  read_health(h->get(), s.health);
+  return s;
+}
+
+Result<PGconn*> PostgresBackend::connect_listener() const {
+  auto c = connect(true, "factory-coordinator-listener");
+  if (!c) return c.error();
+  const std::string sql = std::string("LISTEN ") + kStoreChannel;
+  if (auto r = exec(*c, sql.c_str()); !r) {
+    PQfinish(*c);
+    return r.error();
+  }
+  return c;
+}
+
+void PostgresBackend::listener_lost(const std::string& why) {
+  if (auto v = listener_log_.admit(); v.log)
+    spdlog::warn("store: the listener's connection to {} was lost ({}); reconnecting{}", where_,
+                 scrub(why, secret_), v.note());
+  disconnect(lconn_);
+}
+
+bool PostgresBackend::drain_notifications(Invalidation& changed) {
+  if (!PQconsumeInput(lconn_) || PQstatus(lconn_) == CONNECTION_BAD) return false;
+  while (PGnotify* note = PQnotifies(lconn_)) {
+    const std::string channel = note->relname ? note->relname : "";
+    const std::string payload = note->extra ? note->extra : "";
+    PQfreemem(note);
+    if (channel != kStoreChannel) continue;
+    auto j = nlohmann::json::parse(payload, nullptr, false);
+    if (!j.is_object()) {
+      changed.all = true;  // not ours to read: everything, to be sure
+      continue;
+    }
+    if (j.value("replica", "") == replica_) continue;  // this store's own batch
+    if (j.value("all", false)) changed.all = true;
+    if (auto t = j.find("tenants"); t != j.end() && t->is_array() && !changed.all)
+      for (const auto& name : *t)
+        if (name.is_string()) changed.tenants.insert(name.get<std::string>());
+  }
+  return true;
+}
+
+// The listener: waits on its connection's socket (and the wake eventfd, so
+// close() stops it at once) and hands what another replica changed to the
+// writer. A lost connection is made again with a backoff (100 ms to 5 s);
+// notifications sent meanwhile are lost, so everything is reloaded once it
+// is back.
+void PostgresBackend::listener_loop() {
+  using namespace std::chrono;
+  auto backoff = milliseconds(100);
+  while (!listen_stop_) {
+    if (!lconn_) {
+      auto c = connect_listener();
+      if (!c) {
+        if (auto v = listener_log_.admit(); v.log)
+          spdlog::warn("{} (the store's listener; trying again){}", c.error().message, v.note());
+        wait_wake(backoff);
+        backoff = std::min<milliseconds>(backoff * 2, seconds(5));
+        continue;
+      }
+      lconn_ = *c;
+      backoff = milliseconds(100);
+      if (auto v = listener_back_log_.admit(); v.log)
+        spdlog::info("store: the listener is back on {}; every tenant is reloaded{}", where_,
+                     v.note());
+      if (changed_) changed_(Invalidation{true, {}});
+    }
+    pollfd fds[2] = {{PQsocket(lconn_), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    ::poll(fds, 2, -1);
+    if (listen_stop_) break;
+    if (fds[1].revents & POLLIN) {
+      std::uint64_t v;
+      [[maybe_unused]] auto r = ::read(wake_fd_, &v, sizeof v);
+    }
+    Invalidation changed;
+    if (!drain_notifications(changed)) {
+      listener_lost(first_line(PQerrorMessage(lconn_)));
+      continue;
+    }
+    if (changed_ && (changed.all || !changed.tenants.empty())) changed_(std::move(changed));
+  }
 }
 
 }  // namespace

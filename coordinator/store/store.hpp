@@ -144,6 +144,12 @@ Result<std::unique_ptr<Store>> open_sqlite_store(const std::string& dir, StoreOp
 // stores it; tables are made if absent. A lost connection fails the batch
 // it broke (rolled back whole) and is made again with a backoff. The
 // password is never logged nor put in an error.
+//
+// Replicas (several coordinators on one database) stay coherent: a batch
+// that changed tenants NOTIFYs the others, whose listener thread has their
+// writer reload those tenants (everything after its own reconnection); a
+// record is changed as the database has it, locked (SELECT … FOR UPDATE) in
+// the batch's transaction, never as memory had it.
 Result<std::unique_ptr<Store>> open_postgres_store(const std::string& conninfo,
                                                    StoreOptions opts = {});
 
