@@ -268,6 +268,22 @@ Coordinator::~Coordinator() {
 void Coordinator::install_core_routes() {
   Parts& p = *parts_;
   auto& r = *p.router;
+  // Readiness: "this replica can reach its store". A replica on a shared
+  // database that cannot reach it is taken out of the Services (the agents
+  // go to one that can store their events); the embedded store is a local
+  // file, always within reach. Public, as probes carry no token; blocking,
+  // as the question goes over the network.
+  r.add("GET", "/readyz",
+        [&p](auto&, auto&) {
+          if (!p.replica) return json_response({{"status", "ready"}, {"store", "sqlite"}});
+          auto db = p.replica->database();
+          if (auto st = db->run("ping", {}); !st)
+            return net::HttpResponseOut::error(
+                503, "unready",
+                "cannot reach the store (" + db->where() + "): " + st.error().message);
+          return json_response({{"status", "ready"}, {"store", db->where()}});
+        },
+        {.public_route = true, .blocking = true});
   r.add("GET", "/healthz",
         [](auto&, auto&) {
           return json_response({{"status", "ok"}});

@@ -44,6 +44,8 @@ struct Prepared {
 // on a connection it found lost): a read, an insert that does nothing the
 // second time, or an update whose second run finds the first one's effect.
 const Prepared kStatements[] = {
+    // Readiness (GET /readyz): the database answers at all.
+    {"ping", "SELECT 1"},
     // Shared secrets: the first writer wins, every replica reads its value.
     {"secret_get", "SELECT value FROM shared_secrets WHERE name = $1"},
     {"secret_put",
