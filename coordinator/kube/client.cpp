@@ -150,6 +150,21 @@ Result<json> KubeClient::update(const json& obj, const WriteOptions& opts) {
   return call({"PUT", {"update", *r, ns, name}, path, "application/json", body.dump()});
 }
 
+Result<json> KubeClient::update_status(const json& obj, const WriteOptions& opts) {
+  auto r = resource_of(obj);
+  if (!r) return r.error();
+  std::string ns = namespace_of(*r, obj);
+  std::string name = meta(obj, "name");
+  if (name.empty())
+    return Error(Errc::invalid_argument, "update status: the object has no metadata.name");
+  std::string path =
+      r->object_path(ns, name) + "/status" +
+      query({{"fieldManager", kFieldManager}, {"dryRun", opts.dry_run ? "All" : ""}});
+  json body = obj;
+  if (r->namespaced) body["metadata"]["namespace"] = ns;
+  return call({"PUT", {"update", *r, ns, name}, path, "application/json", body.dump()});
+}
+
 Result<json> KubeClient::apply(const json& obj, const ApplyOptions& opts) {
   auto r = resource_of(obj);
   if (!r) return r.error();
@@ -262,6 +277,7 @@ Status KubeClient::watch(const Kind& kind, const std::string& ns, const WatchOpt
   auto delay = opts.retry_delay;
   net::HttpClient http(access_.tls);
   while (!stop) {
+    if (opts.cancelled && opts.cancelled()) return {};
     auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - Clock::now());
     if (left.count() <= 0) break;
     auto server_timeout = std::min(left, opts.max_request);
@@ -288,6 +304,10 @@ Status KubeClient::watch(const Kind& kind, const std::string& ns, const WatchOpt
     bool gone = false;
     Status stream_error;
     auto on_line = [&](const std::string& line) -> bool {
+      if (opts.cancelled && opts.cancelled()) {
+        stop = true;
+        return false;
+      }
       if (line.empty()) return true;
       auto ev = parse_watch_line(line);
       if (!ev) {

@@ -62,6 +62,10 @@ struct WatchOptions {
   // The longest one watch request may run before the server ends it and we
   // reconnect from the last version seen (kubectl uses minutes).
   std::chrono::seconds max_request{std::chrono::minutes(5)};
+  // Asked at every line of the stream (bookmarks included) and before each
+  // reconnection: true ends the watch (ok). How an owner stops a watch from
+  // another thread without waiting for the next change.
+  std::function<bool()> cancelled;
 };
 
 class KubeClient {
@@ -83,6 +87,11 @@ class KubeClient {
   // PUT: replaces the object; metadata.resourceVersion makes it conditional
   // (conflict when the object changed since it was read).
   Result<json> update(const json& obj, const WriteOptions& opts = {});
+  // PUT .../status: replaces the status of an object whose kind has the
+  // status subresource (the rest of `obj` is ignored by the server), with
+  // metadata.resourceVersion making it conditional as with update. Status
+  // writes never bump metadata.generation.
+  Result<json> update_status(const json& obj, const WriteOptions& opts = {});
   // Server-side apply (PATCH application/apply-patch+yaml, fieldManager
   // "factory"): creates the object or merges our fields into it.
   Result<json> apply(const json& obj, const ApplyOptions& opts = {});
