@@ -535,6 +535,74 @@ Result<VmObservation> KubeVirtProvider::observe(const std::string& tenant, const
   return o;
 }
 
+namespace {
+
+// Where `live` does not hold what `want` says: every key of an object,
+// every element of a list (same length), every scalar equal. The first
+// difference as "path is X, not Y"; nullopt when `live` holds all of it.
+std::optional<std::string> first_difference(const json& want, const json& live,
+                                            const std::string& path) {
+  if (want.is_object()) {
+    if (!live.is_object()) return path + " is " + live.dump() + ", not an object";
+    for (const auto& [k, v] : want.items()) {
+      if (!live.contains(k)) return path + "." + k + " is absent";
+      if (auto d = first_difference(v, live[k], path + "." + k)) return d;
+    }
+    return std::nullopt;
+  }
+  if (want.is_array()) {
+    if (!live.is_array() || live.size() != want.size())
+      return path + " is " + live.dump() + ", not " + want.dump();
+    for (std::size_t i = 0; i < want.size(); ++i)
+      if (auto d = first_difference(want[i], live[i], path + "[" + std::to_string(i) + "]"))
+        return d;
+    return std::nullopt;
+  }
+  if (want != live) return path + " is " + live.dump() + ", not " + want.dump();
+  return std::nullopt;
+}
+
+}  // namespace
+
+Result<std::vector<std::string>> KubeVirtProvider::drift(const VmSpec& spec) {
+  auto c = client();
+  if (!c) return c.error();
+  struct Want {
+    const kube::Kind* kind;
+    std::string name;
+    json obj;  // null: only that it exists
+  };
+  std::vector<Want> wants = {{&kube::kSecret, cloud_init_secret_name(spec.name), nullptr},
+                             {&kube::kVirtualMachine, spec.name, virtual_machine(spec)}};
+  if (spec.ssh_service)
+    wants.push_back({&kube::kService, ssh_service_name(spec.name), ssh_service(spec)});
+  if (spec.endpoint_port != 0) {
+    wants.push_back({&kube::kService, endpoint_service_name(spec.name), endpoint_service(spec)});
+    wants.push_back({&kube::kSecret, api_key_secret_name(spec.name), nullptr});
+  }
+  std::vector<std::string> out;
+  for (const auto& w : wants) {
+    const std::string ref = w.kind->kind + " " + spec.ns + "/" + w.name;
+    auto live = c->get(*w.kind, spec.ns, w.name);
+    if (!live) {
+      if (live.error().code != Errc::not_found) return live.error().with_context(ref);
+      out.push_back(ref + " is missing");
+      continue;
+    }
+    if (w.obj.is_null()) continue;
+    for (const char* part : {"spec", "metadata"}) {
+      json want = w.obj.value(part, json::object());
+      if (std::string(part) == "metadata")
+        want = {{"labels", want.value("labels", json::object())}};
+      if (auto d = first_difference(want, live->value(part, json::object()), part)) {
+        out.push_back(ref + ": " + *d);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 // The VMI goes and virt-controller makes a new one, as for `virtctl
 // restart`: the new virt-launcher pod asks the device plugin for its cards
 // again. Deleting the VMI (a verb the coordinator's ClusterRole has) rather

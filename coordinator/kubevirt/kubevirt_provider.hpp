@@ -69,6 +69,10 @@ class KubeVirtProvider : public tenants::VmProvider {
   std::vector<std::pair<VmObject, Error>> remove(const std::vector<VmObject>& objects) override;
   Result<std::vector<VmObject>> destroy(const std::string& tenant, const std::string& ns) override;
   Result<VmObservation> observe(const std::string& tenant, const std::string& ns) override;
+  // Every object of the tenant's: its Secrets there, and the VirtualMachine's
+  // and Services' fields that Factory writes (spec, labels) as provision()
+  // would write them. Fields the API server or KubeVirt add are not drift.
+  Result<std::vector<std::string>> drift(const VmSpec& spec) override;
   Result<std::vector<ranges::Fact>> host_ranges() override;
   Result<RestartOutcome> restart(const VmSpec& spec, const RestartRequest& req) override;
   std::string user_data_location(const VmSpec& spec) const override {

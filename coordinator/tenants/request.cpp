@@ -207,16 +207,16 @@ json stored_value(const std::optional<T>& v) {
 
 }  // namespace
 
-Status same_request(const store::TenantSpec& stored, const TenantRequest& req) {
-  auto differs = [&](const char* key, const json& have,
-                     const json& want) -> std::optional<std::string> {
-    if (have == want) return std::nullopt;
-    return std::string(key) + " " + (have.is_null() ? "unset" : have.dump()) + ", not " +
-           want.dump();
+std::vector<std::string> request_differences(const store::TenantSpec& stored,
+                                             const TenantRequest& req) {
+  std::vector<std::string> out;
+  auto differs = [&](const char* key, const json& have, const json& want) {
+    if (have == want) return;
+    out.push_back(std::string(key) + " " + (have.is_null() ? "unset" : have.dump()) + ", not " +
+                  want.dump());
   };
-  std::optional<std::string> d;
-  if (!d) d = differs("tier", stored_value(stored.tier), req.tier);
-  if (!d && req.gpus) d = differs("gpus", stored_value(stored.gpus), *req.gpus);
+  differs("tier", stored_value(stored.tier), req.tier);
+  if (req.gpus) differs("gpus", stored_value(stored.gpus), *req.gpus);
   const std::tuple<const char*, const std::optional<std::string>*, const std::string*> overrides[] =
       {{"cpu", &stored.cpu, &req.cpu},
        {"memory", &stored.memory, &req.memory},
@@ -225,16 +225,21 @@ Status same_request(const store::TenantSpec& stored, const TenantRequest& req) {
        {"gpu_resource", &stored.gpu_resource, &req.gpu_resource},
        {"namespace", &stored.ns, &req.ns}};
   for (auto [key, have, val] : overrides)
-    if (!d && !val->empty()) d = differs(key, stored_value(*have), *val);
-  if (!d && req.ssh_node_port != 0)
-    d = differs("ssh_node_port", stored_value(stored.ssh_node_port), req.ssh_node_port);
-  if (!d && !req.ssh_authorized_keys.empty())
-    d = differs("ssh_authorized_keys", stored_value(stored.ssh_authorized_keys),
-                req.ssh_authorized_keys);
-  if (!d && !req.models.empty()) d = differs("models", stored_value(stored.models), req.models);
-  if (!d) return {};
+    if (!val->empty()) differs(key, stored_value(*have), *val);
+  if (req.ssh_node_port != 0)
+    differs("ssh_node_port", stored_value(stored.ssh_node_port), req.ssh_node_port);
+  if (!req.ssh_authorized_keys.empty())
+    differs("ssh_authorized_keys", stored_value(stored.ssh_authorized_keys),
+            req.ssh_authorized_keys);
+  if (!req.models.empty()) differs("models", stored_value(stored.models), req.models);
+  return out;
+}
+
+Status same_request(const store::TenantSpec& stored, const TenantRequest& req) {
+  auto d = request_differences(stored, req);
+  if (d.empty()) return {};
   return Error(Errc::already_exists,
-               "tenant " + req.name + " exists with a different spec (" + *d +
+               "tenant " + req.name + " exists with a different spec (" + d.front() +
                    "): repeat the original create, or `factory tenant delete " + req.name +
                    "` first");
 }

@@ -69,5 +69,10 @@ store::TenantSpec stored_spec(const VmSpec& vm, const TenantRequest& req);
 // same thing: every field the new request sets must equal the stored spec.
 // Returns the first difference as one line, or ok.
 Status same_request(const store::TenantSpec& stored_spec, const TenantRequest& req);
+// Every difference same_request would name, in the same words ("memory
+// \"4Gi\", not \"8Gi\""): what a Tenant's edited spec asks that the tenant
+// does not run.
+std::vector<std::string> request_differences(const store::TenantSpec& stored_spec,
+                                             const TenantRequest& req);
 
 }  // namespace factory::tenants

@@ -7,6 +7,7 @@
 #include "common/durations.hpp"
 #include "common/net/http_client.hpp"
 #include "common/pki.hpp"
+#include "common/validation.hpp"
 #include "contract/mig_cards.hpp"
 #include "contract/pins.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
@@ -223,19 +224,8 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
     return Error(Errc::invalid_argument, "tier " + vm.tier +
                                              " has no login: it takes no password (--ssh-key "
                                              "gives the admin key-only login)");
-  CloudInitParams params;
-  params.tenant = req.name;
-  params.hostname = req.name;
-  params.ssh_authorized_keys = effective.ssh_authorized_keys;
-  params.login = login;
-  params.password = !login                 ? std::string()
-                    : req.password.empty() ? std::string(kPasswordPlaceholder)
-                                           : req.password;
-  params.coordinator_url = opts_.coordinator_url;
-  params.agent_binary_url = opts_.agent_binary_url;
-  params.ca_pem = opts_.ca_pem;
-  params.bootstrap_token = kBootstrapTokenPlaceholder;
-  params.agent_sha256 = opts_.agent_binary_sha256;
+  CloudInitParams params = user_data_params(req.name, effective.ssh_authorized_keys, login);
+  if (login && !req.password.empty()) params.password = req.password;
   if (params.agent_sha256.empty())
     return Error(Errc::failed_precondition,
                  "the coordinator has no agent binary to serve (" + opts_.agent_binary_path +
@@ -385,6 +375,99 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
   spdlog::info("tenants: tenant {} created (new: {}; bootstrap token {})", vm.name,
                made.empty() ? "nothing" : made, token_id.empty() ? "kept" : token_id);
   return out;
+}
+
+CloudInitParams TenantService::user_data_params(const std::string& name,
+                                                const std::vector<std::string>& ssh_keys,
+                                                bool login) const {
+  CloudInitParams params;
+  params.tenant = name;
+  params.hostname = name;
+  params.ssh_authorized_keys = ssh_keys;
+  params.login = login;
+  params.password = login ? std::string(kPasswordPlaceholder) : std::string();
+  params.coordinator_url = opts_.coordinator_url;
+  params.agent_binary_url = opts_.agent_binary_url;
+  params.ca_pem = opts_.ca_pem;
+  params.bootstrap_token = kBootstrapTokenPlaceholder;
+  params.agent_sha256 = opts_.agent_binary_sha256;
+  return params;
+}
+
+Result<std::vector<std::string>> TenantService::drift(const std::string& name) {
+  auto rec = deps_.store.get_tenant(name);
+  if (!rec) return Error(Errc::not_found, "no tenant named " + name);
+  // Only a tenant whose create finished has objects that should all be there.
+  if (!has_vm(*rec) || kube_state(*rec) != "created" || rec->phase == "deleting")
+    return std::vector<std::string>{};
+  return provider_->drift(stored_vm(*rec));
+}
+
+Result<json> TenantService::repair(const std::string& name) {
+  std::vector<std::string> repaired;
+  bool key_missing = false;
+  {
+    std::lock_guard changes(changes_mu_);
+    auto rec = deps_.store.get_tenant(name);
+    if (!rec) return Error(Errc::not_found, "no tenant named " + name);
+    if (!has_vm(*rec) || kube_state(*rec) != "created" || rec->phase == "deleting")
+      return Error(Errc::failed_precondition,
+                   "tenant " + name + " is not a created tenant (phase " + rec->phase +
+                       "): run the create again or delete it, there is nothing to repair");
+    VmSpec vm = stored_vm(*rec);
+    auto has = provider_->has_user_data(vm);
+    if (!has) return has.error().with_context("repairing tenant " + name);
+    std::string userdata;
+    std::string token_id;
+    if (!*has) {
+      // The Secret went: the VM's next boot would find no user-data. A new
+      // one with a new one-time token (the old one's Secret is gone) and a
+      // new password nobody is shown: the running guest keeps its own, the
+      // admin reads the new one from the Secret if it ever boots afresh.
+      const catalog::Tier* tier_def = catalog_.find(vm.tier);
+      const bool login = tier_def == nullptr || tier_def->access.login;
+      CloudInitParams params = user_data_params(
+          name, rec->spec.ssh_authorized_keys.value_or(std::vector<std::string>{}), login);
+      if (login) {
+        auto pw = generate_password();
+        if (!pw) return pw.error();
+        params.password = *pw;
+      }
+      if (auto r = deps_.tokens.revoke_tenant(name); !r) return r.error();
+      auto token = deps_.tokens.issue(name, opts_.token_ttl);
+      if (!token) return token.error();
+      token_id = token->id;
+      params.bootstrap_token = token->token;
+      auto rendered = render_user_data(params);
+      if (!rendered) return rendered.error();
+      userdata = std::move(rendered->text);
+    }
+    std::vector<VmObject> created;
+    if (auto st = provider_->provision(vm, userdata, created); !st.ok())
+      return st.error().with_context("repairing tenant " + name);
+    for (const auto& o : created) repaired.push_back(o.ref());
+    if (!token_id.empty()) {
+      auto now = deps_.store.get_tenant(name).value_or(*rec);
+      kube_of(now).bootstrap_token_id = token_id;
+      if (auto st = deps_.store.put_tenant(now); !st.ok())
+        return st.error().with_context("recording tenant " + name + "'s new bootstrap token");
+    }
+    if (vm.endpoint_port != 0) {
+      auto key = provider_->api_key(vm);
+      if (!key) return key.error().with_context("repairing tenant " + name);
+      key_missing = key->empty();
+    }
+  }
+  // A model endpoint's key Secret went: a new key, as a rotation makes it
+  // (recorded, the agent told), since the old key is nowhere to be read.
+  if (key_missing) {
+    auto r = credentials(name, true);
+    if (!r) return r.error().with_context("repairing tenant " + name + "'s API key");
+    repaired.push_back("the endpoint's API key (rotated: its Secret was gone)");
+  }
+  spdlog::info("tenants: repaired tenant {} (made again: {})", name,
+               repaired.empty() ? "nothing; fields put back" : validation::join(repaired, ", "));
+  return json{{"tenant", name}, {"made_again", repaired}};
 }
 
 Status TenantService::rollback(store::TenantRecord& rec, bool record_is_new,

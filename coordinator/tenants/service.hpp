@@ -39,6 +39,7 @@
 #include "coordinator/feed/tenant_view.hpp"
 #include "coordinator/store/store.hpp"
 #include "coordinator/tenants/agent_control.hpp"
+#include "coordinator/tenants/cloud_init.hpp"
 #include "coordinator/tenants/request.hpp"
 #include "coordinator/tenants/vm_provider.hpp"
 
@@ -117,6 +118,15 @@ class TenantService {
   // half-way finishes it at its next start (resume_actions). dry_run: what
   // would happen, nothing changed, nothing announced.
   Result<nlohmann::json> restart(const std::string& name, bool dry_run);
+  // How the provider's objects of a created tenant differ from what its
+  // create made (VmProvider::drift): one line each, empty when they do not.
+  // Reads the cluster; a tenant not (fully) created has no drift.
+  Result<std::vector<std::string>> drift(const std::string& name);
+  // Puts a created tenant's objects back as its create made them: what is
+  // missing made again (a missing user-data Secret with a new one-time
+  // token; a missing API key Secret by a rotation), what was edited
+  // applied again. The record, the agent's identity and the disk stay.
+  Result<nlohmann::json> repair(const std::string& name);
   // Finishes the restarts a killed coordinator left journaled. Waits on the
   // provider: the coordinator runs it on a worker once it serves.
   void resume_actions();
@@ -128,6 +138,9 @@ class TenantService {
   const catalog::Catalog& catalog() const { return catalog_; }
 
  private:
+  // The user-data of tenant `name` but its token and password (placeholders).
+  CloudInitParams user_data_params(const std::string& name,
+                                   const std::vector<std::string>& ssh_keys, bool login) const;
   Status rollback(store::TenantRecord& rec, bool record_is_new, const std::string& token_id,
                   const std::vector<VmObject>& created, const Error& cause);
   nlohmann::json plan_steps(const store::TenantRecord& t) const;

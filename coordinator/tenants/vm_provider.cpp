@@ -14,4 +14,11 @@ nlohmann::json VmObservation::to_json() const {
   return j;
 }
 
+Result<std::vector<std::string>> VmProvider::drift(const VmSpec& spec) {
+  auto obs = observe(spec.name, spec.ns);
+  if (!obs) return obs.error();
+  if (obs->exists) return std::vector<std::string>{};
+  return std::vector<std::string>{"the VM of tenant " + spec.name + " is missing"};
+}
+
 }  // namespace factory::tenants

@@ -103,6 +103,15 @@ class VmProvider {
 
   virtual Result<VmObservation> observe(const std::string& tenant, const std::string& ns) = 0;
 
+  // Drift: how what the provider holds for a tenant that was created
+  // differs from what provision() would make of `spec` now, one line each
+  // ("Service tenants/t1-ssh is missing", "VirtualMachine tenants/t1:
+  // spec.running is false, not absent"). Empty: as it was made. What a
+  // person changed by hand is repaired by provisioning again
+  // (TenantService::repair). The default knows only observe(): the VM is
+  // there or it is not.
+  virtual Result<std::vector<std::string>> drift(const VmSpec& spec);
+
   // What the host's own cluster network uses, for a guest cluster to pick
   // its ranges around (cluster_ranges.hpp). KubeVirt: read from the host
   // cluster's API (coordinator/kubevirt/host_ranges.hpp). A provider with no

@@ -224,6 +224,30 @@ TEST(SameRequest, OnlyWhatTheNewRequestSetsMustMatch) {
             std::string::npos);
 }
 
+// What the Tenant controller says of an edited spec: every difference, not
+// only the first.
+TEST(SameRequest, RequestDifferencesNamesEveryFieldThatDiffers) {
+  auto cat = builtin_catalog();
+  TenantRequest first;
+  first.name = "tenant-1";
+  first.tier = "gpu-vm";
+  auto vm = resolve_vm_spec(cat, first, "tenants");
+  ASSERT_TRUE(vm.ok());
+  store::TenantSpec stored = stored_spec(*vm, first);
+  EXPECT_TRUE(request_differences(stored, first).empty());
+  TenantRequest edited = first;
+  edited.memory = "999Gi";
+  edited.cpu = "64";
+  auto d = request_differences(stored, edited);
+  ASSERT_EQ(d.size(), 2u) << ::testing::PrintToString(d);
+  EXPECT_NE(d[0].find("cpu "), std::string::npos) << d[0];
+  EXPECT_NE(d[0].find(", not \"64\""), std::string::npos) << d[0];
+  EXPECT_NE(d[1].find("memory "), std::string::npos) << d[1];
+  EXPECT_NE(d[1].find(", not \"999Gi\""), std::string::npos) << d[1];
+  // same_request names the first of them, in the same words.
+  EXPECT_NE(same_request(stored, edited).error().message.find(d[0]), std::string::npos);
+}
+
 // ------------------------------------------------------------------ capacity
 
 json node(const std::string& name, const json& allocatable) {
