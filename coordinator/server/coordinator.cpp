@@ -23,6 +23,7 @@
 #include "coordinator/agents/agent_service.hpp"
 #include "coordinator/api/router.hpp"
 #include "coordinator/catalog/source.hpp"
+#include "coordinator/controller/tenant_controller.hpp"
 #include "coordinator/enroll/ca.hpp"
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/enroll/tokens.hpp"
@@ -68,6 +69,9 @@ struct Coordinator::Parts {
   std::unique_ptr<AgentsForTenants> agent_control;
   std::unique_ptr<ApiRouter> router;
   std::unique_ptr<tenants::TenantService> tenants;
+  // The Tenant controller (tenants.source: kubernetes; null otherwise):
+  // active while this replica leads, stopped before the service it calls.
+  std::unique_ptr<controller::TenantController> controller;
   std::string agent_binary, agent_sha256;  // served at /v1/agent/binary ("" sha: absent)
   // The binary itself, read once at start: served from memory, so a
   // download never reads the disk on an io thread.
@@ -250,6 +254,25 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
       std::move(*cat), std::move(provider), to);
   p.agents->set_plan_provider(
       [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->plan_for(t); });
+  if (c->cfg_.tenants_source == "kubernetes") {
+    // Tenants are the host cluster's objects: without it there is nothing
+    // to serve them from, so this is a start-up error, not a warning.
+    auto access =
+        kube::resolve_access(kube::AccessOptions{c->cfg_.kube_kubeconfig, c->cfg_.kube_context});
+    if (!access)
+      return access.error().with_context(
+          "tenants.source is kubernetes, but the host cluster cannot be reached");
+    controller::TenantControllerOptions co;
+    co.ns = c->cfg_.kube_namespace;
+    p.controller = std::make_unique<controller::TenantController>(
+        kube::KubeClient(std::move(*access), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                 c->cfg_.kube_request_timeout)),
+        *p.tenants, *p.store, p.feed->view(),
+        [feed = p.feed.get()](const std::string& tenant, const nlohmann::json& action) {
+          feed->state().bus().publish("action", tenant, action);
+        },
+        co);
+  }
   c->net_ = std::make_unique<Net>();
   c->install_core_routes();
   p.feed->install_routes(*p.router, c->cfg_.metrics_public);
@@ -259,6 +282,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
 
 Coordinator::~Coordinator() {
   if (parts_ && parts_->elector) parts_->elector->stop();
+  if (parts_ && parts_->controller) parts_->controller->stop();
   if (net_ && net_->agents) net_->agents->stop();
   if (net_ && net_->api) net_->api->stop();
   if (parts_ && parts_->workers) parts_->workers->stop();
@@ -484,6 +508,7 @@ Status Coordinator::start() {
         cfg_.state_dir, format_rfc3339(p.ca->not_after()));
   schedule_renewal();
   schedule_memory_trim();
+  if (p.controller) p.controller->start();
   if (cfg_.leader_election.enabled)
     start_leader_election();
   else
@@ -533,6 +558,8 @@ void Coordinator::on_leadership(bool leading) {
   Parts& p = *parts_;
   if (cfg_.leader_election.enabled)
     p.feed->state().set_leadership(cfg_.leader_election.identity, leading);
+  // The controller only takes note: its own thread does the work.
+  if (p.controller) p.controller->set_active(leading);
   if (!leading) return;
   // A restart a kill cut short is finished now (it waits on the cluster);
   // by the leader only, so two replicas never finish the same one.
@@ -615,6 +642,8 @@ void Coordinator::run() {
   // The Lease is released (the next replica leads at once) before the rest
   // stops; on this thread, as releasing it waits on the API server.
   if (parts_->elector) parts_->elector->stop();
+  // The controller finishes the Tenant it is on (it may wait on the cluster).
+  if (parts_->controller) parts_->controller->stop();
   // The io threads are done. What the store's writer still holds (events
   // queued behind the last batch, the coalesced latest health of every
   // tenant) is written now: the caller may end the process without running

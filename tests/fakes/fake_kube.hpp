@@ -81,6 +81,40 @@ class FakeKube {
     return nlohmann::json::parse(r->body, nullptr, false);
   }
 
+  // A raw authenticated POST of an object (what `kubectl create -f` does);
+  // the API server's answer: the object made, or its Status.
+  nlohmann::json post(const std::string& path, const nlohmann::json& object) const {
+    net::HttpClient c({.ca_pem = ca_pem()});
+    net::HttpRequest req;
+    req.method = "POST";
+    req.url = url() + path;
+    req.body = object.dump();
+    req.headers["Authorization"] = "Bearer " + token();
+    req.headers["Content-Type"] = "application/json";
+    auto r = c.request(req);
+    if (!r) return nullptr;
+    return nlohmann::json::parse(r->body, nullptr, false);
+  }
+
+  // A raw authenticated DELETE (what `kubectl delete` does); the answer.
+  nlohmann::json remove(const std::string& path) const {
+    net::HttpClient c({.ca_pem = ca_pem()});
+    net::HttpRequest req;
+    req.method = "DELETE";
+    req.url = url() + path;
+    req.headers["Authorization"] = "Bearer " + token();
+    auto r = c.request(req);
+    if (!r) return nullptr;
+    return nlohmann::json::parse(r->body, nullptr, false);
+  }
+
+  // Every request the double has seen (its last 2000), oldest first:
+  // {"method", "path", "user", "contentType"}.
+  nlohmann::json requests() const {
+    nlohmann::json r = control("/_fake/requests", nlohmann::json::object(), "GET");
+    return r.is_object() ? r.value("requests", nlohmann::json::array()) : nlohmann::json::array();
+  }
+
   // A raw authenticated JSON merge patch (what an admin's kubectl patch does).
   nlohmann::json merge_patch(const std::string& path, const nlohmann::json& patch) const {
     net::HttpClient c({.ca_pem = ca_pem()});
