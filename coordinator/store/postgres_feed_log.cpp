@@ -161,6 +161,9 @@ class PostgresFeedLog final : public FeedLog {
   }
 
   void close() override {
+    // Held throughout: a second caller (the bus, as the store closes it)
+    // returns only once the threads are gone.
+    std::lock_guard closing(close_mu_);
     {
       std::lock_guard lk(mu_);
       if (closed_) return;
@@ -292,6 +295,7 @@ class PostgresFeedLog final : public FeedLog {
   const std::string origin_ = new_origin();
   const int wake_fd_;
 
+  std::mutex close_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<FeedRecord> queue_;
@@ -439,6 +443,16 @@ void PostgresFeedLog::listener_loop(std::size_t backfill) {
   using namespace std::chrono;
   auto backoff = milliseconds(100);
   bool started = false;
+  // A read that failed on a connection just made: said, then tried again on
+  // a new one after the backoff (a failure that stays must not spin).
+  auto read_failed = [&] {
+    if (auto v = listen_log_.admit(); v.log)
+      spdlog::warn("feed log: reading {} failed ({}); trying again{}", where_,
+                   scrub(first_line(PQerrorMessage(lconn_)), secret_), v.note());
+    disconnect(lconn_);
+    wait_wake(backoff);
+    backoff = std::min<milliseconds>(backoff * 2, seconds(5));
+  };
   while (!listen_stop_) {
     if (!lconn_) {
       auto c = connect("factory-coordinator-feed");
@@ -458,14 +472,13 @@ void PostgresFeedLog::listener_loop(std::size_t backfill) {
         continue;
       }
       lconn_ = *c;
-      backoff = milliseconds(100);
       if (!started) {
         // Where this replica's feed begins: the newest `backfill` rows (its
         // bus's Last-Event-ID ring), or only what comes next.
         auto r = backfill ? run(lconn_, "feed_tail", {std::to_string(backfill)})
                           : run(lconn_, "feed_last", {});
         if (!r) {
-          disconnect(lconn_);
+          read_failed();
           continue;
         }
         if (backfill) {
@@ -481,9 +494,10 @@ void PostgresFeedLog::listener_loop(std::size_t backfill) {
         ++stats_.reconnects;
       }
       if (!catch_up()) {
-        disconnect(lconn_);
+        read_failed();
         continue;
       }
+      backoff = milliseconds(100);
     }
     pollfd fds[2] = {{PQsocket(lconn_), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     ::poll(fds, 2, -1);
