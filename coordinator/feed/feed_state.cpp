@@ -6,6 +6,22 @@
 
 namespace factory::feed {
 
+namespace {
+
+// A field of another replica's event or note, as text; `fallback` when it
+// is absent or not text (a row of the log is read, never trusted to throw).
+std::string text_of(const nlohmann::json& j, const char* key, const std::string& fallback = "") {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+bool says_connected(const nlohmann::json& j) {
+  auto it = j.find("connected");
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
+}  // namespace
+
 void FeedState::agent_connected(const std::string& tenant, AgentPresence presence) {
   presence.connected = true;
   presence.disconnect.clear();
@@ -107,7 +123,7 @@ void FeedState::from_log(const FeedEvent& e, bool own, bool live) {
     if (it == presence_.end() || !it->second.replica.empty() || c == local_connect_id_.end())
       return;
     auto d = nlohmann::json::parse(e.data, nullptr, false);
-    if (d.is_object() && d.value("connected", false)) c->second = e.id;
+    if (d.is_object() && says_connected(d)) c->second = e.id;
     return;
   }
   heard_[e.origin] = std::chrono::steady_clock::now();
@@ -116,7 +132,7 @@ void FeedState::from_log(const FeedEvent& e, bool own, bool live) {
   auto d = nlohmann::json::parse(e.data, nullptr, false);
   if (!d.is_object()) return;
   auto it = presence_.find(e.tenant);
-  if (d.value("connected", false)) {
+  if (says_connected(d)) {
     if (it != presence_.end() && it->second.connected && it->second.replica.empty()) {
       // Connected here too: the newer of the two connections stays.
       auto c = local_connect_id_.find(e.tenant);
@@ -124,12 +140,12 @@ void FeedState::from_log(const FeedEvent& e, bool own, bool live) {
       if (here == 0 || e.id < here) return;
     }
     auto& p = presence_[e.tenant];
-    p.agent_id = d.value("agent_id", "");
-    p.version = d.value("version", "");
-    p.hostname = d.value("hostname", "");
-    p.remote = d.value("remote_address", "");
-    p.connected_since = d.value("connected_since", "");
-    p.last_seen = d.value("time", p.connected_since);
+    p.agent_id = text_of(d, "agent_id", "");
+    p.version = text_of(d, "version", "");
+    p.hostname = text_of(d, "hostname", "");
+    p.remote = text_of(d, "remote_address", "");
+    p.connected_since = text_of(d, "connected_since", "");
+    p.last_seen = text_of(d, "time", p.connected_since);
     p.connected = true;
     p.disconnect.clear();
     p.disconnect_detail.clear();
@@ -141,9 +157,9 @@ void FeedState::from_log(const FeedEvent& e, bool own, bool live) {
   if (it == presence_.end() || it->second.replica != e.origin) return;
   auto& p = it->second;
   p.connected = false;
-  p.last_seen = d.value("last_seen", p.last_seen);
-  p.disconnect = d.value("state", "lost");
-  p.disconnect_detail = d.value("detail", "");
+  p.last_seen = text_of(d, "last_seen", p.last_seen);
+  p.disconnect = text_of(d, "state", "lost");
+  p.disconnect_detail = text_of(d, "detail", "");
 }
 
 void FeedState::apply_note_locked(const FeedEvent& e) {
@@ -158,12 +174,12 @@ void FeedState::apply_note_locked(const FeedEvent& e) {
     // is on show elsewhere (here, or another replica).
     if (it != presence_.end() && it->second.connected && it->second.replica != e.origin) continue;
     auto& p = presence_[tenant];
-    p.agent_id = a.value("agent_id", "");
-    p.version = a.value("version", "");
-    p.hostname = a.value("hostname", "");
-    p.remote = a.value("remote_address", "");
-    p.connected_since = a.value("connected_since", "");
-    p.last_seen = a.value("last_seen", p.last_seen);
+    p.agent_id = text_of(a, "agent_id", "");
+    p.version = text_of(a, "version", "");
+    p.hostname = text_of(a, "hostname", "");
+    p.remote = text_of(a, "remote_address", "");
+    p.connected_since = text_of(a, "connected_since", "");
+    p.last_seen = text_of(a, "last_seen", p.last_seen);
     p.connected = true;
     p.disconnect.clear();
     p.disconnect_detail.clear();
