@@ -443,6 +443,28 @@ TEST_F(FeedPresenceTest, AReplicaStartedLaterLearnsOfAgentsFromTheNotes) {
   EXPECT_FALSE(a.presence("t2")) << "not connected anywhere";
 }
 
+// Rows the replicas did not write as they should (a field of another type,
+// a note that is not one): read, taken as absent, never thrown on.
+TEST_F(FeedPresenceTest, RowsOfTheWrongShapeAreIgnoredNotThrownOn) {
+  auto sa = open_store();
+  ASSERT_TRUE(sa);
+  FeedState a(opts(*sa));
+  sql("INSERT INTO feed_log(origin, origin_seq, type, tenant, data, appended_unix) VALUES "
+      "('x', 1, 'agent', 't1', '{\"connected\":\"yes\",\"agent_id\":5}', 0), "
+      "('x', 2, 'replica', '', '{\"agents\":[1,2]}', 0), "
+      "('x', 3, 'replica', '', '{\"agents\":{\"t3\":5}}', 0), "
+      "('x', 4, 'agent', 't4', 'not json', 0), "
+      "('x', 5, 'agent', 't2', '{\"connected\":true,\"agent_id\":[1],\"time\":7}', 0); "
+      "SELECT pg_notify('factory_feed', '')");
+  ASSERT_TRUE(eventually([&] { return a.bus().last_id() >= 5; }));
+  EXPECT_FALSE(a.presence("t1"));
+  ASSERT_TRUE(a.presence("t2"));
+  EXPECT_TRUE(a.presence("t2")->connected);
+  EXPECT_EQ(a.presence("t2")->agent_id, "") << "a field of another type is absent";
+  EXPECT_FALSE(a.presence("t3"));
+  EXPECT_FALSE(a.presence("t4"));
+}
+
 // --- SQLite: no log, the bus as it was -----------------------------------------
 
 TEST(FeedLogSqlite, TheEmbeddedStoreHasNoLogAndTheBusNumbersItsOwnEvents) {
