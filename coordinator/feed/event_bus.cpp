@@ -100,17 +100,21 @@ void EventBus::from_log(std::vector<store::FeedRecord> records, bool live) {
   for (auto& r : records) {
     FeedEvent e{r.id, std::move(r.type), std::move(r.tenant), std::move(r.data),
                 std::move(r.origin)};
+    const bool own = e.origin == log_->origin();
     // Before the readers get it: a reader that sees an agent's `connected`
     // and then reads GET /v1/tenants finds it connected there too.
-    if (opts_.on_logged) opts_.on_logged(e, e.origin == log_->origin(), live);
+    if (opts_.on_logged) opts_.on_logged(e, own, live);
     if (e.type == kNoteType) continue;
     std::lock_guard lk(mu_);
     if (closed_) return;
     // The log hands each id once, in order; this is the bus's own guard.
     if (e.id < next_id_) continue;
     next_id_ = e.id + 1;
-    distribute_locked(e, live);
+    // This replica's own events were published since the bus was made,
+    // whichever read brings them: every reader may want them.
+    distribute_locked(e, live || own);
   }
+  following_ = true;
 }
 
 void EventBus::distribute_locked(const FeedEvent& e, bool to_all) {

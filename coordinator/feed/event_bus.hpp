@@ -26,6 +26,7 @@
 // only queues them (the HTTP server's bounded stream queue). A reader whose
 // queue is full is too slow: it is dropped with one last event saying so,
 // never waited for, and the others go on.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -129,6 +130,10 @@ class EventBus {
   static constexpr const char* kNoteType = "replica";
   // Whether the events go through a feed log.
   bool logged() const { return log_ != nullptr; }
+  // Whether readers get what is published: without a log, always; with
+  // one, once the log's first read (the ring's backfill) came back. What
+  // others published before that is only in the ring.
+  bool following() const { return !log_ || following_; }
 
   // Who subscribes, for the limits.
   struct Reader {
@@ -197,6 +202,7 @@ class EventBus {
 
   EventBusOptions opts_;
   store::FeedLog* const log_;
+  std::atomic<bool> following_{false};
   mutable std::mutex mu_;
   std::uint64_t next_id_;
   // The ring holds each event as its readers get it, formatted once and

@@ -75,9 +75,10 @@ class FeedLog {
   virtual void append(FeedRecord r) = 0;
 
   // The records as they come back, every replica's, in id order, each once;
-  // on the listener thread, never two calls at once. `live` is false for the
-  // first call's records when they are the `backfill` newest rows already in
-  // the log at start (an event bus fills its Last-Event-ID ring with them).
+  // on the listener thread, never two calls at once. The first call is the
+  // initial read, `live` false, made even when it has no record: the
+  // `backfill` newest rows already in the log at start (an event bus fills
+  // its Last-Event-ID ring with them). Then only calls with records.
   using Delivery = std::function<void(std::vector<FeedRecord> records, bool live)>;
   // Starts the listener; once.
   virtual void start(std::size_t backfill, Delivery deliver) = 0;

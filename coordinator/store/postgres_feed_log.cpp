@@ -278,9 +278,11 @@ class PostgresFeedLog final : public FeedLog {
   // Delivers the rows past last_seen_, in batches, until none is left;
   // false when the connection failed.
   bool catch_up();
+  // Live rows only when there are some; the initial read always, empty or
+  // not (the reader learns the log is followed).
   void deliver(std::vector<FeedRecord> rs, bool live) {
-    if (rs.empty()) return;
-    last_seen_ = rs.back().id;
+    if (rs.empty() && live) return;
+    if (!rs.empty()) last_seen_ = rs.back().id;
     {
       std::lock_guard lk(mu_);
       stats_.delivered += rs.size();
@@ -487,6 +489,7 @@ void PostgresFeedLog::listener_loop(std::size_t backfill) {
           deliver(std::move(rows), false);
         } else {
           last_seen_ = cell_u64(r->get(), 0, 0);
+          deliver({}, false);
         }
         started = true;
       } else {

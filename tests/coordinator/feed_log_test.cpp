@@ -113,6 +113,8 @@ TEST_F(FeedLogTest, EventsOfTwoReplicasReachBothWithTheSameIdsInOneOrder) {
   ASSERT_NE(sa->feed_log(), nullptr);
   ASSERT_NE(sa->feed_log()->origin(), sb->feed_log()->origin());
   EventBus a(bus_on(*sa)), b(bus_on(*sb));
+  // Readers get the others' events once their replica follows the log.
+  ASSERT_TRUE(eventually([&] { return a.following() && b.following(); }));
   auto ra = std::make_shared<Reader>(), rb = std::make_shared<Reader>();
   ASSERT_NE(a.subscribe(ra, "", std::nullopt).handle, 0u);
   ASSERT_NE(b.subscribe(rb, "", std::nullopt).handle, 0u);
@@ -272,6 +274,7 @@ TEST_F(FeedLogTest, EveryEventArrivesOnceAcrossLostConnections) {
   auto sa = open_store(), sb = open_store();
   ASSERT_TRUE(sa && sb);
   EventBus a(bus_on(*sa)), b(bus_on(*sb));
+  ASSERT_TRUE(eventually([&] { return a.following() && b.following(); }));
   auto ra = std::make_shared<Reader>(), rb = std::make_shared<Reader>();
   a.subscribe(ra, "", std::nullopt);
   b.subscribe(rb, "", std::nullopt);
@@ -344,6 +347,7 @@ TEST_F(FeedPresenceTest, AnAgentOnOneReplicaShowsConnectedOnTheOther) {
   auto sa = open_store(), sb = open_store();
   ASSERT_TRUE(sa && sb);
   FeedState a(opts(*sa)), b(opts(*sb));
+  ASSERT_TRUE(eventually([&] { return a.bus().following() && b.bus().following(); }));
   b.agent_connected("t1", agent("ag1"));
   ASSERT_TRUE(eventually([&] { return a.presence("t1") && a.presence("t1")->connected; }));
   auto p = *a.presence("t1");
@@ -369,6 +373,8 @@ TEST_F(FeedPresenceTest, TheNewerConnectionWinsWhenAnAgentMoves) {
   auto sa = open_store(), sb = open_store(), sc = open_store();
   ASSERT_TRUE(sa && sb && sc);
   FeedState a(opts(*sa)), b(opts(*sb)), c(opts(*sc));
+  ASSERT_TRUE(eventually(
+      [&] { return a.bus().following() && b.bus().following() && c.bus().following(); }));
   b.agent_connected("t1", agent("ag1"));
   ASSERT_TRUE(eventually([&] {
     return a.presence("t1") && a.presence("t1")->connected && c.presence("t1") &&
@@ -400,6 +406,7 @@ TEST_F(FeedPresenceTest, AnAgentOfADeadReplicaGoesLostAfterTheTtl) {
   auto sa = open_store(), sb = open_store();
   ASSERT_TRUE(sa && sb);
   FeedState a(opts(*sa, 600ms)), b(opts(*sb, 600ms));
+  ASSERT_TRUE(eventually([&] { return a.bus().following() && b.bus().following(); }));
   b.agent_connected("t1", agent("ag1"));
   ASSERT_TRUE(eventually([&] { return a.presence("t1") && a.presence("t1")->connected; }));
   // Alive: B's heartbeats, for twice the ttl.
@@ -449,6 +456,7 @@ TEST_F(FeedPresenceTest, RowsOfTheWrongShapeAreIgnoredNotThrownOn) {
   auto sa = open_store();
   ASSERT_TRUE(sa);
   FeedState a(opts(*sa));
+  ASSERT_TRUE(eventually([&] { return a.bus().following(); }));
   sql("INSERT INTO feed_log(origin, origin_seq, type, tenant, data, appended_unix) VALUES "
       "('x', 1, 'agent', 't1', '{\"connected\":\"yes\",\"agent_id\":5}', 0), "
       "('x', 2, 'replica', '', '{\"agents\":[1,2]}', 0), "
@@ -478,6 +486,7 @@ TEST(FeedLogSqlite, TheEmbeddedStoreHasNoLogAndTheBusNumbersItsOwnEvents) {
   o.log = (*s)->feed_log();
   FeedState state(o);
   EXPECT_FALSE(state.bus().logged());
+  EXPECT_TRUE(state.bus().following());
   auto r = std::make_shared<Reader>();
   state.bus().subscribe(r, "", std::nullopt);
   EXPECT_EQ(state.bus().publish("phase", "t1", {{"n", 1}}), 500u);
