@@ -278,6 +278,8 @@ class PostgresFeedLog final : public FeedLog {
   // Delivers the rows past last_seen_, in batches, until none is left;
   // false when the connection failed.
   bool catch_up();
+  // Whether a notification of the log waits in libpq's queue (all taken).
+  bool announced();
   // Live rows only when there are some; the initial read always, empty or
   // not (the reader learns the log is followed).
   void deliver(std::vector<FeedRecord> rs, bool live) {
@@ -502,6 +504,13 @@ void PostgresFeedLog::listener_loop(std::size_t backfill) {
       }
       backoff = milliseconds(100);
     }
+    // A notification that came while a read ran is in libpq's queue, no
+    // longer on the socket: taken before waiting on the socket, or a row
+    // committed during that read would wait for the next notification.
+    if (announced()) {
+      if (!catch_up()) read_failed();
+      continue;
+    }
     pollfd fds[2] = {{PQsocket(lconn_), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     ::poll(fds, 2, -1);
     if (listen_stop_) break;
@@ -514,15 +523,17 @@ void PostgresFeedLog::listener_loop(std::size_t backfill) {
         spdlog::warn("feed log: the listener's connection to {} was lost ({}); reconnecting{}",
                      where_, scrub(first_line(PQerrorMessage(lconn_)), secret_), v.note());
       disconnect(lconn_);
-      continue;
     }
-    bool announced = false;
-    while (PGnotify* note = PQnotifies(lconn_)) {
-      announced = announced || (note->relname && std::string(note->relname) == kFeedChannel);
-      PQfreemem(note);
-    }
-    if (announced && !catch_up()) disconnect(lconn_);
   }
+}
+
+bool PostgresFeedLog::announced() {
+  bool ours = false;
+  while (PGnotify* note = PQnotifies(lconn_)) {
+    ours = ours || (note->relname && std::string(note->relname) == kFeedChannel);
+    PQfreemem(note);
+  }
+  return ours;
 }
 
 }  // namespace
