@@ -35,14 +35,23 @@ std::string control_event(const std::string& type, const nlohmann::json& data) {
 
 }  // namespace
 
-EventBus::EventBus(EventBusOptions opts) : opts_(opts) {
-  next_id_ = opts_.first_id ? opts_.first_id : now_micros();
+EventBus::EventBus(EventBusOptions opts) : opts_(std::move(opts)), log_(opts_.log) {
+  // With a log, ids are the database's (from 1): the first comes back from it.
+  next_id_ = log_ ? 1 : opts_.first_id ? opts_.first_id : now_micros();
   if (opts_.history == 0) opts_.history = 1;
   if (opts_.heartbeat.count() > 0) heartbeats_ = std::thread([this] { heartbeat_loop(); });
+  if (log_)
+    log_->start(opts_.history, [this](std::vector<store::FeedRecord> records, bool live) {
+      from_log(std::move(records), live);
+    });
 }
 
 EventBus::~EventBus() {
   close();
+  // At the latest here (the store closes it first, off the io threads): the
+  // log's thread must not hand events to a bus that is gone. Closing it may
+  // wait on the database, which close() (called on an io thread) must not.
+  if (log_) log_->close();
 }
 
 void EventBus::close() {
@@ -69,26 +78,67 @@ std::uint64_t EventBus::publish(const std::string& type, const std::string& tena
   // What a guest sent may hold any bytes; an invalid UTF-8 sequence becomes
   // U+FFFD instead of an exception on a publisher's thread.
   std::string text = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (log_) {
+    // Queued only: it reaches the readers (this replica's too) once the
+    // database has numbered it (from_log).
+    log_->append({0, "", type, tenant, std::move(text)});
+    return 0;
+  }
   std::lock_guard lk(mu_);
   const std::uint64_t id = next_id_++;
-  auto bytes = std::make_shared<const std::string>(format_sse({id, type, tenant, std::move(text)}));
+  distribute_locked({id, type, tenant, std::move(text), ""}, true);
+  return id;
+}
+
+void EventBus::publish_note(nlohmann::json data) {
+  if (!log_) return;
+  log_->append(
+      {0, "", kNoteType, "", data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)});
+}
+
+void EventBus::from_log(std::vector<store::FeedRecord> records, bool live) {
+  for (auto& r : records) {
+    FeedEvent e{r.id, std::move(r.type), std::move(r.tenant), std::move(r.data),
+                std::move(r.origin)};
+    const bool own = e.origin == log_->origin();
+    // Before the readers get it: a reader that sees an agent's `connected`
+    // and then reads GET /v1/tenants finds it connected there too.
+    if (opts_.on_logged) opts_.on_logged(e, own, live);
+    if (e.type == kNoteType) continue;
+    std::lock_guard lk(mu_);
+    if (closed_) return;
+    // The log hands each id once, in order; this is the bus's own guard.
+    if (e.id < next_id_) continue;
+    next_id_ = e.id + 1;
+    // This replica's own events were published since the bus was made,
+    // whichever read brings them: every reader may want them.
+    distribute_locked(e, live || own);
+  }
+  following_ = true;
+}
+
+void EventBus::distribute_locked(const FeedEvent& e, bool to_all) {
+  auto bytes = std::make_shared<const std::string>(format_sse(e));
   ++stats_.published;
   for (auto it = subs_.begin(); it != subs_.end();) {
     auto cur = it++;
-    if (!cur->second.tenant.empty() && cur->second.tenant != tenant) continue;
-    if (!deliver(cur->second, bytes)) {
+    Sub& s = cur->second;
+    if (!s.tenant.empty() && s.tenant != e.tenant) continue;
+    // A reader resuming past this event (its Last-Event-ID from another
+    // replica) had it already.
+    if (e.id <= s.last_sent || (!to_all && !s.positioned)) continue;
+    if (!deliver(s, bytes)) {
       drop_slow(cur);
       continue;
     }
-    cur->second.last_sent = id;
+    s.last_sent = e.id;
   }
   ring_bytes_ += bytes->size();
-  ring_.push_back({id, tenant, std::move(bytes)});
+  ring_.push_back({e.id, e.tenant, std::move(bytes)});
   while (ring_.size() > 1 && (ring_.size() > opts_.history || ring_bytes_ > opts_.history_bytes)) {
     ring_bytes_ -= ring_.front().sse->size();
     ring_.pop_front();
   }
-  return id;
 }
 
 bool EventBus::deliver(Sub& s, const std::string& bytes) {
@@ -150,6 +200,7 @@ EventBus::Subscribed EventBus::subscribe(std::shared_ptr<EventSink> sink, std::s
   stats_.subscribers = subs_.size();
   Sub& s = it->second;
   s.last_sent = after.value_or(next_id_ - 1);
+  s.positioned = after.has_value();
   Subscribed out{handle, 0};
   // retry: how long a browser's EventSource waits before it reconnects.
   if (!deliver(s, "retry: 3000\n: connected\n\n")) {
@@ -158,6 +209,12 @@ EventBus::Subscribed EventBus::subscribe(std::shared_ptr<EventSink> sink, std::s
   }
   if (!after) return out;
   const std::uint64_t last = next_id_ - 1;
+  if (log_ && *after > last) {
+    // Read on a replica that is ahead of this one: what follows it comes
+    // here too, soon. Until then this reader gets nothing older.
+    s.ahead_until = std::chrono::steady_clock::now() + opts_.ahead_grace;
+    return out;
+  }
   const std::uint64_t oldest = ring_.empty() ? next_id_ : ring_.front().id;
   // Resumable: the ring still holds the event right after `after` (or
   // nothing happened since), and `after` is an id this run gave.
@@ -194,12 +251,34 @@ void EventBus::unsubscribe(std::uint64_t handle) {
 }
 
 void EventBus::heartbeat() {
-  std::lock_guard lk(mu_);
-  const std::string bytes = ": heartbeat " + format_rfc3339(Clock::now()) + "\n\n";
-  for (auto it = subs_.begin(); it != subs_.end();) {
-    auto cur = it++;
-    if (!deliver(cur->second, bytes)) drop_slow(cur);
+  {
+    std::lock_guard lk(mu_);
+    if (closed_) return;
+    const std::string bytes = ": heartbeat " + format_rfc3339(Clock::now()) + "\n\n";
+    const auto now = std::chrono::steady_clock::now();
+    const std::uint64_t last = next_id_ - 1;
+    for (auto it = subs_.begin(); it != subs_.end();) {
+      auto cur = it++;
+      Sub& s = cur->second;
+      if (s.ahead_until && last >= s.last_sent) s.ahead_until.reset();  // caught up
+      if (s.ahead_until && now >= *s.ahead_until) {
+        // Still not here: not an id of this feed (another database, or the
+        // numbering of a coordinator without replicas).
+        s.ahead_until.reset();
+        nlohmann::json why = {{"reason", "unknown_id"},
+                              {"message", "events after " + std::to_string(s.last_sent) +
+                                              " are not known here; reload GET /v1/tenants"},
+                              {"last_event_id", std::to_string(last)}};
+        s.last_sent = last;
+        if (!deliver(s, control_event("reset", why))) {
+          drop_slow(cur);
+          continue;
+        }
+      }
+      if (!deliver(s, bytes)) drop_slow(cur);
+    }
   }
+  if (opts_.on_heartbeat) opts_.on_heartbeat();
 }
 
 void EventBus::heartbeat_loop() {

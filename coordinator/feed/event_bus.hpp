@@ -7,15 +7,31 @@
 // in microseconds), and the last `history` events stay in a ring, so a
 // reader that reconnects with Last-Event-ID gets exactly what it missed.
 //
+// Replicas (several coordinators on one PostgreSQL store, issue 26): given
+// the store's feed log (store/feed_log.hpp), the bus numbers nothing itself.
+// publish() hands the event to the log, and readers (and the ring) get
+// events only as they come back from it, every replica's, this one's
+// included, with the database's ids and in their order: every replica
+// streams the same events under the same ids, and a reader may resume on
+// any of them. At start the ring is filled with the log's newest `history`
+// events, so a reader that moves to a replica that just started resumes
+// too. A Last-Event-ID that the ring no longer holds gets the `reset` event,
+// as without a log (the reader reloads GET /v1/tenants): the ring covers
+// minutes of a busy fleet, and a reader away for longer wants the state,
+// not the history. One this replica has not received yet (read on another
+// replica a moment before) is waited for, ahead_grace at most.
+//
 // Publishers run on io threads and the store's writer: publish() never
 // waits. It hands each subscriber its bytes through EventSink::write, which
 // only queues them (the HTTP server's bounded stream queue). A reader whose
 // queue is full is too slow: it is dropped with one last event saying so,
 // never waited for, and the others go on.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,6 +41,8 @@
 #include <thread>
 #include <vector>
 
+#include "coordinator/store/feed_log.hpp"
+
 namespace factory::feed {
 
 struct FeedEvent {
@@ -32,6 +50,7 @@ struct FeedEvent {
   std::string type;    // agent | phase | progress | plan | diagnosis | health
   std::string tenant;  // every event is about one tenant
   std::string data;    // one line of JSON: {"tenant", "time", ...}
+  std::string origin;  // with a feed log: the replica that published it
 };
 
 // "id: N\nevent: TYPE\ndata: JSON\n\n"
@@ -66,6 +85,27 @@ struct EventBusOptions {
   std::chrono::milliseconds heartbeat{std::chrono::seconds(15)};
   // 0: the time the bus is made, in microseconds since the epoch.
   std::uint64_t first_id = 0;
+
+  // --- replicas: a feed log shared through the store -------------------------
+  // The store's (Store::feed_log()); null: the bus numbers its own events.
+  // It must outlive the bus; the bus closes it when it is destroyed, at the
+  // latest (the log must not call a bus that is gone). After close() the bus
+  // ignores what comes back, but publish() still appends: an agent's
+  // disconnection while the coordinator stops reaches the other replicas.
+  store::FeedLog* log = nullptr;
+  // How long a reader whose Last-Event-ID is past what this replica has
+  // received waits for it; then it gets a `reset` (checked by heartbeat()).
+  std::chrono::milliseconds ahead_grace{std::chrono::seconds(10)};
+  // Called on the log's thread with each event as it comes back, before
+  // readers get it, and with the replicas' notes (publish_note()): `own`
+  // when this replica published it, `live` false for those read at start
+  // to fill the ring. FeedState learns the other replicas' agents here.
+  std::function<void(const FeedEvent& e, bool own, bool live)> on_logged;
+  // Called by heartbeat(), outside the bus's lock.
+  std::function<void()> on_heartbeat;
+  // FeedState's: how long an agent connected to another replica is shown
+  // connected after that replica was last heard from (feed_state.hpp).
+  std::chrono::milliseconds replica_ttl{std::chrono::seconds(60)};
 };
 
 struct BusStats {
@@ -81,8 +121,19 @@ class EventBus {
   EventBus(const EventBus&) = delete;
   EventBus& operator=(const EventBus&) = delete;
 
-  // Adds "tenant" and "time" to data. Returns the event's id.
+  // Adds "tenant" and "time" to data. Returns the event's id; 0 with a
+  // log, where the database gives it (readers get the event once it has).
   std::uint64_t publish(const std::string& type, const std::string& tenant, nlohmann::json data);
+  // With a log: a note to the other replicas (type kNoteType), through the
+  // log to their on_logged, never to a reader. Without one, nothing.
+  void publish_note(nlohmann::json data);
+  static constexpr const char* kNoteType = "replica";
+  // Whether the events go through a feed log.
+  bool logged() const { return log_ != nullptr; }
+  // Whether readers get what is published: without a log, always; with
+  // one, once the log's first read (the ring's backfill) came back. What
+  // others published before that is only in the ring.
+  bool following() const { return !log_ || following_; }
 
   // Who subscribes, for the limits.
   struct Reader {
@@ -110,13 +161,16 @@ class EventBus {
   std::string refusal(const Reader& reader) const;
 
   // A comment line to every subscriber, so proxies and readers see the
-  // stream alive; the bus's own thread calls it every opts.heartbeat.
+  // stream alive; the bus's own thread calls it every opts.heartbeat. With
+  // a log, it also resets the readers that waited past ahead_grace, and
+  // calls opts.on_heartbeat.
   void heartbeat();
 
   std::uint64_t last_id() const;
   BusStats stats() const;
   std::size_t max_subscribers() const { return opts_.max_subscribers; }
-  // Stops the heartbeat thread and ends every stream (the coordinator stopping).
+  // Stops the heartbeat thread and ends every stream (the coordinator
+  // stopping). Never waits on the database: the log is the store's to close.
   void close();
 
  private:
@@ -125,7 +179,18 @@ class EventBus {
     std::string tenant;
     std::uint64_t last_sent = 0;  // the id a reader that reconnects resumes after
     Reader reader;
+    // Subscribed with a Last-Event-ID: gets the log's backfill too.
+    bool positioned = false;
+    // With a log: its Last-Event-ID is ahead of this replica, waited for
+    // until then.
+    std::optional<std::chrono::steady_clock::time_point> ahead_until;
   };
+  // With mu_ held: the event to its readers and into the ring. `to_all`:
+  // false for the log's backfill, which only readers that gave a
+  // Last-Event-ID may want.
+  void distribute_locked(const FeedEvent& e, bool to_all);
+  // The log's records as they come back (its thread).
+  void from_log(std::vector<store::FeedRecord> records, bool live);
   // With mu_ held: why `reader` may not take a slot now ("" when it may).
   std::string refusal_locked(const Reader& reader) const;
   void erase_locked(std::map<std::uint64_t, Sub>::iterator it);
@@ -136,6 +201,8 @@ class EventBus {
   void heartbeat_loop();
 
   EventBusOptions opts_;
+  store::FeedLog* const log_;
+  std::atomic<bool> following_{false};
   mutable std::mutex mu_;
   std::uint64_t next_id_;
   // The ring holds each event as its readers get it, formatted once and

@@ -6,17 +6,37 @@
 
 namespace factory::feed {
 
+namespace {
+
+// A field of another replica's event or note, as text; `fallback` when it
+// is absent or not text (a row of the log is read, never trusted to throw).
+std::string text_of(const nlohmann::json& j, const char* key, const std::string& fallback = "") {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+bool says_connected(const nlohmann::json& j) {
+  auto it = j.find("connected");
+  return it != j.end() && it->is_boolean() && it->get<bool>();
+}
+
+}  // namespace
+
 void FeedState::agent_connected(const std::string& tenant, AgentPresence presence) {
   presence.connected = true;
   presence.disconnect.clear();
   presence.disconnect_detail.clear();
-  std::unique_lock lk(mu_);
+  presence.replica.clear();
+  // Published under the lock (the bus never calls back into FeedState
+  // while it holds its own): a presence note (send_note) is then either
+  // before this event in the log and without this agent, or after it.
+  std::lock_guard lk(mu_);
   auto& p = presence_[tenant];
   // The spool counters carry over: the agent reports them again soon.
   presence.dropped_events = p.dropped_events;
   presence.pending_events = p.pending_events;
   p = presence;
-  lk.unlock();
+  local_connect_id_[tenant] = 0;
   bus_.publish("agent", tenant,
                {{"connected", true},
                 {"state", "connected"},
@@ -43,19 +63,150 @@ void FeedState::agent_spool(const std::string& tenant, std::uint64_t pending,
 
 void FeedState::agent_disconnected(const std::string& tenant, const std::string& at,
                                    const std::string& how, const std::string& detail) {
-  std::unique_lock lk(mu_);
+  std::lock_guard lk(mu_);
   // Only an agent that is on show: after forget() (the tenant was deleted
   // while its connection was closing) nothing comes back.
   auto it = presence_.find(tenant);
   if (it == presence_.end()) return;
   auto& p = it->second;
-  p.connected = false;
-  p.last_seen = at;
-  p.disconnect = how;
-  p.disconnect_detail = detail;
-  lk.unlock();
+  // An agent that connected to another replica since: that connection is
+  // the one on show, and this (older) one's end changes nothing.
+  if (p.replica.empty()) {
+    p.connected = false;
+    p.last_seen = at;
+    p.disconnect = how;
+    p.disconnect_detail = detail;
+  }
   bus_.publish("agent", tenant,
                {{"connected", false}, {"state", how}, {"detail", detail}, {"last_seen", at}});
+}
+
+EventBusOptions FeedState::hooked(EventBusOptions o) {
+  if (!o.log) return o;
+  o.on_logged = [this, theirs = std::move(o.on_logged)](const FeedEvent& e, bool own, bool live) {
+    from_log(e, own, live);
+    if (theirs) theirs(e, own, live);
+  };
+  o.on_heartbeat = [this, theirs = std::move(o.on_heartbeat)] {
+    {
+      std::lock_guard lk(mu_);
+      send_note();
+    }
+    if (theirs) theirs();
+  };
+  return o;
+}
+
+void FeedState::send_note() {
+  nlohmann::json agents = nlohmann::json::object();
+  for (const auto& [tenant, p] : presence_)
+    if (p.connected && p.replica.empty())
+      agents[tenant] = {{"agent_id", p.agent_id},
+                        {"version", p.version},
+                        {"hostname", p.hostname},
+                        {"remote_address", p.remote},
+                        {"connected_since", p.connected_since},
+                        {"last_seen", p.last_seen}};
+  bus_.publish_note({{"agents", std::move(agents)}});
+}
+
+void FeedState::from_log(const FeedEvent& e, bool own, bool live) {
+  // What was in the log before this replica started says nothing of now:
+  // the replicas' next notes do.
+  if (!live || e.origin.empty()) return;
+  std::lock_guard lk(mu_);
+  if (own) {
+    // This replica's own connection: where it stands in the log's order.
+    if (e.type != "agent") return;
+    auto it = presence_.find(e.tenant);
+    auto c = local_connect_id_.find(e.tenant);
+    if (it == presence_.end() || !it->second.replica.empty() || c == local_connect_id_.end())
+      return;
+    auto d = nlohmann::json::parse(e.data, nullptr, false);
+    if (d.is_object() && says_connected(d)) c->second = e.id;
+    return;
+  }
+  heard_[e.origin] = std::chrono::steady_clock::now();
+  if (e.type == EventBus::kNoteType) return apply_note_locked(e);
+  if (e.type != "agent") return;
+  auto d = nlohmann::json::parse(e.data, nullptr, false);
+  if (!d.is_object()) return;
+  auto it = presence_.find(e.tenant);
+  if (says_connected(d)) {
+    if (it != presence_.end() && it->second.connected && it->second.replica.empty()) {
+      // Connected here too: the newer of the two connections stays.
+      auto c = local_connect_id_.find(e.tenant);
+      const std::uint64_t here = c == local_connect_id_.end() ? 0 : c->second;
+      if (here == 0 || e.id < here) return;
+    }
+    auto& p = presence_[e.tenant];
+    p.agent_id = text_of(d, "agent_id", "");
+    p.version = text_of(d, "version", "");
+    p.hostname = text_of(d, "hostname", "");
+    p.remote = text_of(d, "remote_address", "");
+    p.connected_since = text_of(d, "connected_since", "");
+    p.last_seen = text_of(d, "time", p.connected_since);
+    p.connected = true;
+    p.disconnect.clear();
+    p.disconnect_detail.clear();
+    p.replica = e.origin;
+    local_connect_id_.erase(e.tenant);
+    return;
+  }
+  // Only the replica holding the connection ends it.
+  if (it == presence_.end() || it->second.replica != e.origin) return;
+  auto& p = it->second;
+  p.connected = false;
+  p.last_seen = text_of(d, "last_seen", p.last_seen);
+  p.disconnect = text_of(d, "state", "lost");
+  p.disconnect_detail = text_of(d, "detail", "");
+}
+
+void FeedState::apply_note_locked(const FeedEvent& e) {
+  auto d = nlohmann::json::parse(e.data, nullptr, false);
+  if (!d.is_object() || !d.contains("agents") || !d["agents"].is_object()) return;
+  const auto& agents = d["agents"];
+  for (const auto& [tenant, a] : agents.items()) {
+    if (!a.is_object()) continue;
+    auto it = presence_.find(tenant);
+    // A note fills in what this replica did not hear of (it started after
+    // the agent connected); it never takes an agent from a connection that
+    // is on show elsewhere (here, or another replica).
+    if (it != presence_.end() && it->second.connected && it->second.replica != e.origin) continue;
+    auto& p = presence_[tenant];
+    p.agent_id = text_of(a, "agent_id", "");
+    p.version = text_of(a, "version", "");
+    p.hostname = text_of(a, "hostname", "");
+    p.remote = text_of(a, "remote_address", "");
+    p.connected_since = text_of(a, "connected_since", "");
+    p.last_seen = text_of(a, "last_seen", p.last_seen);
+    p.connected = true;
+    p.disconnect.clear();
+    p.disconnect_detail.clear();
+    p.replica = e.origin;
+  }
+  // What the replica no longer lists, it no longer holds (its
+  // `disconnected`, which says how, follows or came before).
+  for (auto& [tenant, p] : presence_)
+    if (p.connected && p.replica == e.origin && !agents.contains(tenant)) {
+      p.connected = false;
+      p.disconnect = "lost";
+      p.disconnect_detail = "no longer connected to coordinator replica " + e.origin;
+    }
+}
+
+AgentPresence FeedState::shown_locked(AgentPresence p,
+                                      std::chrono::steady_clock::time_point now) const {
+  if (!p.connected || p.replica.empty()) return p;
+  auto h = heard_.find(p.replica);
+  if (h != heard_.end() && now - h->second <= replica_ttl_) return p;
+  p.connected = false;
+  p.disconnect = "lost";
+  p.disconnect_detail =
+      "coordinator replica " + p.replica + " holding the connection has not " +
+      "been heard from for " +
+      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(replica_ttl_).count()) + " s";
+  return p;
 }
 
 void FeedState::health_changed(const std::string& tenant, const store::LatestHealth& sample) {
@@ -105,6 +256,7 @@ void FeedState::event_stored(const std::string& tenant, const nlohmann::json& ev
 void FeedState::forget(const std::string& tenant) {
   std::lock_guard lk(mu_);
   presence_.erase(tenant);
+  local_connect_id_.erase(tenant);
   for (auto* counts : {&rejected_, &over_quota_})
     for (auto it = counts->lower_bound({tenant, ""});
          it != counts->end() && it->first.first == tenant;)
@@ -180,18 +332,23 @@ std::optional<AgentPresence> FeedState::presence(const std::string& tenant) cons
   std::lock_guard lk(mu_);
   auto it = presence_.find(tenant);
   if (it == presence_.end()) return std::nullopt;
-  return it->second;
+  return shown_locked(it->second, std::chrono::steady_clock::now());
 }
 
 std::map<std::string, AgentPresence> FeedState::all() const {
   std::lock_guard lk(mu_);
-  return presence_;
+  const auto now = std::chrono::steady_clock::now();
+  std::map<std::string, AgentPresence> out;
+  for (const auto& [tenant, p] : presence_) out.emplace(tenant, shown_locked(p, now));
+  return out;
 }
 
 std::size_t FeedState::connected_count() const {
   std::lock_guard lk(mu_);
-  return static_cast<std::size_t>(std::count_if(presence_.begin(), presence_.end(),
-                                                [](const auto& p) { return p.second.connected; }));
+  const auto now = std::chrono::steady_clock::now();
+  return static_cast<std::size_t>(
+      std::count_if(presence_.begin(), presence_.end(),
+                    [&](const auto& p) { return shown_locked(p.second, now).connected; }));
 }
 
 void FeedState::set_leadership(const std::string& replica, bool leading) {

@@ -4,6 +4,23 @@
 // happen, from any io thread; the feed only reads them (tenant_view.hpp,
 // metrics.hpp). In memory only: after a restart every agent counts as
 // disconnected until its hello. Thread-safe.
+//
+// Replicas (the bus on the store's feed log, event_bus.hpp): an agent is
+// connected to one replica, and every replica shows it. The `agent` events
+// of the others, as they come back from the log, set and end presence here
+// (AgentPresence::replica names the replica that holds the connection); each
+// replica also sends, at every bus heartbeat (events.heartbeat, 15 s), a
+// note listing the agents connected to it, which tells a replica that
+// started later about agents that connected before it. The rule for a
+// replica that dies without a word (kill -9, a node lost): an agent it held
+// is shown connected only while that replica has been heard from (any event
+// or note of its own) within replica_ttl (four heartbeats, 60 s, as the
+// coordinator sets it); past that
+// it is shown disconnected, state "lost", until it connects again
+// (anywhere). Which connection wins: the newest in the log's order. A
+// replica's own connection is newer than another's `connected` that the log
+// put before it, and only the replica that holds a connection may end it.
+// Counters and spool figures stay per replica.
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -28,6 +45,9 @@ struct AgentPresence {
   // "lost" when the connection just went (a crash, the network, a timeout);
   // "revoked", "replaced" when the coordinator ended it.
   std::string disconnect;
+  // With replicas: "" when the connection is to this coordinator, else the
+  // replica holding it (its feed log origin).
+  std::string replica;
   std::string disconnect_detail;  // the close reason as given
   // Events the agent's spool had to drop (it was full during an outage), as
   // its last heartbeat said.
@@ -65,7 +85,8 @@ struct StepDurations {
 
 class FeedState {
  public:
-  explicit FeedState(EventBusOptions bus = {}) : bus_(bus) {}
+  explicit FeedState(EventBusOptions bus = {})
+      : replica_ttl_(bus.replica_ttl), bus_(hooked(std::move(bus))) {}
 
   // The agent said hello: it is the tenant's one connected agent now.
   void agent_connected(const std::string& tenant, AgentPresence presence);
@@ -135,8 +156,25 @@ class FeedState {
   const AgentCounters& counters() const { return counters_; }
 
  private:
+  // The bus's options with FeedState's hooks on the log (the caller's kept).
+  EventBusOptions hooked(EventBusOptions o);
+  // An event back from the log (its thread): the other replicas' agents.
+  void from_log(const FeedEvent& e, bool own, bool live);
+  void apply_note_locked(const FeedEvent& e);
+  // With mu_ held: the note listing the agents connected here.
+  void send_note();
+  // With mu_ held: `p` as shown now (a connection held by a replica not
+  // heard from within replica_ttl_ is shown lost).
+  AgentPresence shown_locked(AgentPresence p, std::chrono::steady_clock::time_point now) const;
+
   mutable std::mutex mu_;
   std::map<std::string, AgentPresence> presence_;
+  const std::chrono::milliseconds replica_ttl_;
+  // When each other replica was last heard from (its live events and notes).
+  std::map<std::string, std::chrono::steady_clock::time_point> heard_;
+  // The log id of this replica's latest `connected` of each tenant's agent;
+  // 0 while it has not come back from the log.
+  std::map<std::string, std::uint64_t> local_connect_id_;
   TenantCounts rejected_, over_quota_;
   std::map<std::string, std::uint64_t> health_samples_;
   std::map<std::string, std::uint64_t> events_by_kind_;

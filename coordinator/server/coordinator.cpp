@@ -182,6 +182,13 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   p.workers = std::make_unique<WorkerPool>(c->cfg_.worker_threads);
   feed::EventBusOptions bus;
   bus.heartbeat = c->cfg_.events_heartbeat;
+  // Replicas on one PostgreSQL store stream one feed, numbered by the
+  // database (store/feed_log.hpp); SQLite has no log, the bus numbers.
+  bus.log = p.store->feed_log();
+  // Each replica's note of its agents goes out at every heartbeat: an
+  // agent is shown lost once its replica missed four of them.
+  if (bus.heartbeat.count() > 0)
+    bus.replica_ttl = 4 * std::chrono::duration_cast<std::chrono::milliseconds>(bus.heartbeat);
   p.feed = std::make_unique<feed::StatusFeed>(*p.store, bus);
   AgentServiceOptions ao;
   ao.cert_ttl = c->cfg_.agent_cert_ttl;
@@ -649,6 +656,10 @@ void Coordinator::run() {
   // tenant) is written now: the caller may end the process without running
   // the destructors (cli/serve_command.cpp).
   if (parts_->workers) parts_->workers->stop();
+  // With replicas this closes the feed's log too, after what it still holds
+  // (the agents' disconnections as the listener stopped) is written: here,
+  // not in stop(), as it may wait on the database. The bus, closed by
+  // stop(), ignores what the log still hands back meanwhile.
   if (parts_->store) parts_->store->close();
 }
 

@@ -129,6 +129,9 @@ class StoreBackend {
   virtual void listen(std::function<void(Invalidation)> /*changed*/) {}
   // Stops it, before the writer stops.
   virtual void stop_listening() {}
+  // The status feed's log (feed_log.hpp), the backend's; null when there
+  // is none (SQLite). Closed by close().
+  virtual FeedLog* feed_log() { return nullptr; }
 };
 
 // The Store of both backends: memory, the queue and the writer; the backend
@@ -161,6 +164,7 @@ class BatchingStore final : public Store {
                     std::function<void(Result<AppendOutcome>)> done,
                     std::function<bool()> still_wanted) override;
   void put_health(const std::string& tenant, std::shared_ptr<const LatestHealth> sample) override;
+  FeedLog* feed_log() override { return backend_->feed_log(); }
 
   // What another replica changed: reloaded from the database by the writer,
   // in order with this store's own batches, so a reload never publishes a

@@ -34,6 +34,7 @@
 #include "common/durations.hpp"
 #include "common/log.hpp"
 #include "coordinator/store/batching_store.hpp"
+#include "coordinator/store/feed_log.hpp"
 #include "coordinator/store/postgres_conninfo.hpp"
 
 namespace factory::store {
@@ -53,7 +54,9 @@ constexpr std::size_t kMaxPayload = 7900;
 // The same tables and columns as the embedded store, so that what a test or
 // an operator writes about one reads the same on the other. Bodies are text,
 // not jsonb: jsonb reorders keys and rewrites numbers, and a record or a
-// health sample must read back as it was written.
+// health sample must read back as it was written. feed_log is the status
+// feed's, shared by the replicas (feed_log.hpp); added without a new schema
+// version, as a coordinator that predates it never reads it.
 const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS meta (key text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE IF NOT EXISTS tenants (name text PRIMARY KEY, record text NOT NULL);
@@ -73,6 +76,16 @@ CREATE TABLE IF NOT EXISTS cursors (
   PRIMARY KEY (tenant, agent_id));
 CREATE TABLE IF NOT EXISTS event_counts (tenant text PRIMARY KEY, n bigint NOT NULL);
 CREATE TABLE IF NOT EXISTS health (tenant text PRIMARY KEY, sample text NOT NULL);
+CREATE TABLE IF NOT EXISTS feed_log (
+  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  origin text NOT NULL,
+  origin_seq bigint NOT NULL,
+  type text NOT NULL,
+  tenant text NOT NULL,
+  data text NOT NULL,
+  appended_unix bigint NOT NULL,
+  CONSTRAINT feed_log_once UNIQUE (origin, origin_seq));
+CREATE INDEX IF NOT EXISTS feed_log_by_age ON feed_log (appended_unix);
 )sql";
 
 // Every statement with a value in it, prepared on each connection: values
@@ -214,8 +227,9 @@ class PostgresBackend final : public StoreBackend {
   PostgresBackend(const PostgresBackend&) = delete;
   PostgresBackend& operator=(const PostgresBackend&) = delete;
 
-  // Connects, makes the tables if absent and answers what the database holds.
-  Result<Snapshot> open();
+  // Connects, makes the tables if absent and answers what the database
+  // holds; then opens the feed's log.
+  Result<Snapshot> open(const FeedLogOptions& feed);
 
   std::vector<StoredEvent> recent_events(const std::string& tenant, std::size_t max) const override;
 
@@ -283,6 +297,9 @@ class PostgresBackend final : public StoreBackend {
   }
 
   void close() override {
+    // The feed's log first: what it still holds is written while the
+    // database is there.
+    if (feed_log_) feed_log_->close();
     stop_listening();
     // An open that failed half way may hold its connections too.
     disconnect(wconn_);
@@ -293,6 +310,7 @@ class PostgresBackend final : public StoreBackend {
 
   // --- replicas ----------------------------------------------------------------
   bool shared() const override { return true; }
+  FeedLog* feed_log() override { return feed_log_.get(); }
 
   Result<std::map<std::string, TenantRecord>> lock_records(
       const std::vector<std::string>& names) override {
@@ -421,6 +439,9 @@ class PostgresBackend final : public StoreBackend {
   // A server away for minutes is said once in a while, not every backoff.
   LogThrottle listener_log_{3, std::chrono::seconds(60)};
   LogThrottle listener_back_log_{3, std::chrono::seconds(60)};
+  // The status feed's log (made once the schema is): its own connections
+  // and threads.
+  std::unique_ptr<FeedLog> feed_log_;
 };
 
 Result<PGconn*> PostgresBackend::connect(bool with_statements, const char* app) const {
@@ -535,7 +556,7 @@ Result<Snapshot> PostgresBackend::load(PGconn* c, bool with_health) const {
   return s;
 }
 
-Result<Snapshot> PostgresBackend::open() {
+Result<Snapshot> PostgresBackend::open(const FeedLogOptions& feed) {
   auto c = connect(false);
   if (!c) return c.error();
   wconn_ = *c;
@@ -547,6 +568,7 @@ Result<Snapshot> PostgresBackend::open() {
   auto r = connect();
   if (!r) return r.error();
   rconn_ = *r;
+  feed_log_ = open_postgres_feed_log(conninfo_, where_, feed);
   return snap;
 }
 
@@ -722,7 +744,7 @@ Result<std::unique_ptr<Store>> open_postgres_store(const std::string& conninfo, 
   auto where = describe_conninfo(conninfo);
   if (!where) return where.error();
   auto backend = std::make_unique<PostgresBackend>(conninfo, *where);
-  auto loaded = backend->open();
+  auto loaded = backend->open(opts.feed_log);
   if (!loaded) return loaded.error();
   return std::unique_ptr<Store>(
       std::make_unique<BatchingStore>(std::move(backend), std::move(*loaded), opts));

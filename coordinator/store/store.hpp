@@ -26,6 +26,7 @@
 
 #include "common/error.hpp"
 #include "contract/health_sample.hpp"
+#include "coordinator/store/feed_log.hpp"
 #include "coordinator/store/tenant_record.hpp"
 
 namespace factory::store {
@@ -61,6 +62,8 @@ struct StoreOptions {
   std::chrono::seconds health_flush{std::chrono::seconds(30)};
   std::chrono::seconds maintenance_every{std::chrono::seconds(60)};
   std::size_t max_batch = 4096;  // operations in one transaction
+  // The status feed's log, on a database shared by replicas (PostgreSQL).
+  FeedLogOptions feed_log;
 };
 
 struct StoreStats {
@@ -129,6 +132,12 @@ class Store {
   virtual void put_health(const std::string& tenant,
                           std::shared_ptr<const LatestHealth> health) = 0;
 
+  // The status feed's log, shared by the coordinators on one database
+  // (feed_log.hpp): null when this store's process is its only writer
+  // (SQLite), where the event bus numbers its own events. Owned by the
+  // store, valid until it is destroyed; close() closes it too.
+  virtual FeedLog* feed_log() { return nullptr; }
+
   // Writes what is pending (health included) and stops the writer.
   virtual void close() = 0;
 };
@@ -149,7 +158,8 @@ Result<std::unique_ptr<Store>> open_sqlite_store(const std::string& dir, StoreOp
 // that changed tenants NOTIFYs the others, whose listener thread has their
 // writer reload those tenants (everything after its own reconnection); a
 // record is changed as the database has it, locked (SELECT … FOR UPDATE) in
-// the batch's transaction, never as memory had it.
+// the batch's transaction, never as memory had it. The status feed is shared
+// through its feed_log() (feed_log.hpp).
 Result<std::unique_ptr<Store>> open_postgres_store(const std::string& conninfo,
                                                    StoreOptions opts = {});
 

@@ -7,6 +7,7 @@
 
 #include "common/atomic_file.hpp"
 #include "common/net/http_client.hpp"
+#include "tests/integration/event_reader.hpp"
 #include "tests/support/coordinator_harness.hpp"
 #include "tests/support/postgres_server.hpp"
 
@@ -63,6 +64,17 @@ TEST(Replicas, TwoServesOnOneDatabaseServeOneCaAndHonourEachOthersTokens) {
   tok["coordinator_url"] = a.agents_url();
   AgentProcess agent(a, tok);
   ASSERT_TRUE(eventually([&] { return a.agent_connected("t1"); }, 15s)) << agent.log() << a.log();
+  // The agent connected to a shows connected on b (the feed log), and both
+  // replicas' /v1/events hold its `connected` under one id.
+  EXPECT_TRUE(eventually([&] { return b.agent_connected("t1"); }, 5s)) << b.log();
+  const std::map<std::string, std::string> from_start = {
+      {"Authorization", "Bearer " + a.admin_token()}, {"Last-Event-ID", "0"}};
+  EventReader on_a(a, "/v1/events", from_start), on_b(b, "/v1/events", from_start);
+  auto connect_a = on_a.wait_for("agent", "connected", true);
+  auto connect_b = on_b.wait_for("agent", "connected", true);
+  ASSERT_TRUE(connect_a && connect_b) << on_a.text() << on_b.text();
+  EXPECT_EQ(connect_a->id, connect_b->id);
+  EXPECT_EQ(connect_b->data["tenant"], "t1");
   // b's listing says it was used.
   auto list = b.factory({"token", "list", "-o", "json"});
   ASSERT_EQ(list.exit_code, 0) << list.output;
