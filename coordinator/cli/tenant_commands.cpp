@@ -278,6 +278,9 @@ int create(const Context& ctx, const CreateOptions& o) {
       for (const auto& obj : doc.value("objects", json::array()))
         std::cout << "  created " << obj.get<std::string>() << "\n";
     }
+    if (!str(doc, "tenant_object").empty())
+      std::cout << "  wrote Tenant " << str(doc, "tenant_object")
+                << " (tenants.source: kubernetes)\n";
   }
   if (!str(doc, "note").empty()) std::cerr << "note: " << str(doc, "note") << "\n";
   if (!password.empty()) {
@@ -502,6 +505,9 @@ int remove(const Context& ctx, const std::string& name, const std::string& ns) {
   std::cout << "tenant " << name << " deleted: " << deleted.size() << " object(s) removed, agent "
             << "certificate and unused tokens revoked\n";
   for (const auto& d : deleted) std::cout << "  deleted " << d.get<std::string>() << "\n";
+  const json tenant_object = res->value("tenant_object", json::object());
+  if (tenant_object.value("found", false))
+    std::cout << "  deleted " << str(tenant_object, "ref") << "\n";
   return 0;
 }
 

@@ -20,6 +20,7 @@ const std::vector<Resource>& known_resources() {
       {"kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances", true},
       {"cdi.kubevirt.io", "v1beta1", "DataVolume", "datavolumes", true},
       {"nvidia.com", "v1", "ClusterPolicy", "clusterpolicies", false},
+      {"factory.dev", "v1alpha1", "Tenant", "tenants", true},
   };
   return all;
 }

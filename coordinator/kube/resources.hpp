@@ -29,6 +29,8 @@ inline const Kind kKubeVirt{"kubevirt.io/v1", "KubeVirt"};
 inline const Kind kVirtualMachine{"kubevirt.io/v1", "VirtualMachine"};
 inline const Kind kVirtualMachineInstance{"kubevirt.io/v1", "VirtualMachineInstance"};
 inline const Kind kDataVolume{"cdi.kubevirt.io/v1beta1", "DataVolume"};
+// Factory's own custom resource (coordinator/tenants/tenant_resource.hpp).
+inline const Kind kTenant{"factory.dev/v1alpha1", "Tenant"};
 
 struct Resource {
   std::string group;    // "" for the core group
