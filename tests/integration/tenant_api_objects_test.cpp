@@ -46,6 +46,26 @@ int requests_to(const FakeKube& kube, const std::string& method, const std::stri
   return n;
 }
 
+std::vector<json> yaml_documents(const std::string& text) {
+  std::vector<json> docs;
+  std::string chunk;
+  auto flush = [&] {
+    auto j = factory::parse_yaml(chunk, "doc");
+    if (j.ok() && j->is_object()) docs.push_back(*j);
+    chunk.clear();
+  };
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line == "---")
+      flush();
+    else
+      chunk += line + "\n";
+  }
+  flush();
+  return docs;
+}
+
 class TenantApiObjects : public Tenants {
  protected:
   void SetUp() override {
@@ -227,6 +247,51 @@ TEST_F(TenantApiObjects, ARefusedCreateLeavesNoTenantBehind) {
   auto bad = create("tenant-2", "gpu-xl");
   expect_one_line_failure(bad, "unknown tier 'gpu-xl'");
   EXPECT_EQ(requests_to(kube_, "POST", kTenantsPath), 1);
+}
+
+TEST(TenantApiObjectsDryRun, PrintsTheTenantFirstWhenTenantsAreInTheCluster) {
+  TempDir dir("tenant-objects-dry");
+  write_text(dir / "admin.pub", std::string(kTestEd25519Key) + "\n");
+  write_text(dir / "coordinator.yaml",
+             "state_dir: " + (dir / "state").string() +
+                 "\nexternal_url: wss://factory.example:8443\napi:\n  listen: 127.0.0.1:" +
+                 std::to_string(free_loopback_port()) + "\nkube:\n  kubeconfig: " +
+                 (dir / "no-such-kubeconfig").string() + "\ntenants:\n  source: kubernetes\n");
+  const std::vector<std::string> base = {
+      factory_bin(), "--config",  (dir / "coordinator.yaml").string(),
+      "tenant",      "create",    "tenant-1",
+      "--tier",      "gpu-vm",    "--memory",
+      "16Gi",        "--ssh-key", (dir / "admin.pub").string(),
+      "--dry-run"};
+  auto yaml_args = base;
+  yaml_args.insert(yaml_args.end(), {"-o", "yaml"});
+  auto y = run(yaml_args, 30s);
+  ASSERT_EQ(y.exit_code, 0) << y.output;
+  EXPECT_FALSE(fs::exists(dir / "state")) << "a dry run stores nothing";
+  auto docs = yaml_documents(y.output);
+  ASSERT_EQ(docs.size(), 5u) << y.output;
+  EXPECT_EQ(docs[0]["kind"], "Tenant");
+  EXPECT_EQ(docs[1]["kind"], "Namespace");
+  EXPECT_EQ(docs[3]["kind"], "VirtualMachine");
+  EXPECT_EQ(docs[0]["metadata"]["namespace"], "tenants");
+  EXPECT_EQ(docs[0]["metadata"]["labels"][factory::tenants::kTenantWrittenByLabel],
+            factory::tenants::kTenantWrittenByApi);
+  auto read = factory::tenants::tenant_from_object(docs[0]);
+  ASSERT_TRUE(read.ok()) << read.error().message;
+  EXPECT_EQ(read->request.memory, "16Gi");
+  EXPECT_EQ(read->request.ssh_authorized_keys, std::vector<std::string>{kTestEd25519Key});
+  EXPECT_NE(y.output.find("# The Tenant first"), std::string::npos) << y.output;
+
+  // -o json: the same List, the Tenant as items[0].
+  auto json_args = base;
+  json_args.insert(json_args.end(), {"-o", "json"});
+  auto j = run(json_args, 30s);
+  ASSERT_EQ(j.exit_code, 0) << j.output;
+  auto list = json::parse(j.output, nullptr, false);
+  ASSERT_EQ(list.value("kind", ""), "List") << j.output;
+  ASSERT_EQ(list["items"].size(), 5u);
+  EXPECT_EQ(list["items"][0], docs[0]);
+  EXPECT_EQ(list["items"][4]["kind"], "Service");
 }
 
 }  // namespace
