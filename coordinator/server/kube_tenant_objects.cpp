@@ -36,7 +36,13 @@ Result<json> KubeTenantObjects::create(const json& tenant) {
     if (!made && made.error().code != Errc::already_exists)
       return made.error().with_context("Namespace " + ns);
   }
-  return client_.create(tenant);
+  auto made = client_.create(tenant);
+  // The collection itself is missing: the one command that installs it.
+  if (!made && made.error().code == Errc::not_found)
+    return Error(Errc::not_found, made.error().message +
+                                      " (`factory install crds | kubectl apply -f -` installs "
+                                      "the Tenant's)");
+  return made;
 }
 
 Result<bool> KubeTenantObjects::remove(const std::string& ns, const std::string& name) {

@@ -249,6 +249,27 @@ TEST_F(TenantApiObjects, ARefusedCreateLeavesNoTenantBehind) {
   EXPECT_EQ(requests_to(kube_, "POST", kTenantsPath), 1);
 }
 
+// A cluster without the Tenant CRD: the create says what to install, in
+// one line, and makes no VM.
+TEST(TenantApiObjectsNoCrd, CreateSaysHowToInstallTheTenantResource) {
+  TempDir dir("tenant-objects-no-crd");
+  FakeKube kube({"--vfio-cards", "10DE:27B8=2", "--no-group", "factory.dev"});
+  ASSERT_TRUE(kube.ok()) << kube.log();
+  write_text(dir / "admin.pub", std::string(kTestEd25519Key) + "\n");
+  CoordinatorHarness h(dir.path(), "kube:\n  kubeconfig: " + kube.kubeconfig() +
+                                       "\ntenants:\n  source: kubernetes\n");
+  h.start();
+  auto r = h.factory({"tenant", "create", "tenant-1", "--tier", "gpu-vm", "--ssh-key",
+                      (dir / "admin.pub").string()});
+  expect_one_line_failure(
+      r,
+      "does not serve tenants.factory.dev (factory.dev/v1alpha1): is its "
+      "CustomResourceDefinition installed? (`factory install crds | kubectl apply -f -`");
+  EXPECT_EQ(
+      kube.get("/apis/kubevirt.io/v1/namespaces/tenants/virtualmachines/tenant-1").value("code", 0),
+      404);
+}
+
 TEST(TenantApiObjectsDryRun, PrintsTheTenantFirstWhenTenantsAreInTheCluster) {
   TempDir dir("tenant-objects-dry");
   write_text(dir / "admin.pub", std::string(kTestEd25519Key) + "\n");
