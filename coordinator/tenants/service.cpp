@@ -389,74 +389,6 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
   return out;
 }
 
-Result<CreateOutcome> TenantService::create_with_object(const TenantRequest& req) {
-  if (!objects_) return create(req);
-  std::lock_guard changes(changes_mu_);
-  // Bad input is refused before the Tenant is written: a Tenant that create
-  // refuses is one the controller would fail on at every pass.
-  auto vm = resolve_vm_spec(catalog_, req, opts_.default_namespace);
-  if (!vm) return vm.error();
-  // A tenant that exists already: a create it refuses (another spec, a
-  // token-only tenant, a half-deleted one) is refused before a Tenant is
-  // written for it; one it would finish keeps its namespace.
-  auto existing = deps_.store.get_tenant(req.name);
-  if (existing &&
-      (!has_vm(*existing) || existing->phase == "deleting" || !same_request(existing->spec, req)))
-    return create(req);
-  const std::string ns = existing ? record_namespace(*existing, vm->ns) : vm->ns;
-  const json tenant = api_tenant_object(req, ns);
-  auto put = create_or_confirm(*objects_, tenant);
-  if (!put) return put.error();
-  auto out = create(req);
-  if (out && *put == TenantObjectPut::created) out->tenant_object = ns + "/" + req.name;
-  if (out || *put != TenantObjectPut::created || deps_.store.get_tenant(req.name)) return out;
-  // The create was refused or rolled back whole: its Tenant goes with it
-  // (with the finalizer the controller may have put on it meanwhile), or
-  // the controller would make the tenant the admin was told was refused.
-  const std::string what = "Tenant " + ns + "/" + req.name;
-  auto gone = objects_->remove(ns, req.name);
-  if (gone) gone = objects_->release(ns, req.name);
-  if (!gone)
-    return Error(out.error().code, out.error().message + "; its " + what +
-                                       " could not be deleted (" + gone.error().message +
-                                       "): `kubectl delete tenant " + req.name + " -n " + ns + "`");
-  spdlog::info("tenants: create of {} failed: its {} is deleted", req.name, what);
-  return out;
-}
-
-Result<json> TenantService::remove_with_object(const std::string& name,
-                                               const std::string& ns_hint) {
-  if (!objects_) return remove(name, ns_hint);
-  std::lock_guard changes(changes_mu_);
-  if (auto st = enroll::validate_tenant_name(name); !st.ok()) return st.error();
-  if (!ns_hint.empty())
-    if (auto st = validate_namespace_name(ns_hint); !st.ok()) return st.error();
-  const std::string fallback = ns_hint.empty() ? opts_.default_namespace : ns_hint;
-  auto rec = deps_.store.get_tenant(name);
-  const std::string ns = rec ? record_namespace(*rec, fallback) : fallback;
-  const std::string what = "Tenant " + ns + "/" + name;
-  // The Tenant's deletion is asked before anything else changes: were the
-  // tenant removed first and the Tenant then not deleted, the controller
-  // would make the tenant again from it.
-  auto asked = objects_->remove(ns, name);
-  if (!asked)
-    return asked.error().with_context("deleting tenant " + name + "'s " + what +
-                                      " (nothing was changed)");
-  auto out = remove(name, ns_hint);
-  // A Tenant held by the controller's finalizer stays marked for deletion:
-  // the controller, or this delete run again, finishes it.
-  if (!out) return out.error();
-  auto released = objects_->release(ns, name);
-  if (!released)
-    return released.error().with_context("tenant " + name + " is deleted, but its " + what +
-                                         " still holds finalizer " + kTenantFinalizer +
-                                         ": run the delete again");
-  if (*asked) spdlog::info("tenants: deleted {} with its tenant", what);
-  (*out)["found"] = (*out)["found"].get<bool>() || *asked;
-  (*out)["tenant_object"] = {{"ref", what}, {"found", *asked}, {"finalizer_removed", *released}};
-  return out;
-}
-
 Status TenantService::rollback(store::TenantRecord& rec, bool record_is_new,
                                const std::string& token_id, const std::vector<VmObject>& created,
                                const Error& cause) {
@@ -553,6 +485,74 @@ Result<json> TenantService::remove(const std::string& name, const std::string& n
               {"record_removed", rec.has_value()},
               {"deleted", refs(deleted)},
               {"revoked", true}};
+}
+
+Result<CreateOutcome> TenantService::create_with_object(const TenantRequest& req) {
+  if (!objects_) return create(req);
+  std::lock_guard changes(changes_mu_);
+  // Bad input is refused before the Tenant is written: a Tenant that create
+  // refuses is one the controller would fail on at every pass.
+  auto vm = resolve_vm_spec(catalog_, req, opts_.default_namespace);
+  if (!vm) return vm.error();
+  // A tenant that exists already: a create it refuses (another spec, a
+  // token-only tenant, a half-deleted one) is refused before a Tenant is
+  // written for it; one it would finish keeps its namespace.
+  auto existing = deps_.store.get_tenant(req.name);
+  if (existing &&
+      (!has_vm(*existing) || existing->phase == "deleting" || !same_request(existing->spec, req)))
+    return create(req);
+  const std::string ns = existing ? record_namespace(*existing, vm->ns) : vm->ns;
+  const json tenant = api_tenant_object(req, ns);
+  auto put = create_or_confirm(*objects_, tenant);
+  if (!put) return put.error();
+  auto out = create(req);
+  if (out && *put == TenantObjectPut::created) out->tenant_object = ns + "/" + req.name;
+  if (out || *put != TenantObjectPut::created || deps_.store.get_tenant(req.name)) return out;
+  // The create was refused or rolled back whole: its Tenant goes with it
+  // (with the finalizer the controller may have put on it meanwhile), or
+  // the controller would make the tenant the admin was told was refused.
+  const std::string what = "Tenant " + ns + "/" + req.name;
+  auto gone = objects_->remove(ns, req.name);
+  if (gone) gone = objects_->release(ns, req.name);
+  if (!gone)
+    return Error(out.error().code, out.error().message + "; its " + what +
+                                       " could not be deleted (" + gone.error().message +
+                                       "): `kubectl delete tenant " + req.name + " -n " + ns + "`");
+  spdlog::info("tenants: create of {} failed: its {} is deleted", req.name, what);
+  return out;
+}
+
+Result<json> TenantService::remove_with_object(const std::string& name,
+                                               const std::string& ns_hint) {
+  if (!objects_) return remove(name, ns_hint);
+  std::lock_guard changes(changes_mu_);
+  if (auto st = enroll::validate_tenant_name(name); !st.ok()) return st.error();
+  if (!ns_hint.empty())
+    if (auto st = validate_namespace_name(ns_hint); !st.ok()) return st.error();
+  const std::string fallback = ns_hint.empty() ? opts_.default_namespace : ns_hint;
+  auto rec = deps_.store.get_tenant(name);
+  const std::string ns = rec ? record_namespace(*rec, fallback) : fallback;
+  const std::string what = "Tenant " + ns + "/" + name;
+  // The Tenant's deletion is asked before anything else changes: were the
+  // tenant removed first and the Tenant then not deleted, the controller
+  // would make the tenant again from it.
+  auto asked = objects_->remove(ns, name);
+  if (!asked)
+    return asked.error().with_context("deleting tenant " + name + "'s " + what +
+                                      " (nothing was changed)");
+  auto out = remove(name, ns_hint);
+  // A Tenant held by the controller's finalizer stays marked for deletion:
+  // the controller, or this delete run again, finishes it.
+  if (!out) return out.error();
+  auto released = objects_->release(ns, name);
+  if (!released)
+    return released.error().with_context("tenant " + name + " is deleted, but its " + what +
+                                         " still holds finalizer " + kTenantFinalizer +
+                                         ": run the delete again");
+  if (*asked) spdlog::info("tenants: deleted {} with its tenant", what);
+  (*out)["found"] = (*out)["found"].get<bool>() || *asked;
+  (*out)["tenant_object"] = {{"ref", what}, {"found", *asked}, {"finalizer_removed", *released}};
+  return out;
 }
 
 json TenantService::plan_steps(const store::TenantRecord& t) const {
