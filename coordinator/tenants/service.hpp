@@ -124,7 +124,7 @@ class TenantService {
   // dies half-way leaves a Tenant being deleted, which the controller
   // finishes, never a live Tenant without its tenant), then remove, then
   // the finalizer taken off so the Tenant goes. Its answer is remove's plus
-  // "tenant_object": {"found", "finalizer_removed"}. Without: remove.
+  // "tenant_object": {"ref", "found", "finalizer_removed"}. Without: remove.
   Result<nlohmann::json> remove_with_object(const std::string& name, const std::string& ns_hint);
   // The record as the status feed shows it, plus the VM as the provider sees
   // it now ("vm") and the plan's steps in plan order ("plan_steps").
