@@ -26,6 +26,7 @@
 #include "coordinator/tenants/k8s_names.hpp"
 #include "coordinator/tenants/progress.hpp"
 #include "coordinator/tenants/request.hpp"
+#include "coordinator/tenants/tenant_objects.hpp"
 #include "coordinator/tenants/vm_spec.hpp"
 
 namespace factory::cli {
@@ -164,6 +165,11 @@ int dry_run(const Context& ctx, const CreateOptions& o) {
   auto ud = render_user_data(p);
   if (!ud) return fail(ud.error());
   auto objects = kubevirt::tenant_objects(*vm, ud->text);
+  // With tenants.source: kubernetes the coordinator writes the tenant's
+  // Tenant before anything else (TenantService::create_with_object): first
+  // here too, as the coordinator would write it.
+  const bool with_tenant = cfg->tenants_from_kubernetes();
+  if (with_tenant) objects.insert(objects.begin(), api_tenant_object(*req, vm->ns));
 
   if (o.out == OutputFormat::json) {
     std::cout << json{{"apiVersion", "v1"}, {"kind", "List"}, {"items", objects}}.dump(2) << "\n";
@@ -174,8 +180,11 @@ int dry_run(const Context& ctx, const CreateOptions& o) {
   std::cout << "# factory tenant create " << vm->name << " --dry-run: the objects it would "
             << "create, in order.\n"
             << "# Nothing was contacted and nothing was stored.\n"
-            << "# The Namespace is created only if it is missing.\n"
-            << "# PLACEHOLDERS, filled in when the coordinator creates the tenant:\n"
+            << "# The Namespace is created only if it is missing.\n";
+  if (with_tenant)
+    std::cout << "# The Tenant first: tenants.source is kubernetes, so the coordinator writes it "
+              << "before the rest (the password is never in it).\n";
+  std::cout << "# PLACEHOLDERS, filled in when the coordinator creates the tenant:\n"
             << "#   in the Secret's user-data: " << placeholders << " (each written <...>)\n";
   if (vm->endpoint_port != 0)
     std::cout << "#   in Secret " << kubevirt::api_key_secret_name(vm->name)
@@ -278,6 +287,9 @@ int create(const Context& ctx, const CreateOptions& o) {
       for (const auto& obj : doc.value("objects", json::array()))
         std::cout << "  created " << obj.get<std::string>() << "\n";
     }
+    if (!str(doc, "tenant_object").empty())
+      std::cout << "  wrote Tenant " << str(doc, "tenant_object")
+                << " (tenants.source: kubernetes)\n";
   }
   if (!str(doc, "note").empty()) std::cerr << "note: " << str(doc, "note") << "\n";
   if (!password.empty()) {
@@ -502,6 +514,9 @@ int remove(const Context& ctx, const std::string& name, const std::string& ns) {
   std::cout << "tenant " << name << " deleted: " << deleted.size() << " object(s) removed, agent "
             << "certificate and unused tokens revoked\n";
   for (const auto& d : deleted) std::cout << "  deleted " << d.get<std::string>() << "\n";
+  const json tenant_object = res->value("tenant_object", json::object());
+  if (tenant_object.value("found", false))
+    std::cout << "  deleted " << str(tenant_object, "ref") << "\n";
   return 0;
 }
 

@@ -55,6 +55,15 @@ std::string what(const RequestInfo& req) {
   return s;
 }
 
+// What is missing when an API group is not served: KubeVirt's and CDI's
+// are installed with them; any other group's kind is a custom resource
+// (the GPU Operator's ClusterPolicy, Factory's own Tenant), whose CRD is.
+std::string missing_group_hint(const std::string& group) {
+  if (group == "cdi.kubevirt.io") return "is CDI installed?";
+  if (group == "kubevirt.io") return "is KubeVirt installed?";
+  return "is its CustomResourceDefinition installed?";
+}
+
 }  // namespace
 
 std::string status_reason(const std::string& body) {
@@ -81,11 +90,10 @@ Error status_error(int code, const std::string& body, const RequestInfo& req) {
         return Error(Errc::not_found, msg);
       if (!req.resource.group.empty() &&
           (msg.empty() || msg.find("could not find the requested resource") != std::string::npos))
-        return Error(Errc::not_found,
-                     "the Kubernetes API at " + req.server + " does not serve " +
-                         req.resource.qualified() + " (" + req.resource.api_version() + "): is " +
-                         (req.resource.group == "cdi.kubevirt.io" ? "CDI" : "KubeVirt") +
-                         " installed?");
+        return Error(Errc::not_found, "the Kubernetes API at " + req.server + " does not serve " +
+                                          req.resource.qualified() + " (" +
+                                          req.resource.api_version() +
+                                          "): " + missing_group_hint(req.resource.group));
       return Error(Errc::not_found, msg.empty() ? what(req) + " not found" : msg);
     case 409:
       if (reason == "AlreadyExists")

@@ -31,6 +31,7 @@
 #include "coordinator/kube/leader_election.hpp"
 #include "coordinator/kubevirt/kubevirt_provider.hpp"
 #include "coordinator/qemu/qemu_provider.hpp"
+#include "coordinator/server/kube_tenant_objects.hpp"
 #include "coordinator/shared/replica.hpp"
 #include "coordinator/store/store.hpp"
 #include "coordinator/tenants/agent_control.hpp"
@@ -252,13 +253,27 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
         kube::AccessOptions{c->cfg_.kube_kubeconfig, c->cfg_.kube_context},
         std::chrono::duration_cast<std::chrono::milliseconds>(c->cfg_.kube_request_timeout));
   }
+  // tenants.source: kubernetes: the admin API's creates and deletes go
+  // through Tenant objects (tenants/tenant_objects.hpp). A cluster that
+  // cannot be reached is a start-up error, as nothing could be created.
+  std::unique_ptr<tenants::TenantObjects> tenant_objects;
+  if (c->cfg_.tenants_from_kubernetes()) {
+    auto access =
+        kube::resolve_access(kube::AccessOptions{c->cfg_.kube_kubeconfig, c->cfg_.kube_context});
+    if (!access)
+      return access.error().with_context(
+          "tenants.source is kubernetes, but the host cluster cannot be reached");
+    tenant_objects = std::make_unique<KubeTenantObjects>(kube::KubeClient(
+        std::move(*access),
+        std::chrono::duration_cast<std::chrono::milliseconds>(c->cfg_.kube_request_timeout)));
+  }
   p.tenants = std::make_unique<tenants::TenantService>(
       tenants::TenantServiceDeps{
           *p.store, *p.tokens, p.feed->view(), *p.agent_control,
           [feed = p.feed.get()](const std::string& tenant, const nlohmann::json& action) {
             feed->state().bus().publish("action", tenant, action);
           }},
-      std::move(*cat), std::move(provider), to);
+      std::move(*cat), std::move(provider), to, std::move(tenant_objects));
   p.agents->set_plan_provider(
       [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->plan_for(t); });
   if (c->cfg_.tenants_source == "kubernetes") {

@@ -98,11 +98,13 @@ int http_status_for(const Error& e) {
 }
 
 TenantService::TenantService(TenantServiceDeps deps, catalog::Catalog catalog,
-                             std::unique_ptr<VmProvider> provider, TenantServiceOptions opts)
+                             std::unique_ptr<VmProvider> provider, TenantServiceOptions opts,
+                             std::unique_ptr<TenantObjects> objects)
     : deps_(deps),
       catalog_(std::move(catalog)),
       provider_(std::move(provider)),
-      opts_(std::move(opts)) {}
+      opts_(std::move(opts)),
+      objects_(std::move(objects)) {}
 
 TenantService::~TenantService() = default;
 
@@ -568,6 +570,74 @@ Result<json> TenantService::remove(const std::string& name, const std::string& n
               {"revoked", true}};
 }
 
+Result<CreateOutcome> TenantService::create_with_object(const TenantRequest& req) {
+  if (!objects_) return create(req);
+  std::lock_guard changes(changes_mu_);
+  // Bad input is refused before the Tenant is written: a Tenant that create
+  // refuses is one the controller would fail on at every pass.
+  auto vm = resolve_vm_spec(catalog_, req, opts_.default_namespace);
+  if (!vm) return vm.error();
+  // A tenant that exists already: a create it refuses (another spec, a
+  // token-only tenant, a half-deleted one) is refused before a Tenant is
+  // written for it; one it would finish keeps its namespace.
+  auto existing = deps_.store.get_tenant(req.name);
+  if (existing &&
+      (!has_vm(*existing) || existing->phase == "deleting" || !same_request(existing->spec, req)))
+    return create(req);
+  const std::string ns = existing ? record_namespace(*existing, vm->ns) : vm->ns;
+  const json tenant = api_tenant_object(req, ns);
+  auto put = create_or_confirm(*objects_, tenant);
+  if (!put) return put.error();
+  auto out = create(req);
+  if (out && *put == TenantObjectPut::created) out->tenant_object = ns + "/" + req.name;
+  if (out || *put != TenantObjectPut::created || deps_.store.get_tenant(req.name)) return out;
+  // The create was refused or rolled back whole: its Tenant goes with it
+  // (with the finalizer the controller may have put on it meanwhile), or
+  // the controller would make the tenant the admin was told was refused.
+  const std::string what = "Tenant " + ns + "/" + req.name;
+  auto gone = objects_->remove(ns, req.name);
+  if (gone) gone = objects_->release(ns, req.name);
+  if (!gone)
+    return Error(out.error().code, out.error().message + "; its " + what +
+                                       " could not be deleted (" + gone.error().message +
+                                       "): `kubectl delete tenant " + req.name + " -n " + ns + "`");
+  spdlog::info("tenants: create of {} failed: its {} is deleted", req.name, what);
+  return out;
+}
+
+Result<json> TenantService::remove_with_object(const std::string& name,
+                                               const std::string& ns_hint) {
+  if (!objects_) return remove(name, ns_hint);
+  std::lock_guard changes(changes_mu_);
+  if (auto st = enroll::validate_tenant_name(name); !st.ok()) return st.error();
+  if (!ns_hint.empty())
+    if (auto st = validate_namespace_name(ns_hint); !st.ok()) return st.error();
+  const std::string fallback = ns_hint.empty() ? opts_.default_namespace : ns_hint;
+  auto rec = deps_.store.get_tenant(name);
+  const std::string ns = rec ? record_namespace(*rec, fallback) : fallback;
+  const std::string what = "Tenant " + ns + "/" + name;
+  // The Tenant's deletion is asked before anything else changes: were the
+  // tenant removed first and the Tenant then not deleted, the controller
+  // would make the tenant again from it.
+  auto asked = objects_->remove(ns, name);
+  if (!asked)
+    return asked.error().with_context("deleting tenant " + name + "'s " + what +
+                                      " (nothing was changed)");
+  auto out = remove(name, ns_hint);
+  // A Tenant held by the controller's finalizer stays marked for deletion:
+  // the controller, or this delete run again, finishes it.
+  if (!out) return out.error();
+  auto released = objects_->release(ns, name);
+  if (!released)
+    return released.error().with_context("tenant " + name + " is deleted, but its " + what +
+                                         " still holds finalizer " + kTenantFinalizer +
+                                         ": run the delete again");
+  if (*asked) spdlog::info("tenants: deleted {} with its tenant", what);
+  (*out)["found"] = (*out)["found"].get<bool>() || *asked;
+  (*out)["tenant_object"] = {{"ref", what}, {"found", *asked}, {"finalizer_removed", *released}};
+  return out;
+}
+
 json TenantService::plan_steps(const store::TenantRecord& t) const {
   json out = json::array();
   static const std::map<std::string, store::PlanStep> kNone;
@@ -915,7 +985,7 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
             return net::HttpResponseOut::error(400, "bad_request", "the body is not JSON");
           auto tr = TenantRequest::from_json(body);
           if (!tr) return error_reply(tr.error());
-          auto out = create(*tr);
+          auto out = create_with_object(*tr);
           if (!out) return error_reply(out.error());
           json j = {{"created", out->created}, {"objects", refs(out->objects)}};
           if (!out->password.empty()) {
@@ -925,6 +995,7 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
           }
           if (!out->note.empty()) j["note"] = out->note;
           if (!out->api_key.empty()) j["api_key"] = out->api_key;
+          if (!out->tenant_object.empty()) j["tenant_object"] = out->tenant_object;
           if (auto shown = show(tr->name)) j["tenant"] = *shown;
           return coordinator::json_response(j, out->created ? 201 : 200);
         });
@@ -944,7 +1015,7 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
       [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
         return guarded("DELETE /v1/tenants/{name}", [&] {
           auto it = req.query.find("namespace");
-          auto j = remove(p.at("name"), it == req.query.end() ? "" : it->second);
+          auto j = remove_with_object(p.at("name"), it == req.query.end() ? "" : it->second);
           return j ? coordinator::json_response(*j) : error_reply(j.error());
         });
       },

@@ -20,6 +20,12 @@
 // running `create` again finishes the tenant, `delete` removes it. A
 // coordinator that dies mid-create leaves phase "creating", handled alike.
 //
+// With Tenant objects (tenants.source: kubernetes; `objects` given), the
+// admin API's create and delete go through the Tenant as well, so the
+// cluster's Tenants stay the one source of truth: create_with_object,
+// remove_with_object. The Tenant controller calls create and remove, which
+// never touch the Tenant it is reconciling.
+//
 // Threading: every call here may wait on the cluster, so the routes run on
 // the coordinator's worker pool, never an io thread; create, delete and
 // retry are serialized among themselves, show runs beside them.
@@ -41,6 +47,7 @@
 #include "coordinator/tenants/agent_control.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
 #include "coordinator/tenants/request.hpp"
+#include "coordinator/tenants/tenant_objects.hpp"
 #include "coordinator/tenants/vm_provider.hpp"
 
 namespace factory::tenants {
@@ -85,12 +92,16 @@ struct CreateOutcome {
   std::string password;           // set when this call wrote the user-data
   std::string api_key;            // set when this call made the endpoint's API key
   std::string note;               // e.g. why no password is shown
+  std::string tenant_object;      // "ns/name" of the Tenant create_with_object wrote
 };
 
 class TenantService {
  public:
+  // objects: where the admin API keeps its Tenants (tenants.source:
+  // kubernetes); null when the coordinator's store is the truth.
   TenantService(TenantServiceDeps deps, catalog::Catalog catalog,
-                std::unique_ptr<VmProvider> provider, TenantServiceOptions opts);
+                std::unique_ptr<VmProvider> provider, TenantServiceOptions opts,
+                std::unique_ptr<TenantObjects> objects = nullptr);
   ~TenantService();
 
   // POST /v1/tenants, GET/DELETE /v1/tenants/{name}, POST /v1/tenants/{name}/retry.
@@ -98,9 +109,24 @@ class TenantService {
   void install_routes(coordinator::ApiRouter& router);
 
   Result<CreateOutcome> create(const TenantRequest& req);
+  // POST /v1/tenants. With Tenant objects: the request's Tenant written
+  // first (a Tenant asking the same is fine; one asking something else is
+  // refused, already_exists, saying to edit or delete it with kubectl), then
+  // create, all under the changes lock, so the controller's create of that
+  // Tenant waits and then finds the tenant complete. A create that fails and
+  // leaves no record deletes the Tenant it wrote: a refused create leaves
+  // nothing for the controller to retry. Without: create.
+  Result<CreateOutcome> create_with_object(const TenantRequest& req);
   // Every object, the agent's certificate and unused tokens, the record.
   // ns_hint: where to look when there is no record ("" = the default).
   Result<nlohmann::json> remove(const std::string& name, const std::string& ns_hint);
+  // DELETE /v1/tenants/{name}. With Tenant objects: the Tenant's deletion
+  // asked first (the controller's finalizer holds it, so a coordinator that
+  // dies half-way leaves a Tenant being deleted, which the controller
+  // finishes, never a live Tenant without its tenant), then remove, then
+  // the finalizer taken off so the Tenant goes. Its answer is remove's plus
+  // "tenant_object": {"ref", "found", "finalizer_removed"}. Without: remove.
+  Result<nlohmann::json> remove_with_object(const std::string& name, const std::string& ns_hint);
   // The record as the status feed shows it, plus the VM as the provider sees
   // it now ("vm") and the plan's steps in plan order ("plan_steps").
   Result<nlohmann::json> show(const std::string& name);
@@ -176,9 +202,12 @@ class TenantService {
   catalog::Catalog catalog_;
   std::unique_ptr<VmProvider> provider_;
   TenantServiceOptions opts_;
+  std::unique_ptr<TenantObjects> objects_;  // null: no Tenant objects
   // Changes to tenants run on the worker pool, one at a time: two creates
   // of one name, or a create racing its delete, must not interleave.
-  std::mutex changes_mu_;
+  // Recursive: create_with_object holds it across the Tenant's write and
+  // create itself (remove_with_object alike).
+  std::recursive_mutex changes_mu_;
 };
 
 // HTTP status for an error of the service (400 bad input, 404, 409 state,
