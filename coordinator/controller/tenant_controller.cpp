@@ -210,6 +210,21 @@ void TenantController::reconcile(json obj) {
       if (made) {
         create_failures_.erase(name);
         announce(name, "create", "done", {{"created", made->created}});
+        // The Tenant read before the create may have been deleted while the
+        // create waited for the service (`factory tenant delete` holds it
+        // through its whole removal): a tenant made for a Tenant that is gone,
+        // or going, is removed again rather than left behind.
+        auto now = client_.get(kube::kTenant, ns, name);
+        const bool gone = !now && now.error().code == Errc::not_found;
+        if (gone || (now && (!meta(*now, "deletionTimestamp").empty() ||
+                             meta(*now, "uid") != meta(obj, "uid")))) {
+          spdlog::warn("controller: Tenant {}/{} went while its tenant was made; removing it", ns,
+                       name);
+          announce(name, "delete", "started", {{"reason", "its Tenant went meanwhile"}});
+          auto removed = service_.remove(name, ns);
+          announce(name, "delete", removed ? "done" : "failed");
+          return;  // what is there now comes with its own event
+        }
       } else {
         CreateFailure& f = create_failures_[name];
         if (f.generation != facts.generation) f.attempts = 0;

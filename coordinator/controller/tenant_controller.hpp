@@ -45,12 +45,13 @@
 #include "coordinator/kube/client.hpp"
 #include "coordinator/store/store.hpp"
 #include "coordinator/tenants/service.hpp"
+#include "coordinator/tenants/tenant_objects.hpp"
 #include "coordinator/tenants/tenant_resource.hpp"
 
 namespace factory::controller {
 
 // The finalizer that holds a Tenant until its tenant is removed.
-inline constexpr const char* kTenantFinalizer = "factory.dev/tenant";
+using tenants::kTenantFinalizer;
 
 struct TenantControllerOptions {
   std::string ns = "tenants";  // where Tenants live ("" = every namespace)

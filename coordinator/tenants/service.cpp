@@ -581,11 +581,18 @@ Result<CreateOutcome> TenantService::create_with_object(const TenantRequest& req
   // token-only tenant, a half-deleted one) is refused before a Tenant is
   // written for it; one it would finish keeps its namespace.
   auto existing = deps_.store.get_tenant(req.name);
-  if (existing &&
-      (!has_vm(*existing) || existing->phase == "deleting" || !same_request(existing->spec, req)))
-    return create(req);
+  if (existing && (!has_vm(*existing) || existing->phase == "deleting")) return create(req);
   const std::string ns = existing ? record_namespace(*existing, vm->ns) : vm->ns;
   const json tenant = api_tenant_object(req, ns);
+  if (existing && !same_request(existing->spec, req).ok()) {
+    // Another spec than the tenant's. Where it has its Tenant (the
+    // controller made it from one), the Tenant is what to change, and the
+    // refusal says how with kubectl; else the record's refusal.
+    auto have = objects_->get(ns, req.name);
+    if (have && *have)
+      if (auto put = create_or_confirm(*objects_, tenant); !put) return put.error();
+    return create(req);
+  }
   auto put = create_or_confirm(*objects_, tenant);
   if (!put) return put.error();
   auto out = create(req);

@@ -26,6 +26,7 @@
 #include "common/net/http_client.hpp"
 #include "tests/coordinator/tenant_test_data.hpp"
 #include "tests/fakes/fake_kube.hpp"
+#include "tests/integration/event_reader.hpp"
 #include "tests/support/coordinator_harness.hpp"
 #include "tests/support/postgres_server.hpp"
 #include "tests/support/test_support.hpp"
@@ -235,6 +236,54 @@ TEST_F(HighAvailability, KillingTheLeaderLosesNoEventAndCreatesNoVmTwice) {
   EXPECT_LE(back_s, 60.0);
   EXPECT_EQ(bad_reads, 0) << "of " << reads << " reads of the Tenants";
 
+  // Every live replica shows every agent connected, whichever replica holds
+  // it (presence through the feed log), and streams every replica's events
+  // on /v1/events under the database's ids, in one order.
+  const int other = (new_leader + 1) % kReplicas == leader ? (new_leader + 2) % kReplicas
+                                                           : (new_leader + 1) % kReplicas;
+  auto connected_on = [&](int i) {
+    auto& h = *replicas_[i];
+    net::HttpClient c({.ca_pem = slurp(h.state_dir() / "ca.crt")});
+    net::HttpRequest req;
+    req.url = "https://127.0.0.1:" + std::to_string(h.api_port()) + "/v1/tenants";
+    req.headers["Authorization"] = "Bearer " + h.admin_token();
+    req.timeout = 10s;
+    auto res = c.request(req);
+    if (!res || res->status != 200) return -1;
+    json j = json::parse(res->body, nullptr, false);
+    int n = 0;
+    for (const auto& t : j.value("tenants", json::array()))
+      if (t.value("name", "").rfind("ha-", 0) == 0 && t["agent"].value("connected", false)) ++n;
+    return n;
+  };
+  int seen_connected = 0;
+  EXPECT_TRUE(eventually(
+      [&] {
+        seen_connected = connected_on(other);
+        return seen_connected == kAgents;
+      },
+      30s, 500ms))
+      << "replica-" << other << " shows " << seen_connected << " of " << kAgents
+      << " agents connected";
+  std::set<std::string> feed_tenants;
+  bool ids_in_order = true;
+  {
+    EventReader feed(*replicas_[other], "/v1/events",
+                     {{"Authorization", "Bearer " + replicas_[other]->admin_token()}});
+    std::this_thread::sleep_for(5s);
+    unsigned long long last = 0;
+    for (const auto& e : feed.events()) {
+      if (e.data.is_object()) feed_tenants.insert(e.data.value("tenant", ""));
+      const unsigned long long id = e.id.empty() ? 0 : std::stoull(e.id);
+      if (id != 0 && id <= last) ids_in_order = false;
+      if (id != 0) last = id;
+    }
+  }
+  EXPECT_TRUE(ids_in_order);
+  // The agents send one durable event a second each: in 5 s, nearly all of
+  // them, and far more than the third this replica holds itself.
+  EXPECT_GE(feed_tenants.size(), static_cast<std::size_t>(kAgents * 9 / 10));
+
   // A resync of the new leader's controller over the same Tenants: still
   // the same three VMs.
   std::this_thread::sleep_for(12s);
@@ -284,10 +333,13 @@ TEST_F(HighAvailability, KillingTheLeaderLosesNoEventAndCreatesNoVmTwice) {
       "[ha]   every agent reconnected %.1f s after the kill (target <= 60 s); %lld drops, "
       "longest away %.1f s, median %.1f s\n"
       "[ha]   durable events: %lld sent, %lld stored, %lld lost, %lld stored twice\n"
-      "[ha]   VMs: %zu for 3 Tenants, none created again; %d reads of the Tenants, %d wrong\n",
+      "[ha]   VMs: %zu for 3 Tenants, none created again; %d reads of the Tenants, %d wrong\n"
+      "[ha]   replica-%d (not holding them all) showed %d of %d agents connected and streamed "
+      "events of %zu tenants in 5 s, ids in order\n",
       kAgents, killed.c_str(), new_leader, failover_s, back_s, result.value("drops", 0LL),
       result.value("outage_max_s", 0.0), result.value("outage_p50_s", 0.0), sent, in_db, lost,
-      twice, uids_after.size(), reads, bad_reads);
+      twice, uids_after.size(), reads, bad_reads, other, seen_connected, kAgents,
+      feed_tenants.size());
 }
 
 // GET /readyz, what the HA Deployment's readiness probe asks: 200 while the
