@@ -183,6 +183,16 @@ void TenantController::reconcile(json obj) {
         for (auto& k : *keys) resource->request.ssh_authorized_keys.push_back(std::move(k));
     }
   }
+  // What the CLI's flags would be told, said of the Tenant's fields: a tier
+  // with a login needs a key (the CLI asks for --ssh-key).
+  if (resource && resource->request.ssh_authorized_keys.empty()) {
+    const catalog::Tier* tier = service_.catalog().find(resource->request.tier);
+    if (tier != nullptr && tier->access.login)
+      resource = Error(Errc::invalid_argument,
+                       "Tenant spec.sshKeys: tier " + resource->request.tier +
+                           " has a login, and the guest's ubuntu user needs at least one "
+                           "public key (publicKey, or secretKeyRef to a Secret holding them)");
+  }
   if (!resource) {
     facts.invalid_spec = resource.error().message;
     facts.record = store_.get_tenant(name);

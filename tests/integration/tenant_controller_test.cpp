@@ -51,7 +51,7 @@ json condition(const json& tenant, const std::string& type) {
   return json::object();
 }
 
-class TenantObjects : public Tenants {
+class TenantController : public Tenants {
  protected:
   CoordinatorHarness& objects_coordinator() {
     if (!h_) {
@@ -81,7 +81,7 @@ class TenantObjects : public Tenants {
   }
 };
 
-TEST_F(TenantObjects, ApplyGivesAReadyTenantAgainChangesNothingDeleteRemovesEveryObjectOnce) {
+TEST_F(TenantController, ApplyGivesAReadyTenantAgainChangesNothingDeleteRemovesEveryObjectOnce) {
   allowlist();
   auto& h = objects_coordinator();
 
@@ -219,6 +219,36 @@ TEST_F(TenantObjects, ApplyGivesAReadyTenantAgainChangesNothingDeleteRemovesEver
       "[tenant-objects] apply -> ready %.1f s (the agent's plan included); second apply: %zu "
       "writes; drift put back in %.1f s; delete: %zu objects, each deleted once\n",
       ready_s, writes.size(), repaired_s, deletes.size());
+}
+
+// A Tenant the schema lets through but the tier cannot take (a tier with a
+// login and no key): said in its status in the Tenant's own words, nothing
+// made, and not tried again at every event.
+TEST_F(TenantController, ATenantItsTierCannotTakeIsSaidAndNothingIsMade) {
+  allowlist();
+  auto& h = objects_coordinator();
+  json ns = kube_.post(
+      "/api/v1/namespaces",
+      {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", "tenants"}}}});
+  ASSERT_EQ(ns.value("kind", ""), "Namespace") << ns.dump();
+  json made = kube_.post(kTenants, {{"apiVersion", "factory.dev/v1alpha1"},
+                                    {"kind", "Tenant"},
+                                    {"metadata", {{"name", "nokey"}, {"namespace", "tenants"}}},
+                                    {"spec", {{"tier", "quick"}}}});
+  ASSERT_EQ(made.value("kind", ""), "Tenant") << made.dump();
+  ASSERT_TRUE(eventually(
+      [&] {
+        return condition(tenant_object("nokey"), "Degraded").value("reason", "") == "InvalidSpec";
+      },
+      30s))
+      << tenant_object("nokey").dump(2) << h.log();
+  json t = tenant_object("nokey");
+  EXPECT_NE(condition(t, "Degraded").value("message", "").find("spec.sshKeys"), std::string::npos)
+      << t.dump(2);
+  EXPECT_EQ(t["status"]["phase"], "invalid");
+  EXPECT_EQ(condition(t, "Provisioned").value("reason", ""), "InvalidSpec");
+  EXPECT_TRUE(objects_of(kube_, "tenants", "nokey").empty());
+  EXPECT_EQ(h.log().find("creating tenant nokey"), std::string::npos) << h.log();
 }
 
 }  // namespace
