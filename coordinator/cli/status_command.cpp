@@ -142,9 +142,15 @@ std::string phase(const json& t) {
   return ph.empty() ? "-" : ph;
 }
 
-const std::vector<std::string> kHeaders = {"tenant",        "tier",    "phase",  "connected",
-                                           "gpu",           "util",    "memory", "temp",
-                                           "models/slices", "problems"};
+const std::vector<std::string> kHeaders = {"tenant", "tier",          "phase",   "connected",
+                                           "agent",  "gpu",           "util",    "memory",
+                                           "temp",   "models/slices", "problems"};
+
+// The version the agent reported (an upgrade's progress at a glance).
+std::string agent_version(const json& t) {
+  std::string v = text(at(t, "agent"), "version");
+  return v.empty() ? "-" : cell(v, 24);
+}
 
 std::vector<std::vector<std::string>> status_rows(const json& res) {
   std::vector<std::vector<std::string>> rows;
@@ -154,7 +160,8 @@ std::vector<std::vector<std::string>> status_rows(const json& res) {
     const json& h = at(t, "health");
     GpuCells g = gpu_cells(h);
     rows.push_back({text(t, "name"), text(t, "tier").empty() ? "-" : text(t, "tier"), phase(t),
-                    connected(t), g.name, g.util, g.memory, g.temp, workload(h), problems(t)});
+                    connected(t), agent_version(t), g.name, g.util, g.memory, g.temp, workload(h),
+                    problems(t)});
   }
   return rows;
 }

@@ -391,6 +391,23 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
     x.sample("factory_tenant_agent_connected", labels({{"tenant", t.name}}),
              it != presence.end() && it->second.connected ? 1 : 0);
   }
+  // Which agent version runs where (issue 27: an upgrade's progress, and what
+  // is left on an old one). The version is the agent's word, read by the
+  // protocol's version grammar and bounded; one per tenant, so the labels
+  // are no more than the tenants.
+  std::map<std::string, int> by_version;
+  x.family("factory_agent_version_info", "gauge",
+           "1 for each connected agent, labelled with the version it reported.");
+  for (auto& t : tenants) {
+    auto it = presence.find(t.name);
+    if (it == presence.end() || !it->second.connected) continue;
+    const std::string version = it->second.version.empty() ? "unknown" : it->second.version;
+    ++by_version[version];
+    x.sample("factory_agent_version_info", labels({{"tenant", t.name}, {"version", version}}), 1);
+  }
+  x.family("factory_agents_by_version", "gauge", "Connected agents, by the version they reported.");
+  for (const auto& [version, n] : by_version)
+    x.sample("factory_agents_by_version", labels({{"version", version}}), n);
   x.family("factory_agent_spool_dropped_events", "gauge",
            "Events the tenant's agent dropped because its spool was full (its last heartbeat).");
   for (auto& t : tenants) {

@@ -139,9 +139,10 @@ TEST_F(HealthFeed, FlowsAsStateWhileTheStepRunsForMinutes) {
   // At a glance.
   auto table = h_->factory({"status"});
   EXPECT_EQ(table.exit_code, 0) << table.output;
-  for (const char* want : {"TENANT", "TIER", "PHASE", "GPU", "UTIL", "MEMORY", "TEMP",
-                           "MODELS/SLICES", "PROBLEMS", "t1", "slow", "provisioning 0/1",
-                           "NVIDIA H200", "0%", "0.0/140.4 GiB", "39C", "ollama_not_answering"})
+  for (const char* want :
+       {"TENANT", "TIER", "PHASE", "AGENT", FACTORY_VERSION, "GPU", "UTIL", "MEMORY", "TEMP",
+        "MODELS/SLICES", "PROBLEMS", "t1", "slow", "provisioning 0/1", "NVIDIA H200", "0%",
+        "0.0/140.4 GiB", "39C", "ollama_not_answering"})
     EXPECT_NE(table.output.find(want), std::string::npos) << want << "\n" << table.output;
 
   // The step ends; the plan's end is news the agent sends at once.
@@ -190,6 +191,13 @@ TEST_F(HealthFeed, MetricsUseDcgmExportersNamesAndPassPromtool) {
         "factory_agent_messages_rejected_total"})
     EXPECT_NE(m.find(std::string("# TYPE ") + family + " "), std::string::npos) << family;
   EXPECT_NE(m.find("factory_enrollments_total{result=\"accepted\"} 1\n"), std::string::npos);
+  // Which version each connected agent runs (the agent reports its own).
+  const std::string version = FACTORY_VERSION;
+  EXPECT_NE(m.find("factory_agent_version_info{tenant=\"t1\",version=\"" + version + "\"} 1\n"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("factory_agents_by_version{version=\"" + version + "\"} 1\n"), std::string::npos)
+      << m;
   // Every series the Grafana dashboard draws is one the coordinator serves.
   auto dashboard = json::parse(slurp(source_dir() / "deploy/grafana/factory-dashboard.json"));
   std::regex name_re("(DCGM_FI_DEV_[A-Z_]+|factory_[a-z_]+)");
