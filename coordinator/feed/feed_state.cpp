@@ -20,6 +20,21 @@ bool says_connected(const nlohmann::json& j) {
   return it != j.end() && it->is_boolean() && it->get<bool>();
 }
 
+// An agent's connection as another replica said it (its `agent` event, or
+// an entry of its note): who the agent is and where from, connected, held by
+// `origin`. last_seen is the caller's: the two say it under different keys.
+void take_remote_connection(AgentPresence& p, const nlohmann::json& d, const std::string& origin) {
+  p.agent_id = text_of(d, "agent_id", "");
+  p.version = text_of(d, "version", "");
+  p.hostname = text_of(d, "hostname", "");
+  p.remote = text_of(d, "remote_address", "");
+  p.connected_since = text_of(d, "connected_since", "");
+  p.connected = true;
+  p.disconnect.clear();
+  p.disconnect_detail.clear();
+  p.replica = origin;
+}
+
 }  // namespace
 
 void FeedState::agent_connected(const std::string& tenant, AgentPresence presence) {
@@ -140,16 +155,8 @@ void FeedState::from_log(const FeedEvent& e, bool own, bool live) {
       if (here == 0 || e.id < here) return;
     }
     auto& p = presence_[e.tenant];
-    p.agent_id = text_of(d, "agent_id", "");
-    p.version = text_of(d, "version", "");
-    p.hostname = text_of(d, "hostname", "");
-    p.remote = text_of(d, "remote_address", "");
-    p.connected_since = text_of(d, "connected_since", "");
+    take_remote_connection(p, d, e.origin);
     p.last_seen = text_of(d, "time", p.connected_since);
-    p.connected = true;
-    p.disconnect.clear();
-    p.disconnect_detail.clear();
-    p.replica = e.origin;
     local_connect_id_.erase(e.tenant);
     return;
   }
@@ -174,16 +181,9 @@ void FeedState::apply_note_locked(const FeedEvent& e) {
     // is on show elsewhere (here, or another replica).
     if (it != presence_.end() && it->second.connected && it->second.replica != e.origin) continue;
     auto& p = presence_[tenant];
-    p.agent_id = text_of(a, "agent_id", "");
-    p.version = text_of(a, "version", "");
-    p.hostname = text_of(a, "hostname", "");
-    p.remote = text_of(a, "remote_address", "");
-    p.connected_since = text_of(a, "connected_since", "");
-    p.last_seen = text_of(a, "last_seen", p.last_seen);
-    p.connected = true;
-    p.disconnect.clear();
-    p.disconnect_detail.clear();
-    p.replica = e.origin;
+    const std::string last_seen = p.last_seen;
+    take_remote_connection(p, a, e.origin);
+    p.last_seen = text_of(a, "last_seen", last_seen);
   }
   // What the replica no longer lists, it no longer holds (its
   // `disconnected`, which says how, follows or came before).

@@ -124,28 +124,10 @@ Error pg_error(PGconn* c, const PGresult* r, const std::string& what, const std:
 }  // namespace
 
 Result<PGconn*> Database::connect(bool with_statements) const {
-  // As the store connects: its defaults first (the conninfo, expanded from
-  // "dbname", overrides them), keepalives so that a database gone without a
-  // word is noticed in about half a minute.
-  const char* keys[] = {"connect_timeout",
-                        "application_name",
-                        "keepalives_idle",
-                        "keepalives_interval",
-                        "keepalives_count",
-                        "dbname",
-                        nullptr};
-  const char* vals[] = {"10", "factory-shared", "10", "5", "3", conninfo_.c_str(), nullptr};
-  PGconn* c = PQconnectdbParams(keys, vals, 1);
-  if (!c) return Error(Errc::internal, "shared state: " + where_ + ": libpq is out of memory");
-  if (PQstatus(c) != CONNECTION_OK) {
-    Error e(Errc::unavailable, store::scrub("shared state: cannot connect to " + where_ + ": " +
-                                                store::first_line(PQerrorMessage(c)),
-                                            secret_));
-    PQfinish(c);
-    return e;
-  }
-  PQsetNoticeProcessor(
-      c, [](void*, const char*) {}, nullptr);
+  auto opened =
+      store::open_connection(conninfo_, "factory-shared", "shared state", where_, secret_);
+  if (!opened) return opened.error();
+  PGconn* c = *opened;
   if (with_statements) {
     for (const auto& p : kStatements) {
       PgResult r(PQprepare(c, p.name, p.sql, 0, nullptr));

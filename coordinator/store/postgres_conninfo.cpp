@@ -50,4 +50,29 @@ std::string first_line(const char* msg) {
   return s.empty() ? "no message" : s;
 }
 
+Result<PGconn*> open_connection(const std::string& conninfo, const char* app,
+                                const std::string& who, const std::string& where,
+                                const std::string& secret) {
+  const char* keys[] = {"connect_timeout",
+                        "application_name",
+                        "keepalives_idle",
+                        "keepalives_interval",
+                        "keepalives_count",
+                        "dbname",
+                        nullptr};
+  const char* vals[] = {"10", app, "10", "5", "3", conninfo.c_str(), nullptr};
+  PGconn* c = PQconnectdbParams(keys, vals, 1);
+  if (!c) return Error(Errc::internal, who + ": " + where + ": libpq is out of memory");
+  if (PQstatus(c) != CONNECTION_OK) {
+    Error e(
+        Errc::unavailable,
+        scrub(who + ": cannot connect to " + where + ": " + first_line(PQerrorMessage(c)), secret));
+    PQfinish(c);
+    return e;
+  }
+  PQsetNoticeProcessor(
+      c, [](void*, const char*) {}, nullptr);
+  return c;
+}
+
 }  // namespace factory::store

@@ -2,6 +2,8 @@
 // What is said about a PostgreSQL connection string, for every module that
 // opens one (the store, and the secrets replicas share: coordinator/shared):
 // a conninfo may hold a password, and none of these lets it out.
+#include <libpq-fe.h>
+
 #include <string>
 
 #include "common/error.hpp"
@@ -19,5 +21,16 @@ std::string scrub(std::string text, const std::string& secret);
 Result<std::string> describe_conninfo(const std::string& conninfo);
 // The first line of libpq's message ("no message" when it is empty).
 std::string first_line(const char* msg);
+
+// A connection as every one of Factory's is opened: libpq's defaults first
+// (the conninfo, expanded from "dbname", overrides them), keepalives so that
+// a database gone without a word (a node lost) is noticed in about half a
+// minute rather than at the kernel's two hours, `app` as its
+// application_name, and the server's notices (NOTICE: relation already
+// exists) not printed. Errors are said as "<who>: cannot connect to
+// <where>: ...", with `secret` (the password) taken out.
+Result<PGconn*> open_connection(const std::string& conninfo, const char* app,
+                                const std::string& who, const std::string& where,
+                                const std::string& secret);
 
 }  // namespace factory::store

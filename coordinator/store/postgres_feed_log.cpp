@@ -181,27 +181,9 @@ class PostgresFeedLog final : public FeedLog {
  private:
   // --- connections -------------------------------------------------------------
   Result<PGconn*> connect(const char* app) const {
-    // As the store's connections: keepalives notice a peer gone without a
-    // word in about half a minute.
-    const char* keys[] = {"connect_timeout",
-                          "application_name",
-                          "keepalives_idle",
-                          "keepalives_interval",
-                          "keepalives_count",
-                          "dbname",
-                          nullptr};
-    const char* vals[] = {"10", app, "10", "5", "3", conninfo_.c_str(), nullptr};
-    PGconn* c = PQconnectdbParams(keys, vals, 1);
-    if (!c) return Error(Errc::internal, "feed log: " + where_ + ": libpq is out of memory");
-    if (PQstatus(c) != CONNECTION_OK) {
-      Error e(Errc::unavailable,
-              scrub("feed log: cannot connect to " + where_ + ": " + first_line(PQerrorMessage(c)),
-                    secret_));
-      PQfinish(c);
-      return e;
-    }
-    PQsetNoticeProcessor(
-        c, [](void*, const char*) {}, nullptr);
+    auto opened = open_connection(conninfo_, app, "feed log", where_, secret_);
+    if (!opened) return opened.error();
+    PGconn* c = *opened;
     for (const auto& p : kStatements) {
       PgResult r(PQprepare(c, p.name, p.sql, 0, nullptr));
       if (PQresultStatus(r.get()) != PGRES_COMMAND_OK) {

@@ -445,29 +445,9 @@ class PostgresBackend final : public StoreBackend {
 };
 
 Result<PGconn*> PostgresBackend::connect(bool with_statements, const char* app) const {
-  // Defaults first: the conninfo (expanded from "dbname") overrides them.
-  // Keepalives so that a peer gone without a word (a node lost) is noticed
-  // in about half a minute rather than at the kernel's two hours.
-  const char* keys[] = {"connect_timeout",
-                        "application_name",
-                        "keepalives_idle",
-                        "keepalives_interval",
-                        "keepalives_count",
-                        "dbname",
-                        nullptr};
-  const char* vals[] = {"10", app, "10", "5", "3", conninfo_.c_str(), nullptr};
-  PGconn* c = PQconnectdbParams(keys, vals, 1);
-  if (!c) return Error(Errc::internal, "store: " + where_ + ": libpq is out of memory");
-  if (PQstatus(c) != CONNECTION_OK) {
-    Error e(Errc::unavailable,
-            scrub("store: cannot connect to " + where_ + ": " + first_line(PQerrorMessage(c)),
-                  secret_));
-    PQfinish(c);
-    return e;
-  }
-  // Messages from the server (NOTICE: relation already exists) are not ours to print.
-  PQsetNoticeProcessor(
-      c, [](void*, const char*) {}, nullptr);
+  auto opened = open_connection(conninfo_, app, "store", where_, secret_);
+  if (!opened) return opened.error();
+  PGconn* c = *opened;
   if (!with_statements) return c;
   if (auto st = prepare(c); !st.ok()) {
     PQfinish(c);
