@@ -49,7 +49,12 @@ inline constexpr std::string_view kEnrolled = "enrolled";  // {tenant, certifica
 inline constexpr std::string_view kWelcome = "welcome";  // {tenant, server_version, last_event_id}
 inline constexpr std::string_view kPlan = "plan";        // {hash, plan}
 inline constexpr std::string_view kCertificate = "certificate";  // {certificate, expires_at}
-inline constexpr std::string_view kCommand = "command";          // {action: "retry", step?}
+// {action, ...}: one of the actions below. An action the agent does not know
+// is ignored with a warning.
+//   {action: "retry", step?}: the plan runner runs the failed plan again
+//   {action: "maintenance", notice_id, state, node, deadline, message}: a
+//     host drain will stop the VM (MaintenanceNotice, maintenance.hpp)
+inline constexpr std::string_view kCommand = "command";
 // A model endpoint's key hash, and its certificate when it asked:
 // {key_sha256, url?, certificate?, ca?, expires_at?} (endpoint_grant.hpp)
 inline constexpr std::string_view kEndpoint = "endpoint";
@@ -57,6 +62,12 @@ inline constexpr std::string_view kEndpoint = "endpoint";
 inline constexpr std::string_view kAck = "ack";      // {event_id?} and/or envelope ack
 inline constexpr std::string_view kError = "error";  // {code, message}
 }  // namespace type
+
+// The actions of a "command" frame (type::kCommand).
+namespace action {
+inline constexpr std::string_view kRetry = "retry";
+inline constexpr std::string_view kMaintenance = "maintenance";
+}  // namespace action
 
 struct Envelope {
   int v = kVersion;
