@@ -149,6 +149,9 @@ class GuestSim {
     return calls;
   }
   std::string ollama_log() const { return slurp(root_ / ".guestsim/log/ollama.log"); }
+  // What `wall` broadcast to the guest's users: each line of each message,
+  // prefixed with the time of its call (seconds since the epoch, with nanoseconds).
+  std::string wall_log() const { return slurp(root_ / ".guestsim/log/wall.log"); }
 
   void stop() const { factory::testing::run({script(), "stop", root_.string()}); }
 

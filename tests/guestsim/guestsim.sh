@@ -52,6 +52,7 @@ GUARDED=(
   curl wget ssh scp rsync nc
   useradd usermod userdel groupadd passwd chpasswd sudo su
   chroot kill pkill killall
+  wall  # writes to every terminal of this machine
 )
 
 sysdirs=/usr/bin:/bin:/usr/sbin:/sbin
