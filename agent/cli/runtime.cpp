@@ -5,6 +5,7 @@
 #include "agent/steps/builtin.hpp"
 #include "common/atomic_file.hpp"
 #include "common/subprocess.hpp"
+#include "contract/protocol.hpp"
 
 namespace factory::agent {
 
@@ -54,6 +55,7 @@ AgentRuntime::AgentRuntime(GuestEnv env, EventSpool& spool, AgentRuntimeOptions 
         return scope;
       },
       [this](const proto::HealthSample& s) { sink(s); });
+  maintenance_ = std::make_unique<MaintenanceNotices>(env_, spool);
 }
 
 AgentRuntime::~AgentRuntime() {
@@ -102,6 +104,7 @@ void AgentRuntime::stop() {
   // so that its step is left to resume rather than failed.
   if (plan_) plan_->interrupt();
   CommandStop ending(stop_grace_);
+  maintenance_->stop();
   endpoint_->stop();
   health_->stop();
   if (plan_) plan_->stop();
@@ -139,6 +142,17 @@ void AgentRuntime::on_plan(const nlohmann::json& body) {
 }
 
 void AgentRuntime::on_command(const nlohmann::json& command) {
+  // Read without value(), which throws (on the link's thread) on an action
+  // that is not a string.
+  auto action = command.find("action");
+  if (!command.is_object() || action == command.end() || !action->is_string()) {
+    spdlog::warn("ignoring a command without an action");
+    return;
+  }
+  if (action->get_ref<const std::string&>() == proto::action::kMaintenance) {
+    maintenance_->submit(command);
+    return;
+  }
   if (plan_) plan_->submit_command(command);
 }
 

@@ -7,11 +7,14 @@
 // plan's "health" section, the tier's in the catalog: taken from each plan
 // the coordinator sends, and kept in the state directory so a guest that
 // rebooted mid-plan reports the same before the coordinator is reachable.
+// Commands go to the plan runner ("retry"), except maintenance notices,
+// which the agent acts on in every mode (maintenance.hpp).
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "agent/cli/maintenance.hpp"
 #include "agent/cli/model_endpoint.hpp"
 #include "agent/health/scheduler.hpp"
 #include "agent/link/spool.hpp"
@@ -57,6 +60,8 @@ class AgentRuntime {
   // A plan frame's body from the coordinator ({"hash", "plan"}): its health
   // section chooses the collectors; the plan runs unless link-only.
   void on_plan(const nlohmann::json& body);
+  // A command frame's body: "maintenance" to the notices (on their own
+  // thread: `wall` may take its time), anything else to the plan runner.
   void on_command(const nlohmann::json& command);
   // For heartbeats: the plan's hash and state (nothing when link-only).
   nlohmann::json heartbeat_fields() const;
@@ -65,6 +70,7 @@ class AgentRuntime {
   PlanRunner& plan() { return *plan_; }  // runs_plans() only
   HealthScheduler& health() { return *health_; }
   ModelEndpoint& model_endpoint() { return *endpoint_; }
+  MaintenanceNotices& maintenance() { return *maintenance_; }
   HealthCollectors collectors() const;
 
  private:
@@ -80,6 +86,7 @@ class AgentRuntime {
   HealthScheduler::Sink sink_;   // guarded by mu_
   std::unique_ptr<ModelEndpoint> endpoint_;
   std::unique_ptr<HealthScheduler> health_;
+  std::unique_ptr<MaintenanceNotices> maintenance_;
 };
 
 }  // namespace factory::agent
