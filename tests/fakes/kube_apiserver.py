@@ -48,6 +48,57 @@ reason Unschedulable, "0/1 nodes are available: 1 Insufficient <resource>",
 and the VM's printableStatus is ErrorUnschedulable, as with KubeVirt.
 Deleting the VM deletes its VMI and DataVolumes (ownerReferences).
 
+Stopping is graceful, as virt-controller and virt-handler make it: when a
+VM's runStrategy becomes Halted (spec.running false), by any write or by the
+stop subresource, the next controller pass deletes its VMI: it gets
+metadata.deletionTimestamp (MODIFIED), the VM's printableStatus is Stopping
+and its ready false, the VMI's Ready condition False (its launcher pod is
+going down); the VMI stays phase Running (its GPUs held) while the guest
+powers off, --vm-shutdown-seconds (default 1.0) or its
+spec.terminationGracePeriodSeconds if that is shorter; then it is phase
+Succeeded (MODIFIED), on the next pass the VM's printableStatus
+Stopped, and the VMI is removed (DELETED). A VMI deleted before it ran
+(Pending, Scheduling, Scheduled) has no guest to shut down: Failed at once,
+then removed. Back to runStrategy Always, a new VMI (new uid) is made once the
+old one is gone; while it goes, the VM stays Stopping. A client's DELETE of a
+VMI still removes it at once (Factory's restart deletes the VMI directly).
+
+virt-api's subresources (subresources.kubevirt.io/v1, and v1alpha3):
+PUT .../namespaces/NS/virtualmachines/NAME/stop, /start and /restart, each
+authorized as verb "update" on resource "virtualmachines/stop" (/start,
+/restart) in API group subresources.kubevirt.io, as KubeVirt's RBAC names
+them, and answered as pkg/virt-api/rest/lifecycle.go answers: 202 Accepted
+with no body; 404 'virtualmachine.kubevirt.io "NAME" not found'; 409
+Conflict 'Operation cannot be fulfilled on virtualmachine.kubevirt.io
+"NAME": ...' with "VM is already running" (start while a VMI that is not
+Succeeded/Failed exists), "Always does not support manual start requests"
+(start of an Always VM with no live VMI), "VM is not running" and "Halted
+only supports manual stop requests with a shorter graceperiod" (stop of a
+Halted VM), "RunStategy Halted does not support manual restart requests"
+(sic) and "VM is not running: Halted" (restart); 400 for a body that is not
+StopOptions/StartOptions/RestartOptions or a restart gracePeriodSeconds other
+than 0. stop sets runStrategy Halted (spec.running false where the VM uses
+running), after setting the VMI's terminationGracePeriodSeconds to the body's
+gracePeriod if it has one; start sets Always (running true); under Manual or
+RerunOnFailure, and for restart, they write status.stateChangeRequests
+(Stop with the VMI's uid, Start), which the controller carries out as
+virt-controller does (restart: the VMI shuts down gracefully and a new one
+starts; gracePeriodSeconds 0 cuts the shutdown to 1 s, as virt-api deleting
+the launcher pod with a 1 s grace period does). dryRun ["All"] in the body
+changes nothing. No discovery is served (for any group), so none for this one.
+
+Cordon: a Node whose spec.unschedulable becomes true (merge patch, strategic
+merge patch as `kubectl cordon` sends it, update or apply) gets the taint
+node.kubernetes.io/unschedulable:NoSchedule (with timeAdded) on the next
+controller pass, as the node lifecycle controller adds it, and loses it when
+uncordoned. A VMI in Scheduling then stays there (unless its tolerations
+tolerate that taint) with PodScheduled=False, reason Unschedulable, message
+"0/1 nodes are available: 1 node(s) were unschedulable. preemption: 0/1 nodes
+are available: 1 Preemption is not helpful for scheduling." (the scheduler's
+NodeUnschedulable filter runs first, so it is said instead of any
+Insufficient), and its VM is ErrorUnschedulable; it schedules once
+uncordoned. VMIs already Scheduled or Running are untouched by a cordon.
+
 PLAYS THE HOST CLUSTER'S NETWORK: the Node has spec.podCIDR(s) (--pod-cidr,
 default RKE2's first node slice 10.42.0.0/24) and an InternalIP; the service
 range (--service-cidr, default RKE2's 10.43.0.0/16) holds the `kubernetes`
@@ -69,11 +120,20 @@ listed with fieldSelector spec.nodeName.
 
 DOES NOT: persist anything, run admission webhooks beyond the schemas,
 track managedFields or detect apply conflicts between field managers (apply
-merges maps and replaces lists), implement strategic merge patch or JSON
-patch, serve the /status subresources of built-in and KubeVirt kinds
-(clients' status writes to them are ignored; a Tenant's /status is served),
-keep Terminating namespaces (a namespace and its contents go at once),
-paginate lists, run pods, or boot anything.
+merges maps and replaces lists), implement JSON patch or strategic merge
+patch beyond what a merge patch means (one with a list or a $ directive is
+refused with 415; custom resources refuse it as the API server does), serve
+the /status subresources of built-in and KubeVirt kinds (clients' status
+writes to them are ignored; a Tenant's /status is served), serve API
+discovery (/api, /apis), keep Terminating namespaces (a namespace and its
+contents go at once), paginate lists, run pods, or boot anything. Of
+KubeVirt it does not model: finalizers on VMIs (a DELETE removes one at
+once), evictions or `kubectl drain` (no Eviction API, no
+evictionStrategy), live migration, pause/unpause or a paused start,
+RerunOnFailure and Once stopping for good after a guest's own poweroff (they
+run like Always), guest-initiated shutdowns, or KubeVirt's own finalizers on
+VMs (a VM's DELETE removes it and its VMI at once; only a client's finalizer
+holds it, printableStatus Terminating).
 
 Usage:
   /usr/bin/python3 kube_apiserver.py --pki-dir DIR [--port-file F] [--port N]
@@ -85,7 +145,7 @@ Usage:
       [--dns-service kube-system/kube-dns]
       [--gpu-operator sandbox|container] [--node-gpus 10DE:2335=1]
       [--host-nvidia-driver] [--vfio-bind-fails ADDR] [--plugin-pci-ids FILE]
-      [--operator-delay S]
+      [--operator-delay S] [--vm-shutdown-seconds S]
 
 It writes into --pki-dir: ca.crt (the cluster CA), admin.crt / admin.key (a
 client certificate it accepts), token (a bearer token it accepts) and
@@ -101,7 +161,24 @@ Test-control endpoints (no auth, loopback only), under /_fake/:
   POST /_fake/vfio             {"10DE:27B8": 1}: the host's cards on vfio-pci now
   POST /_fake/gone             {"style": "event"|"http"}: how a too-old watch is refused
   POST /_fake/gpu-operator     {"hostDriver", "vfioBindFails", "pluginPciIds"}: see gpu_operator.py
-  GET  /_fake/requests         the requests seen so far (method, path, headers of note)
+  GET  /_fake/requests         the requests seen so far, oldest first: {"requests": [{"time"
+                               (time.time() when it came), "method", "path", "user",
+                               "contentType"}]} (the last 2000)
+  GET  /_fake/vm-log           the VM lifecycle log, oldest first: {"entries": [{"time"
+                               (time.time()), "vm" ("NS/NAME", or the node's name),
+                               "event"}]} (the last 5000), with event one of:
+                               stop_requested   runStrategy became Halted (any write, the stop
+                                                subresource), or a stop request under
+                                                Manual/RerunOnFailure
+                               start_requested  runStrategy went from Halted to Always (or
+                                                RerunOnFailure/Once), or a start request
+                                                under Manual/RerunOnFailure
+                               restart_requested  the restart subresource
+                               shutdown_started the VMI got its deletionTimestamp
+                               stopped          the VMI was removed (after its shutdown, or
+                                                by a DELETE of it, its VM or its namespace)
+                               started          a VMI reached Running (the first one too)
+                               cordoned, uncordoned  the Node's spec.unschedulable changed
 """
 import argparse
 import base64
@@ -155,6 +232,16 @@ CONTROLLER_STATUS = {"Node", "KubeVirt", "VirtualMachine", "VirtualMachineInstan
                      "DataVolume", "Namespace", "Service", "PersistentVolumeClaim", "Pod",
                      "ClusterPolicy"}
 NODE_PORT_RANGE = (30000, 32767)
+# The taint the node lifecycle controller keeps on a cordoned Node
+# (k8s.io/api/core/v1 TaintNodeUnschedulable), and what the scheduler's
+# NodeUnschedulable filter says of it: UnschedulableAndUnresolvable, so
+# preemption is "not helpful" (kube-scheduler 1.31's FitError text).
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+CORDONED_MESSAGE = "0/1 nodes are available: 1 node(s) were unschedulable. preemption: " \
+    "0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+# runStrategy values under which virt-controller keeps a VMI running.
+RUNNING_STRATEGIES = ("Always", "RerunOnFailure", "Once")
+FINAL_PHASES = ("Succeeded", "Failed")
 
 
 class Resource:
@@ -177,6 +264,9 @@ class Resource:
 
 RES_BY_PATH = {(r[0], r[1], r[3]): Resource(*r) for r in RESOURCES}
 RES_BY_KIND = {(Resource(*r).api_version, r[2]): Resource(*r) for r in RESOURCES}
+# virt-api's aggregated group: no objects of its own, only the VMs' start,
+# stop and restart (authorized as "update" on virtualmachines/<action>).
+SUBRESOURCE_VMS = Resource("subresources.kubevirt.io", "v1", "VirtualMachine", "virtualmachines", True)
 
 
 class ApiError(Exception):
@@ -200,6 +290,30 @@ def now_rfc3339():
 def not_found(res, name):
     return ApiError(404, "NotFound", '%s "%s" not found' % (res.qualified, name),
                     {"name": name, "group": res.group, "kind": res.plural})
+
+
+def run_strategy(spec):
+    """VirtualMachine.RunStrategy(): runStrategy, else spec.running, else Halted."""
+    spec = spec or {}
+    return spec.get("runStrategy") or ("Always" if spec.get("running") else "Halted")
+
+
+# virt-api's answers (pkg/virt-api/rest): k8s errors.NewNotFound / NewConflict
+# for v1.Resource("virtualmachine"), i.e. "virtualmachine.kubevirt.io".
+def vm_not_found(name):
+    return ApiError(404, "NotFound", 'virtualmachine.kubevirt.io "%s" not found' % name,
+                    {"name": name, "group": "kubevirt.io", "kind": "virtualmachine"})
+
+
+def vm_conflict(name, why):
+    return ApiError(409, "Conflict", 'Operation cannot be fulfilled on virtualmachine.kubevirt.io '
+                    '"%s": %s' % (name, why),
+                    {"name": name, "group": "kubevirt.io", "kind": "virtualmachine"})
+
+
+def internal_error(why):
+    return ApiError(500, "InternalError", "Internal error occurred: %s" % why,
+                    {"causes": [{"message": why}]})
 
 
 # ---------------------------------------------------------------- selectors
@@ -284,6 +398,19 @@ def merge_patch(target, patch):
     return out
 
 
+BUILTIN_GROUPS = ("", "coordination.k8s.io")
+
+
+def smp_is_merge_patch(patch):
+    """A strategic merge patch of maps and scalars only, with no $patch /
+    $retainKeys / $setElementOrder directive, is applied as a merge patch."""
+    if isinstance(patch, list):
+        return False
+    if isinstance(patch, dict):
+        return all(not k.startswith("$") and smp_is_merge_patch(v) for k, v in patch.items())
+    return True
+
+
 def apply_merge(live, applied):
     """Server-side apply as far as Factory uses it: maps merge, lists and
     scalars from the applied configuration win."""
@@ -319,6 +446,12 @@ class Store:
         self.next_ip = 98
         self.plugin_due = 0.0   # when the device plugins next look at the CR
         self.external_resources = {}  # resource -> count, from other device plugins
+        # GET /_fake/vm-log: {"time", "vm", "event"}, oldest first.
+        self.vm_log = []
+        # VMI uid -> when its graceful shutdown began (monotonic), and the
+        # longest it may take (s) where a forced restart cut it short.
+        self.shutdowns = {}
+        self.shutdown_cap = {}
 
     # --- primitives (call with self.cond held)
 
@@ -350,9 +483,33 @@ class Store:
     def put(self, res, obj, type_):
         md = obj["metadata"]
         md["resourceVersion"] = self.bump()
-        self.objects[(res.plural, md.get("namespace", "") if res.namespaced else "", md["name"])] = obj
+        key = (res.plural, md.get("namespace", "") if res.namespaced else "", md["name"])
+        old = self.objects.get(key)
+        self.objects[key] = obj
         self.record(type_, res, obj)
+        if old is not None:
+            self.note_change(res, old, obj)
         return obj
+
+    def vm_event(self, who, event):
+        self.vm_log.append({"time": time.time(), "vm": who, "event": event})
+        self.vm_log = self.vm_log[-5000:]
+
+    def note_change(self, res, old, new):
+        """The lifecycle log's entries that a write makes, whoever wrote it."""
+        md = new["metadata"]
+        if res.kind == "VirtualMachine":
+            was, now = run_strategy(old.get("spec")), run_strategy(new.get("spec"))
+            who = md.get("namespace", "") + "/" + md["name"]
+            if was != now and now == "Halted":
+                self.vm_event(who, "stop_requested")
+            elif was == "Halted" and now in RUNNING_STRATEGIES:
+                self.vm_event(who, "start_requested")
+        elif res.kind == "Node":
+            was = bool((old.get("spec") or {}).get("unschedulable"))
+            now = bool((new.get("spec") or {}).get("unschedulable"))
+            if was != now:
+                self.vm_event(md["name"], "cordoned" if now else "uncordoned")
 
     def drop(self, res, obj, propagation="Background"):
         md = obj["metadata"]
@@ -363,6 +520,10 @@ class Store:
         gone = copy.deepcopy(obj)
         gone["metadata"]["resourceVersion"] = self.bump()
         self.record("DELETED", res, gone)
+        if res.kind == "VirtualMachineInstance":
+            self.shutdowns.pop(md.get("uid"), None)
+            self.shutdown_cap.pop(md.get("uid"), None)
+            self.vm_event(md.get("namespace", "") + "/" + md["name"], "stopped")
         if res.kind == "Service":
             for p in (obj.get("spec") or {}).get("ports") or []:
                 self.node_ports.pop(p.get("nodePort"), None)
@@ -512,6 +673,7 @@ class KubeVirtController:
                 self.operator.tick(time.monotonic())
             if time.monotonic() >= s.plugin_due or self.operator is not None:
                 self.sync_node()
+            self.sync_cordon()
             self.sync_vms()
             self.sync_vmis()
 
@@ -556,12 +718,52 @@ class KubeVirtController:
         status["allocatable"], status["capacity"] = alloc, cap
         self.update_status(self.res["node"], node, status)
 
+    def sync_cordon(self):
+        """The node lifecycle controller's NoSchedule tainting pass: a Node
+        with spec.unschedulable (`kubectl cordon`) carries the
+        node.kubernetes.io/unschedulable:NoSchedule taint, stamped with
+        timeAdded as SwapNodeControllerTaint does, and loses it when
+        uncordoned."""
+        node = self.store.get(self.res["node"], "", self.node_name)
+        if node is None:
+            return
+        spec = node.get("spec") or {}
+        taints = list(spec.get("taints") or [])
+        mine = [t for t in taints if t.get("key") == UNSCHEDULABLE_TAINT
+                and t.get("effect") == "NoSchedule"]
+        if spec.get("unschedulable") and not mine:
+            taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule",
+                           "timeAdded": now_rfc3339()})
+        elif not spec.get("unschedulable") and mine:
+            taints = [t for t in taints if t not in mine]
+        else:
+            return
+        node = copy.deepcopy(node)
+        if taints:
+            node.setdefault("spec", {})["taints"] = taints
+        else:
+            node.setdefault("spec", {}).pop("taints", None)
+        self.store.put(self.res["node"], node, "MODIFIED")
+
+    def begin_shutdown(self, vmi):
+        """virt-controller deletes the VMI: it is marked (deletionTimestamp)
+        and virt-handler shuts its guest down (sync_vmis)."""
+        s = self.store
+        marked = copy.deepcopy(vmi)
+        md = marked["metadata"]
+        md["deletionTimestamp"] = now_rfc3339()
+        md["deletionGracePeriodSeconds"] = 0
+        s.put(self.res["vmi"], marked, "MODIFIED")
+        s.shutdowns[md["uid"]] = time.monotonic()
+        s.vm_event(md["namespace"] + "/" + md["name"], "shutdown_started")
+        return marked
+
     def sync_vms(self):
         s = self.store
         for vm in s_items(s, self.res["vm"]):
             md, spec = vm["metadata"], vm.get("spec") or {}
             ns = md["namespace"]
-            strategy = spec.get("runStrategy") or ("Always" if spec.get("running") else "Halted")
+            strategy = run_strategy(spec)
             owner = [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": md["name"],
                       "uid": md["uid"], "controller": True, "blockOwnerDeletion": True}]
             for tpl in spec.get("dataVolumeTemplates") or []:
@@ -572,8 +774,37 @@ class KubeVirtController:
                     dv["status"] = {"phase": "Succeeded", "progress": "100.0%", "claimName": name}
                     s.put(self.res["dv"], dv, "ADDED")
             vmi = s.get(self.res["vmi"], ns, md["name"])
-            want = strategy in ("Always", "RerunOnFailure", "Once")
-            if want and vmi is None:
+            phase = (vmi or {}).get("status", {}).get("phase")
+            deleting = bool(vmi and vmi["metadata"].get("deletionTimestamp"))
+            # The stop/start requests virt-api put in the status (restart,
+            # and stop/start under Manual or RerunOnFailure), trimmed as
+            # virt-controller's isTrimFirstChangeRequestNeeded does.
+            requests = list((vm.get("status") or {}).get("stateChangeRequests") or [])
+            if requests:
+                first = requests[0]
+                if first.get("action") == "Stop" and \
+                        (vmi is None or first.get("uid") != vmi["metadata"]["uid"]):
+                    requests.pop(0)
+                elif first.get("action") == "Start" and vmi is not None and not deleting \
+                        and phase not in FINAL_PHASES:
+                    requests.pop(0)
+            stop_asked = bool(requests) and requests[0].get("action") == "Stop"
+            start_asked = bool(requests) and requests[0].get("action") == "Start"
+            want = strategy in RUNNING_STRATEGIES or (strategy == "Manual" and start_asked)
+            stop_expected = strategy == "Halted" or stop_asked
+            if vmi is not None and deleting and phase in FINAL_PHASES:
+                # Shut down: its last state is on the VM (Stopped), then the
+                # controller's finalizer comes off and the VMI goes. A new
+                # one, if wanted, is made on a later pass.
+                s.drop(self.res["vmi"], vmi)
+                vmi, want_now = None, False
+            elif vmi is not None and not deleting and phase not in FINAL_PHASES and \
+                    (stop_asked or (strategy != "Manual" and not want)):
+                vmi = self.begin_shutdown(vmi)
+                deleting, want_now = True, False
+            else:
+                want_now = want
+            if want_now and vmi is None:
                 tmpl = spec.get("template") or {}
                 labels = dict((tmpl.get("metadata") or {}).get("labels") or {})
                 new = s.make(self.res["vmi"], {
@@ -582,22 +813,43 @@ class KubeVirtController:
                 new["status"] = {"phase": "Pending"}
                 s.put(self.res["vmi"], new, "ADDED")
                 vmi = new
-            elif not want and strategy != "Manual" and vmi is not None:
-                s.drop(self.res["vmi"], vmi)
-                vmi = None
             phase = (vmi or {}).get("status", {}).get("phase")
             unschedulable = any(c.get("reason") == "Unschedulable"
                                 for c in (vmi or {}).get("status", {}).get("conditions") or [])
-            status = {"printableStatus": "Stopped", "ready": False, "runStrategy": strategy}
+            # virt-controller's setPrintableStatus, first match wins.
+            if md.get("deletionTimestamp"):
+                printable = "Terminating"
+            elif vmi is not None and phase not in FINAL_PHASES and (deleting or stop_expected):
+                printable = "Stopping"
+            elif phase == "Running":
+                printable = "Running"
+            elif unschedulable:
+                printable = "ErrorUnschedulable"
+            elif (vmi is not None and phase not in FINAL_PHASES) or (vmi is None and want):
+                printable = "Starting"
+            else:
+                printable = "Stopped"
+            status = {"printableStatus": printable, "ready": False, "runStrategy": strategy}
             if vmi is not None:
                 status["created"] = True
-                status["printableStatus"] = {"Running": "Running"}.get(
-                    phase, "ErrorUnschedulable" if unschedulable else "Starting")
-                status["ready"] = phase == "Running"
+                status["ready"] = phase == "Running" and not deleting
                 if unschedulable:
                     status["conditions"] = [c for c in vmi["status"]["conditions"]
                                             if c.get("reason") == "Unschedulable"]
+            if requests:
+                status["stateChangeRequests"] = requests
             self.update_status(self.res["vm"], vm, status)
+
+    def shutdown_delay(self, vmi):
+        """How long the guest takes to power off: --vm-shutdown-seconds (its
+        ACPI shutdown), cut to terminationGracePeriodSeconds (virt-launcher
+        kills the domain then) and to a forced restart's 1 s."""
+        delay = self.store.args.vm_shutdown_seconds
+        grace = (vmi.get("spec") or {}).get("terminationGracePeriodSeconds")
+        if isinstance(grace, (int, float)):
+            delay = min(delay, grace)
+        cap = self.store.shutdown_cap.get(vmi["metadata"]["uid"])
+        return delay if cap is None else min(delay, cap)
 
     def sync_vmis(self):
         s = self.store
@@ -608,15 +860,38 @@ class KubeVirtController:
             if (vmi.get("status") or {}).get("phase") in ("Scheduled", "Running"):
                 for k, v in gpu_requests(vmi.get("spec")).items():
                     in_use[k] = in_use.get(k, 0) + v
+        cordoned = bool((node.get("spec") or {}).get("unschedulable"))
         for vmi in s_items(s, self.res["vmi"]):
             st = copy.deepcopy(vmi.get("status") or {})
             phase = st.get("phase", "Pending")
+            if vmi["metadata"].get("deletionTimestamp"):
+                if phase in FINAL_PHASES:
+                    continue  # sync_vms takes it away
+                if phase != "Running":
+                    # No guest yet: its launcher pod goes, and virt-controller
+                    # fails a VMI whose pod went before it ran.
+                    st["phase"] = "Failed"
+                    st.pop("conditions", None)
+                else:
+                    # The launcher pod is going down: not Ready while the
+                    # guest shuts down; then virt-handler reports Succeeded.
+                    st["conditions"] = [{"type": "Ready", "status": "False"}]
+                    began = s.shutdowns.setdefault(vmi["metadata"]["uid"], time.monotonic())
+                    if time.monotonic() - began >= self.shutdown_delay(vmi):
+                        st["phase"] = "Succeeded"
+                self.update_status(self.res["vmi"], vmi, st)
+                continue
             if phase == "Pending":
                 st["phase"] = "Scheduling"
             elif phase == "Scheduling":
                 short = [k for k, v in gpu_requests(vmi.get("spec")).items()
                          if int(alloc.get(k, "0")) - in_use.get(k, 0) < v]
-                if short:
+                if cordoned and not tolerates_unschedulable(vmi.get("spec")):
+                    # NodeUnschedulable is the scheduler's first filter: a
+                    # cordoned node is refused before its resources count.
+                    st["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                         "reason": "Unschedulable", "message": CORDONED_MESSAGE}]
+                elif short:
                     msg = "0/1 nodes are available: %s. preemption: 0/1 nodes are available: " \
                           "1 No preemption victims found for incoming pod." % \
                           ", ".join("1 Insufficient " + k for k in sorted(short))
@@ -637,7 +912,23 @@ class KubeVirtController:
                                      "mac": "02:00:00:%02x:%02x:%02x" % (s.next_ip % 256, 0, 1),
                                      "infoSource": "domain, guest-agent"}]
                 st["conditions"] = [{"type": "Ready", "status": "True"}]
+                s.vm_event(vmi["metadata"]["namespace"] + "/" + vmi["metadata"]["name"], "started")
             self.update_status(self.res["vmi"], vmi, st)
+
+
+def tolerates_unschedulable(vmi_spec):
+    """Whether the VMI's tolerations (copied to its launcher pod) tolerate
+    node.kubernetes.io/unschedulable:NoSchedule, as the NodeUnschedulable
+    filter asks (v1helper.TolerationsTolerateTaint)."""
+    for t in (vmi_spec or {}).get("tolerations") or []:
+        if t.get("effect") not in (None, "", "NoSchedule"):
+            continue
+        op = t.get("operator") or "Equal"
+        if not t.get("key") and op == "Exists":
+            return True
+        if t.get("key") == UNSCHEDULABLE_TAINT and (op == "Exists" or not t.get("value")):
+            return True
+    return False
 
 
 def s_items(store, res):
@@ -700,8 +991,8 @@ class Handler(BaseHTTPRequestHandler):
             user = self.user()
             with self.store.cond:
                 self.store.requests.append({
-                    "method": self.command, "path": self.path, "user": user,
-                    "contentType": self.headers.get("Content-Type", "")})
+                    "time": time.time(), "method": self.command, "path": self.path,
+                    "user": user, "contentType": self.headers.get("Content-Type", "")})
                 self.store.requests = self.store.requests[-2000:]
             if user is None:
                 raise ApiError(401, "Unauthorized", "Unauthorized")
@@ -713,6 +1004,10 @@ class Handler(BaseHTTPRequestHandler):
             m = re.match(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/log$", u.path)
             if m and self.command == "GET":
                 return self.pod_log(user, m.group(1), m.group(2), q)
+            m = re.match(r"^/apis/subresources\.kubevirt\.io/(v1|v1alpha3)/namespaces/([^/]+)/"
+                         r"virtualmachines/([^/]+)/(start|stop|restart)$", u.path)
+            if m and not {"kubevirt.io", "subresources.kubevirt.io"} & set(self.server.args.no_group):
+                return self.vm_subresource(user, m.group(2), m.group(3), m.group(4), body)
             res, ns, name = self.route(u.path)
             verb = self.verb(name, q)
             self.authorize(user, verb, res, ns, name)
@@ -771,16 +1066,168 @@ class Handler(BaseHTTPRequestHandler):
             return "delete"
         return "unsupported"
 
-    def authorize(self, user, verb, res, ns, name):
+    def authorize(self, user, verb, res, ns, name, subresource=""):
+        # RBAC names a subresource "<plural>/<subresource>" (virtualmachines/stop).
+        resource = res.plural + "/" + subresource if subresource else res.plural
+        qualified = resource + "." + res.group if res.group else resource
         for v, r, n in self.store.forbidden:
-            if v in (verb, "*") and r in (res.plural, res.qualified, "*") and n in (ns, "*", ""):
+            if v in (verb, "*") and r in (resource, qualified, "*") and n in (ns, "*", ""):
                 where = ' in the namespace "%s"' % ns if ns else ""
                 what = ('%s "%s"' % (res.qualified, name)) if name else res.qualified
                 group = res.group
                 raise ApiError(403, "Forbidden",
                                '%s is forbidden: User "%s" cannot %s resource "%s" in API group "%s"%s'
-                               % (what, user, verb, res.plural, group, where if res.namespaced else " at the cluster scope"),
+                               % (what, user, verb, resource, group, where if res.namespaced else " at the cluster scope"),
                                {"name": name, "group": res.group, "kind": res.plural})
+
+    # --- KubeVirt's virt-api (subresources.kubevirt.io), behind the aggregator
+
+    def vm_subresource(self, user, ns, name, action, body):
+        """PUT .../virtualmachines/NAME/{start,stop,restart} as virt-api's
+        Start/Stop/RestartVMRequestHandler (pkg/virt-api/rest/lifecycle.go)
+        answer them: 202 with no body, or a Status. The API server
+        authorizes "update" on virtualmachines/<action> first."""
+        if self.command != "PUT":
+            raise ApiError(405, "MethodNotAllowed",
+                           "the server does not allow this method on the requested resource")
+        self.authorize(user, "update", SUBRESOURCE_VMS, ns, name, action)
+        s = self.store
+        vm_res, vmi_res = RES_BY_KIND[("kubevirt.io/v1", "VirtualMachine")], \
+            RES_BY_KIND[("kubevirt.io/v1", "VirtualMachineInstance")]
+
+        def options():
+            # decodeBody: a YAML-or-JSON StopOptions / StartOptions / RestartOptions.
+            try:
+                doc = yaml.safe_load(body.decode()) if body.strip() else None
+            except (ValueError, yaml.YAMLError) as e:
+                raise ApiError(400, "BadRequest",
+                               "Can not unmarshal Request body to struct, error: %s" % e)
+            if doc is None:
+                return {}
+            if not isinstance(doc, dict):
+                raise ApiError(400, "BadRequest", "Can not unmarshal Request body to struct, "
+                               "error: cannot unmarshal %s into a struct" % type(doc).__name__)
+            return doc
+
+        def fetch_vm():
+            vm = s.get(vm_res, ns, name)
+            if vm is None:
+                raise vm_not_found(name)
+            spec = vm.get("spec") or {}
+            if "running" in spec and "runStrategy" in spec:
+                raise internal_error("running and runstrategy are mutually exclusive")
+            return vm
+
+        def set_running(vm, running, q):
+            # getRunningPatch: runStrategy where the VM has one, else spec.running.
+            new = copy.deepcopy(vm)
+            if "runStrategy" in new["spec"]:
+                new["spec"]["runStrategy"] = "Always" if running else "Halted"
+            else:
+                new["spec"]["running"] = running
+            self.subresource = ""
+            self.finish_write(vm_res, new, vm, q, "MODIFIED")
+
+        def change_requests(vm, changes, q):
+            # getChangeRequestJson: the VM's status.stateChangeRequests, which
+            # virt-controller acts on (sync_vms); a lone Stop replaces any.
+            have = (vm.get("status") or {}).get("stateChangeRequests") or []
+            if have and not (len(changes) == 1 and changes[0]["action"] == "Stop"):
+                raise internal_error("unable to complete request: stop/start already underway")
+            if q.get("dryRun") == "All":
+                return
+            new = copy.deepcopy(vm)
+            new.setdefault("status", {})["stateChangeRequests"] = changes
+            new["status"].pop("startFailure", None)
+            s.put(vm_res, new, "MODIFIED")
+
+        def final(vmi):
+            return (vmi.get("status") or {}).get("phase") in FINAL_PHASES
+
+        who = ns + "/" + name
+        with s.cond:
+            if action == "start":
+                vm = fetch_vm()
+                vmi = s.get(vmi_res, ns, name)
+                if vmi is not None and not final(vmi) and \
+                        (vmi.get("status") or {}).get("phase") not in ("Unknown", "", None):
+                    raise vm_conflict(name, "VM is already running")
+                opts = options()
+                q = {"dryRun": "All"} if "All" in (opts.get("dryRun") or []) else {}
+                strategy = run_strategy(vm.get("spec"))
+                if strategy == "Halted":
+                    set_running(vm, True, q)
+                elif strategy in ("RerunOnFailure", "Manual"):
+                    if strategy == "RerunOnFailure" and vmi is not None and \
+                            vmi["status"].get("phase") == "Failed":
+                        raise vm_conflict(name, "RerunOnFailure does not support starting VM "
+                                          "from failed state")
+                    changes = [{"action": "Start"}]
+                    if vmi is not None and final(vmi):
+                        changes.insert(0, {"action": "Stop", "uid": vmi["metadata"]["uid"]})
+                    change_requests(vm, changes, q)
+                    if not q:
+                        s.vm_event(who, "start_requested")
+                else:  # Always, Once
+                    raise vm_conflict(name, "%s does not support manual start requests" % strategy)
+            elif action == "stop":
+                opts = options()
+                q = {"dryRun": "All"} if "All" in (opts.get("dryRun") or []) else {}
+                vm = fetch_vm()
+                strategy = run_strategy(vm.get("spec"))
+                vmi = s.get(vmi_res, ns, name)
+                grace = opts.get("gracePeriod")
+                old_grace = None
+                if vmi is not None and not final(vmi) and grace is not None:
+                    # The VMI's grace period first, as virt-api patches it
+                    # (virt-handler then kills the guest that much sooner).
+                    old_grace = (vmi.get("spec") or {}).get("terminationGracePeriodSeconds")
+                    patched = copy.deepcopy(vmi)
+                    patched.setdefault("spec", {})["terminationGracePeriodSeconds"] = grace
+                    self.subresource = ""
+                    self.finish_write(vmi_res, patched, vmi, q, "MODIFIED")
+                if strategy == "Halted":
+                    if vmi is None or final(vmi):
+                        raise vm_conflict(name, "VM is not running")
+                    if grace is None or (old_grace is not None and grace >= old_grace):
+                        raise vm_conflict(name, "Halted only supports manual stop requests with "
+                                          "a shorter graceperiod")
+                    change_requests(vm, [{"action": "Stop", "uid": vmi["metadata"]["uid"]}], q)
+                elif strategy in ("RerunOnFailure", "Manual"):
+                    if vmi is None or final(vmi):
+                        raise vm_conflict(name, "VM is not running")
+                    change_requests(vm, [{"action": "Stop", "uid": vmi["metadata"]["uid"]}], q)
+                    if not q:
+                        s.vm_event(who, "stop_requested")
+                else:  # Always, Once: runStrategy Halted (logged by the write)
+                    set_running(vm, False, q)
+            else:  # restart
+                opts = options()
+                q = {"dryRun": "All"} if "All" in (opts.get("dryRun") or []) else {}
+                force = opts.get("gracePeriodSeconds")
+                if force is not None and force > 0:
+                    raise ApiError(400, "BadRequest",
+                                   "For force restart, only gracePeriod=0 is supported for now")
+                if force is not None and force < 0:
+                    raise ApiError(400, "BadRequest", "gracePeriod has to be greater or equal to 0")
+                vm = fetch_vm()
+                strategy = run_strategy(vm.get("spec"))
+                if strategy in ("Halted", "Once"):
+                    raise vm_conflict(name, "RunStategy %s does not support manual restart "
+                                      "requests" % strategy)
+                vmi = s.get(vmi_res, ns, name)
+                if vmi is None:
+                    raise vm_conflict(name, "VM is not running: Halted")
+                change_requests(vm, [{"action": "Stop", "uid": vmi["metadata"]["uid"]},
+                                     {"action": "Start"}], q)
+                if not q:
+                    s.vm_event(who, "restart_requested")
+                    if force == 0:
+                        # virt-api deletes the launcher pod with a 1 s grace period.
+                        s.shutdown_cap[vmi["metadata"]["uid"]] = 1.0
+        self.send_response(202)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def pod_log(self, user, ns, name, q):
         res = RES_BY_KIND[("v1", "Pod")]
@@ -919,7 +1366,8 @@ class Handler(BaseHTTPRequestHandler):
             return obj
         self.store.put(res, obj, type_)
         md = obj["metadata"]
-        if md.get("deletionTimestamp") and not md.get("finalizers"):
+        if md.get("deletionTimestamp") and not md.get("finalizers") and old is not None \
+                and old["metadata"].get("finalizers"):
             # The last finalizer is gone: the deletion that waited for it happens now.
             self.store.drop(res, obj)
             return obj
@@ -1009,10 +1457,23 @@ class Handler(BaseHTTPRequestHandler):
                 new = apply_merge(old, applied)
                 new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
                 return 200, self.finish_write(res, new, old, q, "MODIFIED")
-            if ctype == "application/merge-patch+json":
+            if ctype == "application/strategic-merge-patch+json" and res.group not in BUILTIN_GROUPS:
+                # Custom resources take no strategic merge patch.
+                raise ApiError(415, "UnsupportedMediaType",
+                               "the body of the request was in an unknown format - accepted media "
+                               "types include: application/json-patch+json, "
+                               "application/merge-patch+json, application/apply-patch+yaml")
+            if ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
                 if old is None:
                     raise not_found(res, name)
                 patch = self.parse_object(body, "json")
+                if ctype.startswith("application/strategic") and not smp_is_merge_patch(patch):
+                    # Where a strategic merge patch means what a merge patch
+                    # means (maps only: `kubectl cordon`'s {"spec":
+                    # {"unschedulable": true}}) the fake takes it.
+                    raise ApiError(415, "UnsupportedMediaType",
+                                   "the fake API server takes a strategic merge patch only where "
+                                   "it is a JSON merge patch (no lists, no $ directives)")
                 prv = (patch.get("metadata") or {}).get("resourceVersion")
                 if prv and prv != old["metadata"]["resourceVersion"]:
                     raise self.conflict(res, name)
@@ -1182,6 +1643,8 @@ class Handler(BaseHTTPRequestHandler):
                 s.gone_style = doc.get("style", "event")
             elif path == "/_fake/requests":
                 return self.send_json(200, {"requests": list(s.requests)})
+            elif path == "/_fake/vm-log":
+                return self.send_json(200, {"entries": list(s.vm_log)})
             else:
                 return self.send_json(404, {"error": "no such control endpoint"})
             rv = s.rv
@@ -1355,6 +1818,9 @@ def main():
                         "(default: the host tree's /usr/share/misc/pci.ids)")
     p.add_argument("--operator-delay", type=float, default=0.3,
                    help="seconds each operand takes to start (and between crash-loop restarts)")
+    p.add_argument("--vm-shutdown-seconds", type=float, default=1.0,
+                   help="how long a guest takes to power off once its VMI is deleted (its ACPI "
+                        "shutdown), at most the VMI's terminationGracePeriodSeconds")
     p.add_argument("--tick", type=float, default=0.1, help="controller period (s)")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args()

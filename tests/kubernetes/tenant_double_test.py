@@ -29,12 +29,15 @@ def read(path):
 
 
 class Double:
-    def __init__(self):
+    """The double as a process (vm_drain_double_test.py starts it too, with
+    its own arguments)."""
+
+    def __init__(self, args=("--no-kubevirt-cr",)):
         self.dir = tempfile.mkdtemp(prefix="tenant-double-")
         port_file = os.path.join(self.dir, "port")
         self.proc = subprocess.Popen(
-            ["/usr/bin/python3", FAKE, "--pki-dir", self.dir, "--port-file", port_file,
-             "--no-kubevirt-cr"],
+            ["/usr/bin/python3", FAKE, "--pki-dir", self.dir, "--port-file", port_file] +
+            list(args),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         for _ in range(300):
             if os.path.exists(port_file) and read(port_file):
