@@ -12,6 +12,7 @@ const std::vector<Resource>& known_resources() {
       {"", "v1", "Node", "nodes", false},
       {"", "v1", "ConfigMap", "configmaps", true},
       {"", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", true},
+      {"", "v1", "PersistentVolume", "persistentvolumes", false},
       {"", "v1", "Pod", "pods", true},
       {"coordination.k8s.io", "v1", "Lease", "leases", true},
       {"networking.k8s.io", "v1", "ServiceCIDR", "servicecidrs", false},

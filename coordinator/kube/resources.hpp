@@ -21,6 +21,7 @@ inline const Kind kService{"v1", "Service"};
 inline const Kind kNode{"v1", "Node"};
 inline const Kind kConfigMap{"v1", "ConfigMap"};
 inline const Kind kPersistentVolumeClaim{"v1", "PersistentVolumeClaim"};
+inline const Kind kPersistentVolume{"v1", "PersistentVolume"};
 inline const Kind kPod{"v1", "Pod"};
 inline const Kind kLease{"coordination.k8s.io/v1", "Lease"};
 // Kubernetes 1.33 and later (v1beta1 from 1.31): the cluster's service ranges.

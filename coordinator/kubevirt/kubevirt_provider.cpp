@@ -661,3 +661,160 @@ Result<RestartOutcome> KubeVirtProvider::restart(const VmSpec& spec, const Resta
 }
 
 }  // namespace factory::kubevirt
+
+// ---- host maintenance ----
+
+namespace factory::kubevirt {
+
+namespace {
+
+// A merge patch that sets the VM's runStrategy (and drops `running`, the
+// older field KubeVirt refuses beside it).
+json run_strategy_patch(const char* strategy) {
+  return {{"spec", {{"runStrategy", strategy}, {"running", nullptr}}}};
+}
+
+std::string vm_run_strategy(const json& vm) {
+  std::string s = vm.value("/spec/runStrategy"_json_pointer, std::string());
+  if (s.empty()) s = vm.value("/spec/running"_json_pointer, false) ? "Always" : "Halted";
+  return s;
+}
+
+// Where a PersistentVolume's data lives when only one node can reach it: a
+// `local` or `hostPath` volume, or node affinity on a host name.
+std::string node_local_reason(const json& pv) {
+  const json spec = pv.value("spec", json::object());
+  if (spec.contains("local"))
+    return "a local volume at " + spec["local"].value("path", std::string("?"));
+  if (spec.contains("hostPath"))
+    return "a hostPath volume at " + spec["hostPath"].value("path", std::string("?"));
+  const json terms =
+      pv.value("/spec/nodeAffinity/required/nodeSelectorTerms"_json_pointer, json::array());
+  for (const auto& t : terms)
+    for (const auto& e : t.value("matchExpressions", json::array()))
+      if (e.value("key", "") == "kubernetes.io/hostname")
+        return "node affinity to " + e.value("values", json::array()).dump();
+  return "";
+}
+
+}  // namespace
+
+Status KubeVirtProvider::set_node_schedulable(const std::string& node, bool schedulable) {
+  auto c = client();
+  if (!c) return c.error();
+  // As `kubectl cordon` / `uncordon` set it; the node lifecycle controller
+  // adds and removes the unschedulable taint itself.
+  json patch = {{"spec", {{"unschedulable", schedulable ? json(nullptr) : json(true)}}}};
+  auto r = c->merge_patch(kube::kNode, "", node, patch);
+  if (!r) {
+    if (r.error().code == Errc::not_found)
+      return Error(Errc::not_found,
+                   "the host cluster has no node " + node + ": `kubectl get nodes` lists them");
+    return r.error().with_context(schedulable ? "uncordoning node " + node
+                                              : "cordoning node " + node);
+  }
+  return {};
+}
+
+Result<tenants::Mobility> KubeVirtProvider::mobility(const VmSpec& spec) {
+  auto c = client();
+  if (!c) return c.error();
+  tenants::Mobility m;
+  // The root disk: a claim bound to a volume only its node reaches cannot
+  // follow the VM.
+  const std::string claim = root_volume_name(spec.name);
+  auto pvc = c->get(kube::kPersistentVolumeClaim, spec.ns, claim);
+  if (!pvc) {
+    m.why_not = pvc.error().code == Errc::not_found
+                    ? "its disk's claim " + spec.ns + "/" + claim +
+                          " is not found: where its data lives cannot be told"
+                    : "its disk's claim " + spec.ns + "/" + claim +
+                          " could not be read: " + pvc.error().message;
+    return m;
+  }
+  const std::string volume = pvc->value("/spec/volumeName"_json_pointer, std::string());
+  if (volume.empty()) {
+    m.why_not = "its disk's claim " + spec.ns + "/" + claim + " is not bound to a volume yet";
+    return m;
+  }
+  auto pv = c->get(kube::kPersistentVolume, "", volume);
+  if (!pv) {
+    m.why_not = "its disk's volume " + volume + " could not be read: " + pv.error().message;
+    return m;
+  }
+  if (std::string local = node_local_reason(*pv); !local.empty()) {
+    m.why_not =
+        "its disk is on node-local storage (PersistentVolume " + volume + ": " + local + ")";
+    return m;
+  }
+  // A free card of its resource on another node that takes new VMs.
+  auto vmi = c->get(kube::kVirtualMachineInstance, spec.ns, spec.name);
+  const std::string here =
+      vmi ? vmi->value("/status/nodeName"_json_pointer, std::string()) : std::string();
+  auto nodes = c->list(kube::kNode, "");
+  if (!nodes) return nodes.error().with_context("listing nodes");
+  auto vmis = c->list(kube::kVirtualMachineInstance, "");
+  if (!vmis) return vmis.error().with_context("listing VirtualMachineInstances");
+  std::map<std::string, int> used;  // node -> cards of the resource its VMIs hold
+  for (const auto& i : vmis->value("items", json::array())) {
+    const std::string n = i.value("/status/nodeName"_json_pointer, std::string());
+    if (n.empty()) continue;
+    auto req = vm_gpu_requests({{"spec", {{"template", {{"spec", i.value("spec", json())}}}}}});
+    used[n] += req[spec.gpu_resource];
+  }
+  for (const auto& n : nodes->value("items", json::array())) {
+    const std::string name = n.value("/metadata/name"_json_pointer, std::string());
+    if (name == here || n.value("/spec/unschedulable"_json_pointer, false)) continue;
+    const json alloc = n.value("/status/allocatable"_json_pointer, json::object());
+    const long free =
+        (alloc.contains(spec.gpu_resource) ? parse_count(alloc[spec.gpu_resource]) : 0) -
+        used[name];
+    if (free >= spec.gpus) {
+      m.can_move = true;
+      return m;
+    }
+  }
+  m.why_not = "no other node that takes new VMs has " + std::to_string(spec.gpus) + " free " +
+              spec.gpu_resource;
+  return m;
+}
+
+Result<tenants::StopOutcome> KubeVirtProvider::stop(const VmSpec& spec) {
+  auto c = client();
+  if (!c) return c.error();
+  const std::string where = spec.ns + "/" + spec.name;
+  auto vm = c->get(kube::kVirtualMachine, spec.ns, spec.name);
+  if (!vm) return vm.error().with_context("VirtualMachine " + where);
+  tenants::StopOutcome out;
+  if (vm_run_strategy(*vm) == "Halted") {
+    out.note = "VirtualMachine " + where + " has runStrategy Halted already";
+    return out;
+  }
+  // runStrategy Halted, as `virtctl stop` asks it: virt-controller shuts
+  // the guest down through ACPI and waits its terminationGracePeriodSeconds
+  // before the launcher pod is killed.
+  if (auto r =
+          c->merge_patch(kube::kVirtualMachine, spec.ns, spec.name, run_strategy_patch("Halted"));
+      !r)
+    return r.error().with_context("stopping VirtualMachine " + where);
+  out.stopped = true;
+  out.note = "VirtualMachine " + where +
+             " set to runStrategy Halted: KubeVirt shuts the guest down (ACPI)";
+  return out;
+}
+
+Status KubeVirtProvider::start(const VmSpec& spec) {
+  auto c = client();
+  if (!c) return c.error();
+  const std::string where = spec.ns + "/" + spec.name;
+  auto vm = c->get(kube::kVirtualMachine, spec.ns, spec.name);
+  if (!vm) return vm.error().with_context("VirtualMachine " + where);
+  if (vm_run_strategy(*vm) == "Always") return {};
+  if (auto r =
+          c->merge_patch(kube::kVirtualMachine, spec.ns, spec.name, run_strategy_patch("Always"));
+      !r)
+    return r.error().with_context("starting VirtualMachine " + where);
+  return {};
+}
+
+}  // namespace factory::kubevirt

@@ -75,6 +75,13 @@ class KubeVirtProvider : public tenants::VmProvider {
   Result<std::vector<std::string>> drift(const VmSpec& spec) override;
   Result<std::vector<ranges::Fact>> host_ranges() override;
   Result<RestartOutcome> restart(const VmSpec& spec, const RestartRequest& req) override;
+  Status set_node_schedulable(const std::string& node, bool schedulable) override;
+  // Movable when its root disk's volume is not node-local and another
+  // schedulable node has free cards of its resource.
+  Result<tenants::Mobility> mobility(const VmSpec& spec) override;
+  // runStrategy Halted / Always (merge patch), as virtctl stop / start.
+  Result<tenants::StopOutcome> stop(const VmSpec& spec) override;
+  Status start(const VmSpec& spec) override;
   std::string user_data_location(const VmSpec& spec) const override {
     return "Secret " + spec.ns + "/" + cloud_init_secret_name(spec.name);
   }

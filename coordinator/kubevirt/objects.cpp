@@ -100,8 +100,10 @@ json virtual_machine(const VmSpec& spec) {
       {"spec",
        {
            // Always: KubeVirt starts the VM now, and again whenever it
-           // stops (a guest poweroff, an evicted launcher pod).
-           {"runStrategy", "Always"},
+           // stops (a guest poweroff, an evicted launcher pod). Halted
+           // while a host drain keeps it off: KubeVirt shuts the guest down
+           // (ACPI, within terminationGracePeriodSeconds).
+           {"runStrategy", spec.halted ? "Halted" : "Always"},
            {"dataVolumeTemplates",
             {{{"metadata", root_volume_meta},
               {"spec",

@@ -29,6 +29,11 @@ using tenants::VmObject;
 namespace {
 
 constexpr const char* kRecordFile = "vm.json";
+// Beside vm.json: the VM is to stay off (a host drain stopped it); the
+// monitor neither starts nor restarts it.
+constexpr const char* kHaltedFile = "halted";
+// In vms_dir: this host is cordoned (a drain); no new VM is created here.
+constexpr const char* kCordonFile = ".cordoned";
 constexpr const char* kVmKind = "QemuVm";
 constexpr const char* kDiskKind = "QemuDisk";
 constexpr const char* kSeedKind = "CloudInitSeed";
@@ -296,6 +301,12 @@ Status QemuProvider::preflight(tenants::VmSpec& spec) {
   if (auto v = vcpus_from_quantity(spec.cpu); !v) return v.error();
   if (auto m = bytes_from_quantity(spec.memory); !m) return m.error().with_context("memory");
   if (auto d = bytes_from_quantity(spec.disk); !d) return d.error().with_context("disk");
+  if (present(fs::path(opts_.vms_dir) / kCordonFile))
+    return Error(Errc::failed_precondition,
+                 "host " + host_name() +
+                     " is drained for maintenance: no new VM starts here until `factory host "
+                     "undrain " +
+                     host_name() + "`");
 
   std::lock_guard g(mu_);
   auto mine = read_record(spec.name);
@@ -743,6 +754,7 @@ void QemuProvider::check_vms() {
       spdlog::error("qemu: {}", rec.error().message);
       continue;
     }
+    if (present(fs::path(vm_dir(t)) / kHaltedFile)) continue;  // drained: stays off
     Launch l;
     l.tenant = t;
     l.dir = vm_dir(t);
@@ -789,6 +801,93 @@ void QemuProvider::monitor_loop() {
     std::unique_lock lk(stop_mu_);
     if (stop_cv_.wait_for(lk, opts_.monitor_every, [this] { return stopping_; })) return;
   }
+}
+
+}  // namespace factory::qemu
+
+// ---- host maintenance ----
+
+namespace factory::qemu {
+
+Status QemuProvider::set_node_schedulable(const std::string& node, bool schedulable) {
+  if (node != host_name())
+    return Error(Errc::not_found,
+                 "this QEMU host is " + host_name() + ", not " + node + ": its VMs run here only");
+  const fs::path f = fs::path(opts_.vms_dir) / kCordonFile;
+  if (schedulable) {
+    remove_quietly(f);
+    return {};
+  }
+  if (auto st = ensure_dir(opts_.vms_dir, 0700); !st.ok()) return st;
+  return write_file_atomic(f, format_rfc3339(std::chrono::system_clock::now()) + "\n", 0600);
+}
+
+Result<tenants::Mobility> QemuProvider::mobility(const tenants::VmSpec&) {
+  return tenants::Mobility{
+      .can_move = false,
+      .why_not = "a QEMU host runs its VMs on itself: there is no other node to move to"};
+}
+
+Result<tenants::StopOutcome> QemuProvider::stop(const tenants::VmSpec& spec) {
+  const fs::path dir = vm_dir(spec.name);
+  Launch l;
+  {
+    std::lock_guard g(mu_);
+    auto rec = read_record(spec.name);
+    if (!rec) return rec.error().with_context("the VM of " + spec.name);
+    // First the mark: from here the monitor leaves the VM off.
+    if (auto st = write_file_atomic(dir / kHaltedFile,
+                                    format_rfc3339(std::chrono::system_clock::now()) + "\n", 0600);
+        !st.ok())
+      return st.error().with_context("marking the VM of " + spec.name + " halted");
+    l.tenant = spec.name;
+    l.dir = dir.string();
+  }
+  tenants::StopOutcome out;
+  if (!supervisor_->state(l).running) {
+    (void)supervisor_->stop(l, std::chrono::seconds(1));  // a systemd unit restarting it
+    out.note = "QEMU of tenant " + spec.name + " was not running";
+    return out;
+  }
+  // ACPI power button: the guest's OS shuts down and QEMU exits.
+  auto asked =
+      qmp_execute(l.qmp_socket(), "system_powerdown", json::object(), std::chrono::seconds(2));
+  const auto deadline = Steady::now() + opts_.shutdown_grace;
+  while (asked && Steady::now() < deadline && supervisor_->state(l).running)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const bool clean = asked && !supervisor_->state(l).running;
+  // In every case: a systemd unit (Restart=always) would start it again.
+  std::lock_guard g(mu_);
+  if (auto st = supervisor_->stop(l, std::chrono::seconds(10)); !st.ok())
+    return st.error().with_context("stopping QEMU of tenant " + spec.name);
+  remove_quietly(l.pidfile());
+  out.stopped = true;
+  const auto grace_s = std::chrono::duration_cast<std::chrono::seconds>(opts_.shutdown_grace);
+  out.note = clean
+                 ? "the guest of tenant " + spec.name + " shut down (ACPI power button)"
+                 : "the guest of tenant " + spec.name + " did not shut down within " +
+                       std::to_string(grace_s.count()) + " s of the ACPI power button" +
+                       (asked ? "" : " (QMP: " + asked.error().message + ")") + ": QEMU was ended";
+  return out;
+}
+
+Status QemuProvider::start(const tenants::VmSpec& spec) {
+  std::lock_guard g(mu_);
+  auto rec = read_record(spec.name);
+  if (!rec) return rec.error().with_context("the VM of " + spec.name);
+  remove_quietly(fs::path(vm_dir(spec.name)) / kHaltedFile);
+  Launch l;
+  l.tenant = spec.name;
+  l.dir = vm_dir(spec.name);
+  if (supervisor_->state(l).running) return {};
+  Runtime& rt = runtime_[spec.name];
+  rt = Runtime{};
+  rt.announced = true;
+  if (auto st = start_vm(*rec, rt); !st.ok()) {
+    rt.next_start = Steady::now() + std::chrono::seconds(5);  // the monitor tries again
+    return st.error().with_context("starting the VM of " + spec.name);
+  }
+  return {};
 }
 
 }  // namespace factory::qemu

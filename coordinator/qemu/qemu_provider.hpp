@@ -49,6 +49,9 @@ struct QemuProviderOptions {
   std::chrono::milliseconds monitor_every{1000};
   // The longest wait between two restarts of a VM that keeps ending.
   std::chrono::milliseconds max_backoff{std::chrono::seconds(60)};
+  // A drain's stop: how long the guest has to shut down after the ACPI
+  // power button before QEMU is ended.
+  std::chrono::milliseconds shutdown_grace{std::chrono::seconds(90)};
 };
 
 // The VM as vm.json records it.
@@ -116,6 +119,17 @@ class QemuProvider : public tenants::VmProvider {
   // vm.json, starts QEMU. The disk, seed and SSH port stay.
   Result<tenants::RestartOutcome> restart(const tenants::VmSpec& spec,
                                           const tenants::RestartRequest& req) override;
+  // This host only: cordoned, no VM is created here (a file in vms_dir).
+  Status set_node_schedulable(const std::string& node, bool schedulable) override;
+  // Never: there is no other node.
+  Result<tenants::Mobility> mobility(const tenants::VmSpec& spec) override;
+  // Marks the VM halted (the monitor leaves it off), presses the ACPI power
+  // button and waits up to shutdown_grace for the guest to end QEMU; then
+  // (or at once, when it had ended) the supervisor's stop, so a systemd
+  // unit does not start it again. Waits: called on a worker.
+  Result<tenants::StopOutcome> stop(const tenants::VmSpec& spec) override;
+  // Takes the mark away and starts QEMU; nothing when it runs.
+  Status start(const tenants::VmSpec& spec) override;
   // No host cluster: only the user-mode network every guest is put on.
   Result<std::vector<ranges::Fact>> host_ranges() override {
     return std::vector<ranges::Fact>{{"10.0.2.0/24", "QEMU user-mode network (-netdev user)"}};

@@ -282,6 +282,27 @@ void each_field(S& r, V& v) {
   v("error", r.error);
 }
 
+template <Is<MaintenanceJournal> S, class V>
+void each_field(S& m, V& v) {
+  v("state", m.state);
+  v("node", m.node);
+  v("notice_id", m.notice_id);
+  v("noticed_at", m.noticed_at);
+  v("deadline", m.deadline);
+  v("move", m.move);
+  v("notice_sent_at", m.notice_sent_at);
+  v("guest_received_at", m.guest_received_at);
+  v("stop_requested_at", m.stop_requested_at);
+  v("stopped_at", m.stopped_at);
+  v("start_requested_at", m.start_requested_at);
+  v("back_at", m.back_at);
+  v("cancelled_at", m.cancelled_at);
+  v("instance_before", m.instance_before);
+  v("node_after", m.node_after);
+  v("note", m.note);
+  v("error", m.error);
+}
+
 template <Is<TenantStatus> S, class V>
 void each_field(S& s, V& v) {
   v("kube", s.kube);
@@ -289,6 +310,7 @@ void each_field(S& s, V& v) {
   v("diagnoses", s.diagnoses);
   v("gpu_faults", s.gpu_faults);
   v("restart", s.restart);
+  v("maintenance", s.maintenance);
 }
 
 template <Is<EndpointState> S, class V>
@@ -376,6 +398,9 @@ json GpuFaultRecord::to_json() const {
   return write(*this);
 }
 json RestartJournal::to_json() const {
+  return write(*this);
+}
+json MaintenanceJournal::to_json() const {
   return write(*this);
 }
 

@@ -180,6 +180,31 @@ struct RestartJournal {
   bool operator==(const RestartJournal&) const = default;
 };
 
+// status.maintenance: the journal of a host drain as it concerns this
+// tenant (tenants/maintenance.hpp), written before each act. States, in
+// order: noticed (the notice is out, the VM runs until the deadline),
+// stopping (the guest was asked to shut down), drained (the VM is off; the
+// disk, plan journal and identity stay), starting (undrain or --move asked
+// for it again), back (it runs and its agent is connected again). A drain
+// undone before its deadline ends cancelled.
+struct MaintenanceJournal {
+  std::optional<std::string> state;
+  std::optional<std::string> node, notice_id;
+  std::optional<std::string> noticed_at, deadline;  // RFC 3339
+  std::optional<bool> move;                         // --move: start it again elsewhere
+  std::optional<std::string> notice_sent_at;        // delivered to a connected agent
+  std::optional<std::string> guest_received_at;     // the agent's own event said so
+  std::optional<std::string> stop_requested_at, stopped_at;
+  std::optional<std::string> start_requested_at, back_at, cancelled_at;
+  std::optional<std::string> instance_before;  // what ran before the stop
+  std::optional<std::string> node_after;       // where it runs again
+  std::optional<std::string> note, error;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json to_json() const;
+  bool operator==(const MaintenanceJournal&) const = default;
+};
+
 // What the agent's events and the coordinator's actions made of the
 // tenant. Its JSON is the view's top level (feed::TenantView).
 struct TenantStatus {
@@ -188,6 +213,7 @@ struct TenantStatus {
   std::optional<std::map<std::string, DiagnosisRecord>> diagnoses;
   std::optional<std::map<std::string, GpuFaultRecord>> gpu_faults;
   std::optional<RestartJournal> restart;
+  std::optional<MaintenanceJournal> maintenance;
   nlohmann::json extra = nlohmann::json::object();
 
   bool empty() const;

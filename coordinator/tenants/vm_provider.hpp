@@ -71,6 +71,21 @@ struct RestartOutcome {
   std::string note;                                  // what was done or would be, one line
 };
 
+// Whether a tenant's VM could run on another node of the host cluster (a
+// drain's --move), and why not: a passed-through GPU cannot live-migrate,
+// so a move is a stop and a start elsewhere, which the VM's disk and the
+// other nodes' free cards must allow.
+struct Mobility {
+  bool can_move = false;
+  std::string why_not;  // one line when it cannot: "its disk is on node-local storage (...)"
+};
+
+// What a stop (a host drain) did.
+struct StopOutcome {
+  bool stopped = false;  // false: it was off already
+  std::string note;      // one line: what was done
+};
+
 class VmProvider {
  public:
   virtual ~VmProvider() = default;
@@ -132,6 +147,24 @@ class VmProvider {
   // (a quarantined card is off vfio-pci, so not among them). QEMU: stops the
   // process, picks its cards again (keeping those still good), starts it.
   virtual Result<RestartOutcome> restart(const VmSpec& spec, const RestartRequest& req) = 0;
+
+  // Host maintenance (tenants/maintenance.hpp). The node a VM runs on is
+  // VmObservation::node.
+  //
+  // Cordons (schedulable false) or uncordons a node: no new VM is placed on
+  // a cordoned one. KubeVirt: the Node's spec.unschedulable, as `kubectl
+  // cordon` sets it. Idempotent.
+  virtual Status set_node_schedulable(const std::string& node, bool schedulable) = 0;
+  // Whether the tenant's VM could be started on another node now (Mobility).
+  virtual Result<Mobility> mobility(const VmSpec& spec) = 0;
+  // Stops the VM cleanly and keeps it off (spec.halted is true): the guest
+  // is asked to shut down (ACPI), never killed before its grace has passed;
+  // its disk, user-data and identity stay. Returns once it is asked; the
+  // caller watches observe() until `instance` is empty. Idempotent.
+  virtual Result<StopOutcome> stop(const VmSpec& spec) = 0;
+  // Lets the stopped VM run again (spec.halted is false). Idempotent:
+  // starting a running VM does nothing.
+  virtual Status start(const VmSpec& spec) = 0;
 
   // Where the VM's user-data (and so the ubuntu password) is kept, as the
   // admin would look for it: "Secret tenants/tenant-1-cloud-init".

@@ -37,6 +37,11 @@ struct VmSpec {
   // none; exposed by the NodePort Service `<name>-endpoint` on port 443.
   int endpoint_port = 0;
   std::map<std::string, std::string> labels;  // extra labels for every object of the tenant
+  // The VM is to be off: a host drain stopped it (KubeVirt: runStrategy
+  // Halted). Not kept in the spec: the tenant's maintenance journal decides
+  // it (TenantService::stored_vm), so repairing a drained tenant's objects
+  // does not start its VM again.
+  bool halted = false;
 
   bool operator==(const VmSpec&) const = default;
 };
