@@ -284,6 +284,16 @@ Decoded<AgentEvent> decode_event(const json& body) {
     j.reason = f.text("reason", limits::kMessage);
     j.message = f.text("message", limits::kMessage);
     e.body = std::move(j);
+  } else if (e.kind == "maintenance") {
+    // Without its notice id it says nothing a journal can use: kind and id only.
+    if (auto id = f.name("notice_id")) {
+      MaintenanceEvent m;
+      m.notice_id = *id;
+      m.state = f.one_of("state", {"received", "cancelled"});
+      m.node = f.name("node");
+      m.deadline = f.time("deadline");
+      e.body = std::move(m);
+    }
   } else if (e.kind == "log") {
     LogEvent l;
     l.level = f.one_of("level", {"trace", "debug", "info", "warning", "warn", "error", "critical"});
@@ -353,6 +363,11 @@ json AgentEvent::to_json() const {
           put(j, "plan_hash", b.plan_hash);
           put(j, "reason", b.reason);
           put(j, "message", b.message);
+        } else if constexpr (std::is_same_v<T, MaintenanceEvent>) {
+          j["notice_id"] = b.notice_id;
+          put(j, "state", b.state);
+          put(j, "node", b.node);
+          put(j, "deadline", b.deadline);
         } else if constexpr (std::is_same_v<T, LogEvent>) {
           put(j, "level", b.level);
           put(j, "message", b.message);

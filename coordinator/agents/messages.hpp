@@ -125,6 +125,12 @@ struct PlanEvent {
 struct JournalResetEvent {
   std::optional<std::string> plan_hash, reason, message;
 };
+// {"kind":"maintenance","notice_id","state","node","deadline"}: the guest got
+// a host drain's notice (state "received") or its withdrawal ("cancelled").
+struct MaintenanceEvent {
+  std::string notice_id;
+  std::optional<std::string> state, node, deadline;
+};
 // {"kind":"log","level","message"}
 struct LogEvent {
   std::optional<std::string> level, message;
@@ -153,7 +159,7 @@ struct AgentEvent {
   // monostate: a known kind whose defining field was dropped (a progress
   // event without a valid step): stored as id/kind/time only.
   std::variant<std::monostate, ProgressEvent, PlanEvent, JournalResetEvent, LogEvent,
-               DiagnosisEvent, HealthEvent, OtherEvent>
+               DiagnosisEvent, HealthEvent, MaintenanceEvent, OtherEvent>
       body;
 
   // The form stored and shown: only what was decoded.

@@ -1,5 +1,7 @@
 #include "coordinator/agents/projection.hpp"
 
+#include "common/durations.hpp"
+
 namespace factory::coordinator {
 
 namespace {
@@ -93,6 +95,16 @@ bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
     r.time = ev.time;
     if (ev.truncated) r.truncated = true;
     all[d->diagnosis.code] = std::move(r);
+    return true;
+  }
+  // The guest got the notice of the drain its journal is on (the
+  // coordinator's clock: the guest's is the tenant's). Another notice id
+  // (an old drain's, or made up) changes nothing.
+  if (const auto* m = std::get_if<MaintenanceEvent>(&ev.body)) {
+    if (!t.status.maintenance || t.status.maintenance->notice_id != m->notice_id ||
+        m->state != "received" || t.status.maintenance->guest_received_at)
+      return false;
+    t.status.maintenance->guest_received_at = format_rfc3339(Clock::now());
     return true;
   }
   return false;

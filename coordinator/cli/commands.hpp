@@ -8,10 +8,12 @@
 
 namespace factory::cli {
 
-void add_serve_command(CLI::App& app, Context& ctx);      // serve_command.cpp
-void add_token_commands(CLI::App& app, Context& ctx);     // token_commands.cpp
-void add_status_command(CLI::App& app, Context& ctx);     // status_command.cpp
-void add_host_commands(CLI::App& app, Context& ctx);      // host_commands.cpp
+void add_serve_command(CLI::App& app, Context& ctx);   // serve_command.cpp
+void add_token_commands(CLI::App& app, Context& ctx);  // token_commands.cpp
+void add_status_command(CLI::App& app, Context& ctx);  // status_command.cpp
+void add_host_commands(CLI::App& app, Context& ctx);   // host_commands.cpp
+// `host drain` and `host undrain`, under the host group (maintenance_commands.cpp).
+void add_host_maintenance_commands(CLI::App* host, Context& ctx);
 void add_kubevirt_commands(CLI::App& app, Context& ctx);  // kubevirt_commands.cpp
 void add_tenant_commands(CLI::App& app, Context& ctx);    // tenant_commands.cpp
 void add_catalog_commands(CLI::App& app, Context& ctx);   // catalog_commands.cpp

@@ -792,6 +792,7 @@ void add_host_commands(CLI::App& app, Context& ctx) {
   set_examples(*c, {{"factory host check", "this machine"},
                     {"factory host --host-root ./capture check -o json", "a captured tree"}});
   c->callback([&ctx, opts] { ctx.run = [opts] { return check(*opts); }; });
+  add_host_maintenance_commands(host, ctx);
 
   for (bool bind : {true, false}) {
     auto* m = host->add_subcommand(

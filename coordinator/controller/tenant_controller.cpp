@@ -7,9 +7,12 @@
 #include "common/durations.hpp"
 #include "common/pki.hpp"
 #include "coordinator/controller/tenant_status.hpp"
+#include "coordinator/tenants/record_facts.hpp"
 #include "coordinator/tenants/tenant_resource.hpp"
 
 namespace factory::controller {
+
+using tenants::kube_state;
 
 using nlohmann::json;
 
@@ -30,10 +33,6 @@ std::int64_t generation_of(const json& obj) {
 bool has_finalizer(const json& obj) {
   const json f = obj.value("/metadata/finalizers"_json_pointer, json::array());
   return f.is_array() && std::find(f.begin(), f.end(), json(kTenantFinalizer)) != f.end();
-}
-
-std::string kube_state(const store::TenantRecord& r) {
-  return r.status.kube && r.status.kube->state ? *r.status.kube->state : "";
 }
 
 }  // namespace

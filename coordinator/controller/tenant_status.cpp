@@ -3,8 +3,11 @@
 #include <cctype>
 
 #include "common/validation.hpp"
+#include "coordinator/tenants/record_facts.hpp"
 
 namespace factory::controller {
+
+using tenants::kube_state;
 
 using nlohmann::json;
 
@@ -26,10 +29,6 @@ json condition(const char* type, bool status, const std::string& reason, const s
           {"reason", reason},
           {"message", bounded(message)},
           {"observedGeneration", generation}};
-}
-
-std::string kube_state(const store::TenantRecord& r) {
-  return r.status.kube && r.status.kube->state ? *r.status.kube->state : "";
 }
 
 // The step the agent is on: none once the plan succeeded; the failed one;
@@ -144,7 +143,18 @@ json tenant_status(const TenantFacts& f, const json& previous, const std::string
                       : "the guest's agent is not connected (" + f.agent_state + ")",
                   g));
 
-  if (phase == "ready")
+  const std::string maint = r ? tenants::maintenance_state(*r) : "";
+  const bool in_maintenance =
+      maint == "noticed" || maint == "stopping" || maint == "drained" || maint == "starting";
+  const std::string node = in_maintenance ? r->status.maintenance->node.value_or("") : "";
+  if (in_maintenance && maint != "noticed")
+    // Off, or coming back, for a host drain: not a failure of the tenant's.
+    conds.push_back(condition("Ready", false,
+                              camel_case(maint == "starting" ? "undraining" : maint),
+                              "stopped for maintenance of node " + node +
+                                  " (`factory host undrain " + node + "` brings it back)",
+                              g));
+  else if (phase == "ready")
     conds.push_back(condition("Ready", true, "Ready", "the tier's plan ran to its end", g));
   else
     conds.push_back(condition("Ready", false, camel_case(phase), "phase " + phase, g));
@@ -173,6 +183,10 @@ json tenant_status(const TenantFacts& f, const json& previous, const std::string
   }
   if (!f.gpu.empty()) status["gpu"] = f.gpu;
   if (!f.endpoint_url.empty()) status["endpointURL"] = f.endpoint_url;
+  if (in_maintenance)
+    status["maintenance"] = {{"state", maint},
+                             {"node", node},
+                             {"deadline", r->status.maintenance->deadline.value_or("")}};
   return status;
 }
 

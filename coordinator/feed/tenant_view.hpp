@@ -26,6 +26,11 @@ class TenantView {
   TenantView(const store::Store& store, const FeedState& state) : store_(store), state_(state) {}
 
   nlohmann::json tenant(const store::TenantRecord& t) const;
+  // The tenant's agent as the feed sees it now (nullopt: none connected
+  // since the coordinator started).
+  std::optional<AgentPresence> presence(const std::string& tenant) const {
+    return state_.presence(tenant);
+  }
   // {"tenants": [...]}, every tenant in the store.
   nlohmann::json tenants() const;
 

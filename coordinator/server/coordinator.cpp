@@ -305,6 +305,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
 Coordinator::~Coordinator() {
   if (parts_ && parts_->elector) parts_->elector->stop();
   if (parts_ && parts_->controller) parts_->controller->stop();
+  if (parts_ && parts_->tenants) parts_->tenants->stop_maintenance();
   if (net_ && net_->agents) net_->agents->stop();
   if (net_ && net_->api) net_->api->stop();
   if (parts_ && parts_->workers) parts_->workers->stop();
@@ -531,6 +532,8 @@ Status Coordinator::start() {
   schedule_renewal();
   schedule_memory_trim();
   if (p.controller) p.controller->start();
+  // Host drains: the journals' notices, stops and starts (the leader only).
+  p.tenants->start_maintenance(std::chrono::seconds(1));
   if (cfg_.leader_election.enabled)
     start_leader_election();
   else
@@ -582,6 +585,7 @@ void Coordinator::on_leadership(bool leading) {
     p.feed->state().set_leadership(cfg_.leader_election.identity, leading);
   // The controller only takes note: its own thread does the work.
   if (p.controller) p.controller->set_active(leading);
+  p.tenants->set_maintenance_active(leading);
   if (!leading) return;
   // A restart a kill cut short is finished now (it waits on the cluster);
   // by the leader only, so two replicas never finish the same one.
@@ -666,6 +670,8 @@ void Coordinator::run() {
   if (parts_->elector) parts_->elector->stop();
   // The controller finishes the Tenant it is on (it may wait on the cluster).
   if (parts_->controller) parts_->controller->stop();
+  // A drain's pass under way finishes (it may wait on a VM's shutdown).
+  if (parts_->tenants) parts_->tenants->stop_maintenance();
   // The io threads are done. What the store's writer still holds (events
   // queued behind the last batch, the coalesced latest health of every
   // tenant) is written now: the caller may end the process without running

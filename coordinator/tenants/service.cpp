@@ -13,6 +13,7 @@
 #include "coordinator/enroll/tenant_name.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
 #include "coordinator/tenants/k8s_names.hpp"
+#include "coordinator/tenants/record_facts.hpp"
 
 namespace factory::tenants {
 
@@ -20,22 +21,9 @@ using nlohmann::json;
 
 namespace {
 
-std::string now_str() {
-  return format_rfc3339(Clock::now());
-}
-
-// A token-only tenant (`factory token create`) has neither tier nor VM.
-bool has_vm(const store::TenantRecord& t) {
-  return !t.tier.empty() || t.status.kube.has_value();
-}
-
 std::string record_namespace(const store::TenantRecord& t, const std::string& fallback) {
   std::string ns = t.spec.ns.value_or("");
   return ns.empty() ? fallback : ns;
-}
-
-std::string kube_state(const store::TenantRecord& t) {
-  return t.status.kube ? t.status.kube->state.value_or("") : "";
 }
 
 // status.kube, made when the record has none yet.
@@ -106,7 +94,9 @@ TenantService::TenantService(TenantServiceDeps deps, catalog::Catalog catalog,
       opts_(std::move(opts)),
       objects_(std::move(objects)) {}
 
-TenantService::~TenantService() = default;
+TenantService::~TenantService() {
+  stop_maintenance();
+}
 
 std::optional<json> TenantService::plan_for(const store::TenantRecord& t) const {
   if (t.tier.empty()) return std::nullopt;
@@ -819,6 +809,7 @@ VmSpec TenantService::stored_vm(const store::TenantRecord& t) const {
   bool needs_mig_stored = false;
   VmSpec vm = vm_spec_from_stored(t.spec, t.name, &needs_mig_stored);
   if (vm.ns.empty()) vm.ns = opts_.default_namespace;
+  vm.halted = held_off_by_maintenance(t);
   if (!needs_mig_stored)
     if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
   return vm;
@@ -867,6 +858,11 @@ Result<json> TenantService::restart(const std::string& name, bool dry_run) {
                           : "not fully created (" + (kube_now.empty() ? "no VM yet" : kube_now) +
                                 "): run the same `factory tenant create` "
                                 "again first"));
+  if (const std::string m = maintenance_state(*rec);
+      m == "stopping" || m == "drained" || m == "starting")
+    return Error(Errc::failed_precondition, "tenant " + name + " is " + m + " for maintenance of " +
+                                                rec->status.maintenance->node.value_or("its host") +
+                                                ": `factory host undrain` brings it back");
   VmSpec vm = stored_vm(*rec);
   auto obs = provider_->observe(name, vm.ns);
   if (!obs) return obs.error().with_context("looking at the VM of " + name);
@@ -1076,6 +1072,66 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
         });
       },
       kBlocking);
+  // Host maintenance (maintenance.hpp).
+  r.add(
+      "POST", "/v1/hosts/{node}/drain",
+      [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
+        return guarded("POST /v1/hosts/{node}/drain", [&] {
+          auto body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
+          const char* want =
+              "want {\"notice_seconds\": N, \"move\": bool, \"message\": text, \"dry_run\": "
+              "bool}, each optional";
+          if (body.is_discarded() || !body.is_object())
+            return net::HttpResponseOut::error(400, "bad_request", want);
+          DrainRequest d;
+          d.node = p.at("node");
+          for (const auto& [k, v] : body.items()) {
+            if (k == "notice_seconds" && v.is_number_integer() && v.get<long long>() >= 0 &&
+                v.get<long long>() <= 7 * 24 * 3600)
+              d.notice = std::chrono::seconds(v.get<long long>());
+            else if (k == "move" && v.is_boolean())
+              d.move = v.get<bool>();
+            else if (k == "dry_run" && v.is_boolean())
+              d.dry_run = v.get<bool>();
+            else if (k == "message" && v.is_string())
+              d.message = v.get<std::string>();
+            else
+              return net::HttpResponseOut::error(400, "bad_request",
+                                                 std::string(want) + "; not " + k);
+          }
+          auto m = drain(d);
+          return m ? coordinator::json_response(m->to_json(), d.dry_run ? 200 : 202)
+                   : error_reply(m.error());
+        });
+      },
+      kBlocking);
+  r.add(
+      "POST", "/v1/hosts/{node}/undrain",
+      [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
+        return guarded("POST /v1/hosts/{node}/undrain", [&] {
+          auto body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
+          if (body.is_discarded() || !body.is_object() || body.size() > 1 ||
+              (body.size() == 1 && !(body.contains("dry_run") && body["dry_run"].is_boolean())))
+            return net::HttpResponseOut::error(400, "bad_request",
+                                               "want {\"dry_run\": true|false} or {}");
+          UndrainRequest u;
+          u.node = p.at("node");
+          u.dry_run = body.value("dry_run", false);
+          auto m = undrain(u);
+          return m ? coordinator::json_response(m->to_json(), u.dry_run ? 200 : 202)
+                   : error_reply(m.error());
+        });
+      },
+      kBlocking);
+  r.add(
+      "GET", "/v1/hosts/{node}/maintenance",
+      [this](const net::HttpRequestIn&, const coordinator::PathParams& p) {
+        return guarded("GET /v1/hosts/{node}/maintenance", [&] {
+          auto m = maintenance(p.at("node"));
+          return m ? coordinator::json_response(m->to_json()) : error_reply(m.error());
+        });
+      },
+      coordinator::RouteOptions{.blocking = true, .read_only = true});
 }
 
 }  // namespace factory::tenants

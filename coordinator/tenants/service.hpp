@@ -29,13 +29,17 @@
 // Threading: every call here may wait on the cluster, so the routes run on
 // the coordinator's worker pool, never an io thread; create, delete and
 // retry are serialized among themselves, show runs beside them.
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
 
 #include "common/error.hpp"
 #include "contract/catalog.hpp"
@@ -46,6 +50,7 @@
 #include "coordinator/store/store.hpp"
 #include "coordinator/tenants/agent_control.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
+#include "coordinator/tenants/maintenance.hpp"
 #include "coordinator/tenants/request.hpp"
 #include "coordinator/tenants/tenant_objects.hpp"
 #include "coordinator/tenants/vm_provider.hpp"
@@ -157,6 +162,24 @@ class TenantService {
   // provider: the coordinator runs it on a worker once it serves.
   void resume_actions();
 
+  // Host maintenance (maintenance.hpp). POST /v1/hosts/{node}/drain: the
+  // impact (dry_run), or the tenants journaled, the node cordoned and the
+  // notices out; the rest is the maintenance thread's.
+  Result<HostMaintenance> drain(const DrainRequest& req);
+  // POST /v1/hosts/{node}/undrain: notices withdrawn, stopped tenants
+  // journaled to start, the node uncordoned; the starts are the thread's.
+  Result<HostMaintenance> undrain(const UndrainRequest& req);
+  // GET /v1/hosts/{node}/maintenance: where each tenant of the node is.
+  Result<HostMaintenance> maintenance(const std::string& node);
+  // One pass over every journal (the notices again to agents that connected,
+  // the stops at their deadline, the starts), waiting on the provider.
+  void maintenance_pass();
+  // The thread that runs maintenance_pass() every `every` while active (the
+  // leader only); stopped by stop_maintenance() or the destructor.
+  void start_maintenance(std::chrono::milliseconds every);
+  void set_maintenance_active(bool active);
+  void stop_maintenance();
+
   // What the server gives the agents module as the tenants' plans:
   // {"hash", "plan"} of the tenant's tier.
   std::optional<nlohmann::json> plan_for(const store::TenantRecord& t) const;
@@ -186,6 +209,17 @@ class TenantService {
   // What `tenant show` offers for a tenant on a faulted card: the restart,
   // with where it would go, or why none can move it now.
   nlohmann::json restart_offer(const store::TenantRecord& t, const VmObservation& obs);
+  // Host maintenance's parts (maintenance.cpp).
+  Result<HostMaintenance> host_view(const std::string& node, bool with_mobility);
+  std::optional<nlohmann::json> notice_command(const store::TenantRecord& t, bool cancelled) const;
+  bool agent_connected(const std::string& tenant) const;
+  void announce_maintenance(const std::string& tenant, const char* action, const std::string& state,
+                            nlohmann::json extra);
+  void send_notice(const std::string& tenant);
+  void stop_for_maintenance(const store::TenantRecord& t);
+  void start_after_maintenance(const store::TenantRecord& t);
+  void wake_maintenance();
+
   // https://<endpoint host>:<node port>, "" until the Service has its port.
   std::string endpoint_url(int node_port) const;
   // What `tenant show` says of a model endpoint: its URL and whether it
@@ -208,6 +242,17 @@ class TenantService {
   // Recursive: create_with_object holds it across the Tenant's write and
   // create itself (remove_with_object alike).
   std::recursive_mutex changes_mu_;
+  // Nodes this process cordoned or uncordoned as the journals asked
+  // (guarded by changes_mu_): made again once after each start or new
+  // leadership, not at every pass.
+  std::set<std::string> cordoned_, uncordoned_;
+  std::atomic<bool> maint_forget_cordons_{false};
+  // The maintenance thread.
+  std::mutex maint_mu_;
+  std::condition_variable maint_cv_;
+  std::thread maint_thread_;
+  std::chrono::milliseconds maint_every_{1000};
+  bool maint_active_ = false, maint_stop_ = false, maint_wake_ = false;
 };
 
 // HTTP status for an error of the service (400 bad input, 404, 409 state,

@@ -48,6 +48,34 @@ TEST(TenantStatus, AReadyTenantIsReadyProvisionedConnectedAndNotDegraded) {
   }
 }
 
+// A tenant a host drain stopped is not ready, and says why in the drain's
+// words (not as a failure), with the node and the deadline beside it.
+TEST(TenantStatus, ADrainedTenantSaysItIsStoppedForMaintenanceAndHowItComesBack) {
+  TenantFacts f;
+  f.generation = 2;
+  f.record = ready_record();
+  store::MaintenanceJournal m;
+  m.state = "drained";
+  m.node = "utho";
+  m.deadline = "2026-12-05T08:10:00Z";
+  f.record->status.maintenance = m;
+  json s = tenant_status(f, nullptr, "2026-12-05T08:20:00Z");
+  EXPECT_EQ(condition(s, "Ready")["status"], "False");
+  EXPECT_EQ(condition(s, "Ready")["reason"], "Drained");
+  EXPECT_NE(condition(s, "Ready")["message"].get<std::string>().find("factory host undrain utho"),
+            std::string::npos);
+  EXPECT_EQ(s["maintenance"],
+            (json{{"state", "drained"}, {"node", "utho"}, {"deadline", "2026-12-05T08:10:00Z"}}));
+  // Noticed only: it still runs, and is ready until its stop.
+  f.record->status.maintenance->state = "noticed";
+  json n = tenant_status(f, nullptr, "2026-12-05T08:05:00Z");
+  EXPECT_EQ(condition(n, "Ready")["status"], "True");
+  EXPECT_EQ(n["maintenance"]["state"], "noticed");
+  // Back: no maintenance shown any more.
+  f.record->status.maintenance->state = "back";
+  EXPECT_FALSE(tenant_status(f, nullptr, "2026-12-05T08:30:00Z").contains("maintenance"));
+}
+
 // What makes a second pass over an unchanged tenant write nothing.
 TEST(TenantStatus, TheSameFactsLaterGiveTheSameStatus) {
   TenantFacts f;
