@@ -26,6 +26,15 @@ VirtualMachineInstance the (fake) Kubernetes API reports Running, it:
      --root; a SIGKILL after the `reboot` stand-in counts as the guest's
      reboot, and the agent is started again as after boot.
 
+  6. shuts the guest down as an ACPI power button does when KubeVirt stops
+     the VMI gracefully (it is given a deletionTimestamp, runStrategy
+     Halted): factory-agent gets SIGTERM as at systemd's shutdown, and the
+     time is written to <guest>/power.log ("shutdown <unix time>"); a new
+     VMI of the same VM (a start after a drain) boots the same disk again:
+     the root is kept (identity, plan journal), /run is emptied (tmpfs),
+     cloud-init does not run again (same instance id) and systemd starts
+     the installed agent ("boot <unix time>" in power.log).
+
 What it does not do: boot a kernel, run cloud-init itself (only the
 write_files, users and runcmd modules Factory's user-data uses), networking,
 or anything for a VMI that is not Running. Deleting the VMI stops the guest.
@@ -253,6 +262,30 @@ class Guest:
                 self.next_start = 0
                 self.start_agent()
 
+    def power_log(self, what):
+        with open(os.path.join(self.dir, "power.log"), "a") as f:
+            f.write("%s %.6f\n" % (what, time.time()))
+
+    def power_off(self):
+        """The ACPI power button: systemd stops factory-agent (SIGTERM) and
+        the guest halts. The disk (the root) stays for the next boot."""
+        if self.stopped:
+            return
+        self.power_log("shutdown")
+        log("%s/%s: guest shutting down (ACPI)" % (self.ns, self.name))
+        self.shutdown()
+
+    def boot_again(self):
+        """A new VMI of the same VM: the same disk boots. /run is a tmpfs,
+        cloud-init ran for this instance already, systemd starts the agent."""
+        shutil.rmtree(os.path.join(self.root, "run"), ignore_errors=True)
+        os.makedirs(os.path.join(self.root, "run"), exist_ok=True)
+        self.stopped = False
+        self.agent = None
+        self.next_start = 0.0
+        self.power_log("boot")
+        log("%s/%s: guest booted again from its disk" % (self.ns, self.name))
+
     def shutdown(self):
         self.stopped = True
         if self.agent and self.agent.poll() is None:
@@ -309,6 +342,17 @@ def main():
             ns, name = vmi["metadata"]["namespace"], vmi["metadata"]["name"]
             key = (ns, name)
             seen.add(key)
+            uid = vmi["metadata"].get("uid", "")
+            g = guests.get(key)
+            if g is not None and vmi["metadata"].get("deletionTimestamp"):
+                g.power_off()  # KubeVirt's graceful stop: the guest shuts down
+                continue
+            if g is not None and g.uid != uid and vmi.get("status", {}).get("phase") == "Running":
+                if not g.stopped:
+                    g.shutdown()  # the old instance went without a word
+                g.uid = uid
+                g.boot_again()
+                continue
             if key in guests or vmi.get("status", {}).get("phase") != "Running":
                 continue
             vm = kube.get("/apis/kubevirt.io/v1/namespaces/%s/virtualmachines/%s" % (ns, name)) or {}
@@ -324,6 +368,7 @@ def main():
                 else:
                     userdata = sec.get("stringData", {}).get("userdata", "")
             g = Guest(args, ns, name, userdata)
+            g.uid = uid
             svc = kube.get("/api/v1/namespaces/%s/services/%s-endpoint" % (ns, name)) or {}
             for port in svc.get("spec", {}).get("ports", []):
                 if port.get("name") == "https" and port.get("nodePort"):
@@ -342,7 +387,7 @@ def main():
                 return fail(guests, "%s: commands reached the guard (no stand-in answers them; this "
                                     "machine's own must never run in a test):\n%s" % (g.name, calls.rstrip()))
             if key not in seen and not g.stopped:
-                g.shutdown()
+                g.power_off()
             else:
                 g.supervise()
         time.sleep(args.poll)
