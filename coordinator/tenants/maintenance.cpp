@@ -355,18 +355,26 @@ void TenantService::maintenance_pass() {
       release.insert(*t.status.maintenance->node);
   }
   for (const auto& n : hold)
-    if (!cordoned_.count(n)) {
-      if (auto st = provider_->set_node_schedulable(n, false); st.ok())
+    if (!cordoned_.count(n) && retry_due("cordon " + n, now)) {
+      if (auto st = provider_->set_node_schedulable(n, false); st.ok()) {
         cordoned_.insert(n);
-      else
-        spdlog::warn("tenants: drain: cordoning {}: {}", n, st.error().message);
+        retry_clear("cordon " + n);
+      } else {
+        spdlog::warn("tenants: drain: cordoning {}: {} (again in {} s)", n, st.error().message,
+                     kRetryAfter.count());
+        retry_later("cordon " + n, now);
+      }
     }
   for (const auto& n : release)
-    if (!hold.count(n) && !uncordoned_.count(n)) {
-      if (auto st = provider_->set_node_schedulable(n, true); st.ok())
+    if (!hold.count(n) && !uncordoned_.count(n) && retry_due("uncordon " + n, now)) {
+      if (auto st = provider_->set_node_schedulable(n, true); st.ok()) {
         uncordoned_.insert(n);
-      else
-        spdlog::warn("tenants: undrain: uncordoning {}: {}", n, st.error().message);
+        retry_clear("uncordon " + n);
+      } else {
+        spdlog::warn("tenants: undrain: uncordoning {}: {} (again in {} s)", n, st.error().message,
+                     kRetryAfter.count());
+        retry_later("uncordon " + n, now);
+      }
     }
 
   for (const auto& t : records) {
@@ -374,16 +382,20 @@ void TenantService::maintenance_pass() {
     const store::MaintenanceJournal& m = *t.status.maintenance;
     const std::string s = m.state.value_or("");
     if (s == "noticed") {
-      // The notice again to an agent that connected since (it keeps what it
-      // was told by the notice id, so a second copy changes nothing).
-      const bool told = m.extra.contains("agent_notified_at") || m.guest_received_at;
-      if (!m.notice_sent_at || (!told && agent_connected(t.name))) send_notice(t.name);
+      // The notice again to an agent connected since it was last sent, until
+      // the guest says it has it (it keeps what it was told by the notice
+      // id, so a second copy changes nothing).
+      auto p = deps_.view.presence(t.name);
+      const std::string sent = m.extra.value("agent_notified_at", std::string());
+      const bool again =
+          !m.guest_received_at && p && p->connected && (sent.empty() || p->connected_since > sent);
+      if (!m.notice_sent_at || again) send_notice(t.name);
       if (!past(m.deadline.value_or(""), now)) continue;
       stop_for_maintenance(t);
     } else if (s == "stopping") {
-      stop_for_maintenance(t);
+      if (retry_due("stop " + t.name, now)) stop_for_maintenance(t);
     } else if (s == "starting") {
-      start_after_maintenance(t);
+      if (retry_due("start " + t.name, now)) start_after_maintenance(t);
     }
   }
 }
@@ -413,13 +425,13 @@ void TenantService::stop_for_maintenance(const store::TenantRecord& t) {
   }
   auto stopped = provider_->stop(vm);
   if (!stopped) {
-    spdlog::warn("tenants: drain: stopping the VM of {}: {}", t.name, stopped.error().message);
-    (void)deps_.store.update_tenant(t.name, [&](store::TenantRecord& rec) {
-      if (rec.status.maintenance) rec.status.maintenance->error = stopped.error().message;
-      return Status{};
-    });
+    spdlog::warn("tenants: drain: stopping the VM of {}: {} (again in {} s)", t.name,
+                 stopped.error().message, kRetryAfter.count());
+    retry_later("stop " + t.name, Clock::now());
+    record_error(t.name, stopped.error().message);
     return;
   }
+  retry_clear("stop " + t.name);
   auto obs = provider_->observe(t.name, vm.ns);
   if (!obs || !obs->instance.empty()) return;  // shutting down: the next pass looks again
   const bool move = m.move.value_or(false);
@@ -443,13 +455,13 @@ void TenantService::start_after_maintenance(const store::TenantRecord& t) {
   const store::MaintenanceJournal& m = *t.status.maintenance;
   VmSpec vm = stored_vm(t);  // halted false: the journal says starting
   if (auto st = provider_->start(vm); !st.ok()) {
-    spdlog::warn("tenants: undrain: starting the VM of {}: {}", t.name, st.error().message);
-    (void)deps_.store.update_tenant(t.name, [&](store::TenantRecord& rec) {
-      if (rec.status.maintenance) rec.status.maintenance->error = st.error().message;
-      return Status{};
-    });
+    spdlog::warn("tenants: undrain: starting the VM of {}: {} (again in {} s)", t.name,
+                 st.error().message, kRetryAfter.count());
+    retry_later("start " + t.name, Clock::now());
+    record_error(t.name, st.error().message);
     return;
   }
+  retry_clear("start " + t.name);
   // Back once its agent is connected again since the start, with its plan
   // where it was (ready): the same identity, no new enrollment.
   auto p = deps_.view.presence(t.name);
@@ -470,6 +482,26 @@ void TenantService::start_after_maintenance(const store::TenantRecord& t) {
   spdlog::info("tenants: {} is back on {}", t.name, node_after.empty() ? "?" : node_after);
   announce_maintenance(t.name, m.move.value_or(false) ? "drain" : "undrain", "back",
                        {{"node", node_after}});
+}
+
+bool TenantService::retry_due(const std::string& key, Clock::time_point now) const {
+  auto it = retry_at_.find(key);
+  return it == retry_at_.end() || now >= it->second;
+}
+void TenantService::retry_later(const std::string& key, Clock::time_point now) {
+  retry_at_[key] = now + kRetryAfter;
+}
+void TenantService::retry_clear(const std::string& key) {
+  retry_at_.erase(key);
+}
+
+void TenantService::record_error(const std::string& tenant, const std::string& error) {
+  auto r = deps_.store.update_tenant(tenant, [&](store::TenantRecord& rec) {
+    if (rec.status.maintenance && rec.status.maintenance->error != error)
+      rec.status.maintenance->error = error;
+    return Status{};
+  });
+  if (!r) spdlog::warn("tenants: maintenance of {}: {}", tenant, r.error().message);
 }
 
 void TenantService::start_maintenance(std::chrono::milliseconds every) {

@@ -33,6 +33,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -41,6 +42,7 @@
 #include <string>
 #include <thread>
 
+#include "common/durations.hpp"
 #include "common/error.hpp"
 #include "contract/catalog.hpp"
 #include "contract/cluster_ranges.hpp"
@@ -219,6 +221,13 @@ class TenantService {
   void stop_for_maintenance(const store::TenantRecord& t);
   void start_after_maintenance(const store::TenantRecord& t);
   void wake_maintenance();
+  // A provider call of the maintenance that failed is tried again after
+  // kRetryAfter, not at every pass (keys: "cordon <node>", "stop <tenant>").
+  static constexpr std::chrono::seconds kRetryAfter{15};
+  bool retry_due(const std::string& key, Clock::time_point now) const;
+  void retry_later(const std::string& key, Clock::time_point now);
+  void retry_clear(const std::string& key);
+  void record_error(const std::string& tenant, const std::string& error);
 
   // https://<endpoint host>:<node port>, "" until the Service has its port.
   std::string endpoint_url(int node_port) const;
@@ -246,6 +255,7 @@ class TenantService {
   // (guarded by changes_mu_): made again once after each start or new
   // leadership, not at every pass.
   std::set<std::string> cordoned_, uncordoned_;
+  std::map<std::string, Clock::time_point> retry_at_;
   std::atomic<bool> maint_forget_cordons_{false};
   // The maintenance thread.
   std::mutex maint_mu_;

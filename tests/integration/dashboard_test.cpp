@@ -94,6 +94,10 @@ TEST(Dashboard, ShowsTwoTenantsLiveInChromiumAndAGuestsMarkupAsText) {
     (*rec)["phase"] = phase;
     (*rec)["status"]["plan"] = {
         {"state", done == 6 ? "succeeded" : "running"}, {"steps_done", done}, {"steps_total", 6}};
+    // tenant-2's host is being drained (docs/maintenance.md): its card says so.
+    if (std::string(name) == "tenant-2")
+      (*rec)["status"]["maintenance"] = {
+          {"state", "noticed"}, {"node", "utho"}, {"deadline", "2099-12-05T09:00:00Z"}};
     h.write_stored_record(*rec);
   }
   h.start();
@@ -154,6 +158,8 @@ TEST(Dashboard, ShowsTwoTenantsLiveInChromiumAndAGuestsMarkupAsText) {
   EXPECT_EQ(c2["tenant"], "tenant-2");
   EXPECT_EQ(c2["fields"]["util"][0], "3%");
   EXPECT_EQ(c2["fields"]["slices"][0], "10 / 10 nvidia.com/gpu allocatable");
+  EXPECT_EQ(c2["fields"]["maintenance"][0], "maintenance of utho: stops at 2099-12-05T09:00:00Z");
+  EXPECT_FALSE(c1["fields"].contains("maintenance")) << "tenant-1 is under no drain";
   ASSERT_EQ(c2["fields"]["diagnosis"].size(), 1u);
   const std::string diag = c2["fields"]["diagnosis"][0];
   EXPECT_NE(diag.find("gpu_ecc_errors"), std::string::npos) << diag;

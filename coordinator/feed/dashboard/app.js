@@ -177,6 +177,18 @@ function diagnoses(list) {
   return d;
 }
 
+// A host drain the tenant is in (docs/maintenance.md), in a line; '' when none.
+function maintenanceText(m) {
+  if (!m || !m.node) return '';
+  switch (m.state) {
+    case 'noticed': return 'maintenance of ' + m.node + ': stops at ' + (m.deadline || '?');
+    case 'stopping': return 'stopping for maintenance of ' + m.node;
+    case 'drained': return 'drained for maintenance of ' + m.node;
+    case 'starting': return 'starting after maintenance of ' + m.node;
+    default: return '';
+  }
+}
+
 function card(t) {
   const c = el('article', 'card');
   c.dataset.tenant = t.name;
@@ -194,6 +206,8 @@ function card(t) {
     c.appendChild(bar);
   }
   c.appendChild(field('div', 'agent', 'agent', agentText(t.agent)));
+  const m = maintenanceText(t.maintenance);
+  if (m) c.appendChild(field('div', 'maintenance', 'maintenance', m));
   const health = t.health;
   const gpus = (health && health.gpu && health.gpu.gpus) || [];
   for (const g of gpus) c.appendChild(gpuBlock(g));
@@ -256,7 +270,8 @@ function connect() {
     // session ended, the coordinator restarted and forgot it): then ask.
     if (source.readyState === EventSource.CLOSED) setTimeout(start, 3000);
   });
-  for (const type of ['health', 'agent', 'phase', 'progress', 'plan', 'diagnosis'])
+  // `action`: a drain's notice, stop and return (and restarts) change the card.
+  for (const type of ['health', 'agent', 'phase', 'progress', 'plan', 'diagnosis', 'action'])
     source.addEventListener(type, (ev) => onEvent(type, ev));
   source.addEventListener('reset', () => reload());
   source.addEventListener('dropped', () => setLive(false, 'fell behind; reconnecting'));
