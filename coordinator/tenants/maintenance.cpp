@@ -243,6 +243,7 @@ Result<HostMaintenance> TenantService::drain(const DrainRequest& req) {
   // when one connects later: maintenance_pass).
   for (const auto& e : impact->tenants)
     if (e.state == "noticed") send_notice(e.tenant);
+  wake_maintenance();
   impact->done = impact->tenants.empty();
   return impact;
 }
@@ -342,7 +343,29 @@ void TenantService::maintenance_pass() {
     uncordoned_.clear();
   }
   const auto now = Clock::now();
-  auto records = deps_.store.list_tenants();
+  // Every record is read only every kMaintenanceScanEvery (a drain asked of
+  // another replica is found then) or when woken by this one's drain or
+  // undrain; between, only the tenants with a journal under way.
+  std::vector<store::TenantRecord> records;
+  if (maint_rescan_.exchange(false) || now - maint_last_scan_ >= kMaintenanceScanEvery) {
+    records = deps_.store.list_tenants();
+    maint_last_scan_ = now;
+    maint_tenants_.clear();
+    for (const auto& t : records)
+      if (const std::string s = maintenance_state(t); !s.empty() && s != "back" && s != "cancelled")
+        maint_tenants_.insert(t.name);
+  } else {
+    for (auto it = maint_tenants_.begin(); it != maint_tenants_.end();) {
+      auto t = deps_.store.get_tenant(*it);
+      const std::string s = t ? maintenance_state(*t) : "";
+      if (s.empty() || s == "back" || s == "cancelled") {
+        it = maint_tenants_.erase(it);
+        continue;
+      }
+      records.push_back(std::move(*t));
+      ++it;
+    }
+  }
   // The cordons the journals call for, made again once per start of this
   // process (a coordinator killed between journal and cordon).
   std::set<std::string> hold, release;
@@ -528,13 +551,17 @@ void TenantService::start_maintenance(std::chrono::milliseconds every) {
 
 void TenantService::set_maintenance_active(bool active) {
   std::lock_guard lk(maint_mu_);
-  if (active && !maint_active_) maint_forget_cordons_ = true;
+  if (active && !maint_active_) {
+    maint_forget_cordons_ = true;
+    maint_rescan_ = true;
+  }
   maint_active_ = active;
   maint_wake_ = true;
   maint_cv_.notify_all();
 }
 
 void TenantService::wake_maintenance() {
+  maint_rescan_ = true;
   std::lock_guard lk(maint_mu_);
   maint_wake_ = true;
   maint_cv_.notify_all();

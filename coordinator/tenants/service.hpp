@@ -256,6 +256,12 @@ class TenantService {
   // leadership, not at every pass.
   std::set<std::string> cordoned_, uncordoned_;
   std::map<std::string, Clock::time_point> retry_at_;
+  // The tenants whose journal is under way, as the last full scan found
+  // them (guarded by changes_mu_), and when that was.
+  static constexpr std::chrono::seconds kMaintenanceScanEvery{10};
+  std::set<std::string> maint_tenants_;
+  Clock::time_point maint_last_scan_{};
+  std::atomic<bool> maint_rescan_{true};
   std::atomic<bool> maint_forget_cordons_{false};
   // The maintenance thread.
   std::mutex maint_mu_;
