@@ -47,6 +47,12 @@ node, the VMI stays in Scheduling with condition PodScheduled=False,
 reason Unschedulable, "0/1 nodes are available: 1 Insufficient <resource>",
 and the VM's printableStatus is ErrorUnschedulable, as with KubeVirt.
 Deleting the VM deletes its VMI and DataVolumes (ownerReferences).
+With --cdi-storage network|local each DataVolume also gets CDI's
+PersistentVolumeClaim (owned by it, Bound) and the PersistentVolume a
+provisioner bound it to: a CSI volume (rbd.csi.ceph.com) any node reaches, or
+a `local` volume with node affinity to the main node, as local-path and LVM
+provisioners make; deleting the claim deletes the volume (reclaimPolicy
+Delete). Without the flag neither exists.
 
 Stopping is graceful, as virt-controller and virt-handler make it: when a
 VM's runStrategy becomes Halted (spec.running false), by any write or by the
@@ -137,7 +143,7 @@ holds it, printableStatus Terminating).
 
 Usage:
   /usr/bin/python3 kube_apiserver.py --pki-dir DIR [--port-file F] [--port N]
-      [--vfio-cards 10DE:27B8=2 | --host-root DIR] [--node-name utho]
+      [--vfio-cards 10DE:27B8=2 | --host-root DIR] [--node-name utho] [--cdi-storage none|network|local]
       [--token T] [--forbid VERB:RESOURCE[:NAMESPACE]] [--drop-watch-after N]
       [--seed FILE.yaml] [--no-kubevirt-cr] [--no-group cdi.kubevirt.io]
       [--bookmark-interval S] [--device-plugin-delay S]
@@ -214,6 +220,7 @@ RESOURCES = [
     ("", "v1", "Node", "nodes", False),
     ("", "v1", "ConfigMap", "configmaps", True),
     ("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", True),
+    ("", "v1", "PersistentVolume", "persistentvolumes", False),
     ("", "v1", "Pod", "pods", True),
     ("coordination.k8s.io", "v1", "Lease", "leases", True),
     ("kubevirt.io", "v1", "KubeVirt", "kubevirts", True),
@@ -229,7 +236,8 @@ RESOURCES = [
 STATUS_SUBRESOURCE = {"Tenant"}
 # Kinds whose status belongs to a controller (the fake), never to clients.
 CONTROLLER_STATUS = {"Node", "KubeVirt", "VirtualMachine", "VirtualMachineInstance",
-                     "DataVolume", "Namespace", "Service", "PersistentVolumeClaim", "Pod",
+                     "DataVolume", "Namespace", "Service", "PersistentVolumeClaim",
+                     "PersistentVolume", "Pod",
                      "ClusterPolicy"}
 NODE_PORT_RANGE = (30000, 32767)
 # The taint the node lifecycle controller keeps on a cordoned Node
@@ -524,6 +532,12 @@ class Store:
             self.shutdowns.pop(md.get("uid"), None)
             self.shutdown_cap.pop(md.get("uid"), None)
             self.vm_event(md.get("namespace", "") + "/" + md["name"], "stopped")
+        if res.kind == "PersistentVolumeClaim":
+            # reclaimPolicy Delete: the PV controller deletes the bound volume.
+            for o in list(self.objects.values()):
+                if o.get("kind") == "PersistentVolume" and \
+                        ((o.get("spec") or {}).get("claimRef") or {}).get("uid") == md.get("uid"):
+                    self.drop(RES_BY_KIND[("v1", "PersistentVolume")], o)
         if res.kind == "Service":
             for p in (obj.get("spec") or {}).get("ports") or []:
                 self.node_ports.pop(p.get("nodePort"), None)
@@ -758,6 +772,42 @@ class KubeVirtController:
         s.vm_event(md["namespace"] + "/" + md["name"], "shutdown_started")
         return marked
 
+    def bind_claim(self, dv, ns, name):
+        """--cdi-storage network|local: CDI's PVC for the DataVolume (owned
+        by it) and the PersistentVolume a provisioner bound it to: a CSI
+        volume any node reaches (network), or a `local` volume with node
+        affinity to the main node, as local-path/LVM provisioners make
+        (local). Without the flag neither exists, as before."""
+        kind = self.store.args.cdi_storage
+        if kind == "none":
+            return
+        s = self.store
+        pvc_res, pv_res = RES_BY_KIND[("v1", "PersistentVolumeClaim")], RES_BY_KIND[("v1", "PersistentVolume")]
+        owner = [{"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume", "name": name,
+                  "uid": dv["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+        size = (((dv.get("spec") or {}).get("storage") or {}).get("resources") or {}).get(
+            "requests", {}).get("storage", "1Gi")
+        pvc = s.make(pvc_res, {"metadata": {"name": name, "ownerReferences": owner},
+                               "spec": {"accessModes": ["ReadWriteOnce"],
+                                        "resources": {"requests": {"storage": size}}}}, ns)
+        pv_name = "pvc-" + pvc["metadata"]["uid"]
+        pvc["spec"]["volumeName"] = pv_name
+        pvc["status"] = {"phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": {"storage": size}}
+        s.put(pvc_res, pvc, "ADDED")
+        spec = {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "claimRef": {"kind": "PersistentVolumeClaim", "namespace": ns, "name": name,
+                             "uid": pvc["metadata"]["uid"]}}
+        if kind == "local":
+            spec["local"] = {"path": "/var/lib/local-volumes/" + pv_name}
+            spec["nodeAffinity"] = {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [self.node_name]}]}]}}
+        else:
+            spec["csi"] = {"driver": "rbd.csi.ceph.com", "volumeHandle": pv_name}
+        pv = s.make(pv_res, {"metadata": {"name": pv_name}, "spec": spec}, "")
+        pv["status"] = {"phase": "Bound"}
+        s.put(pv_res, pv, "ADDED")
+
     def sync_vms(self):
         s = self.store
         for vm in s_items(s, self.res["vm"]):
@@ -773,6 +823,7 @@ class KubeVirtController:
                                                  "spec": copy.deepcopy(tpl.get("spec") or {})}, ns)
                     dv["status"] = {"phase": "Succeeded", "progress": "100.0%", "claimName": name}
                     s.put(self.res["dv"], dv, "ADDED")
+                    self.bind_claim(dv, ns, name)
             vmi = s.get(self.res["vmi"], ns, md["name"])
             phase = (vmi or {}).get("status", {}).get("phase")
             deleting = bool(vmi and vmi["metadata"].get("deletionTimestamp"))
@@ -1793,6 +1844,9 @@ def main():
     p.add_argument("--bookmark-interval", type=float, default=1.0)
     p.add_argument("--device-plugin-delay", type=float, default=0.3)
     p.add_argument("--node-name", default="utho")
+    p.add_argument("--cdi-storage", choices=["none", "network", "local"], default="none",
+                   help="a DataVolume's PVC and PV: none (only the DataVolume), a network "
+                        "(CSI) volume, or a local one on the main node")
     p.add_argument("--node-ip", default="192.168.122.10", help="the Node's InternalIP")
     p.add_argument("--pod-cidr", default="10.42.0.0/24", help="the Node's spec.podCIDR")
     p.add_argument("--service-cidr", default="10.43.0.0/16",

@@ -27,6 +27,8 @@ namespace {
 
 class Drain : public Tenants {
  protected:
+  explicit Drain(std::vector<std::string> kube_args = {"--vfio-cards", "10DE:27B8=2"})
+      : Tenants(std::move(kube_args)) {}
   void start_guests() {
     allowlist();
     coordinator();
@@ -249,6 +251,37 @@ TEST_F(Drain, ACoordinatorKilledDuringADrainOrAnUndrainCarriesOnFromItsJournals)
     EXPECT_EQ(starts[t], 1) << t;
   }
   runner_->stop();
+}
+
+// CDI's volumes as a local-path provisioner makes them (the double's
+// --cdi-storage local: a `local` PersistentVolume with node affinity): the
+// impact says the tenant cannot move, and why.
+class DrainLocalDisk : public Drain {
+ protected:
+  DrainLocalDisk() : Drain({"--vfio-cards", "10DE:27B8=2", "--cdi-storage", "local"}) {}
+};
+
+TEST_F(DrainLocalDisk, ADiskOnNodeLocalStorageCannotMoveAndTheImpactSaysWhy) {
+  allowlist();
+  auto r = create("tenant-1", "gpu-vm");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Running (no guest needed for the impact): the VMI on utho.
+  ASSERT_TRUE(eventually(
+      [&] {
+        json v =
+            kube_.get("/apis/kubevirt.io/v1/namespaces/tenants/virtualmachineinstances/tenant-1");
+        return v.value("/status/phase"_json_pointer, std::string()) == "Running";
+      },
+      20s));
+  auto dry = coordinator().factory({"host", "drain", "utho", "--dry-run", "-o", "json"});
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  json impact = json::parse(dry.output, nullptr, false);
+  ASSERT_TRUE(impact.is_object() && impact["tenants"].size() == 1u) << dry.output;
+  const json& t = impact["tenants"][0];
+  EXPECT_FALSE(t.value("can_move", true));
+  const std::string why = t.value("why_not", "");
+  EXPECT_NE(why.find("node-local storage"), std::string::npos) << why;
+  EXPECT_NE(why.find("a local volume at /var/lib/local-volumes/pvc-"), std::string::npos) << why;
 }
 
 TEST_F(Drain, BadInputIsRefusedInOneLine) {

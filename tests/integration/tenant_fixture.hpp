@@ -164,6 +164,11 @@ inline std::string password_from(const std::string& output) {
 
 class Tenants : public ::testing::Test {
  protected:
+  // The double's arguments: the runbook host's two L4s on vfio-pci unless a
+  // test asks for another cluster (a second node, CDI's volumes).
+  explicit Tenants(std::vector<std::string> kube_args = {"--vfio-cards", "10DE:27B8=2"})
+      : kube_(std::move(kube_args)) {}
+
   void SetUp() override {
     ASSERT_TRUE(kube_.ok()) << kube_.log();
     key_file_ = dir_ / "admin.pub";
@@ -224,7 +229,7 @@ class Tenants : public ::testing::Test {
   }
 
   TempDir dir_{"tenants"};
-  FakeKube kube_{{"--vfio-cards", "10DE:27B8=2"}};
+  FakeKube kube_;
   fs::path key_file_;
   std::unique_ptr<CoordinatorHarness> h_;
 };
