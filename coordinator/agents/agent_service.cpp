@@ -63,10 +63,13 @@ bool AgentService::send_command(const std::string& tenant, const nlohmann::json&
 
 void AgentService::push_plan(const std::string& tenant) {
   auto s = sessions_.find(tenant);
-  if (!s || !plan_provider_) return;
+  if (!s) return;
   auto rec = store_.get_tenant(tenant);
   if (!rec) return;
-  if (auto plan = plan_provider_(*rec)) s->deliver(std::string(proto::type::kPlan), *plan);
+  if (plan_provider_)
+    if (auto plan = plan_provider_(*rec)) s->deliver(std::string(proto::type::kPlan), *plan);
+  if (pending_commands_)
+    for (auto& c : pending_commands_(*rec)) s->deliver(std::string(proto::type::kCommand), c);
 }
 
 bool AgentService::push_endpoint(const std::string& tenant) {

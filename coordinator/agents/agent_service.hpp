@@ -43,6 +43,8 @@ struct AgentServiceOptions {
 
 // What a tenant's plan is, if it has one: {"hash":..., "plan":{...}}.
 using PlanProvider = std::function<std::optional<nlohmann::json>(const store::TenantRecord&)>;
+// Command bodies for the tenant's agent; never waits (it reads the record given).
+using PendingCommands = std::function<std::vector<nlohmann::json>(const store::TenantRecord&)>;
 
 class AgentService {
  public:
@@ -55,6 +57,10 @@ class AgentService {
   std::shared_ptr<net::WsHandler> accept(const net::HttpRequestIn& req, const net::PeerInfo& peer);
 
   void set_plan_provider(PlanProvider p) { plan_provider_ = std::move(p); }
+  // Commands an agent is owed whenever it connects, after its plan (a host
+  // drain's notice the guest has not confirmed): so a notice reaches an
+  // agent connected to any replica, not only the one that decided it.
+  void set_pending_commands(PendingCommands p) { pending_commands_ = std::move(p); }
   // Sends a command frame to the tenant's live agent; false if it is not connected.
   bool send_command(const std::string& tenant, const nlohmann::json& body);
   // Sends the tenant's plan to its connected agent (on hello).
@@ -79,6 +85,7 @@ class AgentService {
   EndpointGrant endpoints_;
   SessionRegistry sessions_;
   PlanProvider plan_provider_;
+  PendingCommands pending_commands_;
   SessionContext ctx_;
 };
 

@@ -276,6 +276,8 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
       std::move(*cat), std::move(provider), to, std::move(tenant_objects));
   p.agents->set_plan_provider(
       [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->plan_for(t); });
+  p.agents->set_pending_commands(
+      [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->pending_commands(t); });
   if (c->cfg_.tenants_source == "kubernetes") {
     // Tenants are the host cluster's objects: without it there is nothing
     // to serve them from, so this is a start-up error, not a warning.

@@ -91,6 +91,13 @@ std::optional<json> TenantService::notice_command(const store::TenantRecord& t,
   return n.to_json();
 }
 
+std::vector<json> TenantService::pending_commands(const store::TenantRecord& t) const {
+  if (maintenance_state(t) != "noticed" || t.status.maintenance->guest_received_at) return {};
+  auto cmd = notice_command(t, false);
+  if (!cmd) return {};
+  return {std::move(*cmd)};
+}
+
 bool TenantService::agent_connected(const std::string& tenant) const {
   auto p = deps_.view.presence(tenant);
   return p && p->connected;

@@ -173,6 +173,9 @@ class TenantService {
   Result<HostMaintenance> undrain(const UndrainRequest& req);
   // GET /v1/hosts/{node}/maintenance: where each tenant of the node is.
   Result<HostMaintenance> maintenance(const std::string& node);
+  // What the tenant's agent is owed at each connection: the notice of a
+  // drain it has not confirmed (AgentService::set_pending_commands).
+  std::vector<nlohmann::json> pending_commands(const store::TenantRecord& t) const;
   // One pass over every journal (the notices again to agents that connected,
   // the stops at their deadline, the starts), waiting on the provider.
   void maintenance_pass();

@@ -29,8 +29,8 @@ class Drain : public Tenants {
  protected:
   explicit Drain(std::vector<std::string> kube_args = {"--vfio-cards", "10DE:27B8=2"})
       : Tenants(std::move(kube_args)) {}
-  void start_guests() {
-    allowlist();
+  void start_guests(bool runbook_host = true) {
+    if (runbook_host) allowlist();
     coordinator();
     runner_ = std::make_unique<Process>(
         std::vector<std::string>{"/usr/bin/python3",
@@ -282,6 +282,52 @@ TEST_F(DrainLocalDisk, ADiskOnNodeLocalStorageCannotMoveAndTheImpactSaysWhy) {
   const std::string why = t.value("why_not", "");
   EXPECT_NE(why.find("node-local storage"), std::string::npos) << why;
   EXPECT_NE(why.find("a local volume at /var/lib/local-volumes/pvc-"), std::string::npos) << why;
+}
+
+// --move: a cluster of two nodes with one L4 each and CDI volumes on network
+// storage (the double's --extra-node and --cdi-storage network). The tenant
+// on utho is shut down there after its notice and started again while utho
+// is cordoned, so it lands on gpu-2: the same disk and identity, ready.
+class DrainMove : public Drain {
+ protected:
+  DrainMove()
+      : Drain({"--vfio-cards", "10DE:27B8=1", "--extra-node", "gpu-2=10DE:27B8=1", "--cdi-storage",
+               "network"}) {}
+};
+
+TEST_F(DrainMove, ATenantThatCanMoveIsStartedAgainOnAnotherNodeWithItsIdentity) {
+  auto al = run({factory_bin(), "kubevirt", "allowlist", "--kubeconfig", kube_.kubeconfig(),
+                 "--pci-id", "10de:27b8", "--resource-name", kL4});
+  ASSERT_EQ(al.exit_code, 0) << al.output;
+  start_guests(/*runbook_host=*/false);
+  auto& h = coordinator();
+  auto r = create("tenant-1", "gpu-vm");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(eventually([&] { return show("tenant-1")["phase"] == "ready"; }, 120s, 250ms))
+      << show("tenant-1").dump(2);
+  const std::string vmi_path =
+      "/apis/kubevirt.io/v1/namespaces/tenants/virtualmachineinstances/tenant-1";
+  ASSERT_EQ(kube_.get(vmi_path).value("/status/nodeName"_json_pointer, std::string()), "utho");
+  const std::string agent_id = show("tenant-1")["agent"].value("agent_id", "");
+
+  auto dry = h.factory({"host", "drain", "utho", "--dry-run", "-o", "json"});
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  json impact = json::parse(dry.output, nullptr, false);
+  ASSERT_TRUE(impact.is_object() && impact["tenants"].size() == 1u) << dry.output;
+  EXPECT_TRUE(impact["tenants"][0].value("can_move", false)) << dry.output;
+
+  auto drain = h.factory(
+      {"host", "drain", "utho", "--move", "--notice", "1s", "--timeout", "90s", "--poll", "1s"},
+      120s);
+  ASSERT_EQ(drain.exit_code, 0) << drain.output << "\n" << h.log();
+  json s = show("tenant-1");
+  EXPECT_EQ(s.value("/maintenance/state"_json_pointer, std::string()), "back") << s.dump(2);
+  EXPECT_EQ(s.value("/maintenance/node_after"_json_pointer, std::string()), "gpu-2");
+  EXPECT_EQ(s["phase"], "ready");
+  EXPECT_EQ(s["agent"].value("agent_id", ""), agent_id) << "a new identity";
+  EXPECT_EQ(kube_.get(vmi_path).value("/status/nodeName"_json_pointer, std::string()), "gpu-2");
+  EXPECT_TRUE(cordoned()) << "the drained node stays cordoned";
+  runner_->stop();
 }
 
 TEST_F(Drain, BadInputIsRefusedInOneLine) {
