@@ -27,7 +27,7 @@ OpenAPI schemas (KubeVirt, CDI) or python3-kubernetes' models (core kinds),
 unknown fields rejected; an invalid object gets 422 Invalid like a strict
 server. Service node ports are checked for range (30000-32767) and clashes.
 
-PLAYS KUBEVIRT: one Node (--node-name, default "utho") whose
+PLAYS KUBEVIRT: the main Node (--node-name, default "utho") whose
 status.allocatable has, for each entry of the KubeVirt CR's
 spec.configuration.permittedHostDevices.pciHostDevices without
 externalResourceProvider, the number of host cards with that vendor:device
@@ -38,15 +38,38 @@ at every pass: a card that leaves vfio-pci (`factory host quarantine`) takes
 its /dev/vfio/<group> node with it, which the device plugins watch (fsnotify
 in KubeVirt's generic plugin and in kubevirt-gpu-device-plugin's healthCheck):
 they report it Unhealthy and the kubelet's allocatable goes down by one,
-capacity staying; back on vfio-pci it is healthy again. A VirtualMachine with runStrategy Always
-(or running: true) gets its DataVolumes (from dataVolumeTemplates, reported
-Succeeded) and a VirtualMachineInstance that goes Pending -> Scheduling ->
-Scheduled -> Running with status.nodeName and status.interfaces[].ipAddress;
-if its GPUs (gpus[].deviceName, hostDevices[].deviceName) are not free on the
-node, the VMI stays in Scheduling with condition PodScheduled=False,
-reason Unschedulable, "0/1 nodes are available: 1 Insufficient <resource>",
-and the VM's printableStatus is ErrorUnschedulable, as with KubeVirt.
-Deleting the VM deletes its VMI and DataVolumes (ownerReferences).
+capacity staying; back on vfio-pci it is healthy again.
+
+More Nodes, for moving VMs off a drained host: each --extra-node
+NAME=VENDOR:DEVICE=COUNT[,VENDOR:DEVICE=COUNT...] (repeatable, e.g.
+--extra-node gpu-2=10DE:27B8=1) is a Node of the same shape (labels
+kubernetes.io/hostname and kubevirt.io/schedulable, InternalIP the next one
+after --node-ip, its own pod CIDR slice after --pod-cidr's: 10.42.1.0/24,
+10.42.2.0/24, ...) whose allocatable and capacity for each allowlisted
+pciHostDevices resource (as for the main node) is COUNT of that
+vendor:device. Extra nodes have only that: no --host-root tree, no
+quarantine, no GPU Operator (which plays on the main node only).
+
+A VirtualMachine with runStrategy Always (or running: true) gets its
+DataVolumes (from dataVolumeTemplates, reported Succeeded) and a
+VirtualMachineInstance that goes Pending -> Scheduling -> Scheduled ->
+Running with status.nodeName and status.interfaces[].ipAddress (from its
+node's pod CIDR). Scheduling is kube-scheduler's filter step for
+the launcher pod: the VMI goes to the first node, the main one and then the
+extra ones in the order given, that is not cordoned (below) and has its GPUs
+(gpus[].deviceName, hostDevices[].deviceName) free: allocatable less what the
+Scheduled and Running VMIs on that node ask for. If no node fits, the VMI
+stays in Scheduling with condition PodScheduled=False, reason Unschedulable,
+and the scheduler's message over all nodes (FitError, then DefaultPreemption's
+verdict; each part a histogram of "<count> <reason>" sorted as strings):
+"0/1 nodes are available: 1 Insufficient <resource>. preemption: 0/1 nodes
+are available: 1 No preemption victims found for incoming pod." with one
+node, and with more, e.g. "0/2 nodes are available: 1 Insufficient
+<resource>, 1 node(s) were unschedulable. preemption: 0/2 nodes are
+available: 1 No preemption victims found for incoming pod, 1 Preemption is
+not helpful for scheduling."; the VM's printableStatus is
+ErrorUnschedulable, as with KubeVirt. Deleting the VM deletes its VMI and
+DataVolumes (ownerReferences).
 With --cdi-storage network|local each DataVolume also gets CDI's
 PersistentVolumeClaim (owned by it, Bound) and the PersistentVolume a
 provisioner bound it to: a CSI volume (rbd.csi.ceph.com) any node reaches, or
@@ -93,20 +116,24 @@ starts; gracePeriodSeconds 0 cuts the shutdown to 1 s, as virt-api deleting
 the launcher pod with a 1 s grace period does). dryRun ["All"] in the body
 changes nothing. No discovery is served (for any group), so none for this one.
 
-Cordon: a Node whose spec.unschedulable becomes true (merge patch, strategic
+Cordon: a Node (the main one or an extra one) whose spec.unschedulable
+becomes true (merge patch, strategic
 merge patch as `kubectl cordon` sends it, update or apply) gets the taint
 node.kubernetes.io/unschedulable:NoSchedule (with timeAdded) on the next
 controller pass, as the node lifecycle controller adds it, and loses it when
-uncordoned. A VMI in Scheduling then stays there (unless its tolerations
-tolerate that taint) with PodScheduled=False, reason Unschedulable, message
-"0/1 nodes are available: 1 node(s) were unschedulable. preemption: 0/1 nodes
-are available: 1 Preemption is not helpful for scheduling." (the scheduler's
+uncordoned. No VMI is scheduled onto it (unless its tolerations tolerate that
+taint): with one node, a VMI in Scheduling stays there with
+PodScheduled=False, reason Unschedulable, message "0/1 nodes are available:
+1 node(s) were unschedulable. preemption: 0/1 nodes are available: 1
+Preemption is not helpful for scheduling." (the scheduler's
 NodeUnschedulable filter runs first, so it is said instead of any
-Insufficient), and its VM is ErrorUnschedulable; it schedules once
-uncordoned. VMIs already Scheduled or Running are untouched by a cordon.
+Insufficient), and its VM is ErrorUnschedulable; with extra nodes it goes to
+one with a free card if there is one. It schedules once uncordoned. VMIs
+already Scheduled or Running are untouched by a cordon.
 
 PLAYS THE HOST CLUSTER'S NETWORK: the Node has spec.podCIDR(s) (--pod-cidr,
-default RKE2's first node slice 10.42.0.0/24) and an InternalIP; the service
+default RKE2's first node slice 10.42.0.0/24; extra nodes the next slices)
+and an InternalIP (--node-ip; extra nodes the next addresses); the service
 range (--service-cidr, default RKE2's 10.43.0.0/16) holds the `kubernetes`
 Service at its first address and the cluster DNS Service at its tenth
 (--dns-service, default RKE2's kube-system/rke2-coredns-rke2-coredns; kubeadm
@@ -143,7 +170,9 @@ holds it, printableStatus Terminating).
 
 Usage:
   /usr/bin/python3 kube_apiserver.py --pki-dir DIR [--port-file F] [--port N]
-      [--vfio-cards 10DE:27B8=2 | --host-root DIR] [--node-name utho] [--cdi-storage none|network|local]
+      [--vfio-cards 10DE:27B8=2 | --host-root DIR] [--node-name utho]
+      [--extra-node NAME=VENDOR:DEVICE=COUNT[,VENDOR:DEVICE=COUNT...]]...
+      [--cdi-storage none|network|local]
       [--token T] [--forbid VERB:RESOURCE[:NAMESPACE]] [--drop-watch-after N]
       [--seed FILE.yaml] [--no-kubevirt-cr] [--no-group cdi.kubevirt.io]
       [--bookmark-interval S] [--device-plugin-delay S]
@@ -184,7 +213,8 @@ Test-control endpoints (no auth, loopback only), under /_fake/:
                                stopped          the VMI was removed (after its shutdown, or
                                                 by a DELETE of it, its VM or its namespace)
                                started          a VMI reached Running (the first one too)
-                               cordoned, uncordoned  the Node's spec.unschedulable changed
+                               cordoned, uncordoned  a Node's spec.unschedulable changed
+                                                ("vm" is that node's name)
 """
 import argparse
 import base64
@@ -241,12 +271,19 @@ CONTROLLER_STATUS = {"Node", "KubeVirt", "VirtualMachine", "VirtualMachineInstan
                      "ClusterPolicy"}
 NODE_PORT_RANGE = (30000, 32767)
 # The taint the node lifecycle controller keeps on a cordoned Node
-# (k8s.io/api/core/v1 TaintNodeUnschedulable), and what the scheduler's
-# NodeUnschedulable filter says of it: UnschedulableAndUnresolvable, so
-# preemption is "not helpful" (kube-scheduler 1.31's FitError text).
+# (k8s.io/api/core/v1 TaintNodeUnschedulable).
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
-CORDONED_MESSAGE = "0/1 nodes are available: 1 node(s) were unschedulable. preemption: " \
-    "0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+# What kube-scheduler (1.31) says of each node it refuses (fit_error() makes
+# the message): the filter reasons, NodeUnschedulable's ErrReasonUnschedulable
+# for a cordoned node (UnschedulableAndUnresolvable, so DefaultPreemption
+# finds preemption "not helpful" there) and NodeResourcesFit's
+# "Insufficient <resource>" (Unschedulable: preemption is tried, and finds no
+# victims, the launcher pods all having the same priority). With one cordoned
+# node: "0/1 nodes are available: 1 node(s) were unschedulable. preemption:
+# 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+REASON_UNSCHEDULABLE = "node(s) were unschedulable"
+PREEMPTION_NOT_HELPFUL = "Preemption is not helpful for scheduling"
+PREEMPTION_NO_VICTIMS = "No preemption victims found for incoming pod"
 # runStrategy values under which virt-controller keeps a VMI running.
 RUNNING_STRATEGIES = ("Always", "RerunOnFailure", "Once")
 FINAL_PHASES = ("Succeeded", "Failed")
@@ -450,6 +487,9 @@ class Store:
         # tree, what is on vfio-pci now is what they report healthy.
         self.vfio_capacity = dict(args.vfio_inventory)
         self.vfio_from_tree = bool(getattr(args, "host_root", None))
+        # --extra-node: [{"name", "inventory" (VENDOR:DEVICE -> cards on
+        # vfio-pci), "pod_cidr", "ip"}], in the order given.
+        self.extra_nodes = list(getattr(args, "extra_nodes", None) or [])
         self.node_ports = {}
         self.next_ip = 98
         self.plugin_due = 0.0   # when the device plugins next look at the CR
@@ -668,6 +708,9 @@ class KubeVirtController:
 
     def __init__(self, store, node_name, operator=None):
         self.store, self.node_name, self.operator = store, node_name, operator
+        # The Nodes it runs, in the order the scheduler prefers them: the
+        # main one, then --extra-node's in the order given.
+        self.node_names = [node_name] + [e["name"] for e in store.extra_nodes]
         self.res = {k: RES_BY_KIND[v] for k, v in {
             "node": ("v1", "Node"), "kv": ("kubevirt.io/v1", "KubeVirt"),
             "vm": ("kubevirt.io/v1", "VirtualMachine"),
@@ -700,6 +743,37 @@ class KubeVirtController:
         return out
 
     def sync_node(self):
+        self.sync_main_node()
+        for extra in self.store.extra_nodes:
+            self.sync_extra_node(extra)
+
+    def sync_extra_node(self, extra):
+        """An --extra-node's device plugins: KubeVirt's, for the allowlist,
+        each resource at the count of its vendor:device's cards (healthy,
+        so allocatable is capacity); a resource no longer allowlisted stays
+        at 0, as the kubelet leaves it."""
+        node = self.store.get(self.res["node"], "", extra["name"])
+        if node is None:
+            return
+        status = copy.deepcopy(node.get("status") or {})
+        alloc = dict(status.get("allocatable") or {})
+        cap = dict(status.get("capacity") or {})
+        advertised = set()
+        for d in self.permitted():
+            if d.get("externalResourceProvider"):
+                continue
+            name = d.get("resourceName")
+            count = extra["inventory"].get(str(d.get("pciVendorSelector", "")).upper(), 0)
+            advertised.add(name)
+            alloc[name] = cap[name] = str(count)
+        for name in list(alloc):
+            if name not in advertised and "/" in name and not name.startswith("devices.kubevirt.io/") \
+                    and name not in ("hugepages-1Gi", "hugepages-2Mi"):
+                alloc[name] = cap[name] = "0"
+        status["allocatable"], status["capacity"] = alloc, cap
+        self.update_status(self.res["node"], node, status)
+
+    def sync_main_node(self):
         node = self.store.get(self.res["node"], "", self.node_name)
         if node is None:
             return
@@ -738,7 +812,11 @@ class KubeVirtController:
         node.kubernetes.io/unschedulable:NoSchedule taint, stamped with
         timeAdded as SwapNodeControllerTaint does, and loses it when
         uncordoned."""
-        node = self.store.get(self.res["node"], "", self.node_name)
+        for name in self.node_names:
+            self.sync_cordon_of(name)
+
+    def sync_cordon_of(self, name):
+        node = self.store.get(self.res["node"], "", name)
         if node is None:
             return
         spec = node.get("spec") or {}
@@ -902,16 +980,49 @@ class KubeVirtController:
         cap = self.store.shutdown_cap.get(vmi["metadata"]["uid"])
         return delay if cap is None else min(delay, cap)
 
+    def pod_network(self, node_name):
+        """The node's pod CIDR, where its VMIs' (launcher pods') IPs come from."""
+        for extra in self.store.extra_nodes:
+            if extra["name"] == node_name:
+                return ipaddress.ip_network(extra["pod_cidr"], strict=False)
+        return ipaddress.ip_network(self.store.args.pod_cidr, strict=False)
+
+    def schedule(self, vmi, nodes, in_use):
+        """kube-scheduler's filter step for the VMI's launcher pod: the first
+        node (main, then --extra-node's in order) that is not cordoned (or
+        whose taint the VMI tolerates) and has the free allocatable for each
+        GPU it asks for. Returns (node name, None), or (None, the FitError
+        message) when none fits. A cordoned node is refused by
+        NodeUnschedulable, the first filter, before its resources count."""
+        wants = gpu_requests(vmi.get("spec"))
+        reasons, preemption = {}, {}
+        for name in self.node_names:
+            node = nodes[name]
+            if bool((node.get("spec") or {}).get("unschedulable")) and \
+                    not tolerates_unschedulable(vmi.get("spec")):
+                reasons[name] = [REASON_UNSCHEDULABLE]
+                preemption[name] = PREEMPTION_NOT_HELPFUL
+                continue
+            alloc = (node.get("status") or {}).get("allocatable") or {}
+            used = in_use.get(name, {})
+            short = [k for k, v in wants.items() if int(alloc.get(k, "0")) - used.get(k, 0) < v]
+            if short:
+                reasons[name] = ["Insufficient " + k for k in short]
+                preemption[name] = PREEMPTION_NO_VICTIMS
+                continue
+            return name, None
+        return None, fit_error(reasons, preemption)
+
     def sync_vmis(self):
         s = self.store
-        node = s.get(self.res["node"], "", self.node_name) or {}
-        alloc = (node.get("status") or {}).get("allocatable") or {}
-        in_use = {}
+        nodes = {name: s.get(self.res["node"], "", name) or {} for name in self.node_names}
+        in_use = {}  # node -> resource -> GPUs held by its Scheduled/Running VMIs
         for vmi in s_items(s, self.res["vmi"]):
-            if (vmi.get("status") or {}).get("phase") in ("Scheduled", "Running"):
+            st = vmi.get("status") or {}
+            if st.get("phase") in ("Scheduled", "Running"):
+                used = in_use.setdefault(st.get("nodeName") or self.node_name, {})
                 for k, v in gpu_requests(vmi.get("spec")).items():
-                    in_use[k] = in_use.get(k, 0) + v
-        cordoned = bool((node.get("spec") or {}).get("unschedulable"))
+                    used[k] = used.get(k, 0) + v
         for vmi in s_items(s, self.res["vmi"]):
             st = copy.deepcopy(vmi.get("status") or {})
             phase = st.get("phase", "Pending")
@@ -935,27 +1046,23 @@ class KubeVirtController:
             if phase == "Pending":
                 st["phase"] = "Scheduling"
             elif phase == "Scheduling":
-                short = [k for k, v in gpu_requests(vmi.get("spec")).items()
-                         if int(alloc.get(k, "0")) - in_use.get(k, 0) < v]
-                if cordoned and not tolerates_unschedulable(vmi.get("spec")):
-                    # NodeUnschedulable is the scheduler's first filter: a
-                    # cordoned node is refused before its resources count.
-                    st["conditions"] = [{"type": "PodScheduled", "status": "False",
-                                         "reason": "Unschedulable", "message": CORDONED_MESSAGE}]
-                elif short:
-                    msg = "0/1 nodes are available: %s. preemption: 0/1 nodes are available: " \
-                          "1 No preemption victims found for incoming pod." % \
-                          ", ".join("1 Insufficient " + k for k in sorted(short))
+                chosen, msg = self.schedule(vmi, nodes, in_use)
+                if chosen is None:
                     st["conditions"] = [{"type": "PodScheduled", "status": "False",
                                          "reason": "Unschedulable", "message": msg}]
                 else:
+                    used = in_use.setdefault(chosen, {})
                     for k, v in gpu_requests(vmi.get("spec")).items():
-                        in_use[k] = in_use.get(k, 0) + v
+                        used[k] = used.get(k, 0) + v
                     st["phase"] = "Scheduled"
-                    st["nodeName"] = self.node_name
+                    st["nodeName"] = chosen
                     st.pop("conditions", None)
             elif phase == "Scheduled":
-                ip = "10.42.0.%d" % s.next_ip
+                # The launcher pod's IP, from its node's pod CIDR (the
+                # counter runs over all nodes: 10.42.0.98, then .99, ...).
+                net = self.pod_network(st.get("nodeName") or self.node_name)
+                ip = str(net[1 + (s.next_ip - 1) % (net.num_addresses - 2)]
+                         if net.num_addresses > 2 else net[0])
                 s.next_ip += 1
                 st["phase"] = "Running"
                 st["interfaces"] = [{"name": "default", "interfaceName": "eth0",
@@ -965,6 +1072,26 @@ class KubeVirtController:
                 st["conditions"] = [{"type": "Ready", "status": "True"}]
                 s.vm_event(vmi["metadata"]["namespace"] + "/" + vmi["metadata"]["name"], "started")
             self.update_status(self.res["vmi"], vmi, st)
+
+
+def fit_error(node_reasons, node_preemption):
+    """kube-scheduler's FitError text (pkg/scheduler/framework/types.go),
+    with DefaultPreemption's PostFilter message after it: "0/N nodes are
+    available: " and the histogram of every node's filter reasons, each
+    "<count> <reason>", sorted as strings (sort.Strings) and joined by ", ",
+    then "." and " preemption: " with the same over the preemption verdicts.
+    node_reasons: node -> its filter reasons; node_preemption: node -> the
+    preemption verdict."""
+    def histogram(per_node):
+        counts = {}
+        for reasons in per_node:
+            for r in reasons:
+                counts[r] = counts.get(r, 0) + 1
+        return ", ".join(sorted("%d %s" % (n, r) for r, n in counts.items()))
+    n = len(node_reasons)
+    return "0/%d nodes are available: %s. preemption: 0/%d nodes are available: %s." % (
+        n, histogram(node_reasons.values()), n,
+        histogram([v] for v in node_preemption.values()))
 
 
 def tolerates_unschedulable(vmi_spec):
@@ -1742,18 +1869,24 @@ def seed(store, args, operator=None):
         add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns},
              "status": {"phase": "Active"}})
     svc_net = ipaddress.ip_network(args.service_cidr, strict=False)
-    add({"apiVersion": "v1", "kind": "Node",
-         "metadata": {"name": args.node_name, "labels": {
-             "kubernetes.io/hostname": args.node_name, "kubevirt.io/schedulable": "true"}},
-         "spec": {"podCIDR": args.pod_cidr, "podCIDRs": [args.pod_cidr]},
-         "status": {"addresses": [{"type": "InternalIP", "address": args.node_ip},
-                                  {"type": "Hostname", "address": args.node_name}],
-                    "capacity": {"cpu": "64", "memory": "263842456Ki", "pods": "110",
-                                 "devices.kubevirt.io/kvm": "1k"},
-                    "allocatable": {"cpu": "64", "memory": "263740056Ki", "pods": "110",
-                                    "devices.kubevirt.io/kvm": "1k"},
-                    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                    "message": "kubelet is posting ready status"}]}})
+
+    def node(name, pod_cidr, ip):
+        return {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {
+                    "kubernetes.io/hostname": name, "kubevirt.io/schedulable": "true"}},
+                "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr]},
+                "status": {"addresses": [{"type": "InternalIP", "address": ip},
+                                         {"type": "Hostname", "address": name}],
+                           "capacity": {"cpu": "64", "memory": "263842456Ki", "pods": "110",
+                                        "devices.kubevirt.io/kvm": "1k"},
+                           "allocatable": {"cpu": "64", "memory": "263740056Ki", "pods": "110",
+                                           "devices.kubevirt.io/kvm": "1k"},
+                           "conditions": [{"type": "Ready", "status": "True",
+                                           "reason": "KubeletReady",
+                                           "message": "kubelet is posting ready status"}]}}
+    add(node(args.node_name, args.pod_cidr, args.node_ip))
+    for extra in store.extra_nodes:
+        add(node(extra["name"], extra["pod_cidr"], extra["ip"]))
     add({"apiVersion": "v1", "kind": "Service",
          "metadata": {"name": "kubernetes", "namespace": "default",
                       "labels": {"component": "apiserver", "provider": "kubernetes"}},
@@ -1831,6 +1964,38 @@ def parse_vfio(specs):
     return inv
 
 
+def parse_extra_nodes(specs, args):
+    """--extra-node NAME=VENDOR:DEVICE=COUNT[,VENDOR:DEVICE=COUNT...], in
+    order: the i-th gets the i-th pod CIDR slice after --pod-cidr's (of its
+    size: 10.42.1.0/24, 10.42.2.0/24 after 10.42.0.0/24, as RKE2's node IPAM
+    hands them out) and the i-th InternalIP after --node-ip. Raises
+    ValueError for a spec it cannot read."""
+    out = []
+    main_net = ipaddress.ip_network(args.pod_cidr, strict=False)
+    main_ip = ipaddress.ip_address(args.node_ip)
+    names = {args.node_name}
+    for i, spec in enumerate(specs or [], start=1):
+        name, eq, cards = spec.partition("=")
+        name = name.strip()
+        if not eq or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name):
+            raise ValueError("--extra-node %r: want NAME=VENDOR:DEVICE=COUNT[,...]" % spec)
+        if name in names:
+            raise ValueError("--extra-node %r: there is already a node %s" % (spec, name))
+        names.add(name)
+        inventory = {}
+        for part in cards.split(","):
+            key, eq2, count = part.strip().partition("=")
+            if not re.match(r"^[0-9A-Fa-f]{4}:[0-9A-Fa-f]{4}$", key) or not eq2 or \
+                    not count.strip().isdigit():
+                raise ValueError("--extra-node %r: %r is not VENDOR:DEVICE=COUNT" % (spec, part))
+            inventory[key.upper()] = inventory.get(key.upper(), 0) + int(count)
+        net = ipaddress.ip_network((int(main_net.network_address) + i * main_net.num_addresses,
+                                    main_net.prefixlen))
+        out.append({"name": name, "inventory": inventory, "pod_cidr": str(net),
+                    "ip": str(main_ip + i)})
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description="fake Kubernetes API server with a fake KubeVirt")
     p.add_argument("--bind", default="127.0.0.1")
@@ -1855,6 +2020,10 @@ def main():
                    help="NAMESPACE/NAME of the cluster DNS Service")
     p.add_argument("--vfio-cards", action="append", help="VENDOR:DEVICE=COUNT on vfio-pci")
     p.add_argument("--host-root", help="a sysfs tree to count vfio-pci cards in")
+    p.add_argument("--extra-node", action="append", default=[],
+                   metavar="NAME=VENDOR:DEVICE=COUNT[,VENDOR:DEVICE=COUNT...]",
+                   help="another Node with that many cards of each vendor:device on vfio-pci "
+                        "(repeatable; scheduled onto after the main node, in order)")
     p.add_argument("--seed", action="append", help="YAML objects to start with")
     p.add_argument("--no-kubevirt-cr", action="store_true")
     p.add_argument("--no-group", action="append", default=[],
@@ -1879,6 +2048,10 @@ def main():
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args()
     args.vfio_inventory = host_vfio_inventory(args.host_root) if args.host_root else parse_vfio(args.vfio_cards)
+    try:
+        args.extra_nodes = parse_extra_nodes(args.extra_node, args)
+    except ValueError as e:
+        p.error(str(e))
     k8s_schema.load_openapi_documents()
 
     ca, server_cert, token = write_pki(args.pki_dir, args.port)

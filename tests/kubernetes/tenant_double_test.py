@@ -43,7 +43,10 @@ class Double:
             if os.path.exists(port_file) and read(port_file):
                 break
             if self.proc.poll() is not None:
-                raise SystemExit("the double exited: " + self.proc.stderr.read().decode())
+                err = self.proc.stderr.read().decode()
+                self.proc.stderr.close()
+                shutil.rmtree(self.dir, ignore_errors=True)
+                raise SystemExit("the double exited: " + err)
             time.sleep(0.05)
         self.port = int(read(port_file))
         self.token = read(os.path.join(self.dir, "token"))

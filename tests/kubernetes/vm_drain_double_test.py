@@ -3,10 +3,14 @@ undrain will meet it: a cordoned Node (its unschedulable taint, VMIs that
 cannot schedule there, running ones untouched), the graceful stop of a VM
 (Stopping, the VMI's deletionTimestamp, Succeeded, Stopped), KubeVirt's
 start/stop/restart subresources with virt-api's answers, and the timestamped
-lifecycle log (GET /_fake/vm-log) that tells the order of things. Real HTTPS
+lifecycle log (GET /_fake/vm-log) that tells the order of things; and with
+a second Node (--extra-node), the move of a VM stopped on a cordoned node to
+another node with a free card, and the scheduler's message over both nodes
+when none has one. Real HTTPS
 on loopback against the double started as a process, as the C++ tests start
 it. Run with Debian's /usr/bin/python3 (python3-jsonschema, python3-yaml,
 python3-kubernetes)."""
+import ipaddress
 import json
 import os
 import sys
@@ -31,14 +35,14 @@ CORDONED = ("0/1 nodes are available: 1 node(s) were unschedulable. preemption: 
             "available: 1 Preemption is not helpful for scheduling.")
 
 
-def virtual_machine(name, **template_spec):
+def virtual_machine(name, gpu=GPU, **template_spec):
     """The shape Factory creates (coordinator/kubevirt/objects.cpp)."""
     labels = {"app.kubernetes.io/managed-by": "factory", "factory.dev/tenant": name}
     spec = {"architecture": "amd64",
             "domain": {"machine": {"type": "q35"},
                        "devices": {"disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}],
                                    "interfaces": [{"name": "default", "masquerade": {}}],
-                                   "gpus": [{"name": "gpu1", "deviceName": GPU}]},
+                                   "gpus": [{"name": "gpu1", "deviceName": gpu}]},
                        "resources": {"requests": {"cpu": "4", "memory": "16Gi"}}},
             "networks": [{"name": "default", "pod": {}}],
             "volumes": [{"name": "rootdisk", "dataVolume": {"name": name + "-root"}}]}
@@ -77,33 +81,8 @@ class Watch:
         self.resp.close()
 
 
-class VmDrainDouble(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.k = Double(["--vfio-cards", "10DE:2335=4", "--node-name", NODE,
-                        "--vm-shutdown-seconds", str(SHUTDOWN_S)])
-        k = cls.k
-        code, _ = k.call("POST", "/api/v1/namespaces",
-                         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-        assert code == 201, code
-        # The allowlist that makes KubeVirt's device plugin advertise the cards.
-        code, kv = k.call("PATCH", "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts/kubevirt",
-                          {"spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": [
-                              {"pciVendorSelector": "10DE:2335", "resourceName": GPU}]}}}},
-                          MERGE)
-        assert code == 200, kv
-        cls.wait_for(lambda: k.call("GET", NODE_PATH)[1]["status"]["allocatable"].get(GPU) == "4")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.k.close()
-
-    def tearDown(self):
-        # Each case's VMs go (their VMIs and DataVolumes with them): the
-        # node's four cards are for the next case.
-        for vm in self.k.call("GET", VMS)[1]["items"]:
-            self.k.call("DELETE", VMS + "/" + vm["metadata"]["name"])
-        self.wait_for(lambda: not self.k.call("GET", VMIS)[1]["items"], what="no VMIs")
+class VmHelpers:
+    """What the cases below share: self.k is the double."""
 
     @staticmethod
     def wait_for(cond, timeout=15.0, what="condition"):
@@ -114,8 +93,6 @@ class VmDrainDouble(unittest.TestCase):
                 return got
             time.sleep(0.05)
         raise AssertionError("timed out waiting for " + what)
-
-    # --- helpers
 
     def vm(self, name):
         code, vm = self.k.call("GET", VMS + "/" + name)
@@ -174,6 +151,35 @@ class VmDrainDouble(unittest.TestCase):
         self.assertLess(began, gone)
         self.assertGreaterEqual(gone - began, SHUTDOWN_S - 0.05, "the shutdown took its time")
         return entries
+
+
+class VmDrainDouble(VmHelpers, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.k = Double(["--vfio-cards", "10DE:2335=4", "--node-name", NODE,
+                        "--vm-shutdown-seconds", str(SHUTDOWN_S)])
+        k = cls.k
+        code, _ = k.call("POST", "/api/v1/namespaces",
+                         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        assert code == 201, code
+        # The allowlist that makes KubeVirt's device plugin advertise the cards.
+        code, kv = k.call("PATCH", "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts/kubevirt",
+                          {"spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": [
+                              {"pciVendorSelector": "10DE:2335", "resourceName": GPU}]}}}},
+                          MERGE)
+        assert code == 200, kv
+        cls.wait_for(lambda: k.call("GET", NODE_PATH)[1]["status"]["allocatable"].get(GPU) == "4")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.k.close()
+
+    def tearDown(self):
+        # Each case's VMs go (their VMIs and DataVolumes with them): the
+        # node's four cards are for the next case.
+        for vm in self.k.call("GET", VMS)[1]["items"]:
+            self.k.call("DELETE", VMS + "/" + vm["metadata"]["name"])
+        self.wait_for(lambda: not self.k.call("GET", VMIS)[1]["items"], what="no VMIs")
 
     # --- the cases
 
@@ -423,6 +429,188 @@ class VmDrainDouble(unittest.TestCase):
                       what="untainted")
         events = [e["event"] for e in self.log(NODE) if e["time"] >= before]
         self.assertEqual(events, ["cordoned", "uncordoned"])
+
+
+L4 = "nvidia.com/AD104GL_L4"
+NODE2 = "gpu-2"
+NODE2_PATH = "/api/v1/nodes/" + NODE2
+
+
+def two_nodes(message_filter, message_preemption):
+    return "0/2 nodes are available: %s. preemption: 0/2 nodes are available: %s." % (
+        message_filter, message_preemption)
+
+
+# kube-scheduler's FitError over two nodes, then DefaultPreemption's verdict:
+# each a histogram of "<count> <reason>", sorted as strings, joined by ", ".
+BOTH_FULL = two_nodes("2 Insufficient " + L4, "2 No preemption victims found for incoming pod")
+FULL_AND_CORDONED = two_nodes(
+    "1 Insufficient %s, 1 node(s) were unschedulable" % L4,
+    "1 No preemption victims found for incoming pod, 1 Preemption is not helpful for scheduling")
+
+
+class TwoNodesDouble(VmHelpers, unittest.TestCase):
+    """The double with a second Node (--extra-node): where a drain's --move
+    takes a VM."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.k = Double(["--vfio-cards", "10DE:27B8=1", "--node-name", NODE,
+                        "--extra-node", NODE2 + "=10DE:27B8=1",
+                        "--vm-shutdown-seconds", str(SHUTDOWN_S)])
+        k = cls.k
+        code, _ = k.call("POST", "/api/v1/namespaces",
+                         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        assert code == 201, code
+        code, kv = k.call("PATCH", "/apis/kubevirt.io/v1/namespaces/kubevirt/kubevirts/kubevirt",
+                          {"spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": [
+                              {"pciVendorSelector": "10DE:27B8", "resourceName": L4}]}}}},
+                          MERGE)
+        assert code == 200, kv
+        for path in (NODE_PATH, NODE2_PATH):
+            cls.wait_for(lambda: k.call("GET", path)[1]["status"]["allocatable"].get(L4) == "1",
+                         what=path + " advertising its L4")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.k.close()
+
+    def tearDown(self):
+        for vm in self.k.call("GET", VMS)[1]["items"]:
+            self.k.call("DELETE", VMS + "/" + vm["metadata"]["name"])
+        for path in (NODE_PATH, NODE2_PATH):
+            self.k.call("PATCH", path, {"spec": {"unschedulable": None}}, MERGE)
+        self.wait_for(lambda: not self.k.call("GET", VMIS)[1]["items"], what="no VMIs")
+
+    def running_on(self, name, node, cidr):
+        vmi = self.vmi(name)
+        self.assertEqual(vmi["status"]["phase"], "Running")
+        self.assertEqual(vmi["status"]["nodeName"], node)
+        ip = vmi["status"]["interfaces"][0]["ipAddress"]
+        self.assertIn(ipaddress.ip_address(ip), ipaddress.ip_network(cidr), name + "'s IP")
+        return vmi
+
+    def unschedulable_with(self, name, message):
+        def said():
+            vm_status = self.vm(name).get("status") or {}
+            return vm_status.get("printableStatus") == "ErrorUnschedulable" and \
+                [c.get("message") for c in vm_status.get("conditions") or []] == [message]
+        # The VM's condition is the VMI's, copied on the controller's next pass.
+        self.wait_for(said, what=name + " unschedulable: " + message)
+        vmi = self.vmi(name)
+        self.assertEqual(vmi["status"]["phase"], "Scheduling")
+        self.assertNotIn("nodeName", vmi["status"])
+        self.assertEqual(vmi["status"]["conditions"],
+                         [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                           "message": message}])
+        self.assertEqual(self.vm(name)["status"]["conditions"][0]["message"], message)
+
+    def test_a_the_second_node_is_a_node_like_the_first(self):
+        code, nodes = self.k.call("GET", "/api/v1/nodes")
+        self.assertEqual(code, 200, nodes)
+        self.assertEqual([n["metadata"]["name"] for n in nodes["items"]], [NODE2, NODE])
+        main, extra = self.k.call("GET", NODE_PATH)[1], self.k.call("GET", NODE2_PATH)[1]
+        self.assertEqual(extra["metadata"]["labels"], {"kubernetes.io/hostname": NODE2,
+                                                       "kubevirt.io/schedulable": "true"})
+        self.assertEqual(extra["spec"], {"podCIDR": "10.42.1.0/24", "podCIDRs": ["10.42.1.0/24"]})
+        self.assertEqual(main["spec"], {"podCIDR": "10.42.0.0/24", "podCIDRs": ["10.42.0.0/24"]})
+        self.assertEqual(extra["status"]["addresses"],
+                         [{"type": "InternalIP", "address": "192.168.122.11"},
+                          {"type": "Hostname", "address": NODE2}])
+        self.assertEqual(extra["status"]["capacity"][L4], "1")
+        self.assertEqual(set(extra["status"]["allocatable"]), set(main["status"]["allocatable"]))
+
+        # A node name taken twice, or a count that is not one, is refused.
+        for bad in (NODE + "=10DE:27B8=1", "gpu-3=10DE:27B8", "gpu-3", "Gpu=10DE:27B8=1"):
+            with self.assertRaises(SystemExit, msg=bad) as e:
+                Double(["--node-name", NODE, "--extra-node", bad])
+            self.assertIn("--extra-node", str(e.exception))
+
+    def test_b_a_vm_moves_off_a_cordoned_node_to_a_free_card(self):
+        # One card on each node: a on the main node, b on the other, c on none.
+        uid_a = self.create_running("a", gpu=L4)["metadata"]["uid"]
+        self.running_on("a", NODE, "10.42.0.0/24")
+        self.create_running("b", gpu=L4)
+        self.running_on("b", NODE2, "10.42.1.0/24")
+        code, vm = self.k.call("POST", VMS, virtual_machine("c", gpu=L4))
+        self.assertEqual(code, 201, vm)
+        self.unschedulable_with("c", BOTH_FULL)
+
+        # Cordon the main node: c's message says so, a and b run on.
+        mark = time.time()
+        code, node = self.k.call("PATCH", NODE_PATH, {"spec": {"unschedulable": True}}, SMP)
+        self.assertEqual(code, 200, node)
+        self.unschedulable_with("c", FULL_AND_CORDONED)
+        self.assertEqual(self.vmi("a")["metadata"]["uid"], uid_a)
+        self.running_on("a", NODE, "10.42.0.0/24")
+        self.running_on("b", NODE2, "10.42.1.0/24")
+
+        # Stop a on the cordoned node; c goes (so that it takes no card).
+        code, vm = self.k.call("PATCH", VMS + "/a", {"spec": {"runStrategy": "Halted"}}, MERGE)
+        self.assertEqual(code, 200, vm)
+        self.stopped_gracefully("a", uid_a, mark)
+        code, _ = self.k.call("DELETE", VMS + "/c")
+        self.assertEqual(code, 200)
+        self.wait_for(lambda: self.vmi("c") is None, what="c's VMI gone")
+        time.sleep(0.3)
+        self.assertIsNone(self.vmi("a"), "a stays stopped")
+
+        # b goes, freeing the other node's card; a started again lands there.
+        code, _ = self.k.call("DELETE", VMS + "/b")
+        self.assertEqual(code, 200)
+        self.wait_for(lambda: self.vmi("b") is None, what="b's VMI gone")
+        code, vm = self.k.call("PATCH", VMS + "/a", {"spec": {"runStrategy": "Always"}}, MERGE)
+        self.assertEqual(code, 200, vm)
+        self.wait_for(lambda: self.printable("a") == "Running", what="a Running again")
+        vmi = self.running_on("a", NODE2, "10.42.1.0/24")
+        self.assertNotEqual(vmi["metadata"]["uid"], uid_a)
+        events = [e["event"] for e in self.log(NS + "/a") if e["time"] >= mark]
+        self.assertEqual(events, ["stop_requested", "shutdown_started", "stopped",
+                                  "start_requested", "started"])
+        self.assertEqual([e["event"] for e in self.log(NODE) if e["time"] >= mark], ["cordoned"])
+
+        # Nothing free anywhere now: the main node is cordoned, gpu-2 full.
+        code, vm = self.k.call("POST", VMS, virtual_machine("d", gpu=L4))
+        self.assertEqual(code, 201, vm)
+        self.unschedulable_with("d", FULL_AND_CORDONED)
+        # Uncordoned, the main node's card is d's.
+        code, node = self.k.call("PATCH", NODE_PATH, {"spec": {"unschedulable": None}}, SMP)
+        self.assertEqual(code, 200, node)
+        self.wait_for(lambda: self.printable("d") == "Running", what="d Running")
+        self.running_on("d", NODE, "10.42.0.0/24")
+        self.assertNotIn("conditions", self.vm("d")["status"])
+
+    def test_c_the_second_node_cordons_too(self):
+        mark = time.time()
+        code, node = self.k.call("PATCH", NODE2_PATH, {"spec": {"unschedulable": True}}, SMP)
+        self.assertEqual(code, 200, node)
+        taints = self.wait_for(lambda: self.k.call("GET", NODE2_PATH)[1]["spec"].get("taints"),
+                               what="gpu-2's unschedulable taint")
+        self.assertEqual([(t["key"], t["effect"]) for t in taints],
+                         [("node.kubernetes.io/unschedulable", "NoSchedule")])
+        self.assertNotIn("taints", self.k.call("GET", NODE_PATH)[1]["spec"])
+        # The main node takes one VM; the next finds one node full, one cordoned.
+        self.create_running("e", gpu=L4)
+        self.running_on("e", NODE, "10.42.0.0/24")
+        code, vm = self.k.call("POST", VMS, virtual_machine("f", gpu=L4))
+        self.assertEqual(code, 201, vm)
+        self.unschedulable_with("f", FULL_AND_CORDONED)
+        # Both cordoned: each node refused by NodeUnschedulable alone.
+        code, node = self.k.call("PATCH", NODE_PATH, {"spec": {"unschedulable": True}}, SMP)
+        self.assertEqual(code, 200, node)
+        self.unschedulable_with("f", two_nodes("2 node(s) were unschedulable",
+                                               "2 Preemption is not helpful for scheduling"))
+        self.k.call("PATCH", NODE_PATH, {"spec": {"unschedulable": None}}, SMP)
+        code, node = self.k.call("PATCH", NODE2_PATH, {"spec": {"unschedulable": None}}, SMP)
+        self.assertEqual(code, 200, node)
+        self.wait_for(lambda: "taints" not in self.k.call("GET", NODE2_PATH)[1]["spec"],
+                      what="gpu-2 untainted")
+        self.wait_for(lambda: self.printable("f") == "Running", what="f Running")
+        self.running_on("f", NODE2, "10.42.1.0/24")
+        self.assertEqual([(e["vm"], e["event"]) for e in self.log() if e["time"] >= mark and
+                          e["vm"] in (NODE, NODE2)],
+                         [(NODE2, "cordoned"), (NODE, "cordoned"), (NODE, "uncordoned"),
+                          (NODE2, "uncordoned")])
 
 
 if __name__ == "__main__":
