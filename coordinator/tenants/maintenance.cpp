@@ -384,28 +384,23 @@ void TenantService::maintenance_pass() {
     else if (s == "starting")
       release.insert(*t.status.maintenance->node);
   }
-  for (const auto& n : hold)
-    if (!cordoned_.count(n) && retry_due("cordon " + n, now)) {
-      if (auto st = provider_->set_node_schedulable(n, false); st.ok()) {
-        cordoned_.insert(n);
-        retry_clear("cordon " + n);
-      } else {
-        spdlog::warn("tenants: drain: cordoning {}: {} (again in {} s)", n, st.error().message,
-                     kRetryAfter.count());
-        retry_later("cordon " + n, now);
-      }
+  // The node as the journals want it, made so once (tried again later on
+  // failure).
+  auto ensure = [&](const std::string& n, bool schedulable, std::set<std::string>& done) {
+    const std::string key = (schedulable ? "uncordon " : "cordon ") + n;
+    if (done.count(n) || !retry_due(key, now)) return;
+    if (auto st = provider_->set_node_schedulable(n, schedulable); st.ok()) {
+      done.insert(n);
+      retry_clear(key);
+    } else {
+      spdlog::warn("tenants: maintenance: {}: {} (again in {} s)", key, st.error().message,
+                   kRetryAfter.count());
+      retry_later(key, now);
     }
+  };
+  for (const auto& n : hold) ensure(n, false, cordoned_);
   for (const auto& n : release)
-    if (!hold.count(n) && !uncordoned_.count(n) && retry_due("uncordon " + n, now)) {
-      if (auto st = provider_->set_node_schedulable(n, true); st.ok()) {
-        uncordoned_.insert(n);
-        retry_clear("uncordon " + n);
-      } else {
-        spdlog::warn("tenants: undrain: uncordoning {}: {} (again in {} s)", n, st.error().message,
-                     kRetryAfter.count());
-        retry_later("uncordon " + n, now);
-      }
-    }
+    if (!hold.count(n)) ensure(n, true, uncordoned_);
 
   for (const auto& t : records) {
     if (!t.status.maintenance) continue;

@@ -689,7 +689,9 @@ TEST_F(EndpointTest, ClientsThatLeaveFreeTheirPlacesAtOnceWhileOllamaIsSilent) {
             << " ms after 16 clients of a silent Ollama left\n";
   EXPECT_TRUE(eventually([&] { return silent.held() == 0; }, 2s))
       << "the proxy still holds " << silent.held() << " connections to Ollama for clients gone";
-  EXPECT_EQ(proxy_->stats().in_flight, 0u);
+  // Ollama's side closes before the proxy counts the last request done.
+  EXPECT_TRUE(eventually([&] { return proxy_->stats().in_flight == 0u; }, 2s))
+      << "in flight " << proxy_->stats().in_flight;
   EXPECT_EQ(proxy_->stats().upstream_errors, 0u);  // a client leaving is no upstream error
 }
 
