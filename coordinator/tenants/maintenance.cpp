@@ -114,7 +114,6 @@ void TenantService::announce_maintenance(const std::string& tenant, const char* 
 Result<HostMaintenance> TenantService::host_view(const std::string& node, bool with_mobility) {
   HostMaintenance out;
   out.node = node;
-  bool all_done = true;
   for (const auto& t : deps_.store.list_tenants()) {
     if (!has_vm(t) || kube_state(t) != "created" || t.phase == "deleting") continue;
     MaintenanceEntry e;
@@ -151,10 +150,8 @@ Result<HostMaintenance> TenantService::host_view(const std::string& node, bool w
         e.why_not = "could not tell: " + mob.error().message;
       }
     }
-    if (e.state != "drained" && e.state != "back") all_done = false;
     out.tenants.push_back(std::move(e));
   }
-  out.done = all_done;
   return out;
 }
 
@@ -213,7 +210,6 @@ Result<HostMaintenance> TenantService::drain(const DrainRequest& req) {
   impact->deadline = format_rfc3339(now + req.notice);
   if (req.dry_run) {
     impact->dry_run = true;
-    impact->done = false;
     return impact;
   }
   // 2. Journaled first: from here a killed coordinator carries on.

@@ -15,6 +15,7 @@
 #include "agent/cli/runtime.hpp"
 #include "common/durations.hpp"
 #include "tests/guestsim/guest_sim.hpp"
+#include "tests/support/captured_log.hpp"
 
 namespace factory::testing {
 namespace {
@@ -27,22 +28,7 @@ using agent::MaintenanceOutcome;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-// What the agent logs while it lives.
-class CapturedLog {
- public:
-  CapturedLog() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
-    spdlog::default_logger()->sinks().push_back(sink_);
-  }
-  ~CapturedLog() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
+using factory::testing::CapturedLog;
 
 // The notice's clock: half an hour before its deadline.
 const Clock::time_point kNow = *parse_rfc3339("2026-11-30T08:30:00Z");

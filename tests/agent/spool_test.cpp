@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/atomic_file.hpp"
+#include "tests/support/captured_log.hpp"
 #include "tests/support/test_support.hpp"
 
 using factory::agent::EventSpool;
@@ -62,22 +63,7 @@ TEST(Spool, ATornLastRecordIsCutAndTheRestKept) {
 
 namespace {
 
-// What the spool logs while it lives.
-class CapturedLog {
- public:
-  CapturedLog() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
-    spdlog::default_logger()->sinks().push_back(sink_);
-  }
-  ~CapturedLog() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() const { return out_.str(); }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
+using factory::testing::CapturedLog;
 
 }  // namespace
 

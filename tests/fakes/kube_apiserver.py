@@ -766,6 +766,11 @@ class KubeVirtController:
             count = extra["inventory"].get(str(d.get("pciVendorSelector", "")).upper(), 0)
             advertised.add(name)
             alloc[name] = cap[name] = str(count)
+        self.write_node_resources(node, status, alloc, cap, advertised)
+
+    def write_node_resources(self, node, status, alloc, cap, advertised):
+        """The Node's allocatable and capacity: what was advertised, and a
+        device plugin that went away leaves its resource at 0 (kubelet)."""
         for name in list(alloc):
             if name not in advertised and "/" in name and not name.startswith("devices.kubevirt.io/") \
                     and name not in ("hugepages-1Gi", "hugepages-2Mi"):
@@ -798,13 +803,7 @@ class KubeVirtController:
             if name not in advertised:
                 advertised.add(name)
                 alloc[name] = cap[name] = str(count)
-        # A device plugin that went away leaves its resource at 0 (kubelet).
-        for name in list(alloc):
-            if name not in advertised and "/" in name and not name.startswith("devices.kubevirt.io/") \
-                    and name not in ("hugepages-1Gi", "hugepages-2Mi"):
-                alloc[name] = cap[name] = "0"
-        status["allocatable"], status["capacity"] = alloc, cap
-        self.update_status(self.res["node"], node, status)
+        self.write_node_resources(node, status, alloc, cap, advertised)
 
     def sync_cordon(self):
         """The node lifecycle controller's NoSchedule tainting pass: a Node
