@@ -38,6 +38,7 @@ demo: demo-deps $(BUILD_DIR)/build.ninja
 	@scripts/demo.sh $(BUILD_DIR)
 
 test: test-deps $(BUILD_DIR)/build.ninja
+	@scripts/prefetch-guest-image.sh $(BUILD_DIR)
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 -j $(JOBS)
 

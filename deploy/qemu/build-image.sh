@@ -14,7 +14,8 @@
 # the options that change the image, so a changed recipe builds a new one and
 # an unchanged one is reused. The last line printed is the image's folder.
 # Needs root (debootstrap chroots and makes device nodes) and the packages
-# debootstrap, e2fsprogs (mkfs.ext4 -d) and qemu-utils.
+# debootstrap, e2fsprogs (mkfs.ext4 -d) and qemu-utils. Two builds of one
+# recipe never run at once: the second waits for the first and reuses it.
 set -euo pipefail
 
 suite=bookworm
@@ -28,7 +29,7 @@ while (($#)); do
     --mirror) mirror="$2"; shift 2 ;;
     --size) size="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-image.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -42,11 +43,12 @@ packages=systemd,systemd-sysv,udev,cloud-init,python3-cffi-backend,linux-image-a
 recipe_hash=$( { sha256sum "$0" | cut -d' ' -f1; echo "$suite $size $packages"; } | sha256sum | cut -c1-16)
 dir=${out:-$cache/$recipe_hash}
 
-if [[ -f $dir/image.json ]]; then
+reuse_cached() {
+  [[ -f $dir/image.json ]] || return 1
   echo "factory image: reusing the cached image for recipe $recipe_hash (built $(stat -c %y "$dir/image.json" | cut -d. -f1))"
   echo "$dir"
-  exit 0
-fi
+}
+reuse_cached && exit 0
 if [[ $(id -u) -ne 0 ]]; then
   echo "factory image: debootstrap needs root (it chroots and makes device nodes): run this as root" >&2
   exit 1
@@ -57,6 +59,17 @@ done
 
 start=$(date +%s)
 mkdir -p "$(dirname "$dir")"
+# One build per recipe at a time: `make test` starts one in the background
+# while it compiles (scripts/prefetch-guest-image.sh), and the test fixture's
+# own run then waits for it here and reuses its image instead of building a
+# second. A build that failed leaves no image, so the waiter builds its own.
+exec 9>"$(dirname "$dir")/.lock-$recipe_hash"
+if ! flock -n 9; then
+  echo "factory image: another build of recipe $recipe_hash is under way; waiting for it"
+  flock 9
+  echo "factory image: waited $(($(date +%s) - start)) s"
+  reuse_cached && exit 0
+fi
 work=$(mktemp -d "$(dirname "$dir")/.build-$recipe_hash.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 root=$work/root
