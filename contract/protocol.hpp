@@ -54,6 +54,9 @@ inline constexpr std::string_view kCertificate = "certificate";  // {certificate
 //   {action: "retry", step?}: the plan runner runs the failed plan again
 //   {action: "maintenance", notice_id, state, node, deadline, message}: a
 //     host drain will stop the VM (MaintenanceNotice, maintenance.hpp)
+//   {action: "upgrade", upgrade_id, version, sha256, url, size,
+//     confirm_within_s}: install another agent binary (AgentUpgradeOrder,
+//     agent_upgrade.hpp)
 inline constexpr std::string_view kCommand = "command";
 // A model endpoint's key hash, and its certificate when it asked:
 // {key_sha256, url?, certificate?, ca?, expires_at?} (endpoint_grant.hpp)
@@ -67,6 +70,7 @@ inline constexpr std::string_view kError = "error";  // {code, message}
 namespace action {
 inline constexpr std::string_view kRetry = "retry";
 inline constexpr std::string_view kMaintenance = "maintenance";
+inline constexpr std::string_view kUpgrade = "upgrade";  // agent_upgrade.hpp
 }  // namespace action
 
 struct Envelope {
