@@ -15,6 +15,15 @@
 // 2. Tier gpu-vm: refused with the reason while no card is on vfio-pci;
 //    created without a card, its plan stops at the first step with the
 //    diagnosis that the VM never received the card.
+// 3. The agent updates itself (issue 27), on the e2e-reboot guest: the
+//    coordinator is given another build (the real agent stamped with another
+//    version) and `factory agents upgrade` rolls it out: downloaded, checked,
+//    installed beside the old one, restarted by systemd, connected again
+//    with its new version. Then a build that exits at start: systemd starts
+//    it, it dies, and the guest puts the previous binary back by itself
+//    (its guard runs from the previous binary, no network needed); the
+//    coordinator shows upgrade_rolled_back with the reason. Every event the
+//    agent spooled across both is stored once, none missing.
 //
 // Each phase's duration is printed (boot, cloud-init, download, enrollment,
 // plan), measured on the host's clock from the guest's serial console and
@@ -22,6 +31,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +42,7 @@
 #include <regex>
 #include <thread>
 
+#include "contract/agent_upgrade.hpp"
 #include "tests/support/coordinator_harness.hpp"
 #include "tests/support/test_support.hpp"
 
@@ -218,6 +229,35 @@ class Tracker {
   json last_;
 };
 
+// Another build of the agent, as a release would ship it: the same code
+// stamped with another version in the field its version mark reserves
+// (contract/agent_upgrade.hpp), so its bytes and hash differ and the running
+// agent reports the new version.
+std::string restamped_agent(const std::string& bytes, const std::string& version) {
+  std::string out = bytes;
+  const std::string_view mark = factory::proto::kAgentVersionMark;
+  for (auto at = out.find(mark); at != std::string::npos; at = out.find(mark, at + 1)) {
+    const size_t field = at + mark.size();
+    if (field >= out.size() || out[field] == '\0') continue;  // the decoder's needle
+    std::string stamped = version;
+    stamped.resize(factory::proto::kAgentVersionField, '\0');
+    out.replace(field, stamped.size(), stamped);
+    return out;
+  }
+  ADD_FAILURE() << "the agent binary carries no version mark";
+  return out;
+}
+
+// Puts `bytes` where the coordinator's agents.binary points, as an admin's
+// package upgrade would: a new file renamed over the old.
+void serve_agent(const fs::path& served, const std::string& bytes) {
+  const fs::path tmp = served.string() + ".new";
+  std::ofstream(tmp, std::ios::binary | std::ios::trunc) << bytes;
+  fs::permissions(tmp, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                           fs::perms::others_read | fs::perms::others_exec);
+  fs::rename(tmp, served);
+}
+
 // Processes whose command line names this file (a VM's pidfile).
 int processes_naming(const std::string& path) {
   int n = 0;
@@ -255,14 +295,18 @@ class VmE2E : public ::testing::Test {
     // default (wss://10.0.2.2:<agents port>), the catalog with the test tier.
     std::string catalog = slurp(source_dir() / "catalog/catalog.yaml") + kRebootTier;
     std::ofstream(dir_ / "catalog.yaml") << catalog;
-    std::ofstream(h_->config_path())
-        << "state_dir: " << h_->state_dir().string() << "\n"
-        << "provider: qemu\n"
-        << "agents:\n  listen: 127.0.0.1:" << h_->agents_port() << "\n  binary: " << agent_bin()
-        << "\napi:\n  listen: 127.0.0.1:" << h_->api_port() << "\n"
-        << "qemu:\n  base_image: " << image_ << "\n"
-        << "catalog: " << (dir_ / "catalog.yaml").string() << "\n"
-        << "log_level: debug\n";
+    // The agent the coordinator serves: a file of the test's own, replaced
+    // by another build for the upgrade cases.
+    fs::create_directories(dir_ / "served");
+    serve_agent(served(), slurp(agent_bin()));
+    std::ofstream(h_->config_path()) << "state_dir: " << h_->state_dir().string() << "\n"
+                                     << "provider: qemu\n"
+                                     << "agents:\n  listen: 127.0.0.1:" << h_->agents_port()
+                                     << "\n  binary: " << served().string()
+                                     << "\napi:\n  listen: 127.0.0.1:" << h_->api_port() << "\n"
+                                     << "qemu:\n  base_image: " << image_ << "\n"
+                                     << "catalog: " << (dir_ / "catalog.yaml").string() << "\n"
+                                     << "log_level: debug\n";
     h_->start();
     auto k = run({"ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", (dir_ / "id").string()});
     ASSERT_TRUE(k.ok()) << k.output;
@@ -295,6 +339,7 @@ class VmE2E : public ::testing::Test {
   }
 
   fs::path vm_dir(const std::string& t) const { return h_->state_dir() / "vms" / t; }
+  fs::path served() const { return dir_ / "served" / "factory-agent"; }
 
   json show(const std::string& t) {
     auto r = h_->factory({"tenant", "show", t, "-o", "json"});
@@ -442,6 +487,100 @@ TEST_F(VmE2E, ScriptTierThroughARebootAndGpuVmWithoutACard) {
   EXPECT_NE(h_->log().find("found the VM of tenant " + a + " running (pid " + std::to_string(pid) +
                            "): not starting it again"),
             std::string::npos);
+
+  // ---- 3. the agent updates itself: a good build, then one that exits at start ----
+  {
+    SCOPED_TRACE("agent self-update on " + a);
+    const std::string before = show(a)["agent"].value("version", "");
+    EXPECT_EQ(before, FACTORY_VERSION);
+    auto upgrade = [&](const std::string& version, const std::string& bytes) {
+      serve_agent(served(), bytes);
+      const auto t0 = Steady::now();
+      auto r = h_->factory({"agents", "upgrade", "--tenant", a, "--timeout", "5m"});
+      const double took = secs(Steady::now() - t0);
+      std::printf("$ factory agents upgrade --tenant %s   (serving %s)\n%s(%.1f s)\n", a.c_str(),
+                  version.c_str(), r.output.c_str(), took);
+      std::fflush(stdout);
+      return std::pair{r, took};
+    };
+    auto in_guest = [&](const std::string& what) {
+      auto g = ssh(port,
+                   "sudo readlink /usr/local/bin/factory-agent; sudo systemctl show -p "
+                   "NRestarts -p ActiveState --value factory-agent; sudo cat "
+                   "/var/lib/factory-agent/upgrade/state.json; echo; sudo journalctl -u "
+                   "factory-agent -u factory-agent-upgrade-deadline --no-pager -n 12 -o cat");
+      std::printf("---- in the guest, %s ----\n%s\n", what.c_str(), g.output.c_str());
+      return g;
+    };
+
+    // A good build: the real agent, stamped with the next version.
+    const std::string next = std::string(FACTORY_VERSION) + "-e2e.next";
+    auto [good, good_s] = upgrade(next, restamped_agent(slurp(agent_bin()), next));
+    EXPECT_EQ(good.exit_code, 0) << good.output;
+    EXPECT_TRUE(eventually(
+        [&] {
+          json t = show(a);
+          return t["agent"].value("connected", false) && t["agent"].value("version", "") == next;
+        },
+        std::chrono::seconds(60), std::chrono::seconds(1)))
+        << show(a)["agent"].dump();
+    auto g1 = in_guest("after the good build");
+    EXPECT_NE(g1.output.find("/var/lib/factory-agent/upgrade/bin/"), std::string::npos);
+    EXPECT_NE(g1.output.find("\"confirmed\""), std::string::npos);
+
+    // A build that exits at start: the guest goes back to `next` by itself.
+    auto [bad, bad_s] = upgrade("0.1.0-e2e.broken", slurp(E2E_BROKEN_AGENT_BIN));
+    EXPECT_EQ(bad.exit_code, 1) << bad.output;
+    EXPECT_NE(bad.output.find("rolled_back"), std::string::npos) << bad.output;
+    EXPECT_NE(bad.output.find("exited"), std::string::npos) << bad.output;
+    json t = show(a);
+    const json journal = t.value("agent_upgrade", json());
+    std::printf("agent upgrade journal: %s\n", journal.dump().c_str());
+    EXPECT_EQ(journal.value("state", ""), "rolled_back");
+    EXPECT_LT(bad_s, 120.0) << "the rollback took longer than the 2 minutes allowed";
+    EXPECT_TRUE(eventually(
+        [&] {
+          json u = show(a);
+          return u["agent"].value("connected", false) && u["agent"].value("version", "") == next;
+        },
+        std::chrono::seconds(60), std::chrono::seconds(1)))
+        << show(a)["agent"].dump();
+    auto g2 = in_guest("after the broken build");
+    EXPECT_NE(g2.output.find("\"rolled_back\""), std::string::npos);
+    EXPECT_NE(g2.output.find("active"), std::string::npos);
+
+    // The agent's own report of it is among the tenant's events.
+    bool rolled_back_event = false;
+    std::vector<uint64_t> ids;
+    for (const auto& e : show(a).value("recent_events", json::array())) {
+      ids.push_back(e.value("id", uint64_t{0}));
+      const json& ev = e["event"];
+      if (ev.value("kind", "") == "agent_upgrade" && ev.value("state", "") == "rolled_back")
+        rolled_back_event = true;
+    }
+    EXPECT_TRUE(rolled_back_event);
+
+    // Every event the agent spooled, across both upgrades, stored once: the
+    // ids the coordinator holds are 1..N with none twice and none missing,
+    // and N is the last the guest's spool acknowledged.
+    std::sort(ids.begin(), ids.end());
+    auto acked = ssh(port, "sudo cat /var/lib/factory-agent/spool.acked");
+    ASSERT_TRUE(acked.ok()) << acked.output;
+    const json spool = json::parse(acked.output, nullptr, false);
+    std::printf("events stored for %s: %zu (ids %llu..%llu); the guest's spool: %s\n", a.c_str(),
+                ids.size(), ids.empty() ? 0ull : static_cast<unsigned long long>(ids.front()),
+                ids.empty() ? 0ull : static_cast<unsigned long long>(ids.back()),
+                spool.dump().c_str());
+    for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], i + 1) << "event ids 1..N, once each";
+    ASSERT_TRUE(spool.is_object()) << acked.output;
+    EXPECT_EQ(spool.value("last_id", uint64_t{0}), ids.size());
+    EXPECT_EQ(spool.value("acked", uint64_t{0}), ids.size());
+    EXPECT_EQ(spool.value("dropped", uint64_t{1}), 0u);
+    std::printf(
+        "\nagent self-update timings: good build %.1f s (order to upgraded), broken build "
+        "%.1f s (order to rolled back, limit 120 s)\n\n",
+        good_s, bad_s);
+  }
 
   // ---- delete: no process, no file ----
   for (const auto& t : {a, b}) {
