@@ -15,6 +15,7 @@
 #include "agent/cli/runtime.hpp"
 #include "agent/link/link.hpp"
 #include "agent/link/spool.hpp"
+#include "agent/link/version.hpp"
 #include "common/atomic_file.hpp"
 #include "common/cli/app.hpp"
 #include "common/log.hpp"
@@ -48,7 +49,7 @@ int run_agent(int argc, char** argv) {
       "coordinator",
       "factory-agent"};
   cli::apply_conventions(app);
-  app.set_version_flag("--version", std::string("factory-agent ") + FACTORY_VERSION);
+  app.set_version_flag("--version", "factory-agent " + std::string(agent_version()));
   AgentConfig cfg;
   std::string config_file;
   double heartbeat_s = 0;
@@ -228,7 +229,7 @@ int run_agent(int argc, char** argv) {
       }
     });
   }
-  spdlog::info("factory-agent {} starting; coordinator {}", FACTORY_VERSION, cfg.coordinator_url);
+  spdlog::info("factory-agent {} starting; coordinator {}", agent_version(), cfg.coordinator_url);
   int rc = link.run();
   done = true;
   // The link is gone: nothing may be offered to it after. Then the step

@@ -2,12 +2,16 @@
 // everything but glibc is linked in, and dlopen stays available for NVML.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <set>
 #include <sstream>
 
+#include "agent/link/version.hpp"
+#include "contract/agent_upgrade.hpp"
 #include "tests/support/test_support.hpp"
 
 using namespace factory::testing;
+namespace fs = std::filesystem;
 
 namespace {
 std::set<std::string> needed(const std::string& binary) {
@@ -73,4 +77,41 @@ TEST(AgentBinary, RunsAndPrintsItsVersion) {
   r = run({agent_bin(), "--coordinator-url", "wss://127.0.0.1:1", "--token-file", "/nonexistent"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("pin the coordinator's CA"), std::string::npos) << r.output;
+}
+
+// The version the agent reports is the one its bytes carry
+// (agent/link/version.hpp), where the coordinator reads it
+// (contract/agent_upgrade.hpp's agent_binary_version).
+TEST(AgentBinary, CarriesTheVersionItReports) {
+  auto carried = factory::proto::agent_binary_version(slurp(agent_bin()));
+  ASSERT_TRUE(carried) << carried.error().message;
+  EXPECT_EQ(*carried, FACTORY_VERSION);
+  EXPECT_EQ(factory::agent::agent_version(), FACTORY_VERSION);
+  EXPECT_EQ(*carried, factory::agent::agent_version());
+}
+
+// A build stamped with another version in place, as tests/e2e/vm_e2e.cpp
+// (and a release) does: it runs, and says the new version.
+TEST(AgentBinary, ABuildStampedWithAnotherVersionReportsIt) {
+  TempDir dir("restamp");
+  std::string bytes = slurp(agent_bin());
+  const std::string_view mark = factory::proto::kAgentVersionMark;
+  bool stamped = false;
+  for (auto at = bytes.find(mark); at != std::string::npos && !stamped;
+       at = bytes.find(mark, at + 1)) {
+    const size_t field = at + mark.size();
+    if (field >= bytes.size() || bytes[field] == '\0') continue;  // the decoder's needle
+    std::string v = "0.9.9-restamped";
+    v.resize(factory::proto::kAgentVersionField, '\0');
+    bytes.replace(field, v.size(), v);
+    stamped = true;
+  }
+  ASSERT_TRUE(stamped) << "no version mark in " << agent_bin();
+  const fs::path copy = dir / "factory-agent";
+  std::ofstream(copy, std::ios::binary) << bytes;
+  fs::permissions(copy, fs::perms(0755));
+  EXPECT_EQ(*factory::proto::agent_binary_version(bytes), "0.9.9-restamped");
+  auto r = run({copy.string(), "--version"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output, "factory-agent 0.9.9-restamped\n");
 }
