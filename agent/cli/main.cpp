@@ -136,6 +136,7 @@ int run_agent(int argc, char** argv) {
     cfg.endpoint_max_connections = from_file.endpoint_max_connections;
     cfg.endpoint_max_connections_per_address = from_file.endpoint_max_connections_per_address;
     cfg.endpoint_first_byte_timeout = from_file.endpoint_first_byte_timeout;
+    cfg.binary_path = from_file.binary_path;
   }
   if (health_interval_s > 0)
     cfg.health_interval = std::chrono::milliseconds(static_cast<int64_t>(health_interval_s * 1000));
@@ -185,12 +186,16 @@ int run_agent(int argc, char** argv) {
   ro.endpoint.max_connections = cfg.endpoint_max_connections;
   ro.endpoint.max_connections_per_address = cfg.endpoint_max_connections_per_address;
   ro.endpoint.first_byte_timeout = cfg.endpoint_first_byte_timeout;
+  ro.upgrade.binary_path = cfg.binary_path;
+  ro.upgrade.ca_file = cfg.ca_file;
   AgentRuntime runtime(env, **spool, std::move(ro));
   LinkCallbacks cb;
   cb.on_plan = [&runtime](const nlohmann::json& p) { runtime.on_plan(p); };
   cb.on_command = [&runtime](const nlohmann::json& c) { runtime.on_command(c); };
   cb.heartbeat_fields = [&runtime] { return runtime.heartbeat_fields(); };
   cb.on_endpoint = [&runtime](const nlohmann::json& e) { runtime.model_endpoint().on_endpoint(e); };
+  // A new binary on trial confirms once a health sample went out.
+  cb.on_health_sent = [&runtime] { runtime.upgrader().on_health_sent(); };
   AgentLink link(cfg, **spool, cb);
   runtime.model_endpoint().set_link(
       [&link](const std::string& type, nlohmann::json body) {

@@ -369,6 +369,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
           result = st;
           break;
         }
+        if (cb.on_health_sent) cb.on_health_sent();
       }
       bool request_failed = false;
       // Named, not a temporary, across the co_await (GCC 12's coroutines).

@@ -7,7 +7,9 @@
 #include <sstream>
 
 #include "agent/link/version.hpp"
+#include "agent/upgrade/upgrade_state.hpp"
 #include "contract/agent_upgrade.hpp"
+#include "tests/guestsim/guest_sim.hpp"
 #include "tests/support/test_support.hpp"
 
 using namespace factory::testing;
@@ -114,4 +116,57 @@ TEST(AgentBinary, ABuildStampedWithAnotherVersionReportsIt) {
   auto r = run({copy.string(), "--version"});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output, "factory-agent 0.9.9-restamped\n");
+}
+
+// `factory-agent upgrade-guard`, as systemd runs it from the previous
+// binary: no config, no network, only the state file; 0 whatever it found,
+// 2 for a usage error.
+TEST(AgentBinary, UpgradeGuardNeedsNothingButItsStateFile) {
+  TempDir dir("guard");
+  const std::string none = (dir / "no-such-state.json").string();
+  for (const char* action : {"pre-start", "post-stop", "deadline"}) {
+    auto r = run({agent_bin(), "upgrade-guard", action, "--state", none});
+    EXPECT_EQ(r.exit_code, 0) << action << ": " << r.output;
+  }
+  EXPECT_EQ(run({agent_bin(), "upgrade-guard", "sideways", "--state", none}).exit_code, 2);
+  EXPECT_EQ(run({agent_bin(), "upgrade-guard", "pre-start"}).exit_code, 2);
+}
+
+// The guard of the real binary at the deadline, in a simulated guest
+// (tests/guestsim: systemctl is its stand-in): the previous binary is back
+// at binary_path and systemd is asked to restart the unit.
+TEST(AgentBinary, UpgradeGuardRollsBackAtTheDeadline) {
+  TempDir dir("guard-sim");
+  GuestSim sim(dir.path());
+  std::ofstream(sim.root() / "etc/systemd/system/factory-agent.service") << "[Service]\n";
+  const fs::path bin = sim.env().state_dir / "upgrade/bin";
+  fs::create_directories(bin);
+  fs::create_directories(sim.root() / "usr/local/bin");
+  std::ofstream(bin / "factory-agent-stable") << "the previous build";
+  std::ofstream(bin / "factory-agent-candidate") << "the new build";
+  fs::create_symlink(bin / "factory-agent-candidate", sim.root() / "usr/local/bin/factory-agent");
+  factory::agent::UpgradeState s;
+  s.upgrade_id = "up-1";
+  s.from_version = "0.1.0";
+  s.to_version = "0.2.0";
+  s.stable = (bin / "factory-agent-stable").string();
+  s.candidate = (bin / "factory-agent-candidate").string();
+  s.phase = factory::agent::UpgradePhase::trying;
+  s.deadline = factory::Clock::now() - std::chrono::seconds(1);
+  s.confirm_within_s = 30;
+  const fs::path state = sim.env().state_dir / "upgrade/state.json";
+  ASSERT_TRUE(factory::agent::save_upgrade_state(state, s).ok());
+
+  auto r = sim.sh({agent_bin(), "upgrade-guard", "deadline", "--state", state.string(), "--root",
+                   sim.root().string()});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("0.2.0 sent no health report within 30 s: rolled back to"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(fs::read_symlink(sim.root() / "usr/local/bin/factory-agent"),
+            bin / "factory-agent-stable");
+  auto after = factory::agent::load_upgrade_state(state);
+  ASSERT_TRUE(after && *after);
+  EXPECT_EQ((*after)->phase, factory::agent::UpgradePhase::rolled_back);
+  EXPECT_EQ(sim.counter("systemctl.restart.factory-agent"), 1);
 }
