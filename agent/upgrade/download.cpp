@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
 #include <random>
 
 #include "agent/upgrade/agent_binary.hpp"

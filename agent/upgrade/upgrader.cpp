@@ -342,6 +342,17 @@ UpgradeOutcome Upgrader::install(const AgentUpgradeOrder& order) {
   }
 
   wait_for_plan();
+  bool stopped;
+  {
+    std::lock_guard lk(mu_);
+    stopped = stopping_;
+  }
+  if (stopped) {
+    // A stop that came meanwhile (a SIGTERM, the plan's reboot) ends the
+    // order here, before anything the stop would leave half-done.
+    fs::remove(candidate, ec);
+    return refuse(order, "the agent stopped before " + order.version + " was installed", s);
+  }
 
   auto stable = keep_in_slot(current, at.bin_dir());
   if (!stable) return refuse(order, "keeping the running binary: " + stable.error().message, s);
@@ -455,7 +466,7 @@ void Upgrader::prune_slots(const UpgradeState& s) {
   std::error_code ec;
   const fs::path in_use = fs::canonical(env_.path(s.binary_path), ec);
   for (const auto& e : fs::directory_iterator(layout().bin_dir(), ec)) {
-    const fs::path p = e.path();
+    const fs::path& p = e.path();
     if (p == fs::path(s.stable) || p == fs::path(s.candidate) || p == in_use) continue;
     const std::string name = p.filename().string();
     if (name.rfind("factory-agent-", 0) != 0 && name.rfind(".", 0) != 0) continue;

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <future>
 #include <map>
 #include <sstream>
 #include <thread>
@@ -160,8 +161,12 @@ class AgentUpgradeInGuest : public ::testing::Test {
   }
 
   // The running binary an Upgrader plays: its version and its executable.
-  std::unique_ptr<Upgrader> agent_running(const std::string& version, const fs::path& exe) {
+  std::unique_ptr<Upgrader> agent_running(const std::string& version, const fs::path& exe,
+                                          std::function<bool()> plan_busy = {},
+                                          std::chrono::milliseconds plan_settle = 60s) {
     UpgradeOptions o;
+    o.plan_busy = std::move(plan_busy);
+    o.plan_settle = plan_settle;
     o.ca_file = (dir_ / "pki/ca.crt").string();
     o.running_version = version;
     o.self_exe = exe;
@@ -170,7 +175,11 @@ class AgentUpgradeInGuest : public ::testing::Test {
     return std::make_unique<Upgrader>(sim_->env(), *spool_, o);
   }
   // The old agent, before the switch: /usr/local/bin/factory-agent, 0.1.0.
-  std::unique_ptr<Upgrader> old_agent() { return agent_running("0.1.0", binary()); }
+  std::unique_ptr<Upgrader> old_agent(std::function<bool()> plan_busy = {},
+                                      std::chrono::milliseconds plan_settle = 60s) {
+    auto u = agent_running("0.1.0", binary(), std::move(plan_busy), plan_settle);
+    return u;
+  }
   // The new one as systemd starts it after the switch: the candidate slot.
   std::unique_ptr<Upgrader> new_agent() { return agent_running("0.2.0", slot(kNew)); }
   // The old one again after a rollback: the stable slot.
@@ -389,6 +398,46 @@ INSTANTIATE_TEST_SUITE_P(
                 },
                 "the downloaded binary is version 0.3.0, the order says 0.2.0"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// The plan's step is the runtime's to tell (plan_busy stands in for the
+// plan runner): the restart waits for it, a bounded time.
+TEST_F(AgentUpgradeInGuest, TheRestartWaitsForAPlanStepToEnd) {
+  std::atomic<int> asked{0};
+  auto u = old_agent([&] { return ++asked < 3; }, 10s);
+  EXPECT_EQ(u->handle(order()), UpgradeOutcome::restarting);
+  EXPECT_EQ(asked, 3) << "asked until the step was over";
+  EXPECT_EQ(sim_->counter("systemctl.restart.factory-agent"), 1);
+}
+
+TEST_F(AgentUpgradeInGuest, TheRestartWaitsNoLongerThanPlanSettle) {
+  // A step that never ends (a 20-minute driver build): the restart goes
+  // ahead, and the journal resumes the step in the new binary.
+  const auto start = std::chrono::steady_clock::now();
+  auto u = old_agent([] { return true; }, 300ms);
+  EXPECT_EQ(u->handle(order()), UpgradeOutcome::restarting);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 10s);
+  EXPECT_EQ(sim_->counter("systemctl.restart.factory-agent"), 1);
+}
+
+TEST_F(AgentUpgradeInGuest, AStopWhileWaitingForThePlanChangesNothing) {
+  auto u = old_agent([] { return true; }, 60s);
+  auto outcome = std::async(std::launch::async, [&] { return u->handle(order()); });
+  ASSERT_TRUE(
+      eventually([&] { return fs::exists(upgrade_dir() / "bin" / slot(kNew).filename()); }));
+  u->stop();  // SIGTERM while the step runs
+  ASSERT_EQ(outcome.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(outcome.get(), UpgradeOutcome::refused);
+  EXPECT_FALSE(fs::is_symlink(binary()));
+  EXPECT_FALSE(fs::exists(drop_in()));
+  EXPECT_FALSE(fs::exists(slot(kNew)));
+  EXPECT_TRUE(systemd_calls().empty());
+  auto ev = events();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[1]["state"], "refused");
+  EXPECT_EQ(ev[1]["reason"], "the agent stopped before 0.2.0 was installed");
+}
 
 TEST_F(AgentUpgradeInGuest, TheSameIdActsOnceAlsoAfterARestart) {
   installed();
