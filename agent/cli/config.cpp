@@ -49,6 +49,7 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
                   m->read("log_level", cfg.log_level),
                   m->read("ollama_url", cfg.ollama_url),
                   m->read("endpoint_listen", cfg.endpoint_listen),
+                  m->read("binary_path", cfg.binary_path),
                   m->read("endpoint_max_connections", cfg.endpoint_max_connections, 1'000'000),
                   m->read("endpoint_max_connections_per_address",
                           cfg.endpoint_max_connections_per_address, 1'000'000),
@@ -92,6 +93,10 @@ Status validate(const AgentConfig& cfg) {
     return Error(Errc::invalid_argument,
                  "endpoint_max_connections and endpoint_max_connections_per_address must be at "
                  "least 1");
+  if (cfg.binary_path.empty() || cfg.binary_path.front() != '/')
+    return Error(Errc::invalid_argument,
+                 "binary_path must be an absolute path (the unit's ExecStart), got '" +
+                     cfg.binary_path + "'");
   if (cfg.endpoint_first_byte_timeout < std::chrono::seconds(1))
     return Error(Errc::invalid_argument, "endpoint_first_byte_timeout must be at least 1s");
   return {};

@@ -33,6 +33,9 @@ struct AgentConfig : LinkOptions {
       endpoint::ProxyOptions{}.max_connections_per_address;
   std::chrono::milliseconds endpoint_first_byte_timeout =
       endpoint::ProxyOptions{}.upstream_first_byte_timeout;
+  // The unit's ExecStart: the file an upgrade replaces with a link to the
+  // new binary (agent/upgrade; deploy/factory-agent.service).
+  std::string binary_path = "/usr/local/bin/factory-agent";
   size_t spool_max_events = 10000;
   bool run_plan = true;  // false: link only (tests of the spine)
 };

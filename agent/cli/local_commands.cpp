@@ -5,6 +5,7 @@
 #include <optional>
 #include <sstream>
 
+#include "agent/cli/upgrade_guard_command.hpp"
 #include "agent/guest/cluster.hpp"
 #include "agent/health/compare.hpp"
 #include "agent/health/fault_book.hpp"
@@ -519,6 +520,8 @@ void add_local_commands(CLI::App& app, LocalCommand& chosen) {
       return o->check_only ? check_plan(*o, *p) : run_plan(*o, *p);
     };
   });
+
+  add_upgrade_guard_command(app, chosen);
 }
 
 }  // namespace factory::agent

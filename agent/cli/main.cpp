@@ -15,6 +15,7 @@
 #include "agent/cli/runtime.hpp"
 #include "agent/link/link.hpp"
 #include "agent/link/spool.hpp"
+#include "agent/link/version.hpp"
 #include "common/atomic_file.hpp"
 #include "common/cli/app.hpp"
 #include "common/log.hpp"
@@ -48,7 +49,7 @@ int run_agent(int argc, char** argv) {
       "coordinator",
       "factory-agent"};
   cli::apply_conventions(app);
-  app.set_version_flag("--version", std::string("factory-agent ") + FACTORY_VERSION);
+  app.set_version_flag("--version", "factory-agent " + std::string(agent_version()));
   AgentConfig cfg;
   std::string config_file;
   double heartbeat_s = 0;
@@ -135,6 +136,7 @@ int run_agent(int argc, char** argv) {
     cfg.endpoint_max_connections = from_file.endpoint_max_connections;
     cfg.endpoint_max_connections_per_address = from_file.endpoint_max_connections_per_address;
     cfg.endpoint_first_byte_timeout = from_file.endpoint_first_byte_timeout;
+    cfg.binary_path = from_file.binary_path;
   }
   if (health_interval_s > 0)
     cfg.health_interval = std::chrono::milliseconds(static_cast<int64_t>(health_interval_s * 1000));
@@ -184,12 +186,16 @@ int run_agent(int argc, char** argv) {
   ro.endpoint.max_connections = cfg.endpoint_max_connections;
   ro.endpoint.max_connections_per_address = cfg.endpoint_max_connections_per_address;
   ro.endpoint.first_byte_timeout = cfg.endpoint_first_byte_timeout;
+  ro.upgrade.binary_path = cfg.binary_path;
+  ro.upgrade.ca_file = cfg.ca_file;
   AgentRuntime runtime(env, **spool, std::move(ro));
   LinkCallbacks cb;
   cb.on_plan = [&runtime](const nlohmann::json& p) { runtime.on_plan(p); };
   cb.on_command = [&runtime](const nlohmann::json& c) { runtime.on_command(c); };
   cb.heartbeat_fields = [&runtime] { return runtime.heartbeat_fields(); };
   cb.on_endpoint = [&runtime](const nlohmann::json& e) { runtime.model_endpoint().on_endpoint(e); };
+  // A new binary on trial confirms once a health sample went out.
+  cb.on_health_sent = [&runtime] { runtime.upgrader().on_health_sent(); };
   AgentLink link(cfg, **spool, cb);
   runtime.model_endpoint().set_link(
       [&link](const std::string& type, nlohmann::json body) {
@@ -228,7 +234,7 @@ int run_agent(int argc, char** argv) {
       }
     });
   }
-  spdlog::info("factory-agent {} starting; coordinator {}", FACTORY_VERSION, cfg.coordinator_url);
+  spdlog::info("factory-agent {} starting; coordinator {}", agent_version(), cfg.coordinator_url);
   int rc = link.run();
   done = true;
   // The link is gone: nothing may be offered to it after. Then the step

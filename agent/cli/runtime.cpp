@@ -56,6 +56,11 @@ AgentRuntime::AgentRuntime(GuestEnv env, EventSpool& spool, AgentRuntimeOptions 
       },
       [this](const proto::HealthSample& s) { sink(s); });
   maintenance_ = std::make_unique<MaintenanceNotices>(env_, spool);
+  UpgradeOptions uo = std::move(options.upgrade);
+  // The restart an upgrade asks for ends a running step (resumed by the
+  // journal at the next start); it waits a little for one to finish first.
+  uo.plan_busy = [this] { return plan_ && plan_->summary().value("plan_state", "") == "running"; };
+  upgrader_ = std::make_unique<Upgrader>(env_, spool, std::move(uo));
 }
 
 AgentRuntime::~AgentRuntime() {
@@ -95,6 +100,7 @@ void AgentRuntime::start() {
     auto j = nlohmann::json::parse(*saved, nullptr, false);
     if (!j.is_discarded()) endpoint_->on_plan(j);
   }
+  upgrader_->on_start();
   if (plan_) plan_->start();
   health_->start();
 }
@@ -105,6 +111,7 @@ void AgentRuntime::stop() {
   if (plan_) plan_->interrupt();
   CommandStop ending(stop_grace_);
   maintenance_->stop();
+  upgrader_->stop();
   endpoint_->stop();
   health_->stop();
   if (plan_) plan_->stop();
@@ -151,6 +158,10 @@ void AgentRuntime::on_command(const nlohmann::json& command) {
   }
   if (action->get_ref<const std::string&>() == proto::action::kMaintenance) {
     maintenance_->submit(command);
+    return;
+  }
+  if (action->get_ref<const std::string&>() == proto::action::kUpgrade) {
+    upgrader_->submit(command);
     return;
   }
   if (plan_) plan_->submit_command(command);

@@ -7,8 +7,9 @@
 // plan's "health" section, the tier's in the catalog: taken from each plan
 // the coordinator sends, and kept in the state directory so a guest that
 // rebooted mid-plan reports the same before the coordinator is reachable.
-// Commands go to the plan runner ("retry"), except maintenance notices,
-// which the agent acts on in every mode (maintenance.hpp).
+// Commands go to the plan runner ("retry"), except maintenance notices and
+// upgrade orders, which the agent acts on in every mode (maintenance.hpp,
+// agent/upgrade/upgrader.hpp).
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include "agent/link/spool.hpp"
 #include "agent/plan/engine.hpp"
 #include "agent/plan/runner.hpp"
+#include "agent/upgrade/upgrader.hpp"
 
 namespace factory::agent {
 
@@ -34,6 +36,8 @@ struct AgentRuntimeOptions {
   // The model endpoint and the health probe, when the plan asks for them
   // (state_dir and ollama_url are filled in from the GuestEnv when empty).
   ModelEndpointOptions endpoint;
+  // The self-update (binary_path, the CA file; plan_busy is filled in here).
+  UpgradeOptions upgrade;
 };
 
 class AgentRuntime {
@@ -45,9 +49,10 @@ class AgentRuntime {
   // Thread-safe: where samples go from now on (nullptr: nowhere, e.g. once
   // the link is gone).
   void set_health_sink(HealthScheduler::Sink sink);
-  // Resumes the journal's plan at once, before the coordinator is even
-  // reachable (after the driver's reboot nobody needs to send it again), and
-  // starts health.
+  // Reports what an upgrade left to report (a rollback, say) and tells a
+  // new binary on trial, resumes the journal's plan at once, before the
+  // coordinator is even reachable (after the driver's reboot nobody needs to
+  // send it again), and starts health.
   void start();
   // Ends every command the agent runs (SIGTERM to its process group, SIGKILL
   // after stop_grace), stops the plan at that point (the step resumes at the
@@ -61,7 +66,8 @@ class AgentRuntime {
   // section chooses the collectors; the plan runs unless link-only.
   void on_plan(const nlohmann::json& body);
   // A command frame's body: "maintenance" to the notices (on their own
-  // thread: `wall` may take its time), anything else to the plan runner.
+  // thread: `wall` may take its time), "upgrade" to the upgrader (on its
+  // own thread: a download), anything else to the plan runner.
   void on_command(const nlohmann::json& command);
   // For heartbeats: the plan's hash and state (nothing when link-only).
   nlohmann::json heartbeat_fields() const;
@@ -71,6 +77,7 @@ class AgentRuntime {
   HealthScheduler& health() { return *health_; }
   ModelEndpoint& model_endpoint() { return *endpoint_; }
   MaintenanceNotices& maintenance() { return *maintenance_; }
+  Upgrader& upgrader() { return *upgrader_; }
   HealthCollectors collectors() const;
 
  private:
@@ -87,6 +94,8 @@ class AgentRuntime {
   std::unique_ptr<ModelEndpoint> endpoint_;
   std::unique_ptr<HealthScheduler> health_;
   std::unique_ptr<MaintenanceNotices> maintenance_;
+  // Last: it asks the plan whether it is busy, so it goes first.
+  std::unique_ptr<Upgrader> upgrader_;
 };
 
 }  // namespace factory::agent

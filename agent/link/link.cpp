@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "agent/link/identity.hpp"
+#include "agent/link/version.hpp"
 #include "common/atomic_file.hpp"
 #include "common/backoff.hpp"
 #include "common/net/ws_client.hpp"
@@ -164,7 +165,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     if (o.tls.ca_pem.empty() && o.tls.pinned_ca_sha256.empty())
       co_return Error(Errc::invalid_argument, "no CA pin (--ca-sha256 or --ca-file)");
     o.max_frame = proto::kMaxPlanFrameBytes;
-    o.user_agent = std::string("factory-agent/") + FACTORY_VERSION;
+    o.user_agent = "factory-agent/" + std::string(agent_version());
     // The token is sent only after the TLS handshake proved the server holds
     // a certificate from the pinned CA (connect fails otherwise).
     auto ws = co_await net::WsClient::connect(o);
@@ -174,7 +175,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     e.seq = 1;
     e.body = {{"token", token},
               {"csr", *csr},
-              {"agent_version", FACTORY_VERSION},
+              {"agent_version", std::string(agent_version())},
               {"hostname", hostname()}};
     if (auto st = co_await (*ws)->write(proto::serialize(e)); !st.ok()) co_return st.error();
     for (;;) {
@@ -231,7 +232,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     o.idle_timeout = std::chrono::duration_cast<std::chrono::seconds>(cfg.heartbeat * 4);
     if (o.idle_timeout < std::chrono::seconds(4)) o.idle_timeout = std::chrono::seconds(4);
     o.max_frame = proto::kMaxPlanFrameBytes;
-    o.user_agent = std::string("factory-agent/") + FACTORY_VERSION;
+    o.user_agent = "factory-agent/" + std::string(agent_version());
     return o;
   }
 
@@ -303,7 +304,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     // (Braced JSON is built outside co_await: GCC 12 miscompiles
     // initializer lists inside co_await expressions.)
     nlohmann::json hello = {{"agent_id", identity->agent_id},
-                            {"agent_version", FACTORY_VERSION},
+                            {"agent_version", std::string(agent_version())},
                             {"hostname", hostname()}};
     if (auto st = co_await send_frame(*ws, seq, proto::type::kHello, std::move(hello)); !st.ok())
       co_return st;
@@ -368,6 +369,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
           result = st;
           break;
         }
+        if (cb.on_health_sent) cb.on_health_sent();
       }
       bool request_failed = false;
       // Named, not a temporary, across the co_await (GCC 12's coroutines).

@@ -58,6 +58,10 @@ struct LinkCallbacks {
   std::function<void(const nlohmann::json& endpoint)> on_endpoint;
   // Extra fields for each heartbeat (current plan hash, health summary).
   std::function<nlohmann::json()> heartbeat_fields;
+  // A health sample went out on a session the coordinator welcomed (its
+  // hello accepted): what a newly installed binary waits for to call itself
+  // working (agent/upgrade). Runs on the link's thread: it must not wait.
+  std::function<void()> on_health_sent;
 };
 
 class AgentLink {
