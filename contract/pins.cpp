@@ -45,23 +45,14 @@ void operator_driver_pin(std::vector<Pin>& out, const StepDef& s) {
             ver.empty() ? "unset: the chart's default for its release" : ""});
 }
 
-}  // namespace
-
-std::vector<Pin> tier_pins(const Tier& t) {
-  std::vector<Pin> out;
-  // A "current" cloud image is rebuilt under the same URL.
-  const std::string& img = t.vm.image;
-  bool moving = img.find("/current/") != std::string::npos ||
-                img.find("/daily/") != std::string::npos || img.find("latest") != std::string::npos;
-  add(out, {"VM image", moving ? "" : img, "vm.image",
-            moving ? img + " is rebuilt under the same URL" : ""});
-  for (const auto& s : t.steps) {
+void step_pins(std::vector<Pin>& out, const std::vector<StepDef>& steps) {
+  for (const auto& s : steps) {
     const json& p = s.params;
     if (s.kind == "nvidia_driver") {
       add(out, {"NVIDIA driver", str(p, "version"), at(s, "version"), ""});
       std::string pkgs;
       for (const auto& n : p.value("packages", json::array()))
-        pkgs += (pkgs.empty() ? "" : " ") + n.get<std::string>();
+        if (n.is_string()) pkgs += (pkgs.empty() ? "" : " ") + n.get<std::string>();
       add(out, {"driver packages (" + pkgs + ")", str(p, "package_version"),
                 at(s, "package_version"), "held after install (apt-mark hold)"});
     } else if (s.kind == "ollama_install") {
@@ -81,6 +72,35 @@ std::vector<Pin> tier_pins(const Tier& t) {
       if (str(p, "chart") == "gpu-operator") operator_driver_pin(out, s);
     }
   }
+}
+
+}  // namespace
+
+std::vector<Pin> tier_pins(const Tier& t) {
+  std::vector<Pin> out;
+  // A "current" cloud image is rebuilt under the same URL.
+  const std::string& img = t.vm.image;
+  bool moving = img.find("/current/") != std::string::npos ||
+                img.find("/daily/") != std::string::npos || img.find("latest") != std::string::npos;
+  add(out, {"VM image", moving ? "" : img, "vm.image",
+            moving ? img + " is rebuilt under the same URL" : ""});
+  step_pins(out, t.steps);
+  return out;
+}
+
+std::vector<Pin> plan_pins(const json& plan) {
+  std::vector<StepDef> steps;
+  if (plan.is_object() && plan.contains("steps") && plan["steps"].is_array())
+    for (const auto& s : plan["steps"]) {
+      if (!s.is_object()) continue;
+      StepDef d;
+      d.id = s.value("id", "");
+      d.kind = s.value("kind", "");
+      if (s.contains("params") && s["params"].is_object()) d.params = s["params"];
+      steps.push_back(std::move(d));
+    }
+  std::vector<Pin> out;
+  step_pins(out, steps);
   return out;
 }
 

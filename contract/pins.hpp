@@ -21,6 +21,9 @@ struct Pin {
 };
 
 std::vector<Pin> tier_pins(const Tier& tier);
+// The pins of a plan as Tier::plan() makes it (its steps; a plan holds no
+// VM image): what a tenant runs, which may be an older catalog's.
+std::vector<Pin> plan_pins(const nlohmann::json& plan);
 
 // [{what, version|null, pinned, where, note?}]
 nlohmann::json pins_json(const std::vector<Pin>& pins);

@@ -36,7 +36,10 @@ inline constexpr std::string_view kAgentPath = "/v1/agent";
 namespace type {
 // agent -> coordinator
 inline constexpr std::string_view kEnroll = "enroll";  // {token, csr, agent_version}
-inline constexpr std::string_view kHello = "hello";    // {agent_id, agent_version, hostname}
+// {agent_id, agent_version, hostname, features?}: features names what this
+// agent's build can do beyond the protocol's first version (kAgentFeatures);
+// an older agent sends none.
+inline constexpr std::string_view kHello = "hello";
 inline constexpr std::string_view kEvent = "event";    // {id, time, kind, ...}
 inline constexpr std::string_view kRenew = "renew";    // {csr}
 inline constexpr std::string_view kHealth = "health";  // HealthSample (health_sample.hpp)
@@ -57,6 +60,9 @@ inline constexpr std::string_view kCertificate = "certificate";  // {certificate
 //   {action: "upgrade", upgrade_id, version, sha256, url, size,
 //     confirm_within_s}: install another agent binary (AgentUpgradeOrder,
 //     agent_upgrade.hpp)
+//   {action: "tier_upgrade", upgrade_id, from_hash, to_hash, plan, steps}:
+//     run the steps of a newer plan of the tenant's tier, going back where
+//     a step kind can (TierUpgradeOrder, tier_upgrade.hpp)
 inline constexpr std::string_view kCommand = "command";
 // A model endpoint's key hash, and its certificate when it asked:
 // {key_sha256, url?, certificate?, ca?, expires_at?} (endpoint_grant.hpp)
@@ -70,8 +76,12 @@ inline constexpr std::string_view kError = "error";  // {code, message}
 namespace action {
 inline constexpr std::string_view kRetry = "retry";
 inline constexpr std::string_view kMaintenance = "maintenance";
-inline constexpr std::string_view kUpgrade = "upgrade";  // agent_upgrade.hpp
+inline constexpr std::string_view kUpgrade = "upgrade";           // agent_upgrade.hpp
+inline constexpr std::string_view kTierUpgrade = "tier_upgrade";  // tier_upgrade.hpp
 }  // namespace action
+
+// What this build's agent names in its hello's features.
+inline constexpr std::string_view kAgentFeatures[] = {"tier_upgrade"};
 
 struct Envelope {
   int v = kVersion;

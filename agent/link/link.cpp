@@ -306,6 +306,12 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     nlohmann::json hello = {{"agent_id", identity->agent_id},
                             {"agent_version", std::string(agent_version())},
                             {"hostname", hostname()}};
+    // What this build understands beyond the first protocol (a tier
+    // upgrade's order): the coordinator sends no such order to an agent
+    // that does not say so.
+    nlohmann::json features = nlohmann::json::array();
+    for (auto f : proto::kAgentFeatures) features.push_back(std::string(f));
+    hello["features"] = std::move(features);
     if (auto st = co_await send_frame(*ws, seq, proto::type::kHello, std::move(hello)); !st.ok())
       co_return st;
     // Until welcome arrives nothing else is sent.

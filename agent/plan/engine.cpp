@@ -9,6 +9,7 @@
 #include "common/durations.hpp"
 #include "common/subprocess.hpp"
 #include "contract/catalog.hpp"
+#include "contract/tier_upgrade.hpp"
 
 namespace factory::agent {
 
@@ -254,8 +255,8 @@ PlanEngine::Outcome PlanEngine::run(const json& plan) {
       state_ = std::move(loaded.state);
       have_state_ = true;
     }
-    if (finished) return report_finished(*spec);
-    return execute(*spec);
+    if (finished) return settle_tier_upgrade(*spec, report_finished(*spec), false);
+    return settle_tier_upgrade(*spec, execute(*spec), true);
   } else if (loaded.kind == Kind::ok) {
     spdlog::info("plan: new plan {} for tier {} replaces {}", spec->hash, spec->tier,
                  loaded.state.plan_hash);
@@ -292,8 +293,9 @@ PlanEngine::Outcome PlanEngine::resume() {
     report_corrupt(loaded.state.plan_hash, spec.error().message);
     return Outcome::idle;
   }
-  if (loaded.state.state != PlanState::running) return report_finished(*spec);
-  return execute(*spec);
+  if (loaded.state.state != PlanState::running)
+    return settle_tier_upgrade(*spec, report_finished(*spec), false);
+  return settle_tier_upgrade(*spec, execute(*spec), true);
 }
 
 Result<PlanEngine::Outcome> PlanEngine::retry(const std::optional<std::string>& step_id) {
@@ -342,7 +344,7 @@ Result<PlanEngine::Outcome> PlanEngine::retry(const std::optional<std::string>& 
     emit_plan(*spec, "failed", "cannot write the plan journal: " + saved.error().message);
     return Outcome::failed;
   }
-  return execute(*spec);
+  return settle_tier_upgrade(*spec, execute(*spec), true);
 }
 
 PlanEngine::Outcome PlanEngine::execute(const PlanSpec& spec) {
@@ -392,6 +394,273 @@ PlanEngine::Outcome PlanEngine::finish_plan(const PlanSpec& spec, PlanState stat
   }
   emit_plan(spec, state == PlanState::succeeded ? "succeeded" : "failed", message, failed_step);
   return state == PlanState::succeeded ? Outcome::succeeded : Outcome::failed;
+}
+
+// ---------------------------------------------------------------------------
+// Tier upgrades.
+
+namespace {
+
+const json* step_of(const json& plan, const std::string& id) {
+  if (!plan.is_object() || !plan.contains("steps") || !plan["steps"].is_array()) return nullptr;
+  for (const auto& s : plan["steps"])
+    if (s.is_object() && s.value("id", "") == id) return &s;
+  return nullptr;
+}
+
+bool listed(const json& ids, const std::string& id) {
+  if (!ids.is_array()) return false;
+  return std::any_of(ids.begin(), ids.end(), [&](const json& v) { return v == id; });
+}
+
+// The records of a new generation: the listed steps pending, the others
+// carried over from `before` (done in the plan it replaces) or done.
+std::vector<StepRecord> generation_records(const PlanSpec& spec, const json& run,
+                                           const std::vector<StepRecord>& before,
+                                           const std::string& carried) {
+  std::vector<StepRecord> out;
+  for (const auto& s : spec.steps) {
+    StepRecord r;
+    r.id = s.id;
+    r.kind = s.kind;
+    if (!listed(run, s.id)) {
+      auto it = std::find_if(before.begin(), before.end(),
+                             [&](const StepRecord& b) { return b.id == s.id; });
+      if (it != before.end() && it->state == StepState::succeeded) {
+        r = *it;
+        r.kind = s.kind;
+      } else {
+        r.state = StepState::succeeded;
+        r.skipped = true;
+        r.message = carried;
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace
+
+bool PlanEngine::start_generation(JournalState st) {
+  if (auto s = journal_.keep_previous(); !s) spdlog::warn("plan: {}", s.error().message);
+  Status saved = commit([&](JournalState& cur) { cur = std::move(st); });
+  {
+    std::lock_guard lock(mu_);
+    have_state_ = true;
+  }
+  if (!saved) spdlog::error("plan: cannot write the plan journal: {}", saved.error().message);
+  return saved.ok();
+}
+
+namespace {
+
+json tier_upgrade_event(const json& upgrade, const char* state, const std::string& step,
+                        const std::string& message, const json& diagnosis) {
+  json e = {{"kind", proto::kTierUpgradeEventKind},
+            {"upgrade_id", upgrade.value("id", "")},
+            {"state", state},
+            {"from_hash", upgrade.value("from_hash", "")},
+            {"to_hash", upgrade.value("to_hash", "")}};
+  if (!step.empty()) e["step"] = step;
+  if (!message.empty()) e["message"] = message;
+  if (!diagnosis.is_null()) e["diagnosis"] = diagnosis;
+  spdlog::info("plan: tier upgrade {}: {}{}", upgrade.value("id", ""), state,
+               message.empty() ? "" : ": " + message);
+  return e;
+}
+
+}  // namespace
+
+void PlanEngine::report_tier_upgrade(const json& upgrade, const char* state, bool ran,
+                                     const std::string& step, const std::string& message,
+                                     const json& diagnosis) {
+  if (!ran && upgrade.value("reported", "") == state) return;
+  emit(tier_upgrade_event(upgrade, state, step, message, diagnosis));
+  Status saved = commit([&](JournalState& cur) {
+    if (cur.tier_upgrade.is_object()) cur.tier_upgrade["reported"] = state;
+  });
+  if (!saved) spdlog::warn("plan: {}", saved.error().message);
+}
+
+void PlanEngine::refuse_tier_upgrade(const json& order, const std::string& why) {
+  spdlog::warn("plan: tier upgrade refused: {}", why);
+  json e = {{"kind", proto::kTierUpgradeEventKind}, {"state", "refused"}, {"message", why}};
+  for (const char* k : {"upgrade_id", "from_hash", "to_hash"})
+    if (order.is_object() && order.contains(k) && order[k].is_string()) e[k] = order[k];
+  emit(std::move(e));
+}
+
+PlanEngine::Outcome PlanEngine::tier_upgrade(const json& body) {
+  std::lock_guard run_lock(run_mu_);
+  auto order = proto::decode_tier_upgrade_order(body);
+  if (!order) {
+    refuse_tier_upgrade(body, order.error().message);
+    return Outcome::failed;
+  }
+  auto spec = parse_plan(order->plan);
+  if (!spec) {
+    refuse_tier_upgrade(body, spec.error().message);
+    return Outcome::failed;
+  }
+  auto loaded = load_journal();
+  if (loaded.kind != PlanJournal::Loaded::Kind::ok) {
+    refuse_tier_upgrade(body,
+                        "the agent has no readable plan journal" +
+                            (loaded.problem.empty() ? std::string() : " (" + loaded.problem + ")") +
+                            ": it cannot tell which plan it runs");
+    return Outcome::failed;
+  }
+  const json& taken = loaded.state.tier_upgrade;
+  if (taken.is_object() && taken.value("id", "") == order->upgrade_id) {
+    // Sent again after a reconnection: carry on where the journal is.
+    auto cur = adopt_loaded(loaded);
+    if (!cur) {
+      refuse_tier_upgrade(body, cur.error().message);
+      return Outcome::failed;
+    }
+    if (loaded.state.state == PlanState::running)
+      return settle_tier_upgrade(*cur, execute(*cur), true);
+    return settle_tier_upgrade(*cur, report_finished(*cur), false);
+  }
+  if (loaded.state.plan_hash != order->from_hash) {
+    refuse_tier_upgrade(body, "the agent runs plan " + loaded.state.plan_hash.substr(0, 12) +
+                                  ", not " + order->from_hash.substr(0, 12) +
+                                  ", which the upgrade is from: nothing was changed");
+    return Outcome::failed;
+  }
+  if (loaded.state.state != PlanState::succeeded) {
+    refuse_tier_upgrade(
+        body, std::string("the plan is ") + agent::to_string(loaded.state.state) +
+                  ", not finished: an upgrade starts from a finished plan (tenant retry first)");
+    return Outcome::failed;
+  }
+
+  JournalState st;
+  st.plan_hash = spec->hash;
+  st.tier = spec->tier;
+  st.plan = spec->raw;
+  st.state = PlanState::running;
+  json run = order->steps;
+  st.steps = generation_records(*spec, run, loaded.state.steps, "unchanged by the tier upgrade");
+  st.tier_upgrade = {
+      {"id", order->upgrade_id},   {"role", "upgrade"}, {"from_hash", order->from_hash},
+      {"to_hash", order->to_hash}, {"steps", run},      {"previous_plan", loaded.state.plan},
+      {"reported", "started"}};
+  // Announced before it acts.
+  emit(tier_upgrade_event(st.tier_upgrade, "started", "",
+                          "running " + std::to_string(order->steps.size()) + " step(s) of plan " +
+                              spec->hash.substr(0, 12),
+                          nullptr));
+  if (!start_generation(std::move(st))) {
+    emit_plan(*spec, "failed", "cannot write the plan journal for the tier upgrade");
+    return Outcome::failed;
+  }
+  return settle_tier_upgrade(*spec, execute(*spec), true);
+}
+
+PlanEngine::Outcome PlanEngine::settle_tier_upgrade(const PlanSpec& spec, Outcome outcome,
+                                                    bool ran) {
+  (void)spec;
+  if (outcome != Outcome::succeeded && outcome != Outcome::failed) return outcome;
+  json upgrade;
+  PlanState ps;
+  std::vector<StepRecord> records;
+  {
+    std::lock_guard lock(mu_);
+    upgrade = state_.tier_upgrade;
+    ps = state_.state;
+    records = state_.steps;
+  }
+  if (!upgrade.is_object()) return outcome;
+  StepRecord failed;
+  for (const auto& r : records)
+    if (r.state == StepState::failed) {
+      failed = r;
+      break;
+    }
+  const bool rollback = upgrade.value("role", "upgrade") == "rollback";
+  if (ps == PlanState::succeeded) {
+    if (rollback)
+      report_tier_upgrade(upgrade, "rolled_back", ran, upgrade.value("failed_step", ""),
+                          "back on the previous pins: " + upgrade.value("reason", ""),
+                          upgrade.value("diagnosis", json()));
+    else
+      report_tier_upgrade(upgrade, "succeeded", ran, "",
+                          "plan " + upgrade.value("to_hash", "").substr(0, 12) + " applied");
+    return outcome;
+  }
+  if (ps != PlanState::failed) return outcome;
+  if (rollback) {
+    report_tier_upgrade(upgrade, "failed", ran, failed.id,
+                        "going back to the previous pins failed at step '" + failed.id +
+                            "': " + failed.message +
+                            " (the upgrade had failed: " + upgrade.value("reason", "") + ")",
+                        failed.diagnosis);
+    return outcome;
+  }
+  // Which of the upgrade's steps ran, and whether each can go back.
+  const json& previous = upgrade.value("previous_plan", json());
+  std::vector<std::string> back;
+  std::string stuck;
+  for (const auto& r : records) {
+    if (!listed(upgrade.value("steps", json::array()), r.id)) continue;
+    if (r.state == StepState::pending) continue;
+    back.push_back(r.id);
+    const json* old = step_of(previous, r.id);
+    if (!old || old->value("kind", "") != r.kind || !catalog::step_kind_can_go_back(r.kind))
+      if (stuck.empty()) stuck = r.id;
+  }
+  if (!stuck.empty() || back.empty()) {
+    std::string why = stuck.empty() ? "" : " (step '" + stuck + "' cannot go back)";
+    report_tier_upgrade(upgrade, "failed", ran, failed.id,
+                        "step '" + failed.id + "' failed: " + failed.message + why,
+                        failed.diagnosis);
+    return outcome;
+  }
+  return go_back(upgrade, back, failed);
+}
+
+PlanEngine::Outcome PlanEngine::go_back(const json& upgrade, const std::vector<std::string>& steps,
+                                        const StepRecord& failed) {
+  auto prev = parse_plan(upgrade.value("previous_plan", json()));
+  if (!prev) {
+    report_tier_upgrade(
+        upgrade, "failed", true, failed.id,
+        "cannot go back: the journal's previous plan is unreadable (" + prev.error().message + ")",
+        failed.diagnosis);
+    return Outcome::failed;
+  }
+  std::vector<StepRecord> now;
+  {
+    std::lock_guard lock(mu_);
+    now = state_.steps;
+  }
+  JournalState st;
+  st.plan_hash = prev->hash;
+  st.tier = prev->tier;
+  st.plan = prev->raw;
+  st.state = PlanState::running;
+  json run = steps;
+  st.steps = generation_records(*prev, run, now, "kept through the tier upgrade");
+  std::string reason = "step '" + failed.id + "' failed: " + failed.message;
+  st.tier_upgrade = {{"id", upgrade.value("id", "")},
+                     {"role", "rollback"},
+                     {"from_hash", upgrade.value("from_hash", "")},
+                     {"to_hash", upgrade.value("to_hash", "")},
+                     {"steps", run},
+                     {"failed_step", failed.id},
+                     {"reason", reason},
+                     {"diagnosis", failed.diagnosis},
+                     {"reported", "rolling_back"}};
+  // Announced before the previous packages go back.
+  emit(tier_upgrade_event(st.tier_upgrade, "rolling_back", failed.id,
+                          reason + "; going back to the previous pins", failed.diagnosis));
+  if (!start_generation(std::move(st))) {
+    emit_plan(*prev, "failed", "cannot write the plan journal to go back");
+    return Outcome::failed;
+  }
+  return settle_tier_upgrade(*prev, execute(*prev), true);
 }
 
 // ---------------------------------------------------------------------------
@@ -658,13 +927,19 @@ json PlanEngine::status_json() const {
                      {"diagnosis", r.diagnosis},
                      {"started_at", r.started_at},
                      {"finished_at", r.finished_at}});
-  return {{"plan_hash", state_.plan_hash},
-          {"tier", state_.tier},
-          {"state", agent::to_string(state_.state)},
-          {"steps_total", state_.steps.size()},
-          {"steps_done", state_.steps_done()},
-          {"updated_at", state_.updated_at},
-          {"steps", steps}};
+  json out = {{"plan_hash", state_.plan_hash},
+              {"tier", state_.tier},
+              {"state", agent::to_string(state_.state)},
+              {"steps_total", state_.steps.size()},
+              {"steps_done", state_.steps_done()},
+              {"updated_at", state_.updated_at},
+              {"steps", steps}};
+  if (state_.tier_upgrade.is_object()) {
+    json tu = state_.tier_upgrade;
+    tu.erase("previous_plan");
+    out["tier_upgrade"] = tu;
+  }
+  return out;
 }
 
 }  // namespace factory::agent

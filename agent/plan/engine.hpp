@@ -15,7 +15,23 @@
 // Plans are content-addressed: a plan whose hash the journal shows finished
 // is not applied again; a new hash starts a new journal (the old one is kept
 // as journal.prev.json). A corrupt journal is set aside and the plan starts
-// over. The engine is synchronous: the agent runs it on a thread of its own;
+// over.
+//
+// Tier upgrades (contract/tier_upgrade.hpp): tier_upgrade() takes an order
+// to move from the finished plan it has to a newer plan of the tier, and
+// runs it as a new generation of the journal in which only the order's
+// steps are pending (the rest are carried over as done). The journal's
+// header says so (JournalState::tier_upgrade, role "upgrade", with the plan
+// it replaces). When a step of it fails and every step it changed so far
+// can go back (catalog::step_kind_can_go_back), the engine starts a second
+// generation, role "rollback": the previous plan, with those steps pending
+// again under their previous params (the driver: its previous packages,
+// reinstalled, rebooted into and verified). Each generation is journaled
+// before it acts, so a kill or a reboot anywhere resumes it; each outcome
+// is reported once as a `tier_upgrade` event (started, rolling_back,
+// succeeded, rolled_back, failed, refused). A failure that cannot go back
+// stays failed: `retry()` runs it again, and its success finishes the
+// upgrade. The engine is synchronous: the agent runs it on a thread of its own;
 // status_json() may be called from any thread.
 #include <atomic>
 #include <chrono>
@@ -74,6 +90,12 @@ class PlanEngine {
   // Resets a failed plan from its failed step, or from `step_id` (that step and
   // every later one run again), and runs it. Errors when there is nothing to retry.
   Result<Outcome> retry(const std::optional<std::string>& step_id = std::nullopt);
+  // Runs a tier upgrade order (the command body, action "tier_upgrade"). An
+  // order it cannot take (not from the plan it finished, a plan still
+  // running or failed, a malformed order) is refused with a tier_upgrade
+  // event, and nothing changes. An order it has taken already (same
+  // upgrade_id) carries on where its journal is.
+  Outcome tier_upgrade(const nlohmann::json& order);
 
   // {"plan_hash","tier","state":"none|running|succeeded|failed","steps_total","steps_done",
   //  "updated_at","steps":[{"id","kind","state","skipped","attempts","failures","entries",
@@ -102,6 +124,19 @@ class PlanEngine {
   void pause(std::chrono::milliseconds d);
   Outcome finish_plan(const PlanSpec& spec, PlanState state, const std::string& message = {});
   Outcome report_finished(const PlanSpec& spec);
+  // After a plan operation: what a tier upgrade's generation does next (go
+  // back, or report its end). ran: the plan ran in this operation (else
+  // only what was not reported yet is).
+  Outcome settle_tier_upgrade(const PlanSpec& spec, Outcome outcome, bool ran);
+  Outcome go_back(const nlohmann::json& upgrade, const std::vector<std::string>& steps,
+                  const StepRecord& failed);
+  void report_tier_upgrade(const nlohmann::json& upgrade, const char* state, bool ran,
+                           const std::string& step = {}, const std::string& message = {},
+                           const nlohmann::json& diagnosis = nullptr);
+  void refuse_tier_upgrade(const nlohmann::json& order, const std::string& why);
+  // A new generation of the journal: the current one kept as
+  // journal.prev.json, then `st` saved over it.
+  bool start_generation(JournalState st);
   bool start_new(const PlanSpec& spec);
   void report_corrupt(const std::string& plan_hash, const std::string& problem);
   PlanJournal::Loaded load_journal();

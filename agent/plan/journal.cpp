@@ -108,14 +108,16 @@ size_t JournalState::steps_done() const {
 json JournalState::to_json() const {
   json steps_json = json::array();
   for (auto& s : steps) steps_json.push_back(s.to_json());
-  return {{"schema", PlanJournal::kSchema},
-          {"plan_hash", plan_hash},
-          {"tier", tier},
-          {"state", to_string(state)},
-          {"created_at", created_at},
-          {"updated_at", updated_at},
-          {"plan", plan},
-          {"steps", steps_json}};
+  json j = {{"schema", PlanJournal::kSchema},
+            {"plan_hash", plan_hash},
+            {"tier", tier},
+            {"state", to_string(state)},
+            {"created_at", created_at},
+            {"updated_at", updated_at},
+            {"plan", plan},
+            {"steps", steps_json}};
+  if (!tier_upgrade.is_null()) j["tier_upgrade"] = tier_upgrade;
+  return j;
 }
 
 PlanJournal::PlanJournal(std::filesystem::path dir) : dir_(std::move(dir)) {}
@@ -190,6 +192,11 @@ Result<JournalState> PlanJournal::parse(const std::string& text,
   if (!ps) return corrupt("unknown plan state '" + state + "'");
   st.state = *ps;
   st.plan = doc["plan"];
+  if (doc.contains("tier_upgrade")) {
+    if (!doc["tier_upgrade"].is_object() && !doc["tier_upgrade"].is_null())
+      return corrupt("tier_upgrade is not an object");
+    st.tier_upgrade = doc["tier_upgrade"];
+  }
   auto spec = parse_plan(st.plan);
   if (!spec) return corrupt("stored plan: " + spec.error().message);
   if (spec->hash != st.plan_hash) return corrupt("stored plan does not match its hash");
@@ -295,6 +302,16 @@ Status PlanJournal::rename_current(const std::filesystem::path& to) const {
 Status PlanJournal::archive() const {
   return rename_current(prev_file());
 }
+Status PlanJournal::keep_previous() const {
+  std::error_code ec;
+  if (!std::filesystem::exists(file(), ec)) return ok_status();
+  auto text = read_file(file());
+  if (!text) return text.error().with_context("plan journal");
+  if (auto s = write_file_atomic(prev_file(), *text, 0600); !s)
+    return s.error().with_context("plan journal");
+  return ok_status();
+}
+
 Status PlanJournal::quarantine() const {
   return rename_current(corrupt_file());
 }

@@ -66,6 +66,13 @@ struct JournalState {
   std::vector<StepRecord> steps;
   std::string created_at;
   std::string updated_at;
+  // A tier upgrade's generation of the journal (engine.hpp), else null:
+  // {"id", "role": "upgrade"|"rollback", "from_hash", "to_hash", "steps",
+  //  "previous_plan" (role upgrade: the plan it replaces), "failed_step",
+  //  "reason", "diagnosis" (role rollback: why it goes back), "reported"
+  //  (the last state reported to the coordinator)}. Absent from the file
+  // when null, so a journal without one reads as it always did.
+  nlohmann::json tier_upgrade = nullptr;
 
   size_t steps_done() const;  // succeeded steps
   // Everything in one document (status, tests); on disk it is split in lines.
@@ -90,7 +97,11 @@ class PlanJournal {
   Loaded load() const;
   Status save(JournalState& state) const;  // stamps updated_at; atomic + fsync
   Status archive() const;                  // journal.json -> journal.prev.json
-  Status quarantine() const;               // journal.json -> journal.corrupt.json
+  // journal.json copied to journal.prev.json, journal.json left in place:
+  // the next save() replaces it atomically, so a crash between the two
+  // never leaves the agent without a journal.
+  Status keep_previous() const;
+  Status quarantine() const;  // journal.json -> journal.corrupt.json
 
   const std::filesystem::path& dir() const { return dir_; }
   std::filesystem::path file() const { return dir_ / "journal.json"; }

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "contract/protocol.hpp"
+
 namespace factory::agent {
 
 PlanRunner::PlanRunner(GuestEnv env, StepRegistry steps, PlanEventSink sink,
@@ -45,12 +47,13 @@ void PlanRunner::submit_plan(const nlohmann::json& body) {
 
 void PlanRunner::submit_command(const nlohmann::json& cmd) {
   std::string action = cmd.value("action", "");
-  if (action != "retry") {
+  if (action != proto::action::kRetry && action != proto::action::kTierUpgrade) {
     spdlog::warn("plan: ignoring unknown command '{}'", action);
     return;
   }
   std::lock_guard lk(mu_);
-  queue_.push_back({Work::Kind::retry, cmd});
+  queue_.push_back(
+      {action == proto::action::kRetry ? Work::Kind::retry : Work::Kind::tier_upgrade, cmd});
   cv_.notify_one();
 }
 
@@ -98,6 +101,9 @@ void PlanRunner::loop() {
           break;
         case Work::Kind::plan:
           outcome = engine_->run(w.body);
+          break;
+        case Work::Kind::tier_upgrade:
+          outcome = engine_->tier_upgrade(w.body);
           break;
         case Work::Kind::retry: {
           std::optional<std::string> step;

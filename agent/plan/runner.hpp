@@ -33,7 +33,8 @@ class PlanRunner {
   void start();
   // body: {"hash": ..., "plan": {...}} as the coordinator sends it.
   void submit_plan(const nlohmann::json& body);
-  // {"action": "retry", "step": "id"?}
+  // {"action": "retry", "step": "id"?}, or a tier upgrade order
+  // {"action": "tier_upgrade", ...} (PlanEngine::tier_upgrade)
   void submit_command(const nlohmann::json& cmd);
   // Tells the runner to stop, without waiting: the plan stops at the next
   // step boundary (PlanEngine::interrupt), and a step whose command is ended
@@ -53,7 +54,7 @@ class PlanRunner {
 
  private:
   struct Work {
-    enum class Kind { resume, plan, retry } kind;
+    enum class Kind { resume, plan, retry, tier_upgrade } kind;
     nlohmann::json body;
   };
   void loop();

@@ -65,7 +65,7 @@ class NvidiaDriver final : public Step {
       if (g.driver != "nvidia") return false;
     auto smi = query_nvidia_smi({}, time_left(ctx, 60s));
     if (!smi || smi->driver_version != p_.version || smi->gpus.empty()) return false;
-    return unheld().empty();
+    return unheld().empty() && off_pin().empty();
   }
 
   StepOutcome apply(StepContext& ctx) override {
@@ -109,7 +109,9 @@ class NvidiaDriver final : public Step {
       progress(ctx,
                "installing the NVIDIA driver " + p_.package_version + " (DKMS builds the module)");
       if (auto out = apt(ctx, {"update"}, *kernel); !out.ok()) return out;
-      std::vector<std::string> args = {"install", "-y"};
+      // --allow-downgrades: a tier upgrade that goes back installs the
+      // previous pin over a newer one, which apt otherwise refuses under -y.
+      std::vector<std::string> args = {"install", "-y", "--allow-downgrades"};
       for (const auto& pkg : need) args.push_back(pkg + "=" + p_.package_version);
       if (auto out = apt(ctx, args, *kernel); !out.ok()) return out;
     }
@@ -235,6 +237,19 @@ class NvidiaDriver final : public Step {
     for (const auto& pkg : p_.packages) {
       auto st = dpkg_package(pkg);
       if (st.installed && !st.held) out.push_back(pkg);
+    }
+    return out;
+  }
+
+  // The pinned packages dpkg knows at another version, or not fully
+  // installed (a failed upgrade's half-configured packages): the module
+  // still loaded from before says nothing about what the next boot loads.
+  std::vector<std::string> off_pin() const {
+    std::vector<std::string> out;
+    for (const auto& pkg : p_.packages) {
+      auto st = dpkg_package(pkg);
+      if (!st.version.empty() && (st.version != p_.package_version || !st.installed))
+        out.push_back(pkg);
     }
     return out;
   }

@@ -18,12 +18,17 @@
 //   reboot:          true                   false: `modprobe nvidia` instead of a reboot
 //
 // check:  the nvidia module is loaded, every NVIDIA GPU function's driver is
-//         nvidia (lspci's "Kernel driver in use"), and nvidia-smi reports `version`.
+//         nvidia (lspci's "Kernel driver in use"), nvidia-smi reports `version`,
+//         and every package dpkg knows of `packages` is installed at
+//         `package_version` (a failed upgrade leaves the previous module
+//         loaded over packages of another version).
 // apply:  installs what is missing, each thing only if dpkg does not already
 //         have it (so a re-run after a crash installs nothing twice):
 //         prerequisites + headers, the repository package (downloaded to
 //         cache_dir unless already there; local repo: its keyring copied to
-//         /usr/share/keyrings), apt-get update, the pinned packages; then asks
+//         /usr/share/keyrings), apt-get update, the pinned packages (with
+//         --allow-downgrades: a tier upgrade going back installs the previous
+//         pin over a newer one, contract/tier_upgrade.hpp); then asks
 //         for a reboot. It asks once: if the guest already booted since the
 //         install and the module is still not loaded, it fails with the
 //         diagnosis instead of rebooting in a loop.

@@ -28,6 +28,7 @@ AgentService::AgentService(store::Store& store, const enroll::CertificateAuthori
 
 std::optional<std::vector<std::string>> AgentService::plan_steps(
     const store::TenantRecord& t) const {
+  if (plan_step_ids_) return plan_step_ids_(t);
   if (!plan_provider_) return std::nullopt;
   auto plan = plan_provider_(t);
   if (!plan || !plan->contains("plan")) return std::nullopt;
@@ -52,6 +53,13 @@ std::shared_ptr<net::WsHandler> AgentService::accept(const net::HttpRequestIn& r
   if (!peer.has_client_cert) return std::make_shared<AgentSession>(ctx_, peer, "", "");
   return std::make_shared<AgentSession>(ctx_, peer, peer.subject_cn,
                                         enrollment_.certificate_refusal(peer));
+}
+
+std::optional<std::vector<std::string>> AgentService::agent_features(
+    const std::string& tenant) const {
+  auto s = sessions_.find(tenant);
+  if (!s) return std::nullopt;
+  return s->features();
 }
 
 bool AgentService::send_command(const std::string& tenant, const nlohmann::json& body) {

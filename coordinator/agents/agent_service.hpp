@@ -63,6 +63,15 @@ class AgentService {
   void set_pending_commands(PendingCommands p) { pending_commands_ = std::move(p); }
   // Sends a command frame to the tenant's live agent; false if it is not connected.
   bool send_command(const std::string& tenant, const nlohmann::json& body);
+  // What the tenant's connected agent said its build can do (its hello's
+  // features); nullopt when none is connected.
+  std::optional<std::vector<std::string>> agent_features(const std::string& tenant) const;
+  // The step ids progress may name, when they are not the plan's sent at
+  // hello (a tier upgrade's new plan). Unset: the plan's.
+  void set_plan_step_ids(
+      std::function<std::optional<std::vector<std::string>>(const store::TenantRecord&)> f) {
+    plan_step_ids_ = std::move(f);
+  }
   // Sends the tenant's plan to its connected agent (on hello).
   void push_plan(const std::string& tenant);
   // Sends the tenant's endpoint frame (its key's hash, after a rotation) to
@@ -86,6 +95,7 @@ class AgentService {
   SessionRegistry sessions_;
   PlanProvider plan_provider_;
   PendingCommands pending_commands_;
+  std::function<std::optional<std::vector<std::string>>(const store::TenantRecord&)> plan_step_ids_;
   SessionContext ctx_;
 };
 

@@ -6,6 +6,7 @@
 
 #include "common/durations.hpp"
 #include "contract/cluster_ranges.hpp"
+#include "contract/tier_upgrade.hpp"
 
 namespace factory::coordinator {
 
@@ -85,6 +86,24 @@ Decoded<AgentHello> decode_hello(const json& body) {
   h.agent_id = f.matching("agent_id", limits::kAgentId, is_hex).value_or("");
   h.agent_version = f.matching("agent_version", limits::kVersion, is_version).value_or("");
   h.hostname = f.matching("hostname", limits::kHostname, is_hostname).value_or("");
+  if (const json* fs = f.get("features")) {
+    if (!fs->is_array()) {
+      f.reject("features", RejectReason::wrong_type);
+    } else {
+      for (std::size_t i = 0; i < fs->size(); ++i) {
+        const json& n = (*fs)[i];
+        if (h.features.size() == limits::kFeatures) {
+          rej.add(f.item("features", i), RejectReason::too_many);
+          break;
+        }
+        if (!n.is_string() || n.get_ref<const std::string&>().size() > limits::kName ||
+            !is_name(n.get_ref<const std::string&>()))
+          rej.add(f.item("features", i), RejectReason::bad_format);
+        else
+          h.features.push_back(n.get<std::string>());
+      }
+    }
+  }
   // The claimed tenant is compared, not trusted: any string will do for
   // that, within a length (a tenant name is a DNS label).
   if (const json* t = f.get("tenant")) {
@@ -294,6 +313,28 @@ Decoded<AgentEvent> decode_event(const json& body) {
       m.deadline = f.time("deadline");
       e.body = std::move(m);
     }
+  } else if (e.kind == proto::kTierUpgradeEventKind) {
+    auto id = f.name("upgrade_id");
+    auto state = f.one_of(
+        "state", {"started", "rolling_back", "succeeded", "rolled_back", "failed", "refused"});
+    TierUpgradeEvent u;
+    u.from_hash = f.matching("from_hash", limits::kPlanHash, is_hex);
+    u.to_hash = f.matching("to_hash", limits::kPlanHash, is_hex);
+    u.step = f.name("step");
+    u.message = f.text("message", limits::kMessage);
+    if (const json* d = f.get("diagnosis")) {
+      if (!d->is_object()) {
+        f.reject("diagnosis", RejectReason::wrong_type);
+      } else {
+        FieldReader df(*d, rej, "diagnosis");
+        u.diagnosis = read_diagnosis(df, *d);
+      }
+    }
+    if (id && state) {
+      u.upgrade_id = *id;
+      u.state = *state;
+      e.body = std::move(u);
+    }
   } else if (e.kind == "log") {
     LogEvent l;
     l.level = f.one_of("level", {"trace", "debug", "info", "warning", "warn", "error", "critical"});
@@ -379,6 +420,14 @@ json AgentEvent::to_json() const {
           for (auto& [k, v] : b.report.items()) j[k] = v;
         } else if constexpr (std::is_same_v<T, OtherEvent>) {
           for (auto& [k, v] : b.fields.items()) j[k] = v;
+        } else if constexpr (std::is_same_v<T, TierUpgradeEvent>) {
+          j["upgrade_id"] = b.upgrade_id;
+          j["state"] = b.state;
+          put(j, "from_hash", b.from_hash);
+          put(j, "to_hash", b.to_hash);
+          put(j, "step", b.step);
+          put(j, "message", b.message);
+          if (b.diagnosis) j["diagnosis"] = b.diagnosis->to_json();
         }
       },
       body);

@@ -44,6 +44,7 @@ inline constexpr std::uint64_t kCount = 1'000'000'000'000;  // counters (events,
 inline constexpr std::uint64_t kSteps = 1024;               // steps in a plan
 inline constexpr std::size_t kRangesAround = 256;  // ranges a guest cluster was picked around
 inline constexpr std::uint64_t kAttempts = 1'000'000;
+inline constexpr std::size_t kFeatures = 32;  // names in a hello's features
 // Free-form JSON (a health report, a diagnosis's details, an event kind
 // this coordinator does not know yet) is bounded by proto::FreeFormLimits.
 inline constexpr int kDepth = proto::FreeFormLimits{}.depth;
@@ -61,9 +62,12 @@ using proto::Rejection;
 using proto::Rejections;
 using proto::RejectReason;
 
-// hello: {agent_id?, agent_version?, hostname?, tenant?}
+// hello: {agent_id?, agent_version?, hostname?, tenant?, features?}
 struct AgentHello {
   std::string agent_id, agent_version, hostname;
+  // What the agent's build says it can do (protocol.hpp's kAgentFeatures):
+  // names, at most kFeatures of them; none from an older agent.
+  std::vector<std::string> features;
   // A tenant the agent claims to be; the certificate decides, this is only
   // compared with it.
   std::optional<std::string> tenant;
@@ -131,6 +135,14 @@ struct MaintenanceEvent {
   std::string notice_id;
   std::optional<std::string> state, node, deadline;
 };
+// {"kind":"tier_upgrade","upgrade_id","state","from_hash","to_hash","step",
+//  "message","diagnosis"} (contract/tier_upgrade.hpp). Without a valid
+// upgrade_id and state it says nothing a journal can use: kind and id only.
+struct TierUpgradeEvent {
+  std::string upgrade_id, state;
+  std::optional<std::string> from_hash, to_hash, step, message;
+  std::optional<AgentDiagnosis> diagnosis;
+};
 // {"kind":"log","level","message"}
 struct LogEvent {
   std::optional<std::string> level, message;
@@ -159,7 +171,7 @@ struct AgentEvent {
   // monostate: a known kind whose defining field was dropped (a progress
   // event without a valid step): stored as id/kind/time only.
   std::variant<std::monostate, ProgressEvent, PlanEvent, JournalResetEvent, LogEvent,
-               DiagnosisEvent, HealthEvent, MaintenanceEvent, OtherEvent>
+               DiagnosisEvent, HealthEvent, MaintenanceEvent, OtherEvent, TierUpgradeEvent>
       body;
 
   // The form stored and shown: only what was decoded.

@@ -1,5 +1,8 @@
 #include "coordinator/agents/projection.hpp"
 
+#include <map>
+#include <set>
+
 #include "common/durations.hpp"
 
 namespace factory::coordinator {
@@ -25,6 +28,60 @@ store::DiagnosisRecord diagnosis_record(const AgentDiagnosis& d) {
   r.fix = d.fix;
   if (!d.details.empty()) r.details = d.details;
   return r;
+}
+
+// Open: journaled and not yet over (failed is open: `tenant retry` goes on).
+bool tier_upgrade_open(const store::TenantRecord& t) {
+  if (!t.status.tier_upgrade) return false;
+  const std::string s = t.status.tier_upgrade->state.value_or("");
+  return s == "requested" || s == "running" || s == "rolling_back" || s == "failed";
+}
+
+// The agent's report of the tier upgrade its record journals (the
+// coordinator's clock for the times). Another upgrade's id, or a turn the
+// journal is already past, changes nothing.
+bool project_tier_upgrade(store::TenantRecord& t, const TierUpgradeEvent& u) {
+  if (!t.status.tier_upgrade || t.status.tier_upgrade->id != u.upgrade_id) return false;
+  auto& j = *t.status.tier_upgrade;
+  const std::string was = j.state.value_or("");
+  const std::string to = u.state == "started" ? "running" : u.state;
+  static const std::map<std::string, std::set<std::string>> kNext = {
+      {"requested", {"running", "rolling_back", "succeeded", "rolled_back", "failed", "refused"}},
+      {"running", {"rolling_back", "succeeded", "rolled_back", "failed"}},
+      {"rolling_back", {"rolled_back", "failed"}},
+      // `tenant retry` of what could not go back.
+      {"failed", {"running", "succeeded", "rolled_back", "failed"}},
+  };
+  auto next = kNext.find(was);
+  if (next == kNext.end() || !next->second.contains(to)) return false;
+  const std::string now = format_rfc3339(Clock::now());
+  j.state = to;
+  if (to == "running" && !j.started_at) j.started_at = now;
+  if (u.message) j.message = u.message;
+  if (u.step) j.failed_step = u.step;
+  if (u.diagnosis) j.diagnosis = diagnosis_record(*u.diagnosis);
+  if (to == "running" || to == "rolling_back") {
+    t.phase = "upgrading";
+  } else if (to == "succeeded") {
+    // The tenant's pins are the new plan's from now on.
+    auto& pinned = made(t.status.tier_plan);
+    pinned.hash = j.to_hash;
+    pinned.plan = j.to_plan;
+    pinned.pinned_at = now;
+    j.failed_step.reset();
+    j.diagnosis.reset();
+    j.finished_at = now;
+    t.phase = "ready";
+  } else if (to == "rolled_back") {
+    j.finished_at = now;
+    t.phase = "ready";
+  } else if (to == "failed") {
+    t.phase = "degraded";
+  } else if (to == "refused") {
+    j.finished_at = now;
+    if (t.phase == "upgrading") t.phase = "ready";
+  }
+  return true;
 }
 
 }  // namespace
@@ -78,6 +135,15 @@ bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
     over(plan.message, p->message);
     over(plan.failed_step, p->failed_step);
     const std::string state = p->state.value_or("");
+    if (tier_upgrade_open(t)) {
+      // A tier upgrade's plans: its own reports say where the tenant is
+      // (a failed step may yet go back, a success pins the new plan).
+      if (state == "running")
+        t.phase = "upgrading";
+      else if (state == "failed" && t.status.tier_upgrade->state == "failed")
+        t.phase = "degraded";
+      return true;
+    }
     if (state == "running")
       t.phase = "provisioning";
     else if (state == "succeeded")
@@ -86,6 +152,7 @@ bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
       t.phase = "failed";
     return true;
   }
+  if (const auto* u = std::get_if<TierUpgradeEvent>(&ev.body)) return project_tier_upgrade(t, *u);
   // Health is the latest sample (store::Store::put_health), not the record.
   if (const auto* d = std::get_if<DiagnosisEvent>(&ev.body)) {
     auto& all = made(t.status.diagnoses);

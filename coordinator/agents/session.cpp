@@ -257,6 +257,10 @@ void AgentSession::handle_hello(const proto::Envelope& env) {
     return;
   }
   if (hello_done_) return;
+  {
+    std::lock_guard lk(features_mu_);
+    features_ = h.features;
+  }
   auto rec = ctx_.store.get_tenant(tenant_);
   agent_id_ = rec ? rec->agent.agent_id.value_or("") : "";
   if (rec && ctx_.plan_steps)
@@ -293,12 +297,28 @@ void AgentSession::handle_hello(const proto::Envelope& env) {
   if (auto offer = ctx_.endpoints.offer(tenant_)) send(proto::type::kEndpoint, std::move(*offer));
 }
 
+// A tier upgrade begun since the hello may add steps to the plan: the
+// record (read from memory) says so once the upgrade is journaled.
+bool AgentSession::tier_upgrade_step(const std::string& step) {
+  auto rec = ctx_.store.get_tenant(tenant_);
+  if (!rec || !ctx_.plan_steps) return false;
+  auto ids = ctx_.plan_steps(*rec);
+  if (!ids) return false;
+  plan_steps_.emplace(ids->begin(), ids->end());
+  return plan_steps_->contains(step);
+}
+
+std::vector<std::string> AgentSession::features() const {
+  std::lock_guard lk(features_mu_);
+  return features_;
+}
+
 void AgentSession::handle_event(const proto::Envelope& env) {
   auto checked = ctx_.ingestion.check(tenant_, env.body);
   if (auto* no = std::get_if<Refusal>(&checked)) return refuse(*no);
   IngestedEvent in = std::get<IngestedEvent>(std::move(checked));
   if (const auto* p = std::get_if<ProgressEvent>(&in.event.body);
-      p && plan_steps_ && !plan_steps_->contains(p->step)) {
+      p && plan_steps_ && !plan_steps_->contains(p->step) && !tier_upgrade_step(p->step)) {
     // What it would add to the tenant's record is bounded by the plan: a
     // step the plan does not have is refused (not stored, not acknowledged;
     // the agent's next acknowledged event passes it) and counted.

@@ -98,6 +98,8 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   // Thread-safe: a frame to the agent (a plan, a command), sent from the
   // session's own io thread.
   void deliver(std::string type, nlohmann::json body);
+  // Thread-safe: what the agent's hello said its build can do (features).
+  std::vector<std::string> features() const;
   // Thread-safe: ends the connection; `why` is what the feed shows
   // ("replaced", "revoked") and the close frame's reason.
   void end(const std::string& why, const std::string& reason);
@@ -119,6 +121,7 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   void note_card_faults(const store::LatestHealth& health);
   void handle_renew(const proto::Envelope& env);
   void handle_endpoint_csr(const proto::Envelope& env);
+  bool tier_upgrade_step(const std::string& step);
 
   SessionContext& ctx_;
   net::PeerInfo peer_;
@@ -142,6 +145,8 @@ class AgentSession : public net::WsHandler, public std::enable_shared_from_this<
   std::string ended_as_;  // set by end(): how the feed shows this disconnect
   // The steps of the plan sent at hello; nullopt when the tenant has none.
   std::optional<std::unordered_set<std::string>> plan_steps_;
+  mutable std::mutex features_mu_;
+  std::vector<std::string> features_;
   // The card fault keys the tenant's record holds (read once, then kept
   // here), so a sample that shows only known faults writes nothing.
   std::set<std::string> fault_keys_;

@@ -1,4 +1,4 @@
-// `factory tenant create|list|show|delete|retry|restart|credentials`: the admin's side of
+// `factory tenant create|list|show|delete|retry|restart|upgrade|credentials`: the admin's side of
 // TenantService, through the coordinator's API (AdminClient). The one
 // exception is `create --dry-run`, which contacts nothing: it builds the
 // KubeVirt provider's objects here (coordinator/kubevirt/objects.hpp), from
@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -334,6 +335,46 @@ void print_tenants(const json& res) {
   print_table(std::cout, {"tenant", "tier", "phase", "gpus", "namespace", "agent", "age"}, rows);
 }
 
+std::vector<std::string> tier_upgrade_lines(const json& u);
+
+// `tenant show`'s pins: what the tenant runs, each pin the catalog moves
+// marked, and its last tier upgrade.
+template <class Row>
+void tier_pins_rows(const json& t, Row&& row) {
+  const json& v = t["tier_pins"];
+  std::map<std::string, std::string> moved;  // what -> the catalog's version
+  if (v.contains("changes") && v["changes"].is_object())
+    for (const auto& c : v["changes"].value("pins", json::array()))
+      moved[str(c, "what")] = str(c, "to").empty() ? "gone" : str(c, "to");
+  bool first = true;
+  for (const auto& p : v.value("pins", json::array())) {
+    std::string line = p.value("pinned", false) ? str(p, "what") + " " + str(p, "version")
+                                                : str(p, "what") + ": UNPINNED";
+    if (auto m = moved.find(str(p, "what")); m != moved.end())
+      line += "  (catalog: " + m->second + ")";
+    row(first ? "Pins:" : "", line);
+    first = false;
+  }
+  if (first && !str(v, "note").empty()) row("Pins:", str(v, "note"));
+  std::string plan = "runs plan " + str(v, "plan_hash").substr(0, 12);
+  if (v.value("differs", false)) {
+    size_t runs = v.contains("changes") ? v["changes"].value("runs", json::array()).size() : 0;
+    plan += "; the catalog's is " + str(v, "catalog_plan_hash").substr(0, 12) + " (" +
+            std::to_string(runs) + " step(s) would run): `factory tenant upgrade " +
+            str(t, "name") + " --dry-run`";
+  } else if (!str(v, "catalog_plan_hash").empty()) {
+    plan += ", the catalog's";
+  }
+  row("Plan:", plan);
+  if (t.contains("tier_upgrade") && t["tier_upgrade"].is_object()) {
+    bool head = true;
+    for (const auto& l : tier_upgrade_lines(t["tier_upgrade"])) {
+      row(head ? "Tier upgrade:" : "", l);
+      head = false;
+    }
+  }
+}
+
 int show(const Context& ctx, const std::string& name, OutputFormat out) {
   auto res = call_coordinator(ctx.global, "GET", api_path({"v1", "tenants", name}));
   if (!res) return fail(res.error());
@@ -419,8 +460,11 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
     }
     if (first) row("Around:", "nothing seen");
   }
-  // What the tier pins, and what it leaves to whatever is newest.
-  if (t.contains("pins") && t["pins"].is_array()) {
+  // What the tenant runs, pin by pin, and what the catalog has instead.
+  if (t.contains("tier_pins") && t["tier_pins"].is_object()) {
+    tier_pins_rows(t, row);
+  } else if (t.contains("pins") && t["pins"].is_array()) {
+    // What the tier pins, and what it leaves to whatever is newest.
     bool first = true;
     for (const auto& p : t["pins"]) {
       std::string v = p.value("pinned", false) ? str(p, "what") + " " + str(p, "version")
@@ -518,6 +562,112 @@ int remove(const Context& ctx, const std::string& name, const std::string& ns) {
   if (tenant_object.value("found", false))
     std::cout << "  deleted " << str(tenant_object, "ref") << "\n";
   return 0;
+}
+
+// The tier upgrade's journal and its pin changes, as lines.
+std::vector<std::string> tier_upgrade_lines(const json& u) {
+  std::vector<std::string> out;
+  std::string head = str(u, "state") + " (" + str(u, "id") + ", plan " +
+                     str(u, "from_hash").substr(0, 12) + " -> " + str(u, "to_hash").substr(0, 12) +
+                     ")";
+  out.push_back(head);
+  if (!str(u, "failed_step").empty()) out.push_back("step " + str(u, "failed_step"));
+  if (!str(u, "message").empty()) out.push_back(str(u, "message"));
+  if (u.contains("diagnosis") && u["diagnosis"].is_object()) {
+    const json& d = u["diagnosis"];
+    out.push_back(str(d, "code") + ": " + str(d, "summary"));
+    if (!str(d, "fix").empty()) out.push_back("fix: " + str(d, "fix"));
+  }
+  return out;
+}
+
+int tier_upgrade(const Context& ctx, const std::string& name, bool dry_run, bool wait,
+                 const std::string& timeout_text, const std::string& poll_text, OutputFormat out) {
+  if (dry_run && wait)
+    return fail(Error(Errc::invalid_argument, "--dry-run and --wait do not go together"));
+  auto timeout = parse_duration(timeout_text);
+  if (!timeout) return fail(timeout.error().with_context("--timeout"));
+  auto poll = parse_duration(poll_text);
+  if (!poll) return fail(poll.error().with_context("--poll"));
+  auto res = call_coordinator(ctx.global, "POST", api_path({"v1", "tenants", name, "tier-upgrade"}),
+                              json{{"dry_run", dry_run}});
+  if (!res) return fail(res.error());
+  const json& r = *res;
+  if (!print_document(std::cout, out, r)) {
+    std::cout << "tenant " << name << ": plan " << str(r, "from_hash").substr(0, 12) << " -> "
+              << str(r, "to_hash").substr(0, 12) << "\n";
+    for (const auto& p : r.value("pins", json::array()))
+      std::cout << "  pin   " << display_text(str(p, "what")) << ": "
+                << (str(p, "from").empty() ? "-" : display_text(str(p, "from"))) << " -> "
+                << (str(p, "to").empty() ? "-" : display_text(str(p, "to"))) << "\n";
+    for (const auto& s : r.value("steps", json::array())) {
+      std::string change = str(s, "change");
+      std::string line = "  step  " + display_text(str(s, "id")) + " (" +
+                         display_text(str(s, "kind")) + "): " + change;
+      if (change == "changed") {
+        std::string fields;
+        for (const auto& f : s.value("fields", json::array()))
+          fields += (fields.empty() ? "" : ", ") + display_text(f.get<std::string>());
+        line += " " + fields +
+                (s.value("can_go_back", false) ? "; a failure goes back to the previous pins"
+                                               : "; a failure leaves the tenant degraded");
+      } else if (change == "removed") {
+        line += "; what it installed stays in the guest";
+      }
+      std::cout << line << "\n";
+    }
+    for (const auto& sec : r.value("sections", json::array()))
+      std::cout << "  plan  " << display_text(sec.get<std::string>()) << " section changes\n";
+    if (!str(r, "note").empty()) std::cout << display_text(str(r, "note")) << "\n";
+    if (r.value("upgraded", false))
+      std::cout << "tier upgrade " << str(r, "upgrade_id")
+                << (r.value("sent", false) ? " sent to the agent"
+                                           : " journaled; the agent gets it when it connects")
+                << "; follow it with `factory tenant show " << name << "`\n";
+  }
+  if (!wait || !r.value("upgraded", false)) return 0;
+
+  const std::string id = str(r, "upgrade_id");
+  auto client = AdminClient::from(ctx.global);
+  if (!client) return fail(client.error());
+  const auto start = std::chrono::steady_clock::now();
+  std::string last;
+  while (true) {
+    auto t = client->call("GET", api_path({"v1", "tenants", name}));
+    if (t && t->contains("tier_upgrade") && str((*t)["tier_upgrade"], "id") == id) {
+      const json& u = (*t)["tier_upgrade"];
+      const std::string state = str(u, "state");
+      if (state != last) std::cerr << name << ": tier upgrade " << state << "\n";
+      last = state;
+      auto lines = tier_upgrade_lines(u);
+      if (state == "succeeded") {
+        std::cerr << name << ": ready on plan " << str(u, "to_hash").substr(0, 12) << "\n";
+        return 0;
+      }
+      if (state == "rolled_back" || state == "failed" || state == "refused") {
+        for (size_t i = 1; i < lines.size(); ++i)
+          std::cerr << "  " << display_text(lines[i]) << "\n";
+        std::string what =
+            state == "rolled_back" ? "went back: the tenant is ready on its previous pins"
+            : state == "refused"   ? "refused by the agent: nothing changed"
+                                   : "failed and could not go back: the tenant is degraded; "
+                                     "fix the cause, then `factory tenant retry " +
+                                       name + "`";
+        return fail(Error(
+            Errc::failed_precondition,
+            "tier upgrade of " + name + " " + what +
+                (str(u, "message").empty() ? std::string() : " (" + str(u, "message") + ")")));
+      }
+    } else if (!t && t.error().code != Errc::unavailable) {
+      return fail(t.error());
+    }
+    if (std::chrono::steady_clock::now() - start >= *timeout)
+      return fail(Error(Errc::timeout, "tier upgrade of " + name + " not finished after " +
+                                           format_duration(*timeout) +
+                                           ": it goes on; follow it with `factory tenant show " +
+                                           name + "`"));
+    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::milliseconds>(*poll));
+  }
 }
 
 int retry(const Context& ctx, const std::string& name, const std::string& step) {
@@ -726,6 +876,40 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
                       "after `factory host quarantine`: alice comes back on a healthy card"}});
   rs->callback([&ctx, rso] {
     ctx.run = [&ctx, rso] { return restart(ctx, rso->name, rso->dry_run, rso->out); };
+  });
+
+  struct TierUpgradeOpts {
+    std::string name;
+    bool dry_run = false, wait = false;
+    std::string timeout = "60m";
+    std::string poll = "2s";
+    OutputFormat out = OutputFormat::table;
+  };
+  auto uo = std::make_shared<TierUpgradeOpts>();
+  auto* up = group->add_subcommand(
+      "upgrade",
+      "Move a running tenant to its tier's pins in the catalog now: the steps whose pins changed "
+      "run in the guest, journaled like the first boot; a failed driver goes back to the "
+      "previous one, any other failure leaves the tenant degraded (docs/tier-upgrades.md)");
+  up->add_option("NAME", uo->name, "Tenant name")->required()->check(tenant_name_rule());
+  up->add_flag("--dry-run", uo->dry_run,
+               "Say which pins move and which steps would run; change nothing");
+  up->add_flag("--wait", uo->wait,
+               "Follow the upgrade to its end: exit 0 on the new pins, 1 when it went back, "
+               "failed or was refused");
+  up->add_option("--timeout", uo->timeout, "How long --wait waits, e.g. 60m")
+      ->capture_default_str();
+  up->add_option("--poll", uo->poll, "How often --wait asks the coordinator")
+      ->capture_default_str();
+  add_output_option(*up, uo->out);
+  set_examples(*up, {{"factory tenant upgrade alice --dry-run", "the pins that differ, the steps"},
+                     {"factory tenant upgrade alice --dry-run -o json", "the same for scripts"},
+                     {"factory tenant upgrade alice --wait",
+                      "a new driver through its reboot; back to the old one if it fails"}});
+  up->callback([&ctx, uo] {
+    ctx.run = [&ctx, uo] {
+      return tier_upgrade(ctx, uo->name, uo->dry_run, uo->wait, uo->timeout, uo->poll, uo->out);
+    };
   });
 
   struct CredOpts {

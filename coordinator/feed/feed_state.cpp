@@ -249,6 +249,16 @@ void FeedState::event_stored(const std::string& tenant, const nlohmann::json& ev
     d.erase("kind");
     d.erase("id");
     bus_.publish("diagnosis", tenant, std::move(d));
+  } else if (kind == "tier_upgrade") {
+    // The agent's turn of a tier upgrade, with the journal it made of it.
+    nlohmann::json d = event;
+    d.erase("kind");
+    d.erase("id");
+    if (after && after->status.tier_upgrade) {
+      d["tier_upgrade"] = after->status.tier_upgrade->to_json();
+      d["tier_upgrade"].erase("to_plan");
+    }
+    bus_.publish("tier_upgrade", tenant, std::move(d));
   }
   if (after) phase_now(tenant, after->phase);
 }
@@ -299,8 +309,8 @@ std::map<std::string, std::uint64_t> FeedState::health_samples() const {
 void FeedState::count_event(const std::string& kind) {
   // The kinds the agent sends; a label per made-up kind would let an agent
   // grow the metrics without bound.
-  static const char* const known[] = {"progress", "plan",          "diagnosis",
-                                      "health",   "journal_reset", "synthetic"};
+  static const char* const known[] = {"progress",      "plan",      "diagnosis",   "health",
+                                      "journal_reset", "synthetic", "tier_upgrade"};
   std::string k = "other";
   for (const char* x : known)
     if (kind == x) k = x;

@@ -379,7 +379,8 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
     x.sample("factory_leader", labels({{"replica", l->replica}}), l->leading ? 1 : 0);
   }
   std::map<std::string, int> phases;
-  for (auto p : {"pending", "enrolled", "provisioning", "ready", "failed"}) phases[p] = 0;
+  for (auto p : {"pending", "enrolled", "provisioning", "ready", "failed", "upgrading", "degraded"})
+    phases[p] = 0;
   auto tenants = store.list_tenants();
   for (auto& t : tenants) phases[t.phase]++;
   x.family("factory_tenants", "gauge", "Tenants by lifecycle phase.");

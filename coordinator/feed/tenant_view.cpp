@@ -32,6 +32,10 @@ nlohmann::json TenantView::tenant(const store::TenantRecord& t) const {
   // The status's JSON is the view's top level.
   const nlohmann::json status = t.status.to_json();
   for (auto& [k, v] : status.items()) j[k] = v;
+  // The plans a tier upgrade keeps are the coordinator's to send, not to
+  // show: their hashes say which they are (`tenant show` lists their pins).
+  if (j.contains("tier_plan")) j["tier_plan"].erase("plan");
+  if (j.contains("tier_upgrade")) j["tier_upgrade"].erase("to_plan");
   // Health is the store's latest sample; a record written before health
   // was state may still hold an old copy, which is not it.
   auto health = store_.get_health(t.name);

@@ -51,6 +51,9 @@ class AgentsForTenants : public tenants::AgentControl {
     return agents_.send_command(tenant, body);
   }
   bool push_endpoint(const std::string& tenant) override { return agents_.push_endpoint(tenant); }
+  std::optional<std::vector<std::string>> agent_features(const std::string& tenant) override {
+    return agents_.agent_features(tenant);
+  }
 
  private:
   AgentService& agents_;
@@ -276,8 +279,13 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
       std::move(*cat), std::move(provider), to, std::move(tenant_objects));
   p.agents->set_plan_provider(
       [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->plan_for(t); });
-  p.agents->set_pending_commands(
-      [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->pending_commands(t); });
+  p.agents->set_pending_commands([svc = p.tenants.get()](const store::TenantRecord& t) {
+    auto owed = svc->pending_commands(t);
+    if (auto order = svc->tier_upgrade_owed(t)) owed.push_back(std::move(*order));
+    return owed;
+  });
+  p.agents->set_plan_step_ids(
+      [svc = p.tenants.get()](const store::TenantRecord& t) { return svc->plan_step_ids(t); });
   if (c->cfg_.tenants_source == "kubernetes") {
     // Tenants are the host cluster's objects: without it there is nothing
     // to serve them from, so this is a start-up error, not a warning.

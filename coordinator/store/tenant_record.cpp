@@ -303,6 +303,30 @@ void each_field(S& m, V& v) {
   v("error", m.error);
 }
 
+template <Is<TierPlan> S, class V>
+void each_field(S& p, V& v) {
+  v("hash", p.hash);
+  v("plan", p.plan);
+  v("pinned_at", p.pinned_at);
+}
+
+template <Is<TierUpgradeJournal> S, class V>
+void each_field(S& u, V& v) {
+  v("id", u.id);
+  v("state", u.state);
+  v("requested_at", u.requested_at);
+  v("started_at", u.started_at);
+  v("finished_at", u.finished_at);
+  v("from_hash", u.from_hash);
+  v("to_hash", u.to_hash);
+  v("to_plan", u.to_plan);
+  v("steps", u.steps);
+  v("pins", u.pins);
+  v("failed_step", u.failed_step);
+  v("message", u.message);
+  v("diagnosis", u.diagnosis);
+}
+
 template <Is<TenantStatus> S, class V>
 void each_field(S& s, V& v) {
   v("kube", s.kube);
@@ -311,6 +335,8 @@ void each_field(S& s, V& v) {
   v("gpu_faults", s.gpu_faults);
   v("restart", s.restart);
   v("maintenance", s.maintenance);
+  v("tier_plan", s.tier_plan);
+  v("tier_upgrade", s.tier_upgrade);
 }
 
 template <Is<EndpointState> S, class V>
@@ -401,6 +427,12 @@ json RestartJournal::to_json() const {
   return write(*this);
 }
 json MaintenanceJournal::to_json() const {
+  return write(*this);
+}
+json TierPlan::to_json() const {
+  return write(*this);
+}
+json TierUpgradeJournal::to_json() const {
   return write(*this);
 }
 

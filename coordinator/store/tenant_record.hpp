@@ -205,6 +205,42 @@ struct MaintenanceJournal {
   bool operator==(const MaintenanceJournal&) const = default;
 };
 
+// status.tier_plan: the plan the tenant runs ({hash, plan}), kept from its
+// create or its last tier upgrade, so a catalog that changed changes
+// nothing in the guest until `factory tenant upgrade` (tenants/tier_upgrade.cpp,
+// docs/tier-upgrades.md). The view shows its hash only.
+struct TierPlan {
+  std::optional<std::string> hash;
+  std::optional<nlohmann::json> plan;
+  std::optional<std::string> pinned_at;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json to_json() const;
+  bool operator==(const TierPlan&) const = default;
+};
+
+// status.tier_upgrade: the journal of the latest tier upgrade, written
+// before the order goes to the agent and as its reports come. States:
+// requested (journaled and announced, the order sent or owed to the
+// agent), running (the agent took it), rolling_back, and the ends:
+// succeeded (tier_plan is the new plan), rolled_back (back on the previous
+// pins, the tenant ready), failed (the tenant degraded; `tenant retry`),
+// refused (the agent changed nothing).
+struct TierUpgradeJournal {
+  std::optional<std::string> id, state;
+  std::optional<std::string> requested_at, started_at, finished_at;
+  std::optional<std::string> from_hash, to_hash;
+  std::optional<nlohmann::json> to_plan;          // the plan it moves to (not in the view)
+  std::optional<std::vector<std::string>> steps;  // the steps it runs
+  std::optional<nlohmann::json> pins;             // [{what, from, to}]
+  std::optional<std::string> failed_step, message;
+  std::optional<DiagnosisRecord> diagnosis;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json to_json() const;
+  bool operator==(const TierUpgradeJournal&) const = default;
+};
+
 // What the agent's events and the coordinator's actions made of the
 // tenant. Its JSON is the view's top level (feed::TenantView).
 struct TenantStatus {
@@ -214,6 +250,8 @@ struct TenantStatus {
   std::optional<std::map<std::string, GpuFaultRecord>> gpu_faults;
   std::optional<RestartJournal> restart;
   std::optional<MaintenanceJournal> maintenance;
+  std::optional<TierPlan> tier_plan;
+  std::optional<TierUpgradeJournal> tier_upgrade;
   nlohmann::json extra = nlohmann::json::object();
 
   bool empty() const;

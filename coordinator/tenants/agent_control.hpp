@@ -3,7 +3,9 @@
 // implements it with the agents module, which tenants may not depend on
 // (agents already depend on the store and feed that tenants write).
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
 
@@ -20,6 +22,9 @@ class AgentControl {
   // Tells the tenant's connected agent its endpoint's current key hash (after
   // a rotation); false when none is connected.
   virtual bool push_endpoint(const std::string& tenant) = 0;
+  // What the tenant's connected agent says its build can do (its hello's
+  // features, contract/protocol.hpp); nullopt when none is connected.
+  virtual std::optional<std::vector<std::string>> agent_features(const std::string& tenant) = 0;
 };
 
 }  // namespace factory::tenants

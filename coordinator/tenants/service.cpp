@@ -98,7 +98,7 @@ TenantService::~TenantService() {
   stop_maintenance();
 }
 
-std::optional<json> TenantService::plan_for(const store::TenantRecord& t) const {
+std::optional<json> TenantService::catalog_plan_for(const store::TenantRecord& t) const {
   if (t.tier.empty()) return std::nullopt;
   const catalog::Tier* tier = catalog_.find(t.tier);
   if (!tier) {
@@ -650,7 +650,15 @@ json TenantService::plan_steps(const store::TenantRecord& t) const {
     seen.push_back(id);
     return s;
   };
-  if (auto plan = plan_for(t))
+  // The steps of the plan the tenant runs (or, during a tier upgrade, the
+  // plan it moves to), in its order.
+  auto plan = t.status.tier_upgrade && t.status.tier_upgrade->to_plan &&
+                      t.status.tier_upgrade->state.value_or("") != "rolled_back" &&
+                      t.status.tier_upgrade->state.value_or("") != "refused"
+                  ? std::optional<json>(json{{"plan", *t.status.tier_upgrade->to_plan}})
+                  : running_plan(t);
+  if (!plan) plan = catalog_plan_for(t);
+  if (plan)
     for (const auto& s : (*plan)["plan"].value("steps", json::array()))
       out.push_back(entry(s.value("id", ""), s.value("kind", "")));
   // Steps an agent reported that the catalog no longer has (it changed).
@@ -670,6 +678,8 @@ Result<json> TenantService::show(const std::string& name) {
   j["plan_steps"] = plan_steps(*rec);
   if (const catalog::Tier* tier = catalog_.find(rec->tier))
     j["pins"] = catalog::pins_json(catalog::tier_pins(*tier));
+  // What the tenant runs, and how the catalog's plan differs (tier_upgrade.cpp).
+  if (!rec->tier.empty()) j["tier_pins"] = tier_pins_view(*rec);
   if (has_vm(*rec)) {
     auto obs = provider_->observe(name, record_namespace(*rec, opts_.default_namespace));
     // The record stands on its own: a cluster that does not answer is shown, not fatal.
@@ -1069,6 +1079,22 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
                                  : "";
           auto j = retry(p.at("name"), step);
           return j ? coordinator::json_response(*j, 202) : error_reply(j.error());
+        });
+      },
+      kBlocking);
+  r.add(
+      "POST", "/v1/tenants/{name}/tier-upgrade",
+      [this](const net::HttpRequestIn& req, const coordinator::PathParams& p) {
+        return guarded("POST /v1/tenants/{name}/tier-upgrade", [&] {
+          auto body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
+          if (body.is_discarded() || !body.is_object() || body.size() > 1 ||
+              (body.size() == 1 && !(body.contains("dry_run") && body["dry_run"].is_boolean())))
+            return net::HttpResponseOut::error(400, "bad_request",
+                                               "want {\"dry_run\": true|false} or {}");
+          const bool dry = body.value("dry_run", false);
+          auto j = tier_upgrade(p.at("name"), dry);
+          return j ? coordinator::json_response(*j, dry || !j->value("upgraded", false) ? 200 : 202)
+                   : error_reply(j.error());
         });
       },
       kBlocking);

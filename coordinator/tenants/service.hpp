@@ -185,9 +185,26 @@ class TenantService {
   void set_maintenance_active(bool active);
   void stop_maintenance();
 
-  // What the server gives the agents module as the tenants' plans:
-  // {"hash", "plan"} of the tenant's tier.
+  // What the server gives the agents module as the tenants' plans, sent at
+  // each hello: {"hash", "plan"} of the plan the tenant runs (its record's
+  // status.tier_plan, kept from then on when it had none), not the
+  // catalog's of the day; none while a tier upgrade is open (the agent's
+  // journal holds which plan runs) or for a record from before plans were
+  // kept whose agent reported another plan (tier_upgrade.cpp).
   std::optional<nlohmann::json> plan_for(const store::TenantRecord& t) const;
+  // The step ids an agent's progress may name: the running plan's and a
+  // tier upgrade's new plan's.
+  std::optional<std::vector<std::string>> plan_step_ids(const store::TenantRecord& t) const;
+  // The tier upgrade order the tenant's agent is owed at its connection
+  // (journaled, not yet taken by the agent), as a command body.
+  std::optional<nlohmann::json> tier_upgrade_owed(const store::TenantRecord& t) const;
+  // POST /v1/tenants/{name}/tier-upgrade: the steps and pins that differ
+  // between the plan the tenant runs and its tier's in the catalog; unless
+  // dry_run, the upgrade journaled (status.tier_upgrade), announced (an
+  // `action` event, tier_upgrade, requested) and sent to the agent. Refused,
+  // saying why, when the tenant is not ready, an upgrade is open, the agent
+  // is not connected or does not know tier upgrades.
+  Result<nlohmann::json> tier_upgrade(const std::string& name, bool dry_run);
 
   const catalog::Catalog& catalog() const { return catalog_; }
 
@@ -198,6 +215,15 @@ class TenantService {
   Status rollback(store::TenantRecord& rec, bool record_is_new, const std::string& token_id,
                   const std::vector<VmObject>& created, const Error& cause);
   nlohmann::json plan_steps(const store::TenantRecord& t) const;
+  // The tier's plan in the catalog now, with the tenant's own models and
+  // guest ranges: {"hash", "plan"}.
+  std::optional<nlohmann::json> catalog_plan_for(const store::TenantRecord& t) const;
+  // The plan the tenant runs: status.tier_plan, or for a record from before
+  // plans were kept the catalog's when the agent reported no other.
+  std::optional<nlohmann::json> running_plan(const store::TenantRecord& t) const;
+  // `tenant show`'s tier_pins: the running plan's hash and pins, the
+  // catalog's hash, and what differs (catalog::diff_plans).
+  nlohmann::json tier_pins_view(const store::TenantRecord& t) const;
   // The VM of a tenant as it was first resolved (vm_spec_from_stored): a
   // re-run of create builds the same objects even if the catalog changed
   // meanwhile. The default namespace, and the catalog's needs_mig for a
