@@ -303,6 +303,27 @@ void each_field(S& m, V& v) {
   v("error", m.error);
 }
 
+template <Is<AgentUpgradeJournal> S, class V>
+void each_field(S& u, V& v) {
+  v("state", u.state);
+  v("upgrade_id", u.upgrade_id);
+  v("rollout_id", u.rollout_id);
+  v("order", u.order);
+  v("max_unavailable", u.max_unavailable);
+  v("from_version", u.from_version);
+  v("to_version", u.to_version);
+  v("to_sha256", u.to_sha256);
+  v("size", u.size);
+  v("url", u.url);
+  v("confirm_within_s", u.confirm_within_s);
+  v("requested_at", u.requested_at);
+  v("sent_at", u.sent_at);
+  v("installing_at", u.installing_at);
+  v("done_at", u.done_at);
+  v("reason", u.reason);
+  v("announced", u.announced);
+}
+
 template <Is<TenantStatus> S, class V>
 void each_field(S& s, V& v) {
   v("kube", s.kube);
@@ -311,6 +332,7 @@ void each_field(S& s, V& v) {
   v("gpu_faults", s.gpu_faults);
   v("restart", s.restart);
   v("maintenance", s.maintenance);
+  v("agent_upgrade", s.agent_upgrade);
 }
 
 template <Is<EndpointState> S, class V>
@@ -401,6 +423,9 @@ json RestartJournal::to_json() const {
   return write(*this);
 }
 json MaintenanceJournal::to_json() const {
+  return write(*this);
+}
+json AgentUpgradeJournal::to_json() const {
   return write(*this);
 }
 
