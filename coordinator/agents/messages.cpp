@@ -335,6 +335,22 @@ Decoded<AgentEvent> decode_event(const json& body) {
       u.state = *state;
       e.body = std::move(u);
     }
+  } else if (e.kind == proto::kAgentUpgradeEventKind) {
+    // The contract's decoder reads it whole (it ignores id, time and keys
+    // it does not know); a field it refuses is named in the rejection.
+    auto report = proto::decode_agent_upgrade_event(body);
+    if (report) {
+      e.body = AgentUpgradeReport{std::move(*report)};
+    } else {
+      std::string field = "(event)";
+      const std::string& m = report.error().message;
+      if (auto a = m.find(": "); a != std::string::npos) {
+        auto b = m.find(": ", a + 2);
+        if (b != std::string::npos && b - a - 2 <= limits::kKey) field = m.substr(a + 2, b - a - 2);
+      }
+      rej.add(field, RejectReason::bad_format);
+    }
+    return Decoded<AgentEvent>{std::move(e), std::move(rej), ""};
   } else if (e.kind == "log") {
     LogEvent l;
     l.level = f.one_of("level", {"trace", "debug", "info", "warning", "warn", "error", "critical"});
@@ -409,6 +425,10 @@ json AgentEvent::to_json() const {
           put(j, "state", b.state);
           put(j, "node", b.node);
           put(j, "deadline", b.deadline);
+        } else if constexpr (std::is_same_v<T, AgentUpgradeReport>) {
+          const json r = b.report.to_json();
+          for (auto& [k, v] : r.items())
+            if (k != "kind") j[k] = v;
         } else if constexpr (std::is_same_v<T, LogEvent>) {
           put(j, "level", b.level);
           put(j, "message", b.message);

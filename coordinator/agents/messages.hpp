@@ -24,6 +24,7 @@
 #include <variant>
 #include <vector>
 
+#include "contract/agent_upgrade.hpp"
 #include "contract/guest_input.hpp"
 
 namespace factory::coordinator {
@@ -143,6 +144,14 @@ struct TierUpgradeEvent {
   std::optional<std::string> from_hash, to_hash, step, message;
   std::optional<AgentDiagnosis> diagnosis;
 };
+// {"kind":"agent_upgrade","upgrade_id","state","from_version","to_version",
+// "reason"}: what the agent made of an upgrade order, as
+// contract/agent_upgrade.hpp decodes it (every field checked, the reason
+// display-safe text of at most 512 bytes). One that fails the contract's
+// decoder is stored as id and kind only.
+struct AgentUpgradeReport {
+  proto::AgentUpgradeEvent report;
+};
 // {"kind":"log","level","message"}
 struct LogEvent {
   std::optional<std::string> level, message;
@@ -171,7 +180,8 @@ struct AgentEvent {
   // monostate: a known kind whose defining field was dropped (a progress
   // event without a valid step): stored as id/kind/time only.
   std::variant<std::monostate, ProgressEvent, PlanEvent, JournalResetEvent, LogEvent,
-               DiagnosisEvent, HealthEvent, MaintenanceEvent, OtherEvent, TierUpgradeEvent>
+               DiagnosisEvent, HealthEvent, MaintenanceEvent, AgentUpgradeReport, OtherEvent,
+               TierUpgradeEvent>
       body;
 
   // The form stored and shown: only what was decoded.

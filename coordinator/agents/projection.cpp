@@ -3,6 +3,9 @@
 #include <map>
 #include <set>
 
+#include <spdlog/spdlog.h>
+
+#include "common/display.hpp"
 #include "common/durations.hpp"
 
 namespace factory::coordinator {
@@ -85,6 +88,42 @@ bool project_tier_upgrade(store::TenantRecord& t, const TierUpgradeEvent& u) {
 }
 
 }  // namespace
+
+// The agent's word on the order its tenant's journal holds, and on no
+// other: an upgrade id the journal does not hold (an old order's, another
+// tenant's, one made up) changes nothing, nor does a word on an order that
+// has its outcome already (the coordinator's clock; the reason as text that
+// is safe to show, which the decoder made sure of and sanitize keeps so).
+bool project_upgrade(store::TenantRecord& t, const proto::AgentUpgradeEvent& e) {
+  auto* j = t.status.agent_upgrade ? &*t.status.agent_upgrade : nullptr;
+  const std::string state = j ? j->state.value_or("") : "";
+  if (!j || j->upgrade_id.value_or("") != e.upgrade_id ||
+      (state != "sent" && state != "installing")) {
+    spdlog::info("agents: tenant {}: agent_upgrade {} for upgrade {} ignored: its journal holds {}",
+                 t.name, proto::state_name(e.state), e.upgrade_id,
+                 j ? j->upgrade_id.value_or("?") + " (" + (state.empty() ? "?" : state) + ")"
+                   : std::string("no upgrade"));
+    return false;
+  }
+  const std::string now = format_rfc3339(Clock::now());
+  if (e.state == proto::AgentUpgradeState::installing) {
+    if (state == "installing") return false;
+    j->state = "installing";
+    j->installing_at = now;
+    return true;
+  }
+  j->state = proto::state_name(e.state);
+  j->done_at = now;
+  if (!e.reason.empty()) j->reason = display::sanitize(e.reason);
+  // Upgraded to something else than was ordered is no success: the rollout holds.
+  if (e.state == proto::AgentUpgradeState::upgraded && !e.to_version.empty() &&
+      e.to_version != j->to_version.value_or("")) {
+    j->state = "failed";
+    j->reason = "the agent says it upgraded to " + e.to_version + ", not to the " +
+                j->to_version.value_or("?") + " ordered";
+  }
+  return true;
+}
 
 std::string last_bytes(std::string_view tail, std::size_t max) {
   if (tail.size() <= max) return std::string(tail);
@@ -174,6 +213,8 @@ bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
     t.status.maintenance->guest_received_at = format_rfc3339(Clock::now());
     return true;
   }
+  if (const auto* u = std::get_if<AgentUpgradeReport>(&ev.body))
+    return project_upgrade(t, u->report);
   return false;
 }
 

@@ -24,6 +24,10 @@ inline constexpr std::size_t kProjectedTailBytes = 4096;
 // continuation byte is never first).
 std::string last_bytes(std::string_view tail, std::size_t max = kProjectedTailBytes);
 
+// An agent_upgrade event applied to the tenant's upgrade journal
+// (status.agent_upgrade): true when it changed it.
+bool project_upgrade(store::TenantRecord& t, const proto::AgentUpgradeEvent& e);
+
 // Applies one agent event to the tenant's derived status and phase.
 // Returns true when the record changed and should be persisted.
 bool project_event(store::TenantRecord& t, const AgentEvent& event);

@@ -18,5 +18,6 @@ void add_kubevirt_commands(CLI::App& app, Context& ctx);  // kubevirt_commands.c
 void add_tenant_commands(CLI::App& app, Context& ctx);    // tenant_commands.cpp
 void add_catalog_commands(CLI::App& app, Context& ctx);   // catalog_commands.cpp
 void add_install_commands(CLI::App& app, Context& ctx);   // install_commands.cpp
+void add_agent_commands(CLI::App& app, Context& ctx);     // agent_commands.cpp
 
 }  // namespace factory::cli

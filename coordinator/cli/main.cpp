@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   add_tenant_commands(app, ctx);
   add_catalog_commands(app, ctx);
   add_install_commands(app, ctx);
+  add_agent_commands(app, ctx);
 
   if (auto done = parse(app, argc, argv)) return *done;
   factory::setup_logging("factory", ctx.global.log_level.empty() ? "warn" : ctx.global.log_level);

@@ -175,6 +175,13 @@ void print_status(const json& res) {
     return;
   }
   print_table(std::cout, kHeaders, rows);
+  // The agent binary served: what `factory agents upgrade` would install.
+  if (const json& bin = at(res, "agent_binary"); bin.is_object() && bin.contains("sha256")) {
+    std::string sha = text(bin, "sha256");
+    std::cout << "\nagent binary served: "
+              << (text(bin, "version").empty() ? "no version mark" : cell(text(bin, "version"), 64))
+              << " (sha256 " << sha.substr(0, 12) << ")\n";
+  }
   for (const auto& t : tenants) {
     const json& d = at(at(t, "agent"), "dropped_events");
     auto dropped = d.is_number_unsigned() ? d.get<uint64_t>() : 0;

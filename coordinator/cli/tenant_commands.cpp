@@ -511,6 +511,20 @@ int show(const Context& ctx, const std::string& name, OutputFormat out) {
   if (!str(a, "version").empty()) agent += ", factory-agent " + str(a, "version");
   if (!str(a, "last_seen").empty()) agent += ", last seen " + str(a, "last_seen");
   row("Agent:", agent);
+  if (t.contains("agent_upgrade") && t["agent_upgrade"].is_object()) {
+    // The latest self-update ordered for this agent (docs/agent-rollouts.md).
+    const json& u = t["agent_upgrade"];
+    std::string v = str(u, "state") == "rolled_back" ? "rolled back" : str(u, "state");
+    v += ", " + (str(u, "from_version").empty() ? "?" : str(u, "from_version")) + " -> " +
+         str(u, "to_version") + " (" + str(u, "upgrade_id");
+    if (!str(u, "done_at").empty())
+      v += ", ended " + str(u, "done_at");
+    else if (!str(u, "sent_at").empty())
+      v += ", ordered " + str(u, "sent_at");
+    v += ")";
+    if (!str(u, "reason").empty()) v += ": " + str(u, "reason");
+    row("Upgrade:", v);
+  }
   if (t.contains("plan")) {
     const json& p = t["plan"];
     std::string h = str(p, "hash");

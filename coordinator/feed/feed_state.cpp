@@ -371,4 +371,24 @@ std::optional<FeedState::Leadership> FeedState::leadership() const {
   return leadership_;
 }
 
+void FeedState::set_agent_binary(nlohmann::json info) {
+  std::lock_guard lk(mu_);
+  agent_binary_ = std::move(info);
+}
+
+nlohmann::json FeedState::agent_binary() const {
+  std::lock_guard lk(mu_);
+  return agent_binary_;
+}
+
+void FeedState::count_agent_upgrade(const std::string& result) {
+  std::lock_guard lk(mu_);
+  ++agent_upgrades_[result];
+}
+
+std::map<std::string, std::uint64_t> FeedState::agent_upgrades() const {
+  std::lock_guard lk(mu_);
+  return agent_upgrades_;
+}
+
 }  // namespace factory::feed

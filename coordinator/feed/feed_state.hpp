@@ -134,6 +134,17 @@ class FeedState {
                     double seconds);
   StepDurations step_durations() const;
 
+  // The agent binary this coordinator serves (tenants::AgentBinarySnapshot
+  // as JSON: path, sha256, size, version or no_version), set by the server
+  // whenever it is read again: factory_agent_binary_info, and GET
+  // /v1/tenants's "agent_binary". Null until set.
+  void set_agent_binary(nlohmann::json info);
+  nlohmann::json agent_binary() const;
+  // An agent upgrade ended (upgraded, rolled_back, refused, failed), as the
+  // leader's rollout pass saw it: factory_agent_upgrades_total{result}.
+  void count_agent_upgrade(const std::string& result);
+  std::map<std::string, std::uint64_t> agent_upgrades() const;
+
   // nullopt when no agent of the tenant connected since the coordinator started.
   std::optional<AgentPresence> presence(const std::string& tenant) const;
   std::map<std::string, AgentPresence> all() const;
@@ -182,6 +193,8 @@ class FeedState {
   AgentCounters counters_;
   std::map<std::string, std::string> phases_;  // the last phase published, per tenant
   std::optional<Leadership> leadership_;
+  nlohmann::json agent_binary_;
+  std::map<std::string, std::uint64_t> agent_upgrades_;
   EventBus bus_;
 };
 

@@ -409,6 +409,26 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
   x.family("factory_agents_by_version", "gauge", "Connected agents, by the version they reported.");
   for (const auto& [version, n] : by_version)
     x.sample("factory_agents_by_version", labels({{"version", version}}), n);
+  // The binary served to guests and ordered by upgrades: which version a
+  // rollout would install, and which hash new tenants' user-data pins.
+  if (auto bin = state.agent_binary(); bin.is_object() && bin.contains("sha256")) {
+    x.family("factory_agent_binary_info", "gauge",
+             "1, labelled with the version and sha256 of the agent binary served "
+             "(version \"none\" when it carries no version mark).");
+    x.sample("factory_agent_binary_info",
+             labels({{"version", bin.value("version", std::string("none"))},
+                     {"sha256", bin.value("sha256", std::string())}}),
+             1);
+  }
+  {
+    auto upgrades = state.agent_upgrades();
+    for (auto r : {"upgraded", "rolled_back", "refused", "failed"}) upgrades.try_emplace(r, 0);
+    x.family("factory_agent_upgrades_total", "counter",
+             "Agent self-updates ended, by result (counted by the leader that saw them end).");
+    for (const auto& [result, n] : upgrades)
+      x.sample("factory_agent_upgrades_total", labels({{"result", result}}),
+               static_cast<double>(n));
+  }
   x.family("factory_agent_spool_dropped_events", "gauge",
            "Events the tenant's agent dropped because its spool was full (its last heartbeat).");
   for (auto& t : tenants) {

@@ -72,7 +72,10 @@ nlohmann::json active_diagnoses(const store::TenantStatus& status, const nlohman
 nlohmann::json TenantView::tenants() const {
   nlohmann::json list = nlohmann::json::array();
   for (auto& t : store_.list_tenants()) list.push_back(tenant(t));
-  return {{"tenants", list}};
+  nlohmann::json out = {{"tenants", list}};
+  // The agent binary served now: what an upgrade would install.
+  if (auto bin = state_.agent_binary(); !bin.is_null()) out["agent_binary"] = std::move(bin);
+  return out;
 }
 
 }  // namespace factory::feed

@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "common/atomic_file.hpp"
+#include "common/display.hpp"
 #include "common/durations.hpp"
 #include "common/net/server.hpp"
 #include "common/net/url.hpp"
@@ -34,6 +35,7 @@
 #include "coordinator/server/kube_tenant_objects.hpp"
 #include "coordinator/shared/replica.hpp"
 #include "coordinator/store/store.hpp"
+#include "coordinator/tenants/agent_binary.hpp"
 #include "coordinator/tenants/agent_control.hpp"
 #include "coordinator/tenants/service.hpp"
 
@@ -76,10 +78,10 @@ struct Coordinator::Parts {
   // The Tenant controller (tenants.source: kubernetes; null otherwise):
   // active while this replica leads, stopped before the service it calls.
   std::unique_ptr<controller::TenantController> controller;
-  std::string agent_binary, agent_sha256;  // served at /v1/agent/binary ("" sha: absent)
-  // The binary itself, read once at start: served from memory, so a
-  // download never reads the disk on an io thread.
-  std::shared_ptr<const std::string> agent_binary_bytes;
+  // The agent binary served at /v1/agent/binary (tenants/agent_binary.hpp):
+  // read at start, and again on a worker when the file changed; served
+  // from memory, so a download never reads the disk on an io thread.
+  std::unique_ptr<tenants::AgentBinary> agent_binary;
   // The Lease election (null without one); stopped before anything it
   // calls into goes (~Coordinator, run()).
   std::unique_ptr<kube::LeaderElector> elector;
@@ -209,16 +211,17 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
                           : p.router->auth().load((fs::path(dir) / kApiTokensFile).string());
       !st.ok())
     return st.error();
-  p.agent_binary =
-      c->cfg_.agent_binary.empty() ? self_dir() + "/factory-agent" : c->cfg_.agent_binary;
-  if (auto bin = read_file(p.agent_binary)) {
-    p.agent_sha256 = pki::sha256_hex(*bin);
-    p.agent_binary_bytes = std::make_shared<const std::string>(std::move(*bin));
-  } else {
-    spdlog::warn(
-        "agent binary {} not readable: guests cannot download the agent (set agents.binary)",
-        p.agent_binary);
-  }
+  p.agent_binary = std::make_unique<tenants::AgentBinary>(
+      c->cfg_.agent_binary.empty() ? self_dir() + "/factory-agent" : c->cfg_.agent_binary);
+  if (auto bin = p.agent_binary->current(); !bin->readable())
+    spdlog::warn("agent binary {}: guests cannot download the agent (set agents.binary)",
+                 bin->no_version);
+  else if (bin->version.empty())
+    spdlog::warn("agent binary {}: agents cannot be upgraded to it", bin->no_version);
+  // What /metrics and `factory status` show of it, whenever it is read.
+  p.agent_binary->on_change([feed = p.feed.get()](const tenants::AgentBinarySnapshot& s) {
+    feed->state().set_agent_binary(s.to_json());
+  });
   // The catalog is checked whole at start-up: a typo in it stops the
   // coordinator here, not a guest halfway through its first boot.
   auto cat = catalog::load_configured("", c->cfg_.source);
@@ -228,8 +231,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   to.token_ttl = c->cfg_.token_tenant_ttl;
   to.coordinator_url = c->cfg_.external_url;
   to.agent_binary_url = c->cfg_.agents_https_url() + "/v1/agent/binary";
-  to.agent_binary_sha256 = p.agent_sha256;
-  to.agent_binary_path = p.agent_binary;
+  to.agent_binary_path = p.agent_binary->path();
   to.ca_pem = p.ca->certificate_pem();
   to.guest_ranges_avoid = c->cfg_.guest_ranges_avoid;
   to.guest_ranges_pool = c->cfg_.guest_ranges_pool;
@@ -275,6 +277,10 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
           *p.store, *p.tokens, p.feed->view(), *p.agent_control,
           [feed = p.feed.get()](const std::string& tenant, const nlohmann::json& action) {
             feed->state().bus().publish("action", tenant, action);
+          },
+          p.agent_binary.get(),
+          [feed = p.feed.get()](const std::string& result) {
+            feed->state().count_agent_upgrade(result);
           }},
       std::move(*cat), std::move(provider), to, std::move(tenant_objects));
   p.agents->set_plan_provider(
@@ -499,13 +505,31 @@ Status Coordinator::start() {
   net_->agents->on_http(net::immediate([&p](const net::HttpRequestIn& req, const net::PeerInfo&) {
     if (req.method == "GET" && req.path == "/healthz") return json_response({{"status", "ok"}});
     if (req.method == "GET" && req.path == "/v1/agent/binary") {
-      if (!p.agent_binary_bytes)
-        return net::HttpResponseOut::error(404, "not_found",
-                                           "the coordinator has no agent binary (agents.binary)");
+      // The file is looked at again on a worker (at most every 10 s); this
+      // answer is what is held now.
+      if (p.agent_binary->refresh_due() &&
+          !p.workers->post([bin = p.agent_binary.get()] { bin->refresh(); }))
+        spdlog::warn("could not queue a look at the agent binary");
+      // An upgrade order asks for its binary by hash: the one it was
+      // ordered with, or nothing (never another binary under its name).
+      auto want = req.query.find("sha256");
+      auto bin = want == req.query.end() ? p.agent_binary->current()
+                                         : p.agent_binary->by_sha256(want->second);
+      if (!bin)
+        return net::HttpResponseOut::error(
+            404, "not_found",
+            "this coordinator no longer serves the agent binary with sha256 " +
+                display::sanitize(want->second.substr(0, 64)) +
+                " (agents.binary changed since the upgrade was ordered)");
+      if (!bin->readable())
+        return net::HttpResponseOut::error(
+            404, "not_found",
+            "the coordinator has no agent binary (agents.binary): " + bin->no_version);
       net::HttpResponseOut out;
       out.content_type = "application/octet-stream";
-      out.shared_body = p.agent_binary_bytes;
-      out.headers["X-Factory-Agent-Sha256"] = p.agent_sha256;
+      out.shared_body = bin->bytes;
+      out.headers["X-Factory-Agent-Sha256"] = bin->sha256;
+      if (!bin->version.empty()) out.headers["X-Factory-Agent-Version"] = bin->version;
       return out;
     }
     return net::HttpResponseOut::error(404, "not_found", "no such path: " + req.path);

@@ -327,6 +327,27 @@ void each_field(S& u, V& v) {
   v("diagnosis", u.diagnosis);
 }
 
+template <Is<AgentUpgradeJournal> S, class V>
+void each_field(S& u, V& v) {
+  v("state", u.state);
+  v("upgrade_id", u.upgrade_id);
+  v("rollout_id", u.rollout_id);
+  v("order", u.order);
+  v("max_unavailable", u.max_unavailable);
+  v("from_version", u.from_version);
+  v("to_version", u.to_version);
+  v("to_sha256", u.to_sha256);
+  v("size", u.size);
+  v("url", u.url);
+  v("confirm_within_s", u.confirm_within_s);
+  v("requested_at", u.requested_at);
+  v("sent_at", u.sent_at);
+  v("installing_at", u.installing_at);
+  v("done_at", u.done_at);
+  v("reason", u.reason);
+  v("announced", u.announced);
+}
+
 template <Is<TenantStatus> S, class V>
 void each_field(S& s, V& v) {
   v("kube", s.kube);
@@ -337,6 +358,7 @@ void each_field(S& s, V& v) {
   v("maintenance", s.maintenance);
   v("tier_plan", s.tier_plan);
   v("tier_upgrade", s.tier_upgrade);
+  v("agent_upgrade", s.agent_upgrade);
 }
 
 template <Is<EndpointState> S, class V>
@@ -433,6 +455,9 @@ json TierPlan::to_json() const {
   return write(*this);
 }
 json TierUpgradeJournal::to_json() const {
+  return write(*this);
+}
+json AgentUpgradeJournal::to_json() const {
   return write(*this);
 }
 

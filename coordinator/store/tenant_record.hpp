@@ -241,6 +241,35 @@ struct TierUpgradeJournal {
   bool operator==(const TierUpgradeJournal&) const = default;
 };
 
+// status.agent_upgrade: the journal of the latest agent self-update ordered
+// for this tenant (tenants/agent_rollout.hpp, docs/agent-rollouts.md),
+// written before each act. States: pending (selected by a rollout, not yet
+// ordered), sent (the order is out: sent to the agent now if connected, and
+// at each of its connections while it runs another version), installing
+// (the agent took the order), then one of upgraded, rolled_back, refused
+// (the agent's own words, in reason), failed (no outcome within
+// confirm_within_s + 5 minutes), held (not ordered: another tenant of the
+// rollout failed first) or cancelled. The order's fields are kept whole, so
+// the order sent again after a restart is the same order.
+struct AgentUpgradeJournal {
+  std::optional<std::string> state;
+  std::optional<std::string> upgrade_id;  // this tenant's order
+  std::optional<std::string> rollout_id;  // the rollout it is part of
+  std::optional<int> order;               // its place in the rollout, from 0
+  std::optional<int> max_unavailable;     // the rollout's
+  std::optional<std::string> from_version, to_version, to_sha256;
+  std::optional<std::uint64_t> size;
+  std::optional<std::string> url;
+  std::optional<int> confirm_within_s;
+  std::optional<std::string> requested_at, sent_at, installing_at, done_at;  // RFC 3339
+  std::optional<std::string> reason;     // the agent's (sanitized) or the coordinator's
+  std::optional<std::string> announced;  // the last state announced on the feed
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json to_json() const;
+  bool operator==(const AgentUpgradeJournal&) const = default;
+};
+
 // What the agent's events and the coordinator's actions made of the
 // tenant. Its JSON is the view's top level (feed::TenantView).
 struct TenantStatus {
@@ -252,6 +281,7 @@ struct TenantStatus {
   std::optional<MaintenanceJournal> maintenance;
   std::optional<TierPlan> tier_plan;
   std::optional<TierUpgradeJournal> tier_upgrade;
+  std::optional<AgentUpgradeJournal> agent_upgrade;
   nlohmann::json extra = nlohmann::json::object();
 
   bool empty() const;

@@ -92,10 +92,11 @@ std::optional<json> TenantService::notice_command(const store::TenantRecord& t,
 }
 
 std::vector<json> TenantService::pending_commands(const store::TenantRecord& t) const {
-  if (maintenance_state(t) != "noticed" || t.status.maintenance->guest_received_at) return {};
-  auto cmd = notice_command(t, false);
-  if (!cmd) return {};
-  return {std::move(*cmd)};
+  std::vector<json> out;
+  if (maintenance_state(t) == "noticed" && !t.status.maintenance->guest_received_at)
+    if (auto cmd = notice_command(t, false)) out.push_back(std::move(*cmd));
+  if (auto order = upgrade_command(t)) out.push_back(std::move(*order));
+  return out;
 }
 
 bool TenantService::agent_connected(const std::string& tenant) const {
@@ -542,6 +543,12 @@ void TenantService::start_maintenance(std::chrono::milliseconds every) {
       } catch (const std::exception& e) {
         spdlog::error("tenants: maintenance pass: {}", e.what());
       }
+      // Agent upgrades ride the same thread, leader and wake-ups.
+      try {
+        rollout_pass();
+      } catch (const std::exception& e) {
+        spdlog::error("tenants: agent rollout pass: {}", e.what());
+      }
       lk.lock();
     }
   });
@@ -552,6 +559,7 @@ void TenantService::set_maintenance_active(bool active) {
   if (active && !maint_active_) {
     maint_forget_cordons_ = true;
     maint_rescan_ = true;
+    upgrade_rescan_ = true;
   }
   maint_active_ = active;
   maint_wake_ = true;

@@ -216,6 +216,8 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
     return Error(Errc::invalid_argument, "tier " + vm.tier +
                                              " has no login: it takes no password (--ssh-key "
                                              "gives the admin key-only login)");
+  // The binary's hash as the file is now (looked at again at most every 10 s).
+  if (deps_.agent_binary) deps_.agent_binary->refresh_if_due();
   CloudInitParams params = user_data_params(req.name, effective.ssh_authorized_keys, login);
   if (login && !req.password.empty()) params.password = req.password;
   if (params.agent_sha256.empty())
@@ -382,7 +384,7 @@ CloudInitParams TenantService::user_data_params(const std::string& name,
   params.agent_binary_url = opts_.agent_binary_url;
   params.ca_pem = opts_.ca_pem;
   params.bootstrap_token = kBootstrapTokenPlaceholder;
-  params.agent_sha256 = opts_.agent_binary_sha256;
+  params.agent_sha256 = agent_binary_sha256();
   return params;
 }
 
@@ -1154,6 +1156,32 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
       [this](const net::HttpRequestIn&, const coordinator::PathParams& p) {
         return guarded("GET /v1/hosts/{node}/maintenance", [&] {
           auto m = maintenance(p.at("node"));
+          return m ? coordinator::json_response(m->to_json()) : error_reply(m.error());
+        });
+      },
+      coordinator::RouteOptions{.blocking = true, .read_only = true});
+  // Agent self-update (agent_rollout.hpp). Blocking: the binary is read
+  // again from the disk, the journals written to the store.
+  r.add(
+      "POST", "/v1/agents/upgrade",
+      [this](const net::HttpRequestIn& req, auto&) {
+        return guarded("POST /v1/agents/upgrade", [&] {
+          auto body = req.body.empty() ? json::object() : json::parse(req.body, nullptr, false);
+          if (body.is_discarded())
+            return net::HttpResponseOut::error(400, "bad_request", "the body is not JSON");
+          auto u = UpgradeRequest::from_json(body);
+          if (!u) return error_reply(u.error());
+          auto m = upgrade_agents(*u);
+          return m ? coordinator::json_response(m->to_json(), u->dry_run ? 200 : 202)
+                   : error_reply(m.error());
+        });
+      },
+      kBlocking);
+  r.add(
+      "GET", "/v1/agents/upgrade",
+      [this](const net::HttpRequestIn&, auto&) {
+        return guarded("GET /v1/agents/upgrade", [&] {
+          auto m = agent_rollout();
           return m ? coordinator::json_response(m->to_json()) : error_reply(m.error());
         });
       },

@@ -50,7 +50,9 @@
 #include "coordinator/enroll/tokens.hpp"
 #include "coordinator/feed/tenant_view.hpp"
 #include "coordinator/store/store.hpp"
+#include "coordinator/tenants/agent_binary.hpp"
 #include "coordinator/tenants/agent_control.hpp"
+#include "coordinator/tenants/agent_rollout.hpp"
 #include "coordinator/tenants/cloud_init.hpp"
 #include "coordinator/tenants/maintenance.hpp"
 #include "coordinator/tenants/request.hpp"
@@ -65,11 +67,16 @@ struct TenantServiceOptions {
   // boot and enroll within this.
   std::chrono::seconds token_ttl{std::chrono::hours(24)};
   // What every tenant's user-data tells its guest (cloud_init.hpp):
-  std::string coordinator_url;      // the wss:// URL the agent dials (external_url)
-  std::string agent_binary_url;     // where it downloads the agent
-  std::string agent_binary_sha256;  // the agent's hash; "" when there is no binary to serve
-  std::string agent_binary_path;    // the file served, for the message when it is missing
-  std::string ca_pem;               // the coordinator CA the agent pins
+  std::string coordinator_url;   // the wss:// URL the agent dials (external_url)
+  std::string agent_binary_url;  // where it downloads the agent (and an upgrade, by hash)
+  // Without an AgentBinary in the deps: the agent's hash ("" when there is
+  // no binary to serve) and the file, for the message when it is missing.
+  std::string agent_binary_sha256;
+  std::string agent_binary_path;
+  // How long past an upgrade order's confirm_within_s the coordinator
+  // waits for the agent's outcome before calling it failed.
+  std::chrono::seconds upgrade_grace{std::chrono::minutes(5)};
+  std::string ca_pem;  // the coordinator CA the agent pins
   // A guest cluster's ranges (tiers with an rke2 step): what the host's API
   // does not show that they must avoid (guest_ranges.avoid in the config),
   // and where they are picked (cluster_ranges.hpp).
@@ -91,6 +98,11 @@ struct TenantServiceDeps {
   // Puts an `action` event for the tenant on the status feed (never waits):
   // every action on a tenant is announced before it acts, and its end too.
   std::function<void(const std::string& tenant, const nlohmann::json& action)> announce;
+  // The agent binary served (agent_binary.hpp): new tenants' hash, and what
+  // upgrades install. Null: opts.agent_binary_sha256, and no upgrades.
+  AgentBinary* agent_binary = nullptr;
+  // An agent upgrade ended, by result (factory_agent_upgrades_total).
+  std::function<void(const std::string& result)> count_upgrade;
 };
 
 struct CreateOutcome {
@@ -173,8 +185,20 @@ class TenantService {
   Result<HostMaintenance> undrain(const UndrainRequest& req);
   // GET /v1/hosts/{node}/maintenance: where each tenant of the node is.
   Result<HostMaintenance> maintenance(const std::string& node);
+  // Agent self-update (agent_rollout.hpp). POST /v1/agents/upgrade: the
+  // plan (dry_run), or every selected tenant journaled pending and
+  // announced; the orders are rollout_pass()'s.
+  Result<AgentRolloutView> upgrade_agents(const UpgradeRequest& req);
+  // GET /v1/agents/upgrade: the latest rollout, tenant by tenant.
+  Result<AgentRolloutView> agent_rollout();
+  // One pass over the upgrade journals (the leader's maintenance thread):
+  // outcomes announced, orders sent within max_unavailable, the late ones
+  // failed, the rest of a rollout that went wrong held.
+  void rollout_pass();
+
   // What the tenant's agent is owed at each connection: the notice of a
-  // drain it has not confirmed (AgentService::set_pending_commands).
+  // drain it has not confirmed, the upgrade order it has not carried out
+  // (AgentService::set_pending_commands).
   std::vector<nlohmann::json> pending_commands(const store::TenantRecord& t) const;
   // One pass over every journal (the notices again to agents that connected,
   // the stops at their deadline, the starts), waiting on the provider.
@@ -258,6 +282,15 @@ class TenantService {
   void retry_clear(const std::string& key);
   void record_error(const std::string& tenant, const std::string& error);
 
+  // Agent self-update's parts (agent_rollout.cpp).
+  std::optional<nlohmann::json> upgrade_command(const store::TenantRecord& t) const;
+  void announce_upgrade(const std::string& tenant, const store::AgentUpgradeJournal& j);
+  // Writes the journal's new state (if it still is `from`), then announces it.
+  bool move_upgrade(const std::string& tenant, const std::string& from, const std::string& to,
+                    const std::string& reason);
+  std::string agent_version_of(const store::TenantRecord& t) const;
+  std::string agent_binary_sha256() const;
+
   // https://<endpoint host>:<node port>, "" until the Service has its port.
   std::string endpoint_url(int node_port) const;
   // What `tenant show` says of a model endpoint: its URL and whether it
@@ -291,6 +324,11 @@ class TenantService {
   std::set<std::string> maint_tenants_;
   Clock::time_point maint_last_scan_{};
   std::atomic<bool> maint_rescan_{true};
+  // The tenants whose upgrade journal may still need the pass (guarded by
+  // changes_mu_), as the last full scan found them.
+  std::set<std::string> upgrade_tenants_;
+  Clock::time_point upgrade_last_scan_{};
+  std::atomic<bool> upgrade_rescan_{true};
   std::atomic<bool> maint_forget_cordons_{false};
   // The maintenance thread.
   std::mutex maint_mu_;

@@ -340,5 +340,87 @@ TEST(TenantQuotas, BytesPerDayIsADaysAllowanceRefilledOverTheDay) {
   EXPECT_FALSE(q.admit("t1", 64 * 1024, t0 + std::chrono::seconds(5403)));
 }
 
+// An agent's report of its upgrade: read by the contract's decoder, kept
+// only for the order its own tenant's journal holds.
+store::TenantRecord upgrading(const std::string& id, const std::string& state) {
+  store::TenantRecord t;
+  t.name = "t1";
+  store::AgentUpgradeJournal j;
+  j.state = state;
+  j.upgrade_id = id;
+  j.from_version = "0.1.0";
+  j.to_version = "0.2.0";
+  t.status.agent_upgrade = j;
+  return t;
+}
+
+AgentEvent upgrade_event(const json& fields) {
+  json body = {{"id", 7}, {"kind", "agent_upgrade"}};
+  for (auto& [k, v] : fields.items()) body[k] = v;
+  auto d = decode_event(body);
+  EXPECT_TRUE(d.value) << d.refusal;
+  return d.value ? *d.value : AgentEvent{};
+}
+
+TEST(AgentUpgradeEvents, ARollbackIsKeptWithItsReasonForTheOrderTheJournalHolds) {
+  auto ev = upgrade_event({{"upgrade_id", "up-1-0"},
+                           {"state", "rolled_back"},
+                           {"from_version", "0.1.0"},
+                           {"to_version", "0.2.0"},
+                           {"reason", "no health report within 120 s"}});
+  ASSERT_TRUE(std::holds_alternative<AgentUpgradeReport>(ev.body));
+  EXPECT_EQ(ev.to_json()["state"], "rolled_back");
+  EXPECT_EQ(ev.to_json()["kind"], "agent_upgrade");
+  auto t = upgrading("up-1-0", "sent");
+  EXPECT_TRUE(project_event(t, ev));
+  EXPECT_EQ(t.status.agent_upgrade->state, "rolled_back");
+  EXPECT_EQ(t.status.agent_upgrade->reason, "no health report within 120 s");
+  EXPECT_TRUE(t.status.agent_upgrade->done_at);
+  // Its outcome is its outcome: a second word on it changes nothing.
+  EXPECT_FALSE(project_event(t, upgrade_event({{"upgrade_id", "up-1-0"}, {"state", "upgraded"}})));
+  EXPECT_EQ(t.status.agent_upgrade->state, "rolled_back");
+}
+
+TEST(AgentUpgradeEvents, AnotherUpgradeIdChangesNothing) {
+  auto t = upgrading("up-1-0", "sent");
+  const auto before = t;
+  EXPECT_FALSE(project_event(t, upgrade_event({{"upgrade_id", "up-1-1"}, {"state", "refused"}})));
+  EXPECT_EQ(t, before);
+  store::TenantRecord none;
+  none.name = "t2";
+  EXPECT_FALSE(
+      project_event(none, upgrade_event({{"upgrade_id", "up-1-0"}, {"state", "upgraded"}})));
+  EXPECT_FALSE(none.status.agent_upgrade);
+}
+
+TEST(AgentUpgradeEvents, InstallingThenUpgradedAndAnUpgradeToAnotherVersionFails) {
+  auto t = upgrading("up-1-0", "sent");
+  EXPECT_TRUE(project_event(t, upgrade_event({{"upgrade_id", "up-1-0"}, {"state", "installing"}})));
+  EXPECT_EQ(t.status.agent_upgrade->state, "installing");
+  EXPECT_TRUE(project_event(
+      t,
+      upgrade_event({{"upgrade_id", "up-1-0"}, {"state", "upgraded"}, {"to_version", "0.2.0"}})));
+  EXPECT_EQ(t.status.agent_upgrade->state, "upgraded");
+  auto u = upgrading("up-1-0", "installing");
+  EXPECT_TRUE(project_event(
+      u, upgrade_event({{"upgrade_id", "up-1-0"}, {"state", "upgraded"}, {"to_version", "9.9"}})));
+  EXPECT_EQ(u.status.agent_upgrade->state, "failed");
+  EXPECT_NE(u.status.agent_upgrade->reason->find("9.9"), std::string::npos);
+}
+
+TEST(AgentUpgradeEvents, AReasonWithEscapesIsRejectedAndStoredAsIdAndKindOnly) {
+  auto d = decode_event({{"id", 8},
+                         {"kind", "agent_upgrade"},
+                         {"upgrade_id", "up-1-0"},
+                         {"state", "rolled_back"},
+                         {"reason", kEscapes}});
+  ASSERT_TRUE(d.value) << d.refusal;
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(d.value->body));
+  EXPECT_EQ(::testing::PrintToString(reasons_of(d.rejected)), "{ \"reason:bad_format\" }");
+  EXPECT_EQ(d.value->to_json(), json({{"id", 8}, {"kind", "agent_upgrade"}}));
+  auto t = upgrading("up-1-0", "sent");
+  EXPECT_FALSE(project_event(t, *d.value));
+}
+
 }  // namespace
 }  // namespace factory::coordinator

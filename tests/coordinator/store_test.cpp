@@ -157,6 +157,41 @@ TEST_P(StoreTest, TenantsSurviveAReopen) {
   EXPECT_EQ(all[0].phase, "ready");
 }
 
+TEST_P(StoreTest, AnAgentUpgradeJournalSurvivesAReopenFieldByField) {
+  AgentUpgradeJournal j;
+  j.state = "sent";
+  j.upgrade_id = "up-1764950400000-3";
+  j.rollout_id = "up-1764950400000";
+  j.order = 3;
+  j.max_unavailable = 2;
+  j.from_version = "0.1.0";
+  j.to_version = "0.2.0-rc.1+build.7";
+  j.to_sha256 = std::string(64, 'a');
+  j.size = 12ull * 1024 * 1024 * 1024;  // past 32 bits
+  j.url = "https://coord:8443/v1/agent/binary?sha256=" + std::string(64, 'a');
+  j.confirm_within_s = 120;
+  j.requested_at = "2026-12-05T16:00:00Z";
+  j.sent_at = "2026-12-05T16:00:01Z";
+  j.reason = "held: t0 rolled back: \u00e9t\u00e9";
+  j.announced = "sent";
+  j.extra["from_a_newer_coordinator"] = 1;
+  {
+    auto s = open();
+    ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
+    auto r = s->update_tenant("t1", [&](TenantRecord& t) {
+      t.status.agent_upgrade = j;
+      return Status{};
+    });
+    ASSERT_TRUE(r.ok());
+  }
+  auto s = open();
+  auto t = s->get_tenant("t1");
+  ASSERT_TRUE(t);
+  ASSERT_TRUE(t->status.agent_upgrade);
+  EXPECT_EQ(*t->status.agent_upgrade, j) << t->status.agent_upgrade->to_json().dump(2);
+  EXPECT_EQ(t->to_json()["status"]["agent_upgrade"]["size"], 12ull * 1024 * 1024 * 1024);
+}
+
 TEST_P(StoreTest, EventsAreStoredOnceAndTheirCursorSurvivesAReopen) {
   {
     auto s = open();
