@@ -169,7 +169,8 @@ Status read_keys(const nlohmann::json& doc, const std::string& path, Coordinator
   for (auto st : {agents->read("listen", c.agents_listen), agents->read("binary", c.agent_binary),
                   read_duration(*agents, "idle_timeout", c.agents_idle_timeout),
                   read_duration(*agents, "cert_ttl", c.agent_cert_ttl),
-                  read_duration(*agents, "renewal_grace", c.agent_renewal_grace)})
+                  read_duration(*agents, "renewal_grace", c.agent_renewal_grace),
+                  read_duration(*agents, "upgrade_grace", c.agent_upgrade_grace)})
     if (!st.ok()) return st;
   auto quota = agents->section("quota");
   if (!quota) return quota.error();

@@ -21,6 +21,9 @@
 //                                      # may still renew with its old certificate
 //     binary: ""                       # agent binary served at /v1/agent/binary
 //                                      # (default: factory-agent beside factory)
+//     upgrade_grace: 5m                # how long past an upgrade's confirm_within the
+//                                      # coordinator waits for its outcome before
+//                                      # calling it failed (docs/agent-rollouts.md)
 //     quota:                           # each tenant's share (coordinator/agents/quota.hpp)
 //       events_per_second: 250         # messages an agent may send per second (events,
 //                                      # heartbeats, ...; above the agent's 200/s replay)
@@ -142,6 +145,7 @@ struct CoordinatorConfig {
   std::chrono::seconds agents_idle_timeout{60};
   std::chrono::seconds agent_cert_ttl{std::chrono::hours(24)};
   std::chrono::seconds agent_renewal_grace{std::chrono::hours(24 * 90)};
+  std::chrono::seconds agent_upgrade_grace{std::chrono::minutes(5)};
   std::string agent_binary;
   // agents.quota: per tenant (coordinator/agents/quota.hpp), and the history
   // the store keeps of each (its retention).

@@ -232,6 +232,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   to.coordinator_url = c->cfg_.external_url;
   to.agent_binary_url = c->cfg_.agents_https_url() + "/v1/agent/binary";
   to.agent_binary_path = p.agent_binary->path();
+  to.upgrade_grace = c->cfg_.agent_upgrade_grace;
   to.ca_pem = p.ca->certificate_pem();
   to.guest_ranges_avoid = c->cfg_.guest_ranges_avoid;
   to.guest_ranges_pool = c->cfg_.guest_ranges_pool;

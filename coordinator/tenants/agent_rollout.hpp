@@ -27,7 +27,7 @@
 //      the agents module onto its own tenant's journal, for the upgrade id
 //      the journal holds only) announced and counted
 //      (factory_agent_upgrades_total{result}); no outcome within
-//      confirm_within_s + the grace (5 minutes) is `failed`, unless the
+//      confirm_within_s + agents.upgrade_grace (5 minutes) is `failed`, unless the
 //      agent is connected running the version ordered: then `upgraded`
 //      (its report was lost, the version it runs is the proof);
 //   5. after the first rolled_back, refused or failed, every tenant of the

@@ -294,7 +294,7 @@ TEST(CliConventions, ConfigKeysAreCheckedAtEveryDepthAndNamedByPath) {
       {"stat_dir: /x\n", "unknown key 'stat_dir'"},
       {"agents:\n  listn: 127.0.0.1:1\n",
        "unknown key 'agents.listn' (known: listen, binary, idle_timeout, cert_ttl, renewal_grace, "
-       "quota)"},
+       "upgrade_grace, quota)"},
       {"api:\n  lissen: 127.0.0.1:1\n",
        "unknown key 'api.lissen' (known: listen, metrics_public, events_heartbeat)"},
       {"tokens:\n  default_tll: 1h\n", "unknown key 'tokens.default_tll'"},

@@ -21,6 +21,12 @@ TEST(CoordinatorConfig, DefaultsForEveryKey) {
   EXPECT_EQ(c->api_url(), "https://127.0.0.1:8444");
   EXPECT_EQ(c->external_url.rfind("wss://", 0), 0u);
   EXPECT_EQ(c->token_default_ttl, std::chrono::hours(1));
+  EXPECT_EQ(c->agent_upgrade_grace, std::chrono::minutes(5));
+  auto p = dir.path() / "c.yaml";
+  std::ofstream(p) << "agents:\n  upgrade_grace: 30s\n";
+  auto set = coordinator::load_coordinator_config(p.string(), true);
+  ASSERT_TRUE(set.ok()) << set.error().message;
+  EXPECT_EQ(set->agent_upgrade_grace, std::chrono::seconds(30));
 }
 
 TEST(CoordinatorConfig, ReadsKeysAndRefusesUnknownOnes) {

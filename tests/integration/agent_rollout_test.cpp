@@ -120,6 +120,20 @@ class UpgradingAgent {
 
   void disconnect() { session_.reset(); }
 
+  // What a live agent does while it waits: a heartbeat, and a pong for
+  // every ping (the coordinator drops a connection silent past
+  // agents.idle_timeout).
+  void keep_alive(std::chrono::milliseconds for_) {
+    if (!session_) return;
+    own_.send(*session_, "heartbeat", {{"pending_events", 0}, {"dropped_events", 0}});
+    auto until = Clock::now() + for_;
+    while (Clock::now() < until) {
+      auto f = session_->ws_read(50ms);
+      if (f.ok() && f->op == factory::net::ws::Opcode::ping)
+        (void)session_->ws_send(factory::net::ws::Opcode::pong, f->payload);
+    }
+  }
+
   // The whole of a good upgrade: installing, the new binary connects and
   // says so.
   void upgrade(const json& order) {
@@ -162,10 +176,11 @@ class UpgradingAgent {
 
 class AgentRollout : public ::testing::Test {
  protected:
-  void start(const std::string& binary) {
+  void start(const std::string& binary, const std::string& agents_yaml = "") {
     bin_ = dir_.path() / "factory-agent-served";
     write(bin_, binary);
-    h_ = std::make_unique<CoordinatorHarness>(dir_.path(), "", "", "  events_heartbeat: 1s\n");
+    h_ = std::make_unique<CoordinatorHarness>(dir_.path(), "", agents_yaml,
+                                              "  events_heartbeat: 1s\n");
     serve_binary(*h_, bin_);
     h_->start();
   }
@@ -406,4 +421,40 @@ TEST_F(AgentRollout, ABinaryWithoutAVersionMarkIsRefusedWithTheReason) {
   ASSERT_EQ(later.exit_code, 0) << later.output;
   EXPECT_EQ(json::parse(later.output).value("version", ""), "0.3.0");
   EXPECT_FALSE(json::parse(later.output).contains("cannot_upgrade"));
+}
+
+TEST_F(AgentRollout, SilenceFailsAfterTheGraceUnlessTheAgentRunsTheNewVersion) {
+  start(marked_binary("0.2.0"), "  upgrade_grace: 1s\n");
+  auto fleet = agents(3);
+  auto cli = std::async(std::launch::async, [&] {
+    return h_->factory({"agents", "upgrade", "--all", "--max-unavailable", "2", "--confirm-within",
+                        "10s", "--poll", "1s", "--timeout", "1m"},
+                       90s);
+  });
+  auto silent = fleet[0]->wait_order();
+  auto quiet = fleet[1]->wait_order();
+  ASSERT_TRUE(silent && quiet);
+  // t0 takes the order and is never heard of again about it; t1's new
+  // agent comes back, but its report is lost.
+  ASSERT_TRUE(fleet[1]->download(*quiet));
+  ASSERT_TRUE(fleet[1]->connect("0.2.0"));
+  // Both stay connected, saying nothing of the upgrade.
+  while (cli.wait_for(0s) != std::future_status::ready)
+    for (auto& a : fleet) a->keep_alive(100ms);
+  auto r = cli.get();
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("t0: failed: no outcome within"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("its agent is connected, running 0.1.0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("t2: held: t0 failed: no outcome within"), std::string::npos) << r.output;
+  auto s = states();
+  EXPECT_EQ(s["t0"], "failed");
+  EXPECT_EQ(s["t1"], "upgraded");
+  EXPECT_EQ(s["t2"], "held");
+  for (const auto& t : progress()["tenants"])
+    if (t["tenant"] == "t1") {
+      EXPECT_EQ(t["reason"], "the agent runs 0.2.0; its own report never came");
+    }
+  EXPECT_EQ(fleet[2]->orders_within(500ms), 0);
+  EXPECT_NE(h_->metrics().find("factory_agent_upgrades_total{result=\"failed\"} 1"),
+            std::string::npos);
 }
