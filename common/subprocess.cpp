@@ -180,7 +180,7 @@ Result<CommandResult> run_command(const CommandSpec& spec) {
     }
     pollfd pfds[2] = {{out_pipe[0], POLLIN, 0}, {stop_fd, POLLIN, 0}};
     // Once the stop is handled the eventfd (still readable) is not polled again.
-    nfds_t nfds = (!terminating && stop_fd >= 0) ? 2 : 1;
+    nfds_t nfds = (!terminating && stop_fd >= 0 && !spec.survives_stop) ? 2 : 1;
     int pr = ::poll(pfds, nfds, static_cast<int>(std::min<long>(left.count(), 1000)));
     if (pr < 0 && errno != EINTR) break;
     if (pr <= 0) continue;

@@ -21,6 +21,12 @@ struct CommandSpec {
   std::string cwd;
   size_t max_output = 1 << 20;                           // keep the last max_output bytes
   std::function<void(const std::string& line)> on_line;  // stdout and stderr lines as they come
+  // The command that asks for this process's own stop (`systemctl restart`
+  // of its own unit): systemd's SIGTERM can reach the process before the
+  // command has returned, and a CommandStop must not end the very request
+  // that caused it. Such a command is still not started once a stop is in
+  // force (a stop asked for by someone else wins).
+  bool survives_stop = false;
 };
 
 struct CommandResult {

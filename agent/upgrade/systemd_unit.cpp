@@ -16,19 +16,20 @@ namespace {
 // longer than this is a systemd in trouble, and the caller reports it.
 constexpr std::chrono::seconds kSystemdTimeout{60};
 
-Result<CommandResult> systemd_call(std::vector<std::string> argv) {
+Result<CommandResult> systemd_call(std::vector<std::string> argv, bool survives_stop = false) {
   CommandSpec spec;
   spec.argv = std::move(argv);
+  spec.survives_stop = survives_stop;
   spec.timeout = kSystemdTimeout;
   spec.max_output = 4096;
   return run_command(spec);
 }
 
 // The call, as one line for an error: "systemctl daemon-reload: exited 1: <its last line>".
-Status checked(std::vector<std::string> argv) {
+Status checked(std::vector<std::string> argv, bool survives_stop = false) {
   std::string shown;
   for (const auto& a : argv) shown += (shown.empty() ? "" : " ") + a;
-  auto r = systemd_call(std::move(argv));
+  auto r = systemd_call(std::move(argv), survives_stop);
   if (!r) return r.error().with_context(shown);
   if (r->ok()) return {};
   std::string said = r->tail(1);
@@ -98,7 +99,10 @@ Status reload_systemd() {
 }
 
 Status restart_agent_unit() {
-  return checked({"systemctl", "restart", "--no-block", kAgentUnit});
+  // systemd SIGTERMs this agent as soon as it runs the job, often before
+  // systemctl has returned: the agent's stop must let this call finish, or
+  // it would report the restart it asked for as a failure and undo it.
+  return checked({"systemctl", "restart", "--no-block", kAgentUnit}, /*survives_stop=*/true);
 }
 
 Status arm_deadline_timer(const std::string& stable, const std::filesystem::path& state_file,

@@ -1,9 +1,9 @@
 #include "coordinator/agents/projection.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <map>
 #include <set>
-
-#include <spdlog/spdlog.h>
 
 #include "common/display.hpp"
 #include "common/durations.hpp"

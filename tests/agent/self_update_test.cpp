@@ -31,6 +31,7 @@
 #include "common/net/io_pool.hpp"
 #include "common/net/server.hpp"
 #include "common/pki.hpp"
+#include "common/subprocess.hpp"
 #include "contract/agent_upgrade.hpp"
 #include "tests/guestsim/guest_sim.hpp"
 
@@ -265,6 +266,42 @@ class AgentUpgradeInGuest : public ::testing::Test {
   std::unique_ptr<BinaryServer> server_;
   std::unique_ptr<EventSpool> spool_;
 };
+
+// Real systemd SIGTERMs the agent as soon as it runs the restart job, while
+// the agent's `systemctl restart --no-block` may still be running (seen on a
+// real guest: the agent's stop ended that call and the upgrade was reported
+// refused and undone after the switch). The stand-in holds the call until
+// the test, doing what the agent's SIGTERM handler does (AgentRuntime::stop:
+// a CommandStop), has begun the stop.
+TEST_F(AgentUpgradeInGuest, TheStopItsOwnRestartCausesNeitherEndsNorUndoesTheUpgrade) {
+  sim_->set_knob("agent_stopped_by_restart");
+  const fs::path services = sim_->root() / ".guestsim/state/services";
+  std::promise<void> handled;
+  std::shared_future<void> done = handled.get_future().share();
+  std::atomic<bool> stop_began{false};
+  std::thread systemd([&] {
+    while (!fs::exists(services / "factory-agent.stopping"))
+      if (done.wait_for(10ms) == std::future_status::ready) return;
+    CommandStop sigterm(2s);
+    stop_began = true;
+    std::ofstream(services / "factory-agent.stop-seen");
+    done.wait();
+  });
+  const UpgradeOutcome outcome = old_agent()->handle(order());
+  handled.set_value();
+  systemd.join();
+
+  EXPECT_TRUE(stop_began) << "the stand-in never asked for the stop";
+  EXPECT_EQ(outcome, UpgradeOutcome::restarting);
+  EXPECT_TRUE(points_at(slot(kNew)));
+  EXPECT_EQ(state().phase, UpgradePhase::trying);
+  EXPECT_TRUE(fs::exists(drop_in()));
+  EXPECT_EQ(sim_->counter("systemctl.restart.factory-agent"), 1);
+  // Installing, and nothing after it: no "refused" for a restart under way.
+  auto ev = events();
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0]["state"], "installing");
+}
 
 TEST_F(AgentUpgradeInGuest, AGoodOrderInstallsBesideTheOldBinaryAndAsksForARestart) {
   EXPECT_EQ(old_agent()->handle(order()), UpgradeOutcome::restarting);
