@@ -262,8 +262,9 @@ void BatchingStore::writer_loop() {
     bool stopping = false;
     {
       std::unique_lock lk(queue_mu_);
-      queue_cv_.wait_until(lk, std::min(next_maintenance, next_health),
-                           [&] { return stopping_ || !queue_.empty(); });
+      auto wake = std::min(next_maintenance, next_health);
+      if (deferred_reload_) wake = std::min(wake, next_reload_retry_);
+      queue_cv_.wait_until(lk, wake, [&] { return stopping_ || !queue_.empty(); });
       stopping = stopping_;
       while (!queue_.empty() && batch.size() < opts_.max_batch) {
         batch.push_back(std::move(queue_.front()));
@@ -275,7 +276,9 @@ void BatchingStore::writer_loop() {
     bool health = now >= next_health || stopping;
     if (maintenance) next_maintenance = now + opts_.maintenance_every;
     if (health) next_health = now + opts_.health_flush;
-    if (!batch.empty() || maintenance || health) run_batch(batch, maintenance, health);
+    const bool reload_due = deferred_reload_ && now >= next_reload_retry_;
+    if (!batch.empty() || maintenance || health || reload_due)
+      run_batch(batch, maintenance, health);
     if (stopping) {
       std::lock_guard lk(queue_mu_);
       if (queue_.empty()) return;
@@ -513,16 +516,23 @@ void BatchingStore::run_batch(std::deque<Op>& batch, bool maintenance_due, bool 
       std::lock_guard lk(queue_mu_);
       ++stats_.write_failures;
     }
-    // What other replicas changed is still to be read: with the next batch.
+    // What other replicas changed is still to be read: with the next batch,
+    // or by itself after a backoff if none comes.
     for (auto& op : batch) {
       if (op.kind != Op::Kind::reload) continue;
       if (!deferred_reload_) deferred_reload_.emplace();
       deferred_reload_->merge(op.reload);
     }
+    if (deferred_reload_) {
+      next_reload_retry_ = std::chrono::steady_clock::now() + reload_retry_backoff_;
+      reload_retry_backoff_ =
+          std::min<std::chrono::milliseconds>(reload_retry_backoff_ * 2, std::chrono::seconds(5));
+    }
     for (auto& op : batch) fail_op(op, e);
     return;
   }
   deferred_reload_.reset();
+  reload_retry_backoff_ = std::chrono::milliseconds(100);
   // Committed: publish, then tell.
   publish_batch(ov);
   {

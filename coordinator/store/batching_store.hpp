@@ -273,9 +273,13 @@ class BatchingStore final : public Store {
   // A full disk or a lost server fails every batch; the log says so a few
   // times, then how often.
   LogThrottle write_failure_log_{};
-  // Reloads of a batch that failed, tried again with the next one (the
-  // writer's only).
+  // Reloads of a batch that failed, tried again with the next one, or on
+  // their own at next_reload_retry_ when no batch comes (an idle replica
+  // would otherwise miss what another changed until it next wrote): 100 ms,
+  // doubling to 5 s. The writer's only.
   std::optional<Invalidation> deferred_reload_;
+  std::chrono::steady_clock::time_point next_reload_retry_{};
+  std::chrono::milliseconds reload_retry_backoff_{100};
 };
 
 }  // namespace factory::store

@@ -795,6 +795,34 @@ TEST_F(PostgresStoreTest, TheListenerSurvivesAKilledConnectionAndReloads) {
   EXPECT_EQ(logs.str().find("hunter2"), std::string::npos) << logs.str();
 }
 
+// A replica that only reads (no batch of its own to come) and whose reload
+// failed, because its own connection was the one lost, still catches up by
+// itself: CI once saw the reload after a lost connection fail and wait for a
+// write that never came (the test above, flaky for it).
+TEST_F(PostgresStoreTest, AnIdleReplicaWhoseReloadFailedCatchesUpByItself) {
+  using factory::testing::eventually;
+  StoreOptions idle;
+  idle.health_flush = std::chrono::hours(1);  // no batch of its own for an hour
+  idle.maintenance_every = std::chrono::hours(1);
+  auto a = open();
+  auto opened = open_postgres_store(conninfo_, idle);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  auto b = std::move(*opened);
+  ASSERT_TRUE(a->put_tenant(tenant("t1")).ok());
+  ASSERT_TRUE(eventually([&] { return b->get_tenant("t1").has_value(); }, kSeen));
+  // Every writer connection goes (a's and b's, not the listeners): libpq
+  // learns it only when b next uses its own, for the reload a's change asks.
+  sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = "
+      "current_database() AND application_name = 'factory-coordinator'");
+  for (int attempt = 0; !a->put_tenant(tenant("t2")).ok(); ++attempt) {
+    ASSERT_LT(attempt, 100);
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(eventually([&] { return b->get_tenant("t2").has_value(); }, 5s));
+  a->close();
+  b->close();
+}
+
 // A conninfo's password never reaches an error: not when the server cannot
 // be reached, not when the string does not parse, in either of libpq's forms.
 TEST(PostgresStoreSecrets, ThePasswordIsInNoError) {
