@@ -30,6 +30,7 @@
 // the coordinator's view of the tenant.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <chrono>
@@ -233,6 +234,33 @@ class Tracker {
 // stamped with another version in the field its version mark reserves
 // (contract/agent_upgrade.hpp), so its bytes and hash differ and the running
 // agent reports the new version.
+// Every event id the coordinator stored for a tenant, in the order stored,
+// read from its SQLite store (coordinator/store/sqlite_store.cpp's schema),
+// opened read-only beside the running coordinator (WAL). `tenant show` holds
+// only the latest 50, and a guest through a reboot and two upgrades sends more.
+std::vector<uint64_t> stored_event_ids(const fs::path& db, const std::string& tenant) {
+  std::vector<uint64_t> ids;
+  sqlite3* h = nullptr;
+  if (sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) {
+    ADD_FAILURE() << db << ": " << (h ? sqlite3_errmsg(h) : "cannot open");
+    sqlite3_close(h);
+    return ids;
+  }
+  sqlite3_busy_timeout(h, 5000);
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(h, "SELECT event_id FROM events WHERE tenant = ? ORDER BY seq", -1, &st,
+                         nullptr) != SQLITE_OK) {
+    ADD_FAILURE() << db << ": " << sqlite3_errmsg(h);
+  } else {
+    sqlite3_bind_text(st, 1, tenant.c_str(), -1, SQLITE_TRANSIENT);
+    while (sqlite3_step(st) == SQLITE_ROW)
+      ids.push_back(static_cast<uint64_t>(sqlite3_column_int64(st, 0)));
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  return ids;
+}
+
 std::string restamped_agent(const std::string& bytes, const std::string& version) {
   std::string out = bytes;
   const std::string_view mark = factory::proto::kAgentVersionMark;
@@ -531,7 +559,7 @@ TEST_F(VmE2E, ScriptTierThroughARebootAndGpuVmWithoutACard) {
     // A build that exits at start: the guest goes back to `next` by itself.
     auto [bad, bad_s] = upgrade("0.1.0-e2e.broken", slurp(E2E_BROKEN_AGENT_BIN));
     EXPECT_EQ(bad.exit_code, 1) << bad.output;
-    EXPECT_NE(bad.output.find("rolled_back"), std::string::npos) << bad.output;
+    EXPECT_NE(bad.output.find("rolled back"), std::string::npos) << bad.output;
     EXPECT_NE(bad.output.find("exited"), std::string::npos) << bad.output;
     json t = show(a);
     const json journal = t.value("agent_upgrade", json());
@@ -551,9 +579,7 @@ TEST_F(VmE2E, ScriptTierThroughARebootAndGpuVmWithoutACard) {
 
     // The agent's own report of it is among the tenant's events.
     bool rolled_back_event = false;
-    std::vector<uint64_t> ids;
     for (const auto& e : show(a).value("recent_events", json::array())) {
-      ids.push_back(e.value("id", uint64_t{0}));
       const json& ev = e["event"];
       if (ev.value("kind", "") == "agent_upgrade" && ev.value("state", "") == "rolled_back")
         rolled_back_event = true;
@@ -561,20 +587,22 @@ TEST_F(VmE2E, ScriptTierThroughARebootAndGpuVmWithoutACard) {
     EXPECT_TRUE(rolled_back_event);
 
     // Every event the agent spooled, across both upgrades, stored once: the
-    // ids the coordinator holds are 1..N with none twice and none missing,
-    // and N is the last the guest's spool acknowledged.
-    std::sort(ids.begin(), ids.end());
-    auto acked = ssh(port, "sudo cat /var/lib/factory-agent/spool.acked");
+    // ids the coordinator holds are 1..N with none twice and none missing;
+    // every id the guest's spool counts as acknowledged is among them. (The
+    // spool is read first: the agent may send one more event meanwhile.)
+    auto acked = ssh(port, "sudo cat /var/lib/factory-agent/spool/spool.acked");
     ASSERT_TRUE(acked.ok()) << acked.output;
     const json spool = json::parse(acked.output, nullptr, false);
+    ASSERT_TRUE(spool.is_object()) << acked.output;
+    std::vector<uint64_t> ids = stored_event_ids(h_->state_dir() / "store" / "factory.db", a);
+    std::sort(ids.begin(), ids.end());
     std::printf("events stored for %s: %zu (ids %llu..%llu); the guest's spool: %s\n", a.c_str(),
                 ids.size(), ids.empty() ? 0ull : static_cast<unsigned long long>(ids.front()),
                 ids.empty() ? 0ull : static_cast<unsigned long long>(ids.back()),
                 spool.dump().c_str());
     for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(ids[i], i + 1) << "event ids 1..N, once each";
-    ASSERT_TRUE(spool.is_object()) << acked.output;
-    EXPECT_EQ(spool.value("last_id", uint64_t{0}), ids.size());
-    EXPECT_EQ(spool.value("acked", uint64_t{0}), ids.size());
+    EXPECT_GE(ids.size(), spool.value("acked", uint64_t{0})) << "an acknowledged event is missing";
+    EXPECT_GT(ids.size(), 0u);
     EXPECT_EQ(spool.value("dropped", uint64_t{1}), 0u);
     std::printf(
         "\nagent self-update timings: good build %.1f s (order to upgraded), broken build "
