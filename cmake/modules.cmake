@@ -47,6 +47,13 @@ function(factory_module target)
     target_include_directories(${target} PUBLIC ${inc_root})
     target_link_libraries(${target} PUBLIC ${M_PUBLIC} PRIVATE ${M_PRIVATE} ${M_EXTERNAL})
     factory_pch(${target})
+    if(FACTORY_UNITY)
+      # The files of a batch share one translation unit: no two of a module's
+      # sources may define the same name in an anonymous namespace (or as a
+      # static), nor leave a using-directive behind for the next file.
+      set_target_properties(${target} PROPERTIES
+        UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${FACTORY_UNITY_BATCH_SIZE})
+    endif()
   else()
     add_library(${target} INTERFACE)
     target_include_directories(${target} INTERFACE ${inc_root})

@@ -15,19 +15,19 @@ namespace limits = agent_upgrade_limits;
 
 namespace {
 
-Error bad(const char* what, const char* field, const std::string& why) {
+Error agent_upgrade_bad(const char* what, const char* field, const std::string& why) {
   return validation::bad(std::string(what) + ": " + field, why);
 }
 
 // A value quoted in an error: the log line it ends up in must not carry the
 // value's escapes, nor all of a long one.
-std::string shown_value(const std::string& s) {
+std::string agent_upgrade_shown(const std::string& s) {
   constexpr std::size_t kShown = 80;
   std::string shown = display::sanitize(s.size() > kShown ? s.substr(0, kShown) : s);
   return "'" + shown + (s.size() > kShown ? "...'" : "'");
 }
 
-bool is_upgrade_id(std::string_view s) {
+bool is_agent_upgrade_id(std::string_view s) {
   if (s.empty() || s.size() > limits::kUpgradeId) return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
@@ -47,10 +47,12 @@ bool is_download_url(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c > 0x20 && c < 0x7f; });
 }
 
-Result<std::string> string_field(const char* what, const json& body, const char* key) {
+Result<std::string> agent_upgrade_string_field(const char* what, const json& body,
+                                               const char* key) {
   auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return bad(what, key, "missing");
-  if (!it->is_string()) return bad(what, key, "want a string, got " + validation::type_name(*it));
+  if (it == body.end() || it->is_null()) return agent_upgrade_bad(what, key, "missing");
+  if (!it->is_string())
+    return agent_upgrade_bad(what, key, "want a string, got " + validation::type_name(*it));
   return it->get<std::string>();
 }
 
@@ -58,23 +60,23 @@ Status expect_tag(const char* what, const json& body, const char* key, std::stri
                   bool required) {
   auto it = body.find(key);
   if (it == body.end()) {
-    if (required) return bad(what, key, "missing");
+    if (required) return agent_upgrade_bad(what, key, "missing");
     return Status{};
   }
   if (it->is_string() && it->get_ref<const std::string&>() == want) return Status{};
-  return bad(
-      what, key,
-      "want '" + std::string(want) + "', got " +
-          (it->is_string() ? shown_value(it->get<std::string>()) : validation::type_name(*it)));
+  return agent_upgrade_bad(what, key,
+                           "want '" + std::string(want) + "', got " +
+                               (it->is_string() ? agent_upgrade_shown(it->get<std::string>())
+                                                : validation::type_name(*it)));
 }
 
 // An unsigned count in [lo, hi], or why not.
 Result<std::uint64_t> count_field(const char* what, const json& body, const char* key,
                                   std::uint64_t lo, std::uint64_t hi) {
   auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return bad(what, key, "missing");
+  if (it == body.end() || it->is_null()) return agent_upgrade_bad(what, key, "missing");
   if (!it->is_number_integer())
-    return bad(what, key, "want a whole number, got " + validation::type_name(*it));
+    return agent_upgrade_bad(what, key, "want a whole number, got " + validation::type_name(*it));
   if (it->is_number_unsigned()) {
     auto v = it->get<std::uint64_t>();
     if (v >= lo && v <= hi) return v;
@@ -82,8 +84,9 @@ Result<std::uint64_t> count_field(const char* what, const json& body, const char
              v >= 0 && static_cast<std::uint64_t>(v) >= lo && static_cast<std::uint64_t>(v) <= hi) {
     return static_cast<std::uint64_t>(v);
   }
-  return bad(what, key,
-             "want " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + it->dump());
+  return agent_upgrade_bad(
+      what, key,
+      "want " + std::to_string(lo) + " to " + std::to_string(hi) + ", got " + it->dump());
 }
 
 }  // namespace
@@ -136,34 +139,38 @@ Result<AgentUpgradeOrder> decode_agent_upgrade_order(const json& body) {
     return st.error();
   AgentUpgradeOrder o;
 
-  auto id = string_field(what, body, "upgrade_id");
+  auto id = agent_upgrade_string_field(what, body, "upgrade_id");
   if (!id) return id.error();
-  if (!is_upgrade_id(*id))
-    return bad(what, "upgrade_id",
-               "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + shown_value(*id));
+  if (!is_agent_upgrade_id(*id))
+    return agent_upgrade_bad(
+        what, "upgrade_id",
+        "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + agent_upgrade_shown(*id));
   o.upgrade_id = std::move(*id);
 
-  auto version = string_field(what, body, "version");
+  auto version = agent_upgrade_string_field(what, body, "version");
   if (!version) return version.error();
   if (!is_agent_version(*version))
-    return bad(what, "version",
-               "want 1 to 64 characters of A-Z a-z 0-9 . + ~ _ - starting with a letter or a "
-               "digit, got " +
-                   shown_value(*version));
+    return agent_upgrade_bad(
+        what, "version",
+        "want 1 to 64 characters of A-Z a-z 0-9 . + ~ _ - starting with a letter or a "
+        "digit, got " +
+            agent_upgrade_shown(*version));
   o.version = std::move(*version);
 
-  auto sha = string_field(what, body, "sha256");
+  auto sha = agent_upgrade_string_field(what, body, "sha256");
   if (!sha) return sha.error();
   if (!is_sha256(*sha))
-    return bad(what, "sha256", "want 64 lower-case hex digits, got " + shown_value(*sha));
+    return agent_upgrade_bad(what, "sha256",
+                             "want 64 lower-case hex digits, got " + agent_upgrade_shown(*sha));
   o.sha256 = std::move(*sha);
 
-  auto url = string_field(what, body, "url");
+  auto url = agent_upgrade_string_field(what, body, "url");
   if (!url) return url.error();
   if (!is_download_url(*url))
-    return bad(what, "url",
-               "want an https:// URL of at most " + std::to_string(limits::kUrl) +
-                   " printable characters without spaces, got " + shown_value(*url));
+    return agent_upgrade_bad(what, "url",
+                             "want an https:// URL of at most " + std::to_string(limits::kUrl) +
+                                 " printable characters without spaces, got " +
+                                 agent_upgrade_shown(*url));
   o.url = std::move(*url);
 
   auto size = count_field(what, body, "size", 1, limits::kMaxSize);
@@ -188,14 +195,15 @@ Result<AgentUpgradeEvent> decode_agent_upgrade_event(const json& body) {
     return st.error();
   AgentUpgradeEvent e;
 
-  auto id = string_field(what, body, "upgrade_id");
+  auto id = agent_upgrade_string_field(what, body, "upgrade_id");
   if (!id) return id.error();
-  if (!is_upgrade_id(*id))
-    return bad(what, "upgrade_id",
-               "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + shown_value(*id));
+  if (!is_agent_upgrade_id(*id))
+    return agent_upgrade_bad(
+        what, "upgrade_id",
+        "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + agent_upgrade_shown(*id));
   e.upgrade_id = std::move(*id);
 
-  auto state = string_field(what, body, "state");
+  auto state = agent_upgrade_string_field(what, body, "state");
   if (!state) return state.error();
   bool known = false;
   for (auto s : {AgentUpgradeState::installing, AgentUpgradeState::refused,
@@ -205,30 +213,32 @@ Result<AgentUpgradeEvent> decode_agent_upgrade_event(const json& body) {
       known = true;
     }
   if (!known)
-    return bad(what, "state",
-               "want installing, refused, upgraded or rolled_back, got " + shown_value(*state));
+    return agent_upgrade_bad(
+        what, "state",
+        "want installing, refused, upgraded or rolled_back, got " + agent_upgrade_shown(*state));
 
   for (auto [key, out] :
        {std::pair{"from_version", &e.from_version}, std::pair{"to_version", &e.to_version}}) {
     auto it = body.find(key);
     if (it == body.end() || it->is_null()) continue;  // unknown
-    if (!it->is_string()) return bad(what, key, "want a string, got " + validation::type_name(*it));
+    if (!it->is_string())
+      return agent_upgrade_bad(what, key, "want a string, got " + validation::type_name(*it));
     const auto& v = it->get_ref<const std::string&>();
     if (!v.empty() && !is_agent_version(v))
-      return bad(what, key, "not a version: " + shown_value(v));
+      return agent_upgrade_bad(what, key, "not a version: " + agent_upgrade_shown(v));
     *out = v;
   }
 
   if (auto it = body.find("reason"); it != body.end() && !it->is_null()) {
     if (!it->is_string())
-      return bad(what, "reason", "want a string, got " + validation::type_name(*it));
+      return agent_upgrade_bad(what, "reason", "want a string, got " + validation::type_name(*it));
     const auto& r = it->get_ref<const std::string&>();
     if (r.size() > limits::kReason)
-      return bad(what, "reason",
-                 std::to_string(r.size()) + " bytes, more than the " +
-                     std::to_string(limits::kReason) + " allowed");
+      return agent_upgrade_bad(what, "reason",
+                               std::to_string(r.size()) + " bytes, more than the " +
+                                   std::to_string(limits::kReason) + " allowed");
     if (!display::is_display_safe(r))
-      return bad(what, "reason", "holds a control character or is not valid UTF-8");
+      return agent_upgrade_bad(what, "reason", "holds a control character or is not valid UTF-8");
     e.reason = r;
   }
   return e;
@@ -247,7 +257,7 @@ Result<std::string> agent_binary_version(std::string_view binary) {
     std::string version(rest.substr(0, std::min(end, limits::kVersion + 1)));
     if (end != std::string_view::npos && is_agent_version(version)) return version;
     malformed = Error(Errc::invalid_argument, "the factory-agent version mark holds " +
-                                                  shown_value(version) +
+                                                  agent_upgrade_shown(version) +
                                                   ", not a version of at most 64 bytes");
   }
   if (malformed) return *malformed;

@@ -14,7 +14,7 @@ using nlohmann::json;
 
 namespace {
 
-Error bad(const char* field, const std::string& what) {
+Error maintenance_bad(const char* field, const std::string& what) {
   return validation::bad(std::string("maintenance notice: ") + field, what);
 }
 
@@ -61,8 +61,9 @@ bool is_node_name(std::string_view s) {
 Result<std::chrono::system_clock::time_point> parse_deadline(const std::string& s) {
   constexpr std::size_t kSeconds = 19;  // 2026-11-30T09:00:00
   auto refused = [&] {
-    return bad("deadline",
-               "want an RFC 3339 time in UTC like 2026-11-30T09:00:00Z, got " + shown_value(s));
+    return maintenance_bad(
+        "deadline",
+        "want an RFC 3339 time in UTC like 2026-11-30T09:00:00Z, got " + shown_value(s));
   };
   if (s.size() < kSeconds + 1 || s.size() > 40) return refused();
   std::size_t i = kSeconds;
@@ -93,10 +94,11 @@ bool is_message(const std::string& s) {
 }
 
 // A required string field, or why not.
-Result<std::string> string_field(const json& body, const char* key) {
+Result<std::string> maintenance_string_field(const json& body, const char* key) {
   auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return bad(key, "missing");
-  if (!it->is_string()) return bad(key, "want a string, got " + validation::type_name(*it));
+  if (it == body.end() || it->is_null()) return maintenance_bad(key, "missing");
+  if (!it->is_string())
+    return maintenance_bad(key, "want a string, got " + validation::type_name(*it));
   return it->get<std::string>();
 }
 
@@ -134,36 +136,37 @@ Result<MaintenanceNotice> decode_maintenance_notice(const json& body) {
   if (auto a = body.find("action");
       a != body.end() &&
       !(a->is_string() && a->get_ref<const std::string&>() == action::kMaintenance))
-    return bad("action", "want '" + std::string(action::kMaintenance) + "', got " +
-                             (a->is_string() ? shown_value(a->get<std::string>())
-                                             : validation::type_name(*a)));
+    return maintenance_bad("action", "want '" + std::string(action::kMaintenance) + "', got " +
+                                         (a->is_string() ? shown_value(a->get<std::string>())
+                                                         : validation::type_name(*a)));
   MaintenanceNotice n;
 
-  auto id = string_field(body, "notice_id");
+  auto id = maintenance_string_field(body, "notice_id");
   if (!id) return id.error();
   if (!is_notice_id(*id))
-    return bad("notice_id",
-               "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + shown_value(*id));
+    return maintenance_bad("notice_id",
+                           "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + shown_value(*id));
   n.notice_id = std::move(*id);
 
-  auto state = string_field(body, "state");
+  auto state = maintenance_string_field(body, "state");
   if (!state) return state.error();
   if (*state == "scheduled")
     n.state = MaintenanceState::scheduled;
   else if (*state == "cancelled")
     n.state = MaintenanceState::cancelled;
   else
-    return bad("state", "want scheduled or cancelled, got " + shown_value(*state));
+    return maintenance_bad("state", "want scheduled or cancelled, got " + shown_value(*state));
 
-  auto node = string_field(body, "node");
+  auto node = maintenance_string_field(body, "node");
   if (!node) return node.error();
   if (!is_node_name(*node))
-    return bad("node", "want a host name (DNS labels of letters, digits and hyphens, at most " +
-                           std::to_string(maintenance_limits::kNode) + " bytes), got " +
-                           shown_value(*node));
+    return maintenance_bad("node",
+                           "want a host name (DNS labels of letters, digits and hyphens, at most " +
+                               std::to_string(maintenance_limits::kNode) + " bytes), got " +
+                               shown_value(*node));
   n.node = std::move(*node);
 
-  auto deadline = string_field(body, "deadline");
+  auto deadline = maintenance_string_field(body, "deadline");
   if (!deadline) return deadline.error();
   auto t = parse_deadline(*deadline);
   if (!t) return t.error();
@@ -171,14 +174,16 @@ Result<MaintenanceNotice> decode_maintenance_notice(const json& body) {
 
   // The message is optional: a notice says enough without one.
   if (auto m = body.find("message"); m != body.end() && !m->is_null()) {
-    if (!m->is_string()) return bad("message", "want a string, got " + validation::type_name(*m));
+    if (!m->is_string())
+      return maintenance_bad("message", "want a string, got " + validation::type_name(*m));
     const auto& text = m->get_ref<const std::string&>();
     if (text.size() > maintenance_limits::kMessage)
-      return bad("message", std::to_string(text.size()) + " bytes, more than the " +
-                                std::to_string(maintenance_limits::kMessage) + " allowed");
+      return maintenance_bad("message", std::to_string(text.size()) + " bytes, more than the " +
+                                            std::to_string(maintenance_limits::kMessage) +
+                                            " allowed");
     if (!is_message(text))
-      return bad("message",
-                 "holds a control character other than a line break, or is not valid UTF-8");
+      return maintenance_bad(
+          "message", "holds a control character other than a line break, or is not valid UTF-8");
     n.message = text;
   }
   return n;

@@ -19,7 +19,7 @@ Error bad_output(const std::string& what, const std::string& why) {
   return Error(Errc::protocol, what + ": " + why);
 }
 
-std::string trim(const std::string& s) {
+std::string mig_trim(const std::string& s) {
   size_t b = 0, e = s.size();
   while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
   while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
@@ -49,7 +49,7 @@ int to_int(const std::ssub_match& m) {
 
 bool says_none(const std::vector<std::string>& lines) {
   for (const auto& l : lines) {
-    std::string t = trim(l);
+    std::string t = mig_trim(l);
     if (t == "No MIG-enabled devices found." || t == "No GPU instances found." ||
         t == "No compute instances found." || t == "No MIG-supported devices found.")
       return true;
@@ -91,7 +91,8 @@ Result<std::vector<MigProfile>> parse_mig_profiles(const std::string& output) {
     if (l.find("GPU instance profiles:") != std::string::npos) header = true;
     std::smatch m;
     if (!std::regex_search(l, m, row)) {
-      if (looks_like_row(l)) return bad_output(what, "a row it does not know: '" + trim(l) + "'");
+      if (looks_like_row(l))
+        return bad_output(what, "a row it does not know: '" + mig_trim(l) + "'");
       continue;
     }
     if (out.size() >= kMigMaxEntries) return bad_output(what, "too many profiles");
@@ -126,7 +127,8 @@ Result<std::vector<MigGpuInstance>> parse_mig_gpu_instances(const std::string& o
     if (l.find("GPU instances:") != std::string::npos) header = true;
     std::smatch m;
     if (!std::regex_search(l, m, row)) {
-      if (looks_like_row(l)) return bad_output(what, "a row it does not know: '" + trim(l) + "'");
+      if (looks_like_row(l))
+        return bad_output(what, "a row it does not know: '" + mig_trim(l) + "'");
       continue;
     }
     if (out.size() >= kMigMaxEntries) return bad_output(what, "too many GPU instances");
@@ -159,7 +161,8 @@ Result<std::vector<MigComputeInstance>> parse_mig_compute_instances(const std::s
     if (l.find("Compute instances:") != std::string::npos) header = true;
     std::smatch m;
     if (!std::regex_search(l, m, row)) {
-      if (looks_like_row(l)) return bad_output(what, "a row it does not know: '" + trim(l) + "'");
+      if (looks_like_row(l))
+        return bad_output(what, "a row it does not know: '" + mig_trim(l) + "'");
       continue;
     }
     if (out.size() >= kMigMaxEntries) return bad_output(what, "too many compute instances");
@@ -193,8 +196,8 @@ Result<std::vector<MigDevice>> parse_mig_devices(const std::string& output) {
       continue;
     }
     if (!std::regex_search(l, m, mig_line)) {
-      if (trim(l).rfind("MIG ", 0) == 0)
-        return bad_output(what, "a MIG line it does not know: '" + trim(l) + "'");
+      if (mig_trim(l).rfind("MIG ", 0) == 0)
+        return bad_output(what, "a MIG line it does not know: '" + mig_trim(l) + "'");
       continue;
     }
     if (!gpu) return bad_output(what, "a MIG device before any GPU line");
@@ -224,16 +227,16 @@ Result<std::vector<MigMode>> parse_mig_modes(const std::string& output) {
   static const std::regex line_re(R"(^\s*(\d{1,6}),\s*([^,]{0,40}),\s*([^,]{0,40})$)");
   std::vector<MigMode> out;
   for (const auto& l : *lines) {
-    if (trim(l).empty()) continue;
+    if (mig_trim(l).empty()) continue;
     std::smatch m;
     if (!std::regex_match(l, m, line_re))
-      return bad_output(what, "a line it does not know: '" + trim(l) + "'");
+      return bad_output(what, "a line it does not know: '" + mig_trim(l) + "'");
     if (out.size() >= kMigMaxEntries) return bad_output(what, "too many GPUs");
     MigMode g;
     g.gpu = to_int(m[1]);
-    auto c = mode(trim(m[2]));
+    auto c = mode(mig_trim(m[2]));
     if (!c) return bad_output(what, c.error().message);
-    auto p = mode(trim(m[3]));
+    auto p = mode(mig_trim(m[3]));
     if (!p) return bad_output(what, p.error().message);
     g.current = *c;
     g.pending = *p;
@@ -253,7 +256,7 @@ MigModeResult parse_mig_mode_change(const std::string& output, int exit_code) {
   std::string first;
   bool done = false, pending = false;
   for (const auto& l : *lines) {
-    std::string t = trim(l);
+    std::string t = mig_trim(l);
     if (t.empty() || t == "All done.") continue;
     if (first.empty()) first = t;
     if (t.rfind("Enabled MIG Mode for GPU", 0) == 0 || t.rfind("Disabled MIG Mode for GPU", 0) == 0)
@@ -287,7 +290,7 @@ MigCreateResult parse_mig_create(const std::string& output) {
   static const std::regex gi(R"(^Successfully created GPU instance ID\s+(\d{1,6}) on GPU\s+\d)");
   static const std::regex ci(R"(^Successfully created compute instance ID\s+\d{1,6} on GPU)");
   for (const auto& l : *lines) {
-    std::string t = trim(l);
+    std::string t = mig_trim(l);
     std::smatch m;
     if (std::regex_search(t, m, gi)) {
       if (r.gpu_instances.size() < kMigMaxEntries) r.gpu_instances.push_back(to_int(m[1]));

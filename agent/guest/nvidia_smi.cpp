@@ -21,7 +21,7 @@ std::string one_line(std::string s) {
   return s;
 }
 
-std::string trim(const std::string& s) {
+std::string smi_trim(const std::string& s) {
   size_t b = 0, e = s.size();
   while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
   while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
@@ -32,7 +32,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::string cur;
   std::istringstream in(s);
-  while (std::getline(in, cur, sep)) out.push_back(trim(cur));
+  while (std::getline(in, cur, sep)) out.push_back(smi_trim(cur));
   if (!s.empty() && s.back() == sep) out.emplace_back();
   return out;
 }
@@ -57,7 +57,7 @@ bool unknown_value(const std::string& v) {
 // "143771 MiB" / "39 C" / "0 %" / "143771" -> leading number.
 template <class T>
 std::optional<T> number(const std::string& raw) {
-  std::string v = trim(raw);
+  std::string v = smi_trim(raw);
   if (unknown_value(v)) return std::nullopt;
   size_t i = 0;
   while (i < v.size() && (std::isdigit(static_cast<unsigned char>(v[i])) || v[i] == '.')) ++i;
@@ -70,7 +70,7 @@ std::optional<T> number(const std::string& raw) {
 }
 
 std::string text(const std::string& raw) {
-  std::string v = trim(raw);
+  std::string v = smi_trim(raw);
   return unknown_value(v) ? std::string() : v;
 }
 
@@ -179,7 +179,7 @@ Result<GpuReport> parse_nvidia_smi_csv(const std::string& output,
   int line_no = 0;
   for (const auto& line : lines_of(output)) {
     ++line_no;
-    if (trim(line).empty()) continue;
+    if (smi_trim(line).empty()) continue;
     auto values = split(line, ',');
     if (values.size() != fields.size())
       return Error(Errc::protocol, "nvidia-smi csv line " + std::to_string(line_no) + " has " +
@@ -197,7 +197,7 @@ Result<GpuReport> parse_nvidia_smi_csv(const std::string& output,
 Result<GpuReport> parse_nvidia_smi_csv_with_header(const std::string& output) {
   auto lines = lines_of(output);
   size_t first = 0;
-  while (first < lines.size() && trim(lines[first]).empty()) ++first;
+  while (first < lines.size() && smi_trim(lines[first]).empty()) ++first;
   if (first == lines.size()) return Error(Errc::protocol, "nvidia-smi csv output is empty");
   std::vector<std::string> fields;
   for (auto& h : split(lines[first], ',')) {
@@ -315,7 +315,7 @@ Result<GpuReport> parse_nvidia_smi_table(const std::string& output) {
     if (!in_gpus || !std::regex_search(line, m, first_re)) continue;
     GpuReading g;
     g.index = std::stoi(m[1]);
-    g.name = trim(m[2]);
+    g.name = smi_trim(m[2]);
     g.pci_bus_id = m[4];
     if (i + 1 < lines.size() && std::regex_search(lines[i + 1], m, power_re)) {
       g.pstate = m[1];
@@ -379,7 +379,7 @@ std::vector<FbMemory> parse_nvidia_smi_q_memory(const std::string& output) {
   for (const auto& line : lines_of(output)) {
     size_t indent = line.find_first_not_of(' ');
     if (indent == std::string::npos) continue;
-    std::string t = trim(line);
+    std::string t = smi_trim(line);
     if (t == "FB Memory Usage") {
       in_fb = true;
       fb_indent = indent;
@@ -393,7 +393,7 @@ std::vector<FbMemory> parse_nvidia_smi_q_memory(const std::string& output) {
     }
     auto colon = t.find(':');
     if (colon == std::string::npos) continue;
-    std::string key = trim(t.substr(0, colon));
+    std::string key = smi_trim(t.substr(0, colon));
     auto value = number<std::uint64_t>(t.substr(colon + 1));
     FbMemory& m = out.back();
     if (key == "Total")

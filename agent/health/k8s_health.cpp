@@ -10,8 +10,8 @@ using nlohmann::json;
 
 namespace {
 
-std::optional<std::int64_t> count_of(const std::map<std::string, std::string>& res,
-                                     const std::string& key) {
+std::optional<std::int64_t> resource_count_of(const std::map<std::string, std::string>& res,
+                                              const std::string& key) {
   auto it = res.find(key);
   if (it == res.end()) return std::nullopt;
   auto n = parse_quantity_count(it->second);
@@ -47,8 +47,8 @@ proto::K8sSection read_k8s_section(const GuestEnv& env, const std::string& kubec
     proto::K8sNodeSample s;
     s.name = n.name;
     s.ready = n.ready;
-    s.allocatable = count_of(n.allocatable, resource);
-    s.capacity = count_of(n.capacity, resource);
+    s.allocatable = resource_count_of(n.allocatable, resource);
+    s.capacity = resource_count_of(n.capacity, resource);
     if (s.allocatable) alloc += *s.allocatable, any_alloc = true;
     if (s.capacity) cap += *s.capacity, any_cap = true;
     if (auto it = n.labels.find("gpu"); it != n.labels.end()) s.gpu_label = it->second;

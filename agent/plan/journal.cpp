@@ -25,7 +25,7 @@ const std::pair<PlanState, const char*> kPlanStates[] = {{PlanState::running, "r
                                                          {PlanState::succeeded, "succeeded"},
                                                          {PlanState::failed, "failed"}};
 
-std::string now_text() {
+std::string journal_now_text() {
   return format_rfc3339(Clock::now());
 }
 
@@ -280,7 +280,7 @@ PlanJournal::Loaded PlanJournal::load() const {
 
 Status PlanJournal::save(JournalState& state) const {
   if (auto s = ensure_dir(dir_, 0700); !s) return s.error().with_context("plan journal");
-  state.updated_at = now_text();
+  state.updated_at = journal_now_text();
   if (state.created_at.empty()) state.created_at = state.updated_at;
   for (auto& r : state.steps)
     if (r.output_tail.size() > kMaxTail)

@@ -30,7 +30,7 @@ struct UpgradeOptions {
   OutputFormat out = OutputFormat::table;
 };
 
-std::string field(const json& j, const char* key) {
+std::string rollout_field(const json& j, const char* key) {
   if (!j.is_object() || !j.contains(key)) return "";
   const json& v = j[key];
   if (v.is_string()) return v.get<std::string>();
@@ -48,24 +48,26 @@ bool ended_badly(const std::string& state) {
 
 // One line of a tenant's state: "rolled back: no health report within 120 s".
 std::string state_line(const json& t) {
-  std::string s = field(t, "state");
+  std::string s = rollout_field(t, "state");
   if (s == "rolled_back") s = "rolled back";
-  const std::string reason = field(t, "reason");
-  if (!reason.empty() && field(t, "state") != "held") s += ": " + reason;
-  if (!reason.empty() && field(t, "state") == "held") s = reason;
+  const std::string reason = rollout_field(t, "reason");
+  if (!reason.empty() && rollout_field(t, "state") != "held") s += ": " + reason;
+  if (!reason.empty() && rollout_field(t, "state") == "held") s = reason;
   return s;
 }
 
-void print_tenants(const json& doc) {
+void print_rollout_tenants(const json& doc) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& t : doc.value("tenants", json::array())) {
-    std::string what = field(t, "state").empty() ? field(t, "action") : state_line(t);
-    if (field(t, "action") == "skip") what = "skip: " + field(t, "why");
-    if (field(t, "action") == "current" && field(t, "state").empty())
-      what = "current (runs " + field(t, "version") + ")";
-    rows.push_back({display_text(field(t, "tenant")),
-                    display_text(field(t, "version").empty() ? "-" : field(t, "version")),
-                    t.value("connected", false) ? "yes" : "no", display_text(what)});
+    std::string what =
+        rollout_field(t, "state").empty() ? rollout_field(t, "action") : state_line(t);
+    if (rollout_field(t, "action") == "skip") what = "skip: " + rollout_field(t, "why");
+    if (rollout_field(t, "action") == "current" && rollout_field(t, "state").empty())
+      what = "current (runs " + rollout_field(t, "version") + ")";
+    rows.push_back(
+        {display_text(rollout_field(t, "tenant")),
+         display_text(rollout_field(t, "version").empty() ? "-" : rollout_field(t, "version")),
+         t.value("connected", false) ? "yes" : "no", display_text(what)});
   }
   if (rows.empty()) {
     std::cout << "no tenant\n";
@@ -75,8 +77,8 @@ void print_tenants(const json& doc) {
 }
 
 std::string target(const json& doc) {
-  return display_text(field(doc, "version").empty() ? "?" : field(doc, "version")) + " (sha256 " +
-         short_sha(field(doc, "sha256")) + ")";
+  return display_text(rollout_field(doc, "version").empty() ? "?" : rollout_field(doc, "version")) +
+         " (sha256 " + short_sha(rollout_field(doc, "sha256")) + ")";
 }
 
 // The end of a rollout: one line per tenant that did not make it, exit 1
@@ -84,9 +86,10 @@ std::string target(const json& doc) {
 int judge(const json& doc, const std::vector<std::string>& named_skips) {
   int bad = 0;
   for (const auto& t : doc.value("tenants", json::array())) {
-    if (!ended_badly(field(t, "state"))) continue;
+    if (!ended_badly(rollout_field(t, "state"))) continue;
     ++bad;
-    std::cerr << display_text(field(t, "tenant")) << ": " << display_text(state_line(t)) << "\n";
+    std::cerr << display_text(rollout_field(t, "tenant")) << ": " << display_text(state_line(t))
+              << "\n";
   }
   for (const auto& s : named_skips) {
     ++bad;
@@ -103,8 +106,8 @@ int judge(const json& doc, const std::vector<std::string>& named_skips) {
 
 // Follows GET /v1/agents/upgrade until the rollout is done, printing each
 // change of a tenant's state with the time since the start.
-int follow(const GlobalOptions& g, const UpgradeOptions& o, const std::string& rollout_id,
-           const std::vector<std::string>& named_skips) {
+int follow_rollout(const GlobalOptions& g, const UpgradeOptions& o, const std::string& rollout_id,
+                   const std::vector<std::string>& named_skips) {
   auto timeout = parse_duration(o.timeout);
   auto poll = parse_duration(o.poll);
   auto client = AdminClient::from(g);
@@ -122,16 +125,16 @@ int follow(const GlobalOptions& g, const UpgradeOptions& o, const std::string& r
       if (r.error().message != last_error)
         std::cerr << "[" << t << "] " << r.error().message << "\n";
       last_error = r.error().message;
-    } else if (field(*r, "rollout_id") != rollout_id) {
+    } else if (rollout_field(*r, "rollout_id") != rollout_id) {
       return fail(Error(Errc::conflict, "rollout " + rollout_id + " is no longer the latest (" +
-                                            field(*r, "rollout_id") + " is)"));
+                                            rollout_field(*r, "rollout_id") + " is)"));
     } else {
       last_error.clear();
       for (const auto& e : r->value("tenants", json::array())) {
         const std::string line = state_line(e);
-        std::string& before = seen[field(e, "tenant")];
+        std::string& before = seen[rollout_field(e, "tenant")];
         if (line != before)
-          std::cerr << "[" << t << "] " << display_text(field(e, "tenant")) << ": "
+          std::cerr << "[" << t << "] " << display_text(rollout_field(e, "tenant")) << ": "
                     << display_text(line) << "\n";
         before = line;
       }
@@ -166,22 +169,22 @@ int upgrade(const Context& ctx, const UpgradeOptions& o) {
     body["tenants"] = o.tenants;
   auto res = call_coordinator(ctx.global, "POST", "/v1/agents/upgrade", body);
   if (!res) return fail(res.error());
-  const std::string id = field(*res, "rollout_id");
+  const std::string id = rollout_field(*res, "rollout_id");
   // Tenants named on the command line that the rollout passes over are
   // failures of the command; with --all they are only reported.
   std::vector<std::string> named_skips;
   if (!o.all)
     for (const auto& t : res->value("tenants", json::array()))
-      if (field(t, "action") == "skip")
-        named_skips.push_back(field(t, "tenant") + ": skipped: " + field(t, "why"));
+      if (rollout_field(t, "action") == "skip")
+        named_skips.push_back(rollout_field(t, "tenant") + ": skipped: " + rollout_field(t, "why"));
   if (print_document(std::cout, o.out, *res)) {
     if (o.dry_run || o.no_wait) return 0;
-    return id.empty() ? judge(*res, named_skips) : follow(ctx.global, o, id, named_skips);
+    return id.empty() ? judge(*res, named_skips) : follow_rollout(ctx.global, o, id, named_skips);
   }
-  print_tenants(*res);
+  print_rollout_tenants(*res);
   if (o.dry_run) {
-    if (!field(*res, "cannot_upgrade").empty())
-      std::cout << display_text(field(*res, "cannot_upgrade")) << "\n";
+    if (!rollout_field(*res, "cannot_upgrade").empty())
+      std::cout << display_text(rollout_field(*res, "cannot_upgrade")) << "\n";
     std::cout << "dry run: nothing changed. The rollout would upgrade each agent marked upgrade to "
               << target(*res) << ", " << o.max_unavailable
               << " at a time, each new agent confirming within " << o.confirm_within << ".\n";
@@ -197,21 +200,21 @@ int upgrade(const Context& ctx, const UpgradeOptions& o) {
     std::cout << "follow it with `factory agents upgrade status` or the feed\n";
     return 0;
   }
-  return follow(ctx.global, o, id, named_skips);
+  return follow_rollout(ctx.global, o, id, named_skips);
 }
 
 int upgrade_status(const Context& ctx, OutputFormat out) {
   auto res = call_coordinator(ctx.global, "GET", "/v1/agents/upgrade", json());
   if (!res) return fail(res.error());
   if (print_document(std::cout, out, *res)) return 0;
-  if (field(*res, "rollout_id").empty()) {
+  if (rollout_field(*res, "rollout_id").empty()) {
     std::cout << "no agent rollout yet\n";
     return 0;
   }
-  std::cout << "rollout " << display_text(field(*res, "rollout_id")) << ": agents to "
+  std::cout << "rollout " << display_text(rollout_field(*res, "rollout_id")) << ": agents to "
             << target(*res) << ", " << res->value("max_unavailable", 1) << " at a time, "
             << (res->value("done", false) ? "done" : "under way") << "\n";
-  print_tenants(*res);
+  print_rollout_tenants(*res);
   return 0;
 }
 

@@ -23,7 +23,7 @@ std::string dev_dir(const PciAddress& a) {
   return "/sys/bus/pci/devices/" + a.str();
 }
 
-std::string join(const std::vector<std::string>& v, const std::string& sep) {
+std::string binder_join(const std::vector<std::string>& v, const std::string& sep) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
   return s;
@@ -49,7 +49,7 @@ Status run_tool(const std::vector<std::string>& argv) {
   spec.argv = argv;
   spec.timeout = std::chrono::minutes(2);
   auto r = run_checked(spec);
-  if (!r) return r.error().with_context(join(argv, " "));
+  if (!r) return r.error().with_context(binder_join(argv, " "));
   return ok_status();
 }
 
@@ -77,7 +77,7 @@ Step modules_load_step(const HostRoot& root, const std::vector<std::string>& mis
   const std::string file(kVfioModulesLoadFile);
   std::error_code ec;
   const bool exists = fs::exists(root(file), ec);
-  s.command = "printf '%s\\n' " + join(missing, " ") + (exists ? " >> " : " > ") + file;
+  s.command = "printf '%s\\n' " + binder_join(missing, " ") + (exists ? " >> " : " > ") + file;
   s.note = "so the modules are there at boot for driverctl's override";
   s.apply = [root, missing, file]() -> Result<bool> {
     std::string text;
@@ -254,7 +254,7 @@ std::string card_summary(const PciFunction& f, const PciIds* ids,
   std::vector<std::string> others;
   for (const auto& a : with)
     if (a != f.address) others.push_back(a.str());
-  if (!others.empty()) s += ", with " + join(others, ", ");
+  if (!others.empty()) s += ", with " + binder_join(others, ", ");
   return s;
 }
 
@@ -357,8 +357,9 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
           }
           if (!users.empty())
             return Error(Errc::failed_precondition,
-                         a.str() + " is open by " + join(users, ", ") + " through /dev/nvidia" +
-                             std::to_string(*minor) + "; unbinding nvidia now would hang until " +
+                         a.str() + " is open by " + binder_join(users, ", ") +
+                             " through /dev/nvidia" + std::to_string(*minor) +
+                             "; unbinding nvidia now would hang until " +
                              "they exit: stop them and run bind again");
         }
         if (persistenced_holds) stop_persistenced = true;
@@ -418,8 +419,9 @@ Result<HostPlan> plan_bind(const HostRoot& root, const std::vector<PciAddress>& 
         staying.push_back(g.fn.address.str());
     Step start;
     start.command = "systemctl start nvidia-persistenced";
-    start.note = staying.empty() ? "only if a card is left on nvidia"
-                                 : "for the cards that stay on nvidia: " + join(staying, ", ");
+    start.note = staying.empty()
+                     ? "only if a card is left on nvidia"
+                     : "for the cards that stay on nvidia: " + binder_join(staying, ", ");
     start.apply = [root, stopped]() -> Result<bool> {
       if (!*stopped) return false;
       auto fns = PciBus(root).functions();

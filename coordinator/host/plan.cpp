@@ -55,7 +55,7 @@ void print_step(std::ostream& out, const std::string& prefix, const Step& s) {
   out << "\n";
 }
 
-std::string join(const std::vector<std::string>& v, const std::string& sep) {
+std::string plan_join(const std::vector<std::string>& v, const std::string& sep) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
   return s;
@@ -165,16 +165,16 @@ Status execute_plan(const HostRoot& root, HostPlan& plan, std::ostream& out) {
       std::string msg = plan.verb + " " + c.card.str() + " failed at \"" + s.command +
                         "\": " + reason(s, r.error()) + "; ";
       if (plan.rollback && back_as_before)
-        msg += "rolled back: " + join(where, "; ") + ", as before the " + plan.verb;
+        msg += "rolled back: " + plan_join(where, "; ") + ", as before the " + plan.verb;
       else
-        msg += (plan.rollback ? "rollback incomplete: " : "") + join(where, "; ") +
-               (recover.empty() ? std::string() : "; to recover: " + join(recover, "; "));
-      if (!done.empty()) msg += " (already done: " + join(done, ", ") + ")";
+        msg += (plan.rollback ? "rollback incomplete: " : "") + plan_join(where, "; ") +
+               (recover.empty() ? std::string() : "; to recover: " + plan_join(recover, "; "));
+      if (!done.empty()) msg += " (already done: " + plan_join(done, ", ") + ")";
       if (ci + 1 < plan.cards.size()) {
         std::vector<std::string> rest;
         for (size_t k = ci + 1; k < plan.cards.size(); ++k)
           rest.push_back(plan.cards[k].card.str());
-        msg += " (not attempted: " + join(rest, ", ") + ")";
+        msg += " (not attempted: " + plan_join(rest, ", ") + ")";
       }
       return Error(
           r.error().code == Errc::invalid_argument ? Errc::failed_precondition : r.error().code,
@@ -186,8 +186,8 @@ Status execute_plan(const HostRoot& root, HostPlan& plan, std::ostream& out) {
   for (const auto& u : plan.unchanged) out << u << "\n";
   for (const auto& n : plan.notes) out << n << "\n";
   if (!finish_problems.empty())
-    return Error(Errc::io,
-                 plan.verb + " done, but a finishing step failed: " + join(finish_problems, "; "));
+    return Error(Errc::io, plan.verb + " done, but a finishing step failed: " +
+                               plan_join(finish_problems, "; "));
   return ok_status();
 }
 

@@ -34,7 +34,7 @@ constexpr const char* kFeedChannel = "factory_feed";
 // INSERT and one NOTIFY. The store's schema key (postgres_store.cpp) plus 16.
 constexpr const char* kAppendLock = "SELECT pg_advisory_xact_lock(19793809657049481)";
 
-struct Prepared {
+struct FeedStatement {
   const char* name;
   const char* sql;
 };
@@ -42,7 +42,7 @@ struct Prepared {
 // numbered in the order they were queued (ORDER BY the ordinality: the ids
 // are drawn in that order). (origin, origin_seq) is the record's own key, so
 // a batch tried again after a commit whose answer was lost adds nothing.
-const Prepared kStatements[] = {
+const FeedStatement kFeedStatements[] = {
     {"feed_append",
      "INSERT INTO feed_log(origin, origin_seq, type, tenant, data, appended_unix) "
      "SELECT $1::text, u.seq, u.type, u.tenant, u.data, $6::bigint "
@@ -61,12 +61,12 @@ const Prepared kStatements[] = {
     {"feed_prune_age", "DELETE FROM feed_log WHERE appended_unix < $1::bigint"},
 };
 
-struct ResultDeleter {
+struct FeedResultDeleter {
   void operator()(PGresult* r) const { PQclear(r); }
 };
-using PgResult = std::unique_ptr<PGresult, ResultDeleter>;
+using FeedPgResult = std::unique_ptr<PGresult, FeedResultDeleter>;
 
-std::string cell(const PGresult* r, int row, int col) {
+std::string feed_cell(const PGresult* r, int row, int col) {
   return std::string(PQgetvalue(r, row, col), static_cast<std::size_t>(PQgetlength(r, row, col)));
 }
 std::uint64_t cell_u64(const PGresult* r, int row, int col) {
@@ -103,7 +103,8 @@ std::vector<FeedRecord> read_rows(const PGresult* r) {
   std::vector<FeedRecord> out;
   out.reserve(static_cast<std::size_t>(PQntuples(r)));
   for (int i = 0; i < PQntuples(r); ++i)
-    out.push_back({cell_u64(r, i, 0), cell(r, i, 1), cell(r, i, 2), cell(r, i, 3), cell(r, i, 4)});
+    out.push_back({cell_u64(r, i, 0), feed_cell(r, i, 1), feed_cell(r, i, 2), feed_cell(r, i, 3),
+                   feed_cell(r, i, 4)});
   return out;
 }
 
@@ -184,8 +185,8 @@ class PostgresFeedLog final : public FeedLog {
     auto opened = open_connection(conninfo_, app, "feed log", where_, secret_);
     if (!opened) return opened.error();
     PGconn* c = *opened;
-    for (const auto& p : kStatements) {
-      PgResult r(PQprepare(c, p.name, p.sql, 0, nullptr));
+    for (const auto& p : kFeedStatements) {
+      FeedPgResult r(PQprepare(c, p.name, p.sql, 0, nullptr));
       if (PQresultStatus(r.get()) != PGRES_COMMAND_OK) {
         Error e = pg_error(c, r.get(), std::string("prepare ") + p.name);
         PQfinish(c);
@@ -205,18 +206,19 @@ class PostgresFeedLog final : public FeedLog {
     return Error(errc, scrub("feed log: " + where_ + ": " + what + ": " + msg, secret_));
   }
 
-  Result<PgResult> run(PGconn* c, const char* name, const std::vector<std::string>& params) const {
+  Result<FeedPgResult> run(PGconn* c, const char* name,
+                           const std::vector<std::string>& params) const {
     std::vector<const char*> values;
     for (auto& p : params) values.push_back(p.c_str());
-    PgResult r(PQexecPrepared(c, name, static_cast<int>(values.size()), values.data(), nullptr,
-                              nullptr, 0));
+    FeedPgResult r(PQexecPrepared(c, name, static_cast<int>(values.size()), values.data(), nullptr,
+                                  nullptr, 0));
     auto st = PQresultStatus(r.get());
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return pg_error(c, r.get(), name);
     return r;
   }
 
-  Result<PgResult> exec(PGconn* c, const char* sql) const {
-    PgResult r(PQexec(c, sql));
+  Result<FeedPgResult> exec(PGconn* c, const char* sql) const {
+    FeedPgResult r(PQexec(c, sql));
     auto st = PQresultStatus(r.get());
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) return pg_error(c, r.get(), sql);
     return r;
@@ -384,7 +386,7 @@ Status PostgresFeedLog::write_batch(const std::vector<FeedRecord>& batch,
   // Delivered only if the transaction commits; the payload (the batch's
   // last id) is for people watching, the listeners read the table.
   if (const int rows = PQntuples(ins->get()); rows > 0)
-    if (auto r = run(wconn_, "feed_notify", {cell(ins->get(), rows - 1, 0)}); !r)
+    if (auto r = run(wconn_, "feed_notify", {feed_cell(ins->get(), rows - 1, 0)}); !r)
       return fail(r.error());
   if (auto r = exec(wconn_, "COMMIT"); !r) return fail(r.error());
   return {};

@@ -25,9 +25,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kSchemaVersion = 1;
+constexpr int kSqliteSchemaVersion = 1;
 
-const char* kSchema = R"sql(
+const char* kSqliteSchema = R"sql(
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS tenants (name TEXT PRIMARY KEY, record TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS events (
@@ -270,19 +270,19 @@ Result<Snapshot> SqliteBackend::open() {
   std::string err;
   if (!exec(db_, "PRAGMA journal_mode=WAL;", &err) ||
       !exec(db_, "PRAGMA synchronous=FULL;", &err) ||
-      !exec(db_, "PRAGMA foreign_keys=OFF;", &err) || !exec(db_, kSchema, &err))
+      !exec(db_, "PRAGMA foreign_keys=OFF;", &err) || !exec(db_, kSqliteSchema, &err))
     return Error(Errc::io,
                  "store: " + path.string() + ": " + err +
                      " (is it a Factory database? restore it from a backup or move it away)");
   {
     Stmt v(db_, "SELECT value FROM meta WHERE key='schema'");
-    if (v.step() == SQLITE_ROW && std::stoi(v.text(0)) > kSchemaVersion)
+    if (v.step() == SQLITE_ROW && std::stoi(v.text(0)) > kSqliteSchemaVersion)
       return Error(Errc::failed_precondition,
                    "store: " + path.string() + " was written by a newer Factory (schema " +
                        v.text(0) + "); run that version, or restore a backup");
     v.reset();
     exec(db_, ("INSERT OR REPLACE INTO meta(key, value) VALUES ('schema', '" +
-               std::to_string(kSchemaVersion) + "')")
+               std::to_string(kSqliteSchemaVersion) + "')")
                   .c_str());
   }
   stmts_ = std::make_unique<Statements>();

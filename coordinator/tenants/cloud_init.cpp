@@ -19,7 +19,7 @@ using nlohmann::json;
 
 namespace {
 
-Error invalid(std::string message) {
+Error invalid_cloud_init(std::string message) {
   return Error(Errc::invalid_argument, std::move(message));
 }
 
@@ -58,14 +58,14 @@ Status validate_url(std::string_view what, std::string_view url, std::string_vie
   for (char c : shown)
     if (is_control(c)) shown = "(not printable)";
   if (!starts_with(url, scheme))
-    return invalid(std::string(what) + " '" + shown + "' must start with " + std::string(scheme) +
-                   " (e.g. " + std::string(example) + ")");
+    return invalid_cloud_init(std::string(what) + " '" + shown + "' must start with " +
+                              std::string(scheme) + " (e.g. " + std::string(example) + ")");
   std::string_view rest = url.substr(scheme.size());
   if (rest.empty() || rest.front() == '/' || rest.front() == ':')
-    return invalid(std::string(what) + " '" + shown + "' has no host");
+    return invalid_cloud_init(std::string(what) + " '" + shown + "' has no host");
   for (char c : url)
     if (is_control(c) || c == ' ')
-      return invalid(std::string(what) + " contains a space or a control character");
+      return invalid_cloud_init(std::string(what) + " contains a space or a control character");
   return {};
 }
 
@@ -153,22 +153,24 @@ Status substitute(json& node, const std::map<std::string, json>& values,
 
 Status validate_ssh_public_key(std::string_view key) {
   if (key.find("PRIVATE KEY") != std::string_view::npos)
-    return invalid("that is a private key: give the public key (the .pub file)");
+    return invalid_cloud_init("that is a private key: give the public key (the .pub file)");
   for (char c : key)
     if (is_control(c) && c != '\t')
-      return invalid("an SSH public key must be one line of printable text");
+      return invalid_cloud_init("an SSH public key must be one line of printable text");
   std::string_view k = trim(key);
   size_t sp = k.find_first_of(" \t");
   std::string_view type = k.substr(0, sp);
   if (std::find(kKeyTypes.begin(), kKeyTypes.end(), type) == kKeyTypes.end()) {
     std::string shown = type.size() <= 40 ? std::string(type) : std::string(type.substr(0, 40));
     if (type == "ssh-dss")
-      return invalid("DSA SSH keys are refused by OpenSSH on Ubuntu 24.04: use an ed25519 key");
-    return invalid("not an OpenSSH public key (it starts with '" + shown +
-                   "', not a key type such as ssh-ed25519 or ssh-rsa; authorized_keys "
-                   "options are not supported)");
+      return invalid_cloud_init(
+          "DSA SSH keys are refused by OpenSSH on Ubuntu 24.04: use an ed25519 key");
+    return invalid_cloud_init("not an OpenSSH public key (it starts with '" + shown +
+                              "', not a key type such as ssh-ed25519 or ssh-rsa; authorized_keys "
+                              "options are not supported)");
   }
-  if (sp == std::string_view::npos) return invalid("SSH public key has no key data after its type");
+  if (sp == std::string_view::npos)
+    return invalid_cloud_init("SSH public key has no key data after its type");
   std::string_view rest = trim(k.substr(sp));
   std::string_view blob = rest.substr(0, rest.find_first_of(" \t"));
   auto raw = base64_decode(blob);
@@ -208,8 +210,9 @@ Status validate_ssh_public_key(std::string_view key) {
   if (well_formed && (type == "ssh-ed25519" || type == "sk-ssh-ed25519@openssh.com"))
     well_formed = fields[1].size() == 32;
   if (!well_formed)
-    return invalid("SSH public key of type " + std::string(type) +
-                   " has key data that is not valid for that type (truncated or mangled?)");
+    return invalid_cloud_init(
+        "SSH public key of type " + std::string(type) +
+        " has key data that is not valid for that type (truncated or mangled?)");
   return {};
 }
 
@@ -217,7 +220,8 @@ Result<std::vector<std::string>> parse_ssh_public_keys(std::string_view text,
                                                        std::string_view source) {
   std::vector<std::string> keys;
   if (text.find("PRIVATE KEY") != std::string_view::npos)
-    return invalid(std::string(source) + ": that is a private key: give the public key (.pub)");
+    return invalid_cloud_init(std::string(source) +
+                              ": that is a private key: give the public key (.pub)");
   size_t line_no = 0;
   size_t start = 0;
   while (start <= text.size()) {
@@ -234,29 +238,32 @@ Result<std::vector<std::string>> parse_ssh_public_keys(std::string_view text,
     if (nl == std::string_view::npos) break;
     start = nl + 1;
   }
-  if (keys.empty()) return invalid(std::string(source) + ": no SSH public key in it");
+  if (keys.empty()) return invalid_cloud_init(std::string(source) + ": no SSH public key in it");
   return keys;
 }
 
 Status validate_cloud_init_params(const CloudInitParams& p) {
   if (auto st = enroll::validate_tenant_name(p.tenant); !st.ok()) return st;
   if (!is_dns1123_label(p.hostname))
-    return invalid("invalid hostname '" + p.hostname.substr(0, 100) +
-                   "': want a DNS-1123 label (normally the tenant's name)");
+    return invalid_cloud_init("invalid hostname '" + p.hostname.substr(0, 100) +
+                              "': want a DNS-1123 label (normally the tenant's name)");
   if (p.ssh_authorized_keys.empty() && p.login)
-    return invalid("no SSH public key for the ubuntu user: pass --ssh-key FILE (a .pub file)");
+    return invalid_cloud_init(
+        "no SSH public key for the ubuntu user: pass --ssh-key FILE (a .pub file)");
   for (size_t i = 0; i < p.ssh_authorized_keys.size(); ++i)
     if (auto st = validate_ssh_public_key(p.ssh_authorized_keys[i]); !st.ok())
       return st.error().with_context("SSH key " + std::to_string(i + 1));
   if (!p.login) {
     if (!p.password.empty())
-      return invalid("this tier has no login: a password for the ubuntu user cannot be set");
+      return invalid_cloud_init(
+          "this tier has no login: a password for the ubuntu user cannot be set");
   } else if (p.password.empty()) {
-    return invalid("empty password for the ubuntu user");
+    return invalid_cloud_init("empty password for the ubuntu user");
   }
-  if (p.password.size() > 256) return invalid("password for the ubuntu user is over 256 bytes");
+  if (p.password.size() > 256)
+    return invalid_cloud_init("password for the ubuntu user is over 256 bytes");
   if (std::any_of(p.password.begin(), p.password.end(), is_control))
-    return invalid("password for the ubuntu user contains a control character");
+    return invalid_cloud_init("password for the ubuntu user contains a control character");
   if (auto st = validate_url("coordinator URL", p.coordinator_url, "wss://",
                              "wss://factory.example:8443");
       !st.ok())
@@ -267,23 +274,27 @@ Status validate_cloud_init_params(const CloudInitParams& p) {
     return st;
   if (!is_placeholder(p.ca_pem, kCaPemPlaceholder)) {
     if (p.ca_pem.find("PRIVATE KEY") != std::string::npos)
-      return invalid("the coordinator CA given contains a private key: give only the certificate");
+      return invalid_cloud_init(
+          "the coordinator CA given contains a private key: give only the certificate");
     if (p.ca_pem.find("-----BEGIN CERTIFICATE-----") == std::string::npos ||
         p.ca_pem.find("-----END CERTIFICATE-----") == std::string::npos)
-      return invalid("the coordinator CA is not a PEM certificate (no BEGIN/END CERTIFICATE)");
+      return invalid_cloud_init(
+          "the coordinator CA is not a PEM certificate (no BEGIN/END CERTIFICATE)");
     for (char c : p.ca_pem)
       if (is_control(c) && c != '\n' && c != '\r')
-        return invalid("the coordinator CA certificate contains a control character");
+        return invalid_cloud_init("the coordinator CA certificate contains a control character");
   }
   if (!is_placeholder(p.bootstrap_token, kBootstrapTokenPlaceholder)) {
-    if (p.bootstrap_token.empty()) return invalid("no bootstrap token for the agent");
-    if (p.bootstrap_token.size() > 4096) return invalid("bootstrap token is over 4096 bytes");
+    if (p.bootstrap_token.empty()) return invalid_cloud_init("no bootstrap token for the agent");
+    if (p.bootstrap_token.size() > 4096)
+      return invalid_cloud_init("bootstrap token is over 4096 bytes");
     for (char c : p.bootstrap_token)
       if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f)
-        return invalid("bootstrap token contains a blank or a non-ASCII character");
+        return invalid_cloud_init("bootstrap token contains a blank or a non-ASCII character");
   }
   if (!is_placeholder(p.agent_sha256, kAgentSha256Placeholder) && !is_hex64(p.agent_sha256))
-    return invalid("agent SHA-256 must be 64 hex digits (the hash of the agent binary served)");
+    return invalid_cloud_init(
+        "agent SHA-256 must be 64 hex digits (the hash of the agent binary served)");
   return {};
 }
 
@@ -400,9 +411,10 @@ Result<RenderedUserData> render_user_data(const CloudInitParams& p) {
   auto text = render_template(user_data_template(), values, header, edit);
   if (!text) return text.error();
   if (text->size() > kMaxUserDataBytes)
-    return invalid("rendered user-data is " + std::to_string(text->size()) + " bytes, over the " +
-                   std::to_string(kMaxUserDataBytes) +
-                   " allowed (a Secret holds at most 1 MiB): fewer or shorter SSH keys?");
+    return invalid_cloud_init(
+        "rendered user-data is " + std::to_string(text->size()) + " bytes, over the " +
+        std::to_string(kMaxUserDataBytes) +
+        " allowed (a Secret holds at most 1 MiB): fewer or shorter SSH keys?");
   out.text = std::move(*text);
   return out;
 }

@@ -27,7 +27,7 @@ std::string shown(std::string_view s) {
   return printable ? "'" + std::string(s) + "'" : "(not printable)";
 }
 
-Error invalid(std::string message) {
+Error invalid_k8s_name(std::string message) {
   return Error(Errc::invalid_argument, std::move(message));
 }
 
@@ -79,36 +79,37 @@ bool is_dns1123_label(std::string_view s) {
 Status validate_vm_name(std::string_view name) {
   if (auto st = enroll::validate_tenant_name(name); !st.ok()) return st;
   if (!(name.front() >= 'a' && name.front() <= 'z'))
-    return invalid("invalid tenant name " + shown(name) +
-                   ": it must start with a letter, because its SSH Service '<name>-ssh' "
-                   "must be a DNS-1035 label");
+    return invalid_k8s_name("invalid tenant name " + shown(name) +
+                            ": it must start with a letter, because its SSH Service '<name>-ssh' "
+                            "must be a DNS-1035 label");
   if (name.size() > kMaxVmNameLength)
-    return invalid("invalid tenant name " + shown(name) + ": it is longer than " +
-                   std::to_string(kMaxVmNameLength) +
-                   " characters, which leaves no room for its SSH Service '<name>-ssh'");
+    return invalid_k8s_name("invalid tenant name " + shown(name) + ": it is longer than " +
+                            std::to_string(kMaxVmNameLength) +
+                            " characters, which leaves no room for its SSH Service '<name>-ssh'");
   return {};
 }
 
 Status validate_namespace_name(std::string_view name) {
   if (!is_dns1123_label(name))
-    return invalid("invalid namespace " + shown(name) +
-                   ": want a DNS-1123 label (1-63 of a-z, 0-9 and '-', starting and ending "
-                   "with a letter or digit)");
+    return invalid_k8s_name(
+        "invalid namespace " + shown(name) +
+        ": want a DNS-1123 label (1-63 of a-z, 0-9 and '-', starting and ending "
+        "with a letter or digit)");
   return {};
 }
 
 Status validate_node_port(int port) {
   if (port < kMinNodePort || port > kMaxNodePort)
-    return invalid("node port " + std::to_string(port) + " is out of range: pick one in " +
-                   std::to_string(kMinNodePort) + "-" + std::to_string(kMaxNodePort) +
-                   ", or leave it out and Kubernetes picks a free one");
+    return invalid_k8s_name("node port " + std::to_string(port) + " is out of range: pick one in " +
+                            std::to_string(kMinNodePort) + "-" + std::to_string(kMaxNodePort) +
+                            ", or leave it out and Kubernetes picks a free one");
   return {};
 }
 
 Status validate_quantity(std::string_view what, std::string_view q) {
   auto bad = [&](const std::string& why) {
-    return invalid(std::string(what) + " " + shown(q) + " is not a Kubernetes quantity: " + why +
-                   " (e.g. 8, 500m, 16Gi)");
+    return invalid_k8s_name(std::string(what) + " " + shown(q) +
+                            " is not a Kubernetes quantity: " + why + " (e.g. 8, 500m, 16Gi)");
   };
   size_t i = 0;
   size_t digits = 0, dots = 0;
@@ -141,20 +142,22 @@ Status validate_quantity(std::string_view what, std::string_view q) {
 
 Status validate_resource_name(std::string_view name) {
   if (name.find('/') == std::string_view::npos || !is_qualified_name(name, true))
-    return invalid("invalid GPU resource name " + shown(name) +
-                   ": want a device plugin resource such as nvidia.com/AD104GL_L4 (see "
-                   "`factory kubevirt allowlist`)");
+    return invalid_k8s_name("invalid GPU resource name " + shown(name) +
+                            ": want a device plugin resource such as nvidia.com/AD104GL_L4 (see "
+                            "`factory kubevirt allowlist`)");
   return {};
 }
 
 Status validate_label(std::string_view key, std::string_view value) {
   if (!is_qualified_name(key, false))
-    return invalid("invalid label key " + shown(key) +
-                   ": want [prefix/]name, the name 1-63 of A-Z, a-z, 0-9, '-', '_' and '.'");
+    return invalid_k8s_name(
+        "invalid label key " + shown(key) +
+        ": want [prefix/]name, the name 1-63 of A-Z, a-z, 0-9, '-', '_' and '.'");
   if (!value.empty() && !is_qualified_name_part(value))
-    return invalid("invalid value " + shown(value) + " for label " + shown(key) +
-                   ": want at most 63 of A-Z, a-z, 0-9, '-', '_' and '.', starting and ending "
-                   "with a letter or digit");
+    return invalid_k8s_name(
+        "invalid value " + shown(value) + " for label " + shown(key) +
+        ": want at most 63 of A-Z, a-z, 0-9, '-', '_' and '.', starting and ending "
+        "with a letter or digit");
   return {};
 }
 

@@ -8,11 +8,11 @@ namespace factory::tenants {
 
 namespace {
 
-Error invalid(std::string message) {
+Error invalid_vm_spec(std::string message) {
   return Error(Errc::invalid_argument, std::move(message));
 }
 
-bool starts_with(std::string_view s, std::string_view prefix) {
+bool vm_spec_starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
 
@@ -21,19 +21,20 @@ bool starts_with(std::string_view s, std::string_view prefix) {
 // only surface later as an import pod failing in a loop.
 Status validate_image_url(std::string_view url) {
   std::string_view rest;
-  if (starts_with(url, "https://"))
+  if (vm_spec_starts_with(url, "https://"))
     rest = url.substr(8);
-  else if (starts_with(url, "http://"))
+  else if (vm_spec_starts_with(url, "http://"))
     rest = url.substr(7);
   else
-    return invalid("image URL '" + std::string(url.substr(0, 100)) +
-                   "' must start with https:// or http:// (CDI downloads it into the VM's "
-                   "root disk)");
+    return invalid_vm_spec("image URL '" + std::string(url.substr(0, 100)) +
+                           "' must start with https:// or http:// (CDI downloads it into the VM's "
+                           "root disk)");
   if (rest.empty() || rest.front() == '/')
-    return invalid("image URL '" + std::string(url.substr(0, 100)) + "' has no host");
+    return invalid_vm_spec("image URL '" + std::string(url.substr(0, 100)) + "' has no host");
   for (char c : url)
     if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f)
-      return invalid("image URL contains a space or a control character: percent-encode it");
+      return invalid_vm_spec(
+          "image URL contains a space or a control character: percent-encode it");
   return {};
 }
 
@@ -47,24 +48,25 @@ Status validate_vm_spec(const VmSpec& spec) {
   if (auto st = validate_quantity("--disk", spec.disk); !st.ok()) return st;
   if (auto st = validate_image_url(spec.image_url); !st.ok()) return st;
   if (spec.gpus < 0 || spec.gpus > kMaxGpusPerVm)
-    return invalid("--gpus " + std::to_string(spec.gpus) + " is out of range: want 0-" +
-                   std::to_string(kMaxGpusPerVm));
+    return invalid_vm_spec("--gpus " + std::to_string(spec.gpus) + " is out of range: want 0-" +
+                           std::to_string(kMaxGpusPerVm));
   if (spec.gpus > 0) {
     if (spec.gpu_resource.empty())
-      return invalid("no GPU resource name for a VM with " + std::to_string(spec.gpus) +
-                     " GPU(s): allowlist the card with `factory kubevirt allowlist` and name "
-                     "its resource in the tier");
+      return invalid_vm_spec(
+          "no GPU resource name for a VM with " + std::to_string(spec.gpus) +
+          " GPU(s): allowlist the card with `factory kubevirt allowlist` and name "
+          "its resource in the tier");
     if (auto st = validate_resource_name(spec.gpu_resource); !st.ok()) return st;
   }
   if (spec.ssh_node_port != 0)
     if (auto st = validate_node_port(spec.ssh_node_port); !st.ok()) return st;
-  if (spec.tier.empty()) return invalid("no tier for tenant '" + spec.name + "'");
+  if (spec.tier.empty()) return invalid_vm_spec("no tier for tenant '" + spec.name + "'");
   if (auto st = validate_label(kTierLabel, spec.tier); !st.ok()) return st;
   for (const auto& [k, v] : spec.labels) {
     if (auto st = validate_label(k, v); !st.ok()) return st;
     // Factory finds its objects by these; a caller's label must not shadow them.
-    if (k == kManagedByLabel || k == kDomainLabel || starts_with(k, "factory.dev/"))
-      return invalid("label '" + k + "' is reserved for Factory's own bookkeeping");
+    if (k == kManagedByLabel || k == kDomainLabel || vm_spec_starts_with(k, "factory.dev/"))
+      return invalid_vm_spec("label '" + k + "' is reserved for Factory's own bookkeeping");
   }
   return {};
 }

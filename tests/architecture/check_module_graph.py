@@ -165,8 +165,10 @@ def probe(build_dir, module, header):
     cmds = json.load(open(os.path.join(build_dir, "compile_commands.json")))
     built = json.load(open(os.path.join(build_dir, "module_graph.json")))["modules"]
     folder = "/" + built[module]["dir"] + "/"
-    entry = next((c for c in cmds if folder in c["file"] and f"/{module}.dir/" in
-                  c.get("command", " ".join(c.get("arguments", [])))), None)
+    # A unity batch of the module's sources (FACTORY_UNITY) compiles with the same flags.
+    entry = next((c for c in cmds if (folder in c["file"] or f"/{module}.dir/Unity/" in c["file"])
+                  and f"/{module}.dir/" in c.get("command", " ".join(c.get("arguments", [])))),
+                 None)
     if entry is None:
         fail(f"no compile command for a source of {module}")
     args = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])

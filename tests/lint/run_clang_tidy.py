@@ -47,6 +47,29 @@ def clean_args(entry):
     return out
 
 
+UNITY_INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
+
+
+def sources_of(entry):
+    """The files one compile command compiles, each with its arguments: the
+    entry's own file, or, for a unity batch (FACTORY_UNITY), every source the
+    batch includes, with the batch's flags and the source in its place."""
+    f = os.path.realpath(os.path.join(entry["directory"], entry["file"]))
+    args = clean_args(entry)
+    if "/Unity/unity_" not in f:
+        return [(f, args)]
+    try:
+        included = UNITY_INCLUDE.findall(open(f).read())
+    except OSError:
+        return []
+    out = []
+    for inc in included:
+        g = os.path.realpath(os.path.join(os.path.dirname(f), inc))
+        out.append((g, [g if os.path.realpath(os.path.join(entry["directory"], x)) == f else x
+                        for x in args]))
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("source_dir")
@@ -66,15 +89,15 @@ def main():
     only = re.compile(a.only) if a.only else None
     entries, seen = [], set()
     for e in cmds:
-        f = os.path.realpath(os.path.join(e["directory"], e["file"]))
-        rel = os.path.relpath(f, src)
-        # A file compiled twice (a module and a probe) is checked once.
-        if not rel.startswith(PRODUCT) or rel in seen:
-            continue
-        if only and not only.search(rel):
-            continue
-        seen.add(rel)
-        entries.append({"directory": e["directory"], "file": f, "arguments": clean_args(e)})
+        for f, args in sources_of(e):
+            rel = os.path.relpath(f, src)
+            # A file compiled twice (a module and a probe) is checked once.
+            if not rel.startswith(PRODUCT) or rel in seen:
+                continue
+            if only and not only.search(rel):
+                continue
+            seen.add(rel)
+            entries.append({"directory": e["directory"], "file": f, "arguments": args})
     if not entries:
         print("tidy: no product source matches", file=sys.stderr)
         return 1
