@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/display.hpp"
+
 namespace factory::validation {
 
 using nlohmann::json;
@@ -21,6 +23,20 @@ std::string type_name(const json& j) {
     default:
       return "a number";
   }
+}
+
+std::string quoted(const std::string& value) {
+  constexpr std::size_t kShown = 80;
+  std::string shown = display::sanitize(value.size() > kShown ? value.substr(0, kShown) : value);
+  return "'" + shown + (value.size() > kShown ? "...'" : "'");
+}
+
+Result<std::string> string_field(const nlohmann::json& body, const char* key,
+                                 const std::string& where) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return bad(where + ": " + key, "missing");
+  if (!it->is_string()) return bad(where + ": " + key, "want a string, got " + type_name(*it));
+  return it->get<std::string>();
 }
 
 Error bad(const std::string& where, const std::string& what) {

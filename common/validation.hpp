@@ -17,6 +17,16 @@ std::string type_name(const nlohmann::json& j);
 // invalid_argument "<where>: <what>".
 Error bad(const std::string& where, const std::string& what);
 
+// A value quoted in an error: 'value', escaped as display::sanitize does and
+// cut at 80 characters ('…...'), so the log line it ends up in carries
+// neither its escapes nor all of a long one.
+std::string quoted(const std::string& value);
+
+// body[key] as a required string, or "<where>: <key>: missing" / "want a
+// string, got a number".
+Result<std::string> string_field(const nlohmann::json& body, const char* key,
+                                 const std::string& where);
+
 // Rejects keys outside `allowed`, so a typo ("pakages") is an error, not a default.
 Status only_keys(const nlohmann::json& obj, const std::vector<std::string>& allowed,
                  const std::string& where);

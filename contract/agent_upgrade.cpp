@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/display.hpp"
+#include "common/pki.hpp"
 #include "common/validation.hpp"
 #include "contract/protocol.hpp"
 
@@ -19,14 +20,6 @@ Error agent_upgrade_bad(const char* what, const char* field, const std::string& 
   return validation::bad(std::string(what) + ": " + field, why);
 }
 
-// A value quoted in an error: the log line it ends up in must not carry the
-// value's escapes, nor all of a long one.
-std::string agent_upgrade_shown(const std::string& s) {
-  constexpr std::size_t kShown = 80;
-  std::string shown = display::sanitize(s.size() > kShown ? s.substr(0, kShown) : s);
-  return "'" + shown + (s.size() > kShown ? "...'" : "'");
-}
-
 bool is_agent_upgrade_id(std::string_view s) {
   if (s.empty() || s.size() > limits::kUpgradeId) return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
@@ -34,26 +27,11 @@ bool is_agent_upgrade_id(std::string_view s) {
   });
 }
 
-bool is_sha256(std::string_view s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
 // https:// and then only printable ASCII without spaces: the agent hands it
 // to its HTTP client, and it is shown in logs.
 bool is_download_url(const std::string& s) {
   if (s.size() > limits::kUrl || !validation::is_https_url(s)) return false;
   return std::all_of(s.begin(), s.end(), [](char c) { return c > 0x20 && c < 0x7f; });
-}
-
-Result<std::string> agent_upgrade_string_field(const char* what, const json& body,
-                                               const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return agent_upgrade_bad(what, key, "missing");
-  if (!it->is_string())
-    return agent_upgrade_bad(what, key, "want a string, got " + validation::type_name(*it));
-  return it->get<std::string>();
 }
 
 Status expect_tag(const char* what, const json& body, const char* key, std::string_view want,
@@ -66,7 +44,7 @@ Status expect_tag(const char* what, const json& body, const char* key, std::stri
   if (it->is_string() && it->get_ref<const std::string&>() == want) return Status{};
   return agent_upgrade_bad(what, key,
                            "want '" + std::string(want) + "', got " +
-                               (it->is_string() ? agent_upgrade_shown(it->get<std::string>())
+                               (it->is_string() ? validation::quoted(it->get<std::string>())
                                                 : validation::type_name(*it)));
 }
 
@@ -139,38 +117,38 @@ Result<AgentUpgradeOrder> decode_agent_upgrade_order(const json& body) {
     return st.error();
   AgentUpgradeOrder o;
 
-  auto id = agent_upgrade_string_field(what, body, "upgrade_id");
+  auto id = validation::string_field(body, "upgrade_id", what);
   if (!id) return id.error();
   if (!is_agent_upgrade_id(*id))
     return agent_upgrade_bad(
         what, "upgrade_id",
-        "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + agent_upgrade_shown(*id));
+        "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + validation::quoted(*id));
   o.upgrade_id = std::move(*id);
 
-  auto version = agent_upgrade_string_field(what, body, "version");
+  auto version = validation::string_field(body, "version", what);
   if (!version) return version.error();
   if (!is_agent_version(*version))
     return agent_upgrade_bad(
         what, "version",
         "want 1 to 64 characters of A-Z a-z 0-9 . + ~ _ - starting with a letter or a "
         "digit, got " +
-            agent_upgrade_shown(*version));
+            validation::quoted(*version));
   o.version = std::move(*version);
 
-  auto sha = agent_upgrade_string_field(what, body, "sha256");
+  auto sha = validation::string_field(body, "sha256", what);
   if (!sha) return sha.error();
-  if (!is_sha256(*sha))
+  if (!pki::is_sha256_hex(*sha))
     return agent_upgrade_bad(what, "sha256",
-                             "want 64 lower-case hex digits, got " + agent_upgrade_shown(*sha));
+                             "want 64 lower-case hex digits, got " + validation::quoted(*sha));
   o.sha256 = std::move(*sha);
 
-  auto url = agent_upgrade_string_field(what, body, "url");
+  auto url = validation::string_field(body, "url", what);
   if (!url) return url.error();
   if (!is_download_url(*url))
     return agent_upgrade_bad(what, "url",
                              "want an https:// URL of at most " + std::to_string(limits::kUrl) +
                                  " printable characters without spaces, got " +
-                                 agent_upgrade_shown(*url));
+                                 validation::quoted(*url));
   o.url = std::move(*url);
 
   auto size = count_field(what, body, "size", 1, limits::kMaxSize);
@@ -195,15 +173,15 @@ Result<AgentUpgradeEvent> decode_agent_upgrade_event(const json& body) {
     return st.error();
   AgentUpgradeEvent e;
 
-  auto id = agent_upgrade_string_field(what, body, "upgrade_id");
+  auto id = validation::string_field(body, "upgrade_id", what);
   if (!id) return id.error();
   if (!is_agent_upgrade_id(*id))
     return agent_upgrade_bad(
         what, "upgrade_id",
-        "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + agent_upgrade_shown(*id));
+        "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + validation::quoted(*id));
   e.upgrade_id = std::move(*id);
 
-  auto state = agent_upgrade_string_field(what, body, "state");
+  auto state = validation::string_field(body, "state", what);
   if (!state) return state.error();
   bool known = false;
   for (auto s : {AgentUpgradeState::installing, AgentUpgradeState::refused,
@@ -215,7 +193,7 @@ Result<AgentUpgradeEvent> decode_agent_upgrade_event(const json& body) {
   if (!known)
     return agent_upgrade_bad(
         what, "state",
-        "want installing, refused, upgraded or rolled_back, got " + agent_upgrade_shown(*state));
+        "want installing, refused, upgraded or rolled_back, got " + validation::quoted(*state));
 
   for (auto [key, out] :
        {std::pair{"from_version", &e.from_version}, std::pair{"to_version", &e.to_version}}) {
@@ -225,7 +203,7 @@ Result<AgentUpgradeEvent> decode_agent_upgrade_event(const json& body) {
       return agent_upgrade_bad(what, key, "want a string, got " + validation::type_name(*it));
     const auto& v = it->get_ref<const std::string&>();
     if (!v.empty() && !is_agent_version(v))
-      return agent_upgrade_bad(what, key, "not a version: " + agent_upgrade_shown(v));
+      return agent_upgrade_bad(what, key, "not a version: " + validation::quoted(v));
     *out = v;
   }
 
@@ -257,7 +235,7 @@ Result<std::string> agent_binary_version(std::string_view binary) {
     std::string version(rest.substr(0, std::min(end, limits::kVersion + 1)));
     if (end != std::string_view::npos && is_agent_version(version)) return version;
     malformed = Error(Errc::invalid_argument, "the factory-agent version mark holds " +
-                                                  agent_upgrade_shown(version) +
+                                                  validation::quoted(version) +
                                                   ", not a version of at most 64 bytes");
   }
   if (malformed) return *malformed;

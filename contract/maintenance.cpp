@@ -18,14 +18,6 @@ Error maintenance_bad(const char* field, const std::string& what) {
   return validation::bad(std::string("maintenance notice: ") + field, what);
 }
 
-// A value quoted in an error: the log line it ends up in must not carry the
-// value's escapes, nor all of a long one.
-std::string shown_value(const std::string& s) {
-  constexpr std::size_t kShown = 80;
-  std::string shown = display::sanitize(s.size() > kShown ? s.substr(0, kShown) : s);
-  return "'" + shown + (s.size() > kShown ? "...'" : "'");
-}
-
 bool is_notice_id(std::string_view s) {
   if (s.empty() || s.size() > maintenance_limits::kNoticeId) return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
@@ -63,7 +55,7 @@ Result<std::chrono::system_clock::time_point> parse_deadline(const std::string& 
   auto refused = [&] {
     return maintenance_bad(
         "deadline",
-        "want an RFC 3339 time in UTC like 2026-11-30T09:00:00Z, got " + shown_value(s));
+        "want an RFC 3339 time in UTC like 2026-11-30T09:00:00Z, got " + validation::quoted(s));
   };
   if (s.size() < kSeconds + 1 || s.size() > 40) return refused();
   std::size_t i = kSeconds;
@@ -91,15 +83,6 @@ bool is_message(const std::string& s) {
     if (nl == std::string::npos) return true;
     start = nl + 1;
   }
-}
-
-// A required string field, or why not.
-Result<std::string> maintenance_string_field(const json& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return maintenance_bad(key, "missing");
-  if (!it->is_string())
-    return maintenance_bad(key, "want a string, got " + validation::type_name(*it));
-  return it->get<std::string>();
 }
 
 }  // namespace
@@ -137,36 +120,37 @@ Result<MaintenanceNotice> decode_maintenance_notice(const json& body) {
       a != body.end() &&
       !(a->is_string() && a->get_ref<const std::string&>() == action::kMaintenance))
     return maintenance_bad("action", "want '" + std::string(action::kMaintenance) + "', got " +
-                                         (a->is_string() ? shown_value(a->get<std::string>())
+                                         (a->is_string() ? validation::quoted(a->get<std::string>())
                                                          : validation::type_name(*a)));
   MaintenanceNotice n;
 
-  auto id = maintenance_string_field(body, "notice_id");
+  auto id = validation::string_field(body, "notice_id", "maintenance notice");
   if (!id) return id.error();
   if (!is_notice_id(*id))
-    return maintenance_bad("notice_id",
-                           "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + shown_value(*id));
+    return maintenance_bad("notice_id", "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " +
+                                            validation::quoted(*id));
   n.notice_id = std::move(*id);
 
-  auto state = maintenance_string_field(body, "state");
+  auto state = validation::string_field(body, "state", "maintenance notice");
   if (!state) return state.error();
   if (*state == "scheduled")
     n.state = MaintenanceState::scheduled;
   else if (*state == "cancelled")
     n.state = MaintenanceState::cancelled;
   else
-    return maintenance_bad("state", "want scheduled or cancelled, got " + shown_value(*state));
+    return maintenance_bad("state",
+                           "want scheduled or cancelled, got " + validation::quoted(*state));
 
-  auto node = maintenance_string_field(body, "node");
+  auto node = validation::string_field(body, "node", "maintenance notice");
   if (!node) return node.error();
   if (!is_node_name(*node))
     return maintenance_bad("node",
                            "want a host name (DNS labels of letters, digits and hyphens, at most " +
                                std::to_string(maintenance_limits::kNode) + " bytes), got " +
-                               shown_value(*node));
+                               validation::quoted(*node));
   n.node = std::move(*node);
 
-  auto deadline = maintenance_string_field(body, "deadline");
+  auto deadline = validation::string_field(body, "deadline", "maintenance notice");
   if (!deadline) return deadline.error();
   auto t = parse_deadline(*deadline);
   if (!t) return t.error();

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/display.hpp"
+#include "common/pki.hpp"
 #include "common/validation.hpp"
 #include "contract/catalog.hpp"
 #include "contract/protocol.hpp"
@@ -21,30 +22,11 @@ Error bad(const std::string& field, const std::string& why) {
   return validation::bad(std::string(kWhat) + ": " + field, why);
 }
 
-std::string shown(const std::string& s) {
-  constexpr std::size_t kShown = 80;
-  std::string v = display::sanitize(s.size() > kShown ? s.substr(0, kShown) : s);
-  return "'" + v + (s.size() > kShown ? "...'" : "'");
-}
-
 bool is_upgrade_id(std::string_view s) {
   if (s.empty() || s.size() > tier_upgrade_limits::kUpgradeId) return false;
   return std::all_of(s.begin(), s.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
   });
-}
-
-bool is_hash(std::string_view s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
-           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
-         });
-}
-
-Result<std::string> string_field(const json& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return bad(key, "missing");
-  if (!it->is_string()) return bad(key, "want a string, got " + validation::type_name(*it));
-  return it->get<std::string>();
 }
 
 constexpr std::pair<TierUpgradeState, const char*> kStates[] = {
@@ -88,15 +70,17 @@ Result<TierUpgradeOrder> decode_tier_upgrade_order(const json& body) {
       it != body.end() && !(it->is_string() && *it == action::kTierUpgrade))
     return bad("action", std::string("want '") + std::string(action::kTierUpgrade) + "'");
   TierUpgradeOrder o;
-  auto id = string_field(body, "upgrade_id");
+  auto id = validation::string_field(body, "upgrade_id", kWhat);
   if (!id) return id.error();
   if (!is_upgrade_id(*id))
-    return bad("upgrade_id", "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + shown(*id));
+    return bad("upgrade_id",
+               "want 1 to 64 characters of A-Z a-z 0-9 . _ -, got " + validation::quoted(*id));
   o.upgrade_id = std::move(*id);
   for (auto [key, out] : {std::pair{"from_hash", &o.from_hash}, std::pair{"to_hash", &o.to_hash}}) {
-    auto h = string_field(body, key);
+    auto h = validation::string_field(body, key, kWhat);
     if (!h) return h.error();
-    if (!is_hash(*h)) return bad(key, "want 64 lower-case hex digits, got " + shown(*h));
+    if (!pki::is_sha256_hex(*h))
+      return bad(key, "want 64 lower-case hex digits, got " + validation::quoted(*h));
     *out = std::move(*h);
   }
   auto plan = body.find("plan");
@@ -118,7 +102,7 @@ Result<TierUpgradeOrder> decode_tier_upgrade_order(const json& body) {
   for (const auto& s : *steps) {
     if (!s.is_string()) return bad("steps", "want step ids, got " + validation::type_name(s));
     if (!ids.contains(s.get<std::string>()))
-      return bad("steps", "the plan has no step " + shown(s.get<std::string>()));
+      return bad("steps", "the plan has no step " + validation::quoted(s.get<std::string>()));
     o.steps.push_back(s.get<std::string>());
   }
   return o;
