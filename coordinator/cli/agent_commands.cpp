@@ -2,16 +2,15 @@
 // (coordinator/tenants/agent_rollout.hpp, docs/agent-rollouts.md). The
 // coordinator orders the upgrades and keeps them journaled; this command
 // asks for a rollout, then follows it until every tenant has its outcome.
-#include <chrono>
 #include <iostream>
-#include <map>
 #include <memory>
-#include <thread>
+#include <optional>
 
 #include "common/durations.hpp"
 #include "contract/agent_upgrade.hpp"
 #include "coordinator/cli/admin_client.hpp"
 #include "coordinator/cli/commands.hpp"
+#include "coordinator/cli/follow.hpp"
 #include "coordinator/cli/output.hpp"
 
 namespace factory::cli {
@@ -108,45 +107,22 @@ int judge(const json& doc, const std::vector<std::string>& named_skips) {
 // change of a tenant's state with the time since the start.
 int follow_rollout(const GlobalOptions& g, const UpgradeOptions& o, const std::string& rollout_id,
                    const std::vector<std::string>& named_skips) {
-  auto timeout = parse_duration(o.timeout);
-  auto poll = parse_duration(o.poll);
-  auto client = AdminClient::from(g);
-  if (!client) return fail(client.error());
-  const auto start = std::chrono::steady_clock::now();
-  std::map<std::string, std::string> seen;
-  std::string last_error;
-  while (true) {
-    auto r = client->call("GET", "/v1/agents/upgrade");
-    const std::string t = format_duration(
-        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start));
-    if (!r) {
-      // A coordinator restarting carries on from its journals: keep following.
-      if (r.error().code != Errc::unavailable) return fail(r.error());
-      if (r.error().message != last_error)
-        std::cerr << "[" << t << "] " << r.error().message << "\n";
-      last_error = r.error().message;
-    } else if (rollout_field(*r, "rollout_id") != rollout_id) {
+  FollowSpec spec;
+  spec.path = "/v1/agents/upgrade";
+  spec.timeout = *parse_duration(o.timeout);
+  spec.poll = *parse_duration(o.poll);
+  spec.tenant_of = [](const json& e) { return rollout_field(e, "tenant"); };
+  spec.state_line = state_line;
+  spec.judge = [&](const json& doc, const std::string&) -> std::optional<int> {
+    if (rollout_field(doc, "rollout_id") != rollout_id)
       return fail(Error(Errc::conflict, "rollout " + rollout_id + " is no longer the latest (" +
-                                            rollout_field(*r, "rollout_id") + " is)"));
-    } else {
-      last_error.clear();
-      for (const auto& e : r->value("tenants", json::array())) {
-        const std::string line = state_line(e);
-        std::string& before = seen[rollout_field(e, "tenant")];
-        if (line != before)
-          std::cerr << "[" << t << "] " << display_text(rollout_field(e, "tenant")) << ": "
-                    << display_text(line) << "\n";
-        before = line;
-      }
-      if (r->value("done", false)) return judge(*r, named_skips);
-    }
-    if (std::chrono::steady_clock::now() - start >= *timeout)
-      return fail(Error(Errc::timeout, "rollout " + rollout_id + " not done after " +
-                                           format_duration(*timeout) +
-                                           ": it goes on; follow it with `factory agents upgrade "
-                                           "status`"));
-    std::this_thread::sleep_for(*poll);
-  }
+                                            rollout_field(doc, "rollout_id") + " is)"));
+    if (doc.value("done", false)) return judge(doc, named_skips);
+    return std::nullopt;
+  };
+  spec.on_timeout = "rollout " + rollout_id + " not done after " + format_duration(spec.timeout) +
+                    ": it goes on; follow it with `factory agents upgrade status`";
+  return follow(g, spec);
 }
 
 int upgrade(const Context& ctx, const UpgradeOptions& o) {

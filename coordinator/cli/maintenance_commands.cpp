@@ -2,14 +2,14 @@
 // of host maintenance (coordinator/tenants/maintenance.hpp). The coordinator
 // does the work and keeps it journaled; these commands ask for it, then
 // follow it until every tenant of the node is where it was asked to be.
-#include <chrono>
 #include <iostream>
 #include <memory>
-#include <thread>
+#include <optional>
 
 #include "common/durations.hpp"
 #include "coordinator/cli/admin_client.hpp"
 #include "coordinator/cli/commands.hpp"
+#include "coordinator/cli/follow.hpp"
 #include "coordinator/cli/output.hpp"
 
 namespace factory::cli {
@@ -61,50 +61,30 @@ void print_tenants(const json& doc, bool impact) {
 
 // Follows GET /v1/hosts/{node}/maintenance until done, printing each change
 // of a tenant's state with the time since the start.
-int follow(const GlobalOptions& g, const MaintenanceOptions& o, const char* what) {
+int follow_maintenance(const GlobalOptions& g, const MaintenanceOptions& o, const char* what) {
   auto timeout = parse_duration(o.timeout);
   if (!timeout) return fail(timeout.error().with_context("--timeout"));
   auto poll = parse_duration(o.poll);
   if (!poll) return fail(poll.error().with_context("--poll"));
-  auto client = AdminClient::from(g);
-  if (!client) return fail(client.error());
-  const auto start = std::chrono::steady_clock::now();
-  std::map<std::string, std::string> seen;
-  std::string last_error;
-  while (true) {
-    auto r = client->call("GET", api_path({"v1", "hosts", o.node, "maintenance"}));
-    const std::string t = format_duration(
-        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start));
-    if (!r) {
-      // A coordinator restarting carries on from its journals: keep following.
-      if (r.error().code != Errc::unavailable) return fail(r.error());
-      if (r.error().message != last_error)
-        std::cerr << "[" << t << "] " << r.error().message << "\n";
-      last_error = r.error().message;
-    } else {
-      last_error.clear();
-      for (const auto& e : r->value("tenants", json::array())) {
-        std::string line = field(e, "state");
-        if (!field(e, "error").empty()) line += ": " + field(e, "error");
-        std::string& before = seen[field(e, "tenant")];
-        if (line != before)
-          std::cerr << "[" << t << "] " << display_text(field(e, "tenant")) << ": "
-                    << display_text(line) << "\n";
-        before = line;
-      }
-      if (r->value("done", false)) {
-        std::cerr << "[" << t << "] " << what << " of " << o.node << " done\n";
-        return 0;
-      }
-    }
-    if (std::chrono::steady_clock::now() - start >= *timeout)
-      return fail(Error(Errc::timeout, std::string(what) + " of " + o.node + " not done after " +
-                                           format_duration(*timeout) +
-                                           ": it goes on; follow it with `factory host " +
-                                           (std::string(what) == "drain" ? "drain" : "undrain") +
-                                           " " + o.node + " --dry-run`"));
-    std::this_thread::sleep_for(*poll);
-  }
+  FollowSpec spec;
+  spec.path = api_path({"v1", "hosts", o.node, "maintenance"});
+  spec.timeout = *timeout;
+  spec.poll = *poll;
+  spec.tenant_of = [](const json& e) { return field(e, "tenant"); };
+  spec.state_line = [](const json& e) {
+    std::string line = field(e, "state");
+    if (!field(e, "error").empty()) line += ": " + field(e, "error");
+    return line;
+  };
+  spec.judge = [&](const json& doc, const std::string& elapsed) -> std::optional<int> {
+    if (!doc.value("done", false)) return std::nullopt;
+    std::cerr << elapsed << " " << what << " of " << o.node << " done\n";
+    return 0;
+  };
+  spec.on_timeout = std::string(what) + " of " + o.node + " not done after " +
+                    format_duration(*timeout) + ": it goes on; follow it with `factory host " +
+                    what + " " + o.node + " --dry-run`";
+  return follow(g, spec);
 }
 
 // Every flag checked before anything is asked of the coordinator.
@@ -123,7 +103,7 @@ int drain(const Context& ctx, const MaintenanceOptions& o) {
   auto res = call_coordinator(ctx.global, "POST", api_path({"v1", "hosts", o.node, "drain"}), body);
   if (!res) return fail(res.error());
   if (print_document(std::cout, o.out, *res))
-    return o.dry_run || o.no_wait ? 0 : follow(ctx.global, o, "drain");
+    return o.dry_run || o.no_wait ? 0 : follow_maintenance(ctx.global, o, "drain");
   print_tenants(*res, o.dry_run);
   if (o.dry_run) {
     std::cout << "dry run: nothing changed. A drain cordons " << display_text(o.node)
@@ -138,7 +118,7 @@ int drain(const Context& ctx, const MaintenanceOptions& o) {
     std::cout << "follow it with `factory host drain " << o.node << " --dry-run` or the feed\n";
     return 0;
   }
-  return follow(ctx.global, o, "drain");
+  return follow_maintenance(ctx.global, o, "drain");
 }
 
 int undrain(const Context& ctx, const MaintenanceOptions& o) {
@@ -147,7 +127,7 @@ int undrain(const Context& ctx, const MaintenanceOptions& o) {
                               json{{"dry_run", o.dry_run}});
   if (!res) return fail(res.error());
   if (print_document(std::cout, o.out, *res))
-    return o.dry_run || o.no_wait ? 0 : follow(ctx.global, o, "undrain");
+    return o.dry_run || o.no_wait ? 0 : follow_maintenance(ctx.global, o, "undrain");
   print_tenants(*res, false);
   if (o.dry_run) {
     std::cout << "dry run: nothing changed. An undrain uncordons " << display_text(o.node)
@@ -156,7 +136,7 @@ int undrain(const Context& ctx, const MaintenanceOptions& o) {
   }
   std::cout << o.node << " uncordoned\n";
   if (o.no_wait) return 0;
-  return follow(ctx.global, o, "undrain");
+  return follow_maintenance(ctx.global, o, "undrain");
 }
 
 }  // namespace
