@@ -93,6 +93,10 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
   bool renew_first = false;
   int exit_code = 0;
   std::optional<AgentIdentity> identity;
+  // The coordinator's latest session ticket: a reconnect resumes instead of
+  // a full handshake (common/net/tls_tickets.hpp). Keyed by the identity
+  // shown, so a renewed certificate starts a new session.
+  std::shared_ptr<net::TlsSessionCache> tls_sessions = std::make_shared<net::TlsSessionCache>();
   std::string pending_key;  // key of a renewal in flight
   std::mutex health_mu;
   std::optional<nlohmann::json> health_latest;  // guarded by health_mu
@@ -229,6 +233,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
     auto chain = pki::split_pem_certificates(identity->cert_pem);
     o.tls.client_cert_pem = chain.empty() ? identity->cert_pem : chain.front();
     o.tls.client_key_pem = identity->key_pem;
+    o.tls.sessions = tls_sessions;
     o.idle_timeout = std::chrono::duration_cast<std::chrono::seconds>(cfg.heartbeat * 4);
     if (o.idle_timeout < std::chrono::seconds(4)) o.idle_timeout = std::chrono::seconds(4);
     o.max_frame = proto::kMaxPlanFrameBytes;

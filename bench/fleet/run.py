@@ -743,6 +743,11 @@ def print_table(fr: TargetResult, nr: Optional[TargetResult], ro: dict, agent: d
     row("resumed handshakes per CPU s", fmt(fr.resumed_hs_per_cpu_s) if fr.resumed_hs_per_cpu_s
         else fr.resumed_note, (fmt(nr.resumed_hs_per_cpu_s) + f" ({nr.resumed_note})")
         if nr and nr.resumed_hs_per_cpu_s else (nr.resumed_note if nr else "-"))
+    # Issue 29's target: a resumption costs the coordinator at most 2/3 of a
+    # full handshake (its tickets: common/net/tls_tickets.hpp).
+    row("  resumed / full, each target's own (want >= 1.5x)",
+        ratio(fr.resumed_hs_per_cpu_s, fr.full_hs_per_cpu_s),
+        ratio(nr.resumed_hs_per_cpu_s, nr.full_hs_per_cpu_s) if nr else "-")
     fs, ns = fr.storm, (nr.storm if nr else {})
     if fs:
         row(f"restart of {fs['n']}: all back after (s)", fmt(fs["all_back_s"], 1),

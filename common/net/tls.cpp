@@ -1,12 +1,18 @@
 #include "common/net/tls.hpp"
 
+#include <openssl/core_names.h>
 #include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/rand.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
 #include <boost/asio/ssl/context.hpp>
+#include <cstring>
+#include <ctime>
 
+#include "common/net/tls_tickets.hpp"
 #include "common/pki.hpp"
 
 namespace factory::net {
@@ -115,6 +121,77 @@ Status use_cert_and_key(ssl::context& ctx, const std::string& chain, const std::
   return {};
 }
 
+// The server's ticket keys, held by its SSL_CTX (freed with it).
+int ticket_keys_ex_index() {
+  static const int idx = SSL_CTX_get_ex_new_index(
+      0, nullptr, nullptr, nullptr, [](void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) {
+        delete static_cast<std::shared_ptr<TicketKeys>*>(ptr);
+      });
+  return idx;
+}
+
+bool set_ticket_mac_key(EVP_MAC_CTX* hctx, const TicketKey& k) {
+  char digest[] = "SHA256";
+  OSSL_PARAM params[] = {
+      OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_KEY,
+                                        const_cast<unsigned char*>(k.hmac.data()), k.hmac.size()),
+      OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+      OSSL_PARAM_construct_end()};
+  return EVP_MAC_CTX_set_params(hctx, params) == 1;
+}
+
+// OpenSSL's ticket key callback: seal (enc 1) with the current key, open
+// (enc 0) with the key the ticket names. 1: sealed; 2: opened, and a fresh
+// ticket is to follow; 0: no key (sealing: an empty ticket; opening: a full
+// handshake); -1: a failure, which ends the handshake.
+// Memory only: it runs on an io thread.
+int ticket_key_callback(SSL* ssl, unsigned char key_name[16], unsigned char iv[EVP_MAX_IV_LENGTH],
+                        EVP_CIPHER_CTX* cctx, EVP_MAC_CTX* hctx, int enc) {
+  auto* keys = static_cast<std::shared_ptr<TicketKeys>*>(
+      SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), ticket_keys_ex_index()));
+  if (!keys || !*keys) return enc ? -1 : 0;
+  if (enc) {
+    auto k = (*keys)->sealing_key();
+    if (!k) return 0;  // an empty ticket this time, rather than one under a stale key
+    std::memcpy(key_name, k->name.data(), k->name.size());
+    if (RAND_bytes(iv, EVP_CIPHER_get_iv_length(EVP_aes_256_cbc())) != 1) return -1;
+    if (EVP_EncryptInit_ex(cctx, EVP_aes_256_cbc(), nullptr, k->aes.data(), iv) != 1) return -1;
+    return set_ticket_mac_key(hctx, *k) ? 1 : -1;
+  }
+  auto o = (*keys)->opening_key(key_name);
+  if (!o) return 0;
+  if (EVP_DecryptInit_ex(cctx, EVP_aes_256_cbc(), nullptr, o->key.aes.data(), iv) != 1) return -1;
+  if (!set_ticket_mac_key(hctx, o->key)) return -1;
+  // 2: always a fresh ticket for the next time. TLS 1.3 sends none after
+  // a resumption otherwise, and OpenSSL's client does not offer a used one
+  // again: each ticket is used once (RFC 8446 section 8.1 / C.4).
+  return 2;
+}
+
+// A client context's resumption: where its sessions go and for whom.
+struct ClientResumption {
+  std::shared_ptr<TlsSessionCache> cache;
+  std::string identity;
+};
+
+int resumption_ex_index() {
+  static const int idx = SSL_CTX_get_ex_new_index(
+      0, nullptr, nullptr, nullptr, [](void*, void* ptr, CRYPTO_EX_DATA*, int, long, void*) {
+        delete static_cast<ClientResumption*>(ptr);
+      });
+  return idx;
+}
+
+// A ticket arrived (after the handshake, in TLS 1.3): keep it. 1: the
+// cache owns the session now.
+int keep_new_session(SSL* ssl, SSL_SESSION* session) {
+  auto* r = static_cast<ClientResumption*>(
+      SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), resumption_ex_index()));
+  if (!r || !r->cache || SSL_SESSION_is_resumable(session) != 1) return 0;
+  r->cache->put(r->identity, session);
+  return 1;
+}
+
 void harden(ssl::context& ctx) {
   SSL_CTX_set_min_proto_version(ctx.native_handle(), TLS1_3_VERSION);
   // Idle connections give their 34 KiB of read/write buffers back.
@@ -137,15 +214,27 @@ Result<std::shared_ptr<ssl::context>> make_server_context(const TlsServerOptions
     // a certificate yet may only enroll (checked by the agents endpoint).
     SSL_CTX_set_verify(ctx->native_handle(), SSL_VERIFY_PEER,
                        o.accept_expired_client_certs ? verify_allowing_expired_leaf : nullptr);
-    static const unsigned char kSessionContext[] = "factory-agents";
-    SSL_CTX_set_session_id_context(ctx->native_handle(), kSessionContext,
-                                   sizeof kSessionContext - 1);
+    // A session resumes only under the CA that verified its certificate:
+    // the context names the CA (SHA-256, 32 bytes, OpenSSL's maximum).
+    std::string ca_hash = pki::sha256_hex("factory-agents\n" + o.client_ca_pem);
+    unsigned char sid_ctx[SSL_MAX_SID_CTX_LENGTH];
+    for (std::size_t i = 0; i < sizeof sid_ctx; ++i)
+      sid_ctx[i] = static_cast<unsigned char>(std::stoi(ca_hash.substr(2 * i, 2), nullptr, 16));
+    SSL_CTX_set_session_id_context(ctx->native_handle(), sid_ctx, sizeof sid_ctx);
     STACK_OF(X509_NAME)* names = sk_X509_NAME_new_null();
     for (auto& pem : pki::split_pem_certificates(o.client_ca_pem)) {
       auto c = parse_cert(pem);
       if (c) sk_X509_NAME_push(names, X509_NAME_dup(X509_get_subject_name(c.get())));
     }
     SSL_CTX_set_client_CA_list(ctx->native_handle(), names);
+  }
+  if (o.ticket_keys) {
+    // One ticket per handshake: an agent keeps only the latest.
+    SSL_CTX_set_num_tickets(ctx->native_handle(), 1);
+    SSL_CTX_set_timeout(ctx->native_handle(), o.ticket_keys->policy().ticket_lifetime.count());
+    SSL_CTX_set_ex_data(ctx->native_handle(), ticket_keys_ex_index(),
+                        new std::shared_ptr<TicketKeys>(o.ticket_keys));
+    SSL_CTX_set_tlsext_ticket_key_evp_cb(ctx->native_handle(), ticket_key_callback);
   }
   return ctx;
 }
@@ -169,7 +258,53 @@ Result<std::shared_ptr<ssl::context>> make_client_context(const TlsClientIdentit
     if (auto st = use_cert_and_key(*ctx, o.client_cert_pem, o.client_key_pem); !st.ok())
       return st.error().with_context("client TLS");
   }
+  if (o.sessions) {
+    auto* r = new ClientResumption{
+        o.sessions, pki::sha256_hex(o.server_name + "\n" + o.ca_pem + "\n" + o.pinned_ca_sha256 +
+                                    "\n" + o.client_cert_pem)};
+    SSL_CTX_set_ex_data(ctx->native_handle(), resumption_ex_index(), r);
+    SSL_CTX_set_session_cache_mode(ctx->native_handle(),
+                                   SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+    SSL_CTX_sess_set_new_cb(ctx->native_handle(), keep_new_session);
+  }
   return ctx;
+}
+
+TlsSessionCache::~TlsSessionCache() {
+  if (session_) SSL_SESSION_free(session_);
+}
+
+void TlsSessionCache::put(const std::string& identity, SSL_SESSION* session) {
+  std::lock_guard lk(mu_);
+  if (session_) SSL_SESSION_free(session_);
+  session_ = session;
+  identity_ = identity;
+}
+
+SSL_SESSION* TlsSessionCache::get1(const std::string& identity) const {
+  std::lock_guard lk(mu_);
+  if (!session_ || identity_ != identity) return nullptr;
+  SSL_SESSION_up_ref(session_);
+  return session_;
+}
+
+void TlsSessionCache::clear() {
+  std::lock_guard lk(mu_);
+  if (session_) SSL_SESSION_free(session_);
+  session_ = nullptr;
+  identity_.clear();
+}
+
+void offer_kept_session(void* ssl_handle) {
+  auto* ssl = static_cast<SSL*>(ssl_handle);
+  auto* r = static_cast<ClientResumption*>(
+      SSL_CTX_get_ex_data(SSL_get_SSL_CTX(ssl), resumption_ex_index()));
+  if (!r || !r->cache) return;
+  SSL_SESSION* s = r->cache->get1(r->identity);
+  if (!s) return;
+  // An expired one is not offered: OpenSSL would, and the server refuse it.
+  if (SSL_SESSION_get_time(s) + SSL_SESSION_get_timeout(s) > time(nullptr)) SSL_set_session(ssl, s);
+  SSL_SESSION_free(s);
 }
 
 std::string verify_failure_reason(void* ssl_handle) {

@@ -41,6 +41,12 @@ void fill_peer_certificate(SSL* ssl, PeerInfo& p, bool accept_expired) {
   BIO_free(bio);
   auto info = pki::inspect_certificate(pem);
   if (!info) return;
+  // A resumed session carries the verification of its first handshake, when
+  // the certificate may still have been valid: its notAfter is judged now.
+  if (!expired && info->not_after <= std::chrono::system_clock::now()) {
+    if (!accept_expired) return;
+    expired = true;
+  }
   p.has_client_cert = true;
   p.client_cert_expired = expired;
   p.subject_cn = info->subject_cn;

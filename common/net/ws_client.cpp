@@ -73,6 +73,7 @@ awaitable<Result<std::unique_ptr<WsClient>>> WsClient::connect(WsClientOptions o
     X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(tls.native_handle()), name.c_str());
   }
   tcp_layer.expires_after(o.connect_timeout);
+  offer_kept_session(tls.native_handle());
   auto [hec] = co_await tls.async_handshake(ssl::stream_base::client, use_tuple);
   if (hec) {
     std::string reason = verify_failure_reason(tls.native_handle());

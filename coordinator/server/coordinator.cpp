@@ -17,6 +17,7 @@
 #include "common/display.hpp"
 #include "common/durations.hpp"
 #include "common/net/server.hpp"
+#include "common/net/tls_tickets.hpp"
 #include "common/net/url.hpp"
 #include "common/pki.hpp"
 #include "common/worker_pool.hpp"
@@ -85,6 +86,8 @@ struct Coordinator::Parts {
   // The Lease election (null without one); stopped before anything it
   // calls into goes (~Coordinator, run()).
   std::unique_ptr<kube::LeaderElector> elector;
+  // The agents endpoint's session ticket keys, rotated by a worker.
+  std::shared_ptr<net::TicketKeys> ticket_keys;
   // Replicas on one PostgreSQL database (`store: postgres://…`, issue 26):
   // the CAs, the admin token and both kinds of tokens are the database's,
   // not state_dir's. Last, so destroyed first: it refreshes the router's
@@ -176,6 +179,20 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
     auto tokens = enroll::TokenBook::load(fs::path(dir) / kTokenBookFile);
     if (!tokens) return tokens.error();
     p.tokens = std::make_unique<enroll::TokenBook>(std::move(*tokens));
+  }
+  {
+    // A key file this build cannot read costs each agent one full handshake,
+    // not the start: said, replaced with fresh keys.
+    const fs::path keys = fs::path(dir) / kTicketKeysFile;
+    auto ticket_keys = net::TicketKeys::open(keys);
+    if (!ticket_keys) {
+      spdlog::warn("{}; starting with new session ticket keys", ticket_keys.error().message);
+      std::error_code ec;
+      fs::remove(keys, ec);
+      ticket_keys = net::TicketKeys::open(keys);
+      if (!ticket_keys) return ticket_keys.error();
+    }
+    p.ticket_keys = std::move(*ticket_keys);
   }
   store::StoreOptions so;
   so.max_events_per_tenant = c->cfg_.quota_max_events_stored;
@@ -476,6 +493,7 @@ net::TlsServerOptions Coordinator::agents_tls(const net::TlsServerOptions& servi
   net::TlsServerOptions t = serving;
   t.client_ca_pem = parts_->ca->certificate_pem();
   t.accept_expired_client_certs = true;
+  t.ticket_keys = parts_->ticket_keys;
   return t;
 }
 
@@ -688,6 +706,15 @@ void Coordinator::schedule_renewal() {
         net_->renewing = false;
       }
     }
+    // The session ticket keys rotate on the same check; a rotation writes
+    // their file, so on a worker.
+    (void)parts_->workers->post([this] {
+      auto rotated = parts_->ticket_keys->rotate_if_due();
+      if (!rotated)
+        spdlog::error("could not rotate the session ticket keys: {}", rotated.error().message);
+      else if (*rotated)
+        spdlog::info("rotated the agents endpoint's session ticket key");
+    });
     schedule_renewal();
   });
 }

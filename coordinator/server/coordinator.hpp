@@ -19,6 +19,9 @@ inline constexpr const char* kAdminTokenFile = "admin.token";
 inline constexpr const char* kTokenBookFile = "tokens.json";
 // Read-only API tokens, hashed (`factory token create --read-only`).
 inline constexpr const char* kApiTokensFile = "api-tokens.json";
+// The agents endpoint's TLS session ticket keys (common/net/tls_tickets.hpp),
+// so agents resume after a restart. A secret: 0600, never logged.
+inline constexpr const char* kTicketKeysFile = "tls-ticket-keys.json";
 // The TLS certificate both listeners serve, and how often its age is checked:
 // a comparison with the wall clock, so often, since an expired serving
 // certificate turns every agent and admin away until the next check (a
