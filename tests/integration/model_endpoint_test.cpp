@@ -385,6 +385,28 @@ TEST_F(Tenants, SeveralKeysPerEndpointWorkAndARevokedOneIsRefusedWithinFiveSecon
       std::string::npos)
       << m;
   EXPECT_EQ(promtool_complaints(m), "") << m;
+
+  // Without the coordinator a revocation could go unheard: named keys are
+  // refused 3 s after the agent's session ends, the tenant's own key keeps
+  // serving, and the next session brings the named keys back.
+  const std::string ops = made({"--key-name", "ops"});
+  EXPECT_EQ(call(dir_.path(), ca, url + "/v1/models", ops).status, 200);
+  const auto down = std::chrono::steady_clock::now();  // the session ends after this
+  h.stop();
+  bool closed = eventually(
+      [&] { return call(dir_.path(), ca, url + "/v1/models", ops).status == 401; }, 10s, 100ms);
+  const auto closed_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - down)
+          .count();
+  EXPECT_TRUE(closed) << "a named key still served 10 s into the outage";
+  EXPECT_GE(closed_ms, 2900) << "refused before the 3 s grace";
+  std::cout << "named key refused " << closed_ms << " ms after the coordinator stopped\n";
+  EXPECT_EQ(call(dir_.path(), ca, url + "/v1/models", own).status, 200)
+      << "the default key serves through the outage";
+  h.start();
+  EXPECT_TRUE(eventually(
+      [&] { return call(dir_.path(), ca, url + "/v1/models", ops).status == 200; }, 30s, 200ms))
+      << "the named key is back with the next session";
   runner.stop();
 }
 
