@@ -220,6 +220,16 @@ bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
   return false;
 }
 
+bool endpoint_key_known(const store::TenantRecord& t, const std::string& key) {
+  if (!t.endpoint) return false;
+  const auto& e = *t.endpoint;
+  if (key == "default") return true;
+  if (e.keys)
+    for (const auto& k : *e.keys)
+      if (k.name == key) return true;
+  return e.usage && e.usage->totals_since_creation().contains(key);
+}
+
 bool project_endpoint_usage(store::TenantRecord& t, const proto::EndpointUsageEvent& u,
                             Clock::time_point received) {
   // Only the sender's own tenant's endpoint, and only under one of its
@@ -231,11 +241,7 @@ bool project_endpoint_usage(store::TenantRecord& t, const proto::EndpointUsageEv
     return false;
   }
   auto& e = *t.endpoint;
-  bool known = u.key == "default";
-  if (!known && e.keys)
-    for (const auto& k : *e.keys) known = known || k.name == u.key;
-  if (!known && e.usage) known = e.usage->totals_since_creation().contains(u.key);
-  if (!known) {
+  if (!endpoint_key_known(t, u.key)) {
     spdlog::warn("agents: tenant {}: endpoint_usage for a key it does not have; ignored", t.name);
     return false;
   }

@@ -497,6 +497,9 @@ TEST(EndpointUsageEvents, AreBoundedAndCountedOnlyUnderTheTenantsOwnKeys) {
   // Revoked since: its name is in the usage, so its last report still counts.
   t.endpoint->keys->clear();
   EXPECT_TRUE(project_event(t, *d.value));
+  EXPECT_TRUE(endpoint_key_known(t, "ci"));
+  EXPECT_TRUE(endpoint_key_known(t, "default"));
+  EXPECT_FALSE(endpoint_key_known(t, "someone-elses"));
   json other = good;
   other["key"] = "someone-elses";
   EXPECT_FALSE(project_event(t, *decode(other).value));
