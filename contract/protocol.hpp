@@ -65,7 +65,7 @@ inline constexpr std::string_view kCertificate = "certificate";  // {certificate
 //     a step kind can (TierUpgradeOrder, tier_upgrade.hpp)
 inline constexpr std::string_view kCommand = "command";
 // A model endpoint's key hash, and its certificate when it asked:
-// {key_sha256, url?, certificate?, ca?, expires_at?} (endpoint_grant.hpp)
+// {key_sha256, keys, url?, certificate?, ca?, expires_at?} (endpoint_grant.hpp)
 inline constexpr std::string_view kEndpoint = "endpoint";
 // both
 inline constexpr std::string_view kAck = "ack";      // {event_id?} and/or envelope ack

@@ -64,6 +64,7 @@ Status load_agent_config_file(const std::string& path, AgentConfig& cfg) {
                   read_duration(*m, "backoff_cap", cfg.backoff_cap),
                   read_duration(*m, "first_connect_jitter", cfg.first_connect_jitter),
                   read_duration(*m, "endpoint_first_byte_timeout", cfg.endpoint_first_byte_timeout),
+                  read_duration(*m, "endpoint_usage_interval", cfg.endpoint_usage_interval),
                   m->done()})
     if (!st.ok()) return st;
   cfg.health_max_quiet = static_cast<int>(max_quiet);
@@ -99,6 +100,9 @@ Status validate(const AgentConfig& cfg) {
                      cfg.binary_path + "'");
   if (cfg.endpoint_first_byte_timeout < std::chrono::seconds(1))
     return Error(Errc::invalid_argument, "endpoint_first_byte_timeout must be at least 1s");
+  if (cfg.endpoint_usage_interval < std::chrono::seconds(1) ||
+      cfg.endpoint_usage_interval > std::chrono::hours(1))
+    return Error(Errc::invalid_argument, "endpoint_usage_interval must be between 1s and 1h");
   return {};
 }
 

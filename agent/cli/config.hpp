@@ -33,6 +33,9 @@ struct AgentConfig : LinkOptions {
       endpoint::ProxyOptions{}.max_connections_per_address;
   std::chrono::milliseconds endpoint_first_byte_timeout =
       endpoint::ProxyOptions{}.upstream_first_byte_timeout;
+  // How often the endpoint's usage per key goes to the coordinator (durable
+  // endpoint_usage events; once more at stop): at most one event per key.
+  std::chrono::milliseconds endpoint_usage_interval{std::chrono::seconds(60)};
   // The unit's ExecStart: the file an upgrade replaces with a link to the
   // new binary (agent/upgrade; deploy/factory-agent.service).
   std::string binary_path = "/usr/local/bin/factory-agent";

@@ -87,6 +87,9 @@ int run_agent(int argc, char** argv) {
   auto* hi =
       app.add_option("--health-interval", health_interval_s,
                      "Seconds between health samples, whatever the plan is doing (default 10)");
+  double usage_interval_s = 0;
+  auto* ui = app.add_option("--endpoint-usage-interval", usage_interval_s,
+                            "Seconds between a model endpoint's usage reports (default 60)");
   uint64_t synthetic = 0;
   double synthetic_rate = 100;
   app.add_option("--synthetic-events", synthetic,
@@ -136,8 +139,12 @@ int run_agent(int argc, char** argv) {
     cfg.endpoint_max_connections = from_file.endpoint_max_connections;
     cfg.endpoint_max_connections_per_address = from_file.endpoint_max_connections_per_address;
     cfg.endpoint_first_byte_timeout = from_file.endpoint_first_byte_timeout;
+    if (ui->count() == 0) cfg.endpoint_usage_interval = from_file.endpoint_usage_interval;
     cfg.binary_path = from_file.binary_path;
   }
+  if (usage_interval_s > 0)
+    cfg.endpoint_usage_interval =
+        std::chrono::milliseconds(static_cast<int64_t>(usage_interval_s * 1000));
   if (health_interval_s > 0)
     cfg.health_interval = std::chrono::milliseconds(static_cast<int64_t>(health_interval_s * 1000));
   if (heartbeat_s > 0)
@@ -186,6 +193,7 @@ int run_agent(int argc, char** argv) {
   ro.endpoint.max_connections = cfg.endpoint_max_connections;
   ro.endpoint.max_connections_per_address = cfg.endpoint_max_connections_per_address;
   ro.endpoint.first_byte_timeout = cfg.endpoint_first_byte_timeout;
+  ro.endpoint.usage_every = cfg.endpoint_usage_interval;
   ro.upgrade.binary_path = cfg.binary_path;
   ro.upgrade.ca_file = cfg.ca_file;
   AgentRuntime runtime(env, **spool, std::move(ro));
@@ -196,6 +204,8 @@ int run_agent(int argc, char** argv) {
   cb.on_endpoint = [&runtime](const nlohmann::json& e) { runtime.model_endpoint().on_endpoint(e); };
   // A new binary on trial confirms once a health sample went out.
   cb.on_health_sent = [&runtime] { runtime.upgrader().on_health_sent(); };
+  // Named endpoint keys fail closed while the coordinator is not heard.
+  cb.on_session_end = [&runtime] { runtime.model_endpoint().on_link_lost(); };
   AgentLink link(cfg, **spool, cb);
   runtime.model_endpoint().set_link(
       [&link](const std::string& type, nlohmann::json body) {

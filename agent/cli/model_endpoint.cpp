@@ -4,6 +4,8 @@
 
 #include "common/durations.hpp"
 #include "common/pki.hpp"
+#include "contract/endpoint_usage.hpp"
+#include "contract/guest_input.hpp"
 #include "contract/protocol.hpp"
 
 namespace factory::agent {
@@ -20,6 +22,17 @@ void ModelEndpoint::set_link(Request request, Withdraw withdraw) {
   std::lock_guard lk(mu_);
   request_ = std::move(request);
   withdraw_ = std::move(withdraw);
+}
+
+void ModelEndpoint::set_emit(Emit emit) {
+  std::lock_guard lk(mu_);
+  emit_ = std::move(emit);
+}
+
+void ModelEndpoint::on_link_lost() {
+  std::lock_guard lk(mu_);
+  link_lost_ = true;
+  if (proxy_) proxy_->link_lost();
 }
 
 void ModelEndpoint::on_plan(const json& plan) {
@@ -51,6 +64,9 @@ void ModelEndpoint::on_plan(const json& plan) {
   po.max_connections_per_address = opts_.max_connections_per_address;
   po.upstream_first_byte_timeout = opts_.first_byte_timeout;
   proxy_ = std::make_unique<endpoint::Proxy>(po);
+  proxy_->set_named_keys(named_keys_);
+  if (link_lost_) proxy_->link_lost();
+  if (!usage_thread_.joinable()) usage_thread_ = std::thread([this] { usage_loop(); });
   port_ = port;
   auto saved = proxy_->load_saved();
   if (!saved) spdlog::warn("endpoint: saved credentials unreadable: {}", saved.error().message);
@@ -74,14 +90,49 @@ void ModelEndpoint::ask_for_certificate() {
   if (request_) request_(std::string(proto::type::kEndpointCsr), json{{"csr", kc->csr_pem}});
 }
 
+namespace {
+
+// The frame's named keys, each checked: a key that is not whole is left
+// out (and so refused), never served half.
+std::vector<endpoint::NamedKey> named_keys_of(const json& body) {
+  std::vector<endpoint::NamedKey> out;
+  const json keys = body.value("keys", json::array());
+  if (!keys.is_array()) return out;
+  auto limit = [](const json& k, const char* f) -> std::optional<std::int64_t> {
+    auto it = k.find(f);
+    if (it == k.end() || !it->is_number_integer() || it->get<std::int64_t>() < 1)
+      return std::nullopt;
+    return it->get<std::int64_t>();
+  };
+  for (const auto& k : keys) {
+    if (out.size() >= 64) break;
+    if (!k.is_object()) continue;
+    const std::string name = k.value("name", ""), sha = k.value("sha256", "");
+    if (!proto::is_name(name) || name == endpoint::kDefaultKey || !pki::is_sha256_hex(sha)) {
+      spdlog::warn("endpoint: a named key in the coordinator's frame is not whole; left out");
+      continue;
+    }
+    out.push_back({name, sha, limit(k, "rpm"), limit(k, "tpm")});
+  }
+  return out;
+}
+
+}  // namespace
+
 void ModelEndpoint::on_endpoint(const json& body) {
   std::lock_guard lk(mu_);
-  if (!proxy_ || stopping_) return;
+  if (stopping_) return;
   const std::string sha = body.value("key_sha256", "");
   if (!pki::is_sha256_hex(sha)) {
     spdlog::warn("endpoint: the coordinator's endpoint frame has no key hash; ignored");
     return;
   }
+  // The named keys whole, replacing the set before: a revoked key is one
+  // left out. A frame is the coordinator's word: they serve again.
+  named_keys_ = named_keys_of(body);
+  link_lost_ = false;
+  if (!proxy_) return;
+  proxy_->set_named_keys(named_keys_);
   key_sha256_ = sha;
   endpoint::Credentials c;
   c.key_sha256 = sha;
@@ -167,14 +218,40 @@ void ModelEndpoint::probe_loop() {
   }
 }
 
+void ModelEndpoint::report_usage() {
+  if (!proxy_ || !emit_) return;
+  for (const auto& [key, u] : proxy_->take_usage()) {
+    if (u.empty()) continue;
+    proto::EndpointUsageEvent e;
+    e.key = key;
+    e.requests = u.requests;
+    e.errors = u.errors;
+    e.prompt_tokens = u.prompt_tokens;
+    e.completion_tokens = u.completion_tokens;
+    emit_(e.to_json());
+  }
+}
+
+void ModelEndpoint::usage_loop() {
+  std::unique_lock lk(mu_);
+  while (!stopping_) {
+    if (cv_.wait_for(lk, opts_.usage_every, [this] { return stopping_; })) break;
+    report_usage();
+  }
+}
+
 void ModelEndpoint::stop() {
   {
     std::lock_guard lk(mu_);
+    if (stopping_) return;
     stopping_ = true;
     if (proxy_) proxy_->stop();
+    // What was counted since the last report, now that nothing more is.
+    report_usage();
   }
   cv_.notify_all();
   if (probe_thread_.joinable()) probe_thread_.join();
+  if (usage_thread_.joinable()) usage_thread_.join();
 }
 
 }  // namespace factory::agent

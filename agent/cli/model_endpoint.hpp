@@ -36,6 +36,9 @@ struct ModelEndpointOptions {
       endpoint::ProxyOptions{}.upstream_first_byte_timeout;
   // Asked for a new certificate when less than this is left of it.
   std::chrono::seconds renew_before{std::chrono::hours(24 * 10)};
+  // How often the keys' usage is reported (endpoint_usage events), at most;
+  // and once more at stop.
+  std::chrono::milliseconds usage_every{std::chrono::seconds(60)};
 };
 
 class ModelEndpoint {
@@ -43,6 +46,8 @@ class ModelEndpoint {
   // request(type, body): offer a frame to the link until withdraw(type).
   using Request = std::function<void(const std::string& type, nlohmann::json body)>;
   using Withdraw = std::function<void(const std::string& type)>;
+  // A durable event (the spool): how the keys' usage is reported.
+  using Emit = std::function<void(nlohmann::json event)>;
 
   explicit ModelEndpoint(ModelEndpointOptions opts);
   ~ModelEndpoint();
@@ -50,6 +55,10 @@ class ModelEndpoint {
   ModelEndpoint& operator=(const ModelEndpoint&) = delete;
 
   void set_link(Request request, Withdraw withdraw);
+  void set_emit(Emit emit);
+  // The session with the coordinator ended: named keys stop serving 3 s
+  // later, until its next endpoint frame (agent/endpoint/named_keys.hpp).
+  void on_link_lost();
   // A plan (its "endpoint" and "health.probe" sections): starts what it asks
   // for. The proxy serves from saved credentials at once, before the
   // coordinator answers; it asks for a certificate when it has none or its
@@ -64,6 +73,8 @@ class ModelEndpoint {
  private:
   void ask_for_certificate();  // mu_ held
   void probe_loop();
+  void usage_loop();
+  void report_usage();  // mu_ held
 
   ModelEndpointOptions opts_;
   mutable std::mutex mu_;
@@ -74,6 +85,12 @@ class ModelEndpoint {
   int port_ = 0;
   std::string pending_key_;  // the key of the CSR asked for
   std::string key_sha256_;   // the latest hash the coordinator sent
+  Emit emit_;
+  // The latest named keys the coordinator sent, for a proxy made after them;
+  // whether the link dropped since.
+  std::vector<endpoint::NamedKey> named_keys_;
+  bool link_lost_ = false;
+  std::thread usage_thread_;
   // health.probe
   std::chrono::seconds probe_every_{0};
   std::string probe_model_, probe_prompt_;

@@ -45,6 +45,8 @@ AgentRuntime::AgentRuntime(GuestEnv env, EventSpool& spool, AgentRuntimeOptions 
   if (eo.ollama_url.empty() || eo.ollama_url == ModelEndpointOptions{}.ollama_url)
     eo.ollama_url = env_.ollama_url;
   endpoint_ = std::make_unique<ModelEndpoint>(std::move(eo));
+  // The keys' usage goes out as durable events, stored once.
+  endpoint_->set_emit(spool_sink(spool));
   health_ = std::make_unique<HealthScheduler>(
       env_, options.health,
       [this] {

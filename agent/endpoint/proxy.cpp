@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "agent/endpoint/key_limits.hpp"
 #include "agent/endpoint/routes.hpp"
 #include "common/atomic_file.hpp"
 #include "common/durations.hpp"
@@ -74,7 +75,7 @@ std::string stream_error_chunk(const std::string& content_type, const std::strin
 }  // namespace
 
 struct Proxy::Impl {
-  explicit Impl(ProxyOptions o) : opts(std::move(o)) {
+  explicit Impl(ProxyOptions o) : opts(std::move(o)), keys(opts.named_key_grace) {
     while (!opts.upstream.empty() && opts.upstream.back() == '/') opts.upstream.pop_back();
     if (opts.max_concurrent == 0) opts.max_concurrent = 1;
   }
@@ -93,19 +94,27 @@ struct Proxy::Impl {
   std::atomic<int> port{0};
   std::atomic<std::int64_t> not_after{0};
 
-  // The hash every request is checked against; read on the io thread.
-  mutable std::mutex hash_mu;
-  std::string key_hash;
+  // The keys every request is checked against (read on the io thread),
+  // their limits, and what each used.
+  KeyRing keys;
+  KeyLimits limits;
+  UsageTally usage;
 
   std::atomic<std::uint64_t> requests{0}, served{0}, unauthorized{0}, refused_paths{0}, busy{0},
-      upstream_errors{0}, in_flight{0};
+      upstream_errors{0}, in_flight{0}, rate_limited{0};
 
-  bool authorized(const net::HttpRequestIn& req) const {
+  // The key a request came with, when one serves.
+  std::optional<NamedKey> key_of(const net::HttpRequestIn& req) const {
     auto key = net::bearer_token(req.header("authorization"));
-    if (!key) return false;
-    std::string h = pki::sha256_hex(*key);
-    std::lock_guard lk(hash_mu);
-    return !key_hash.empty() && pki::secure_equals(h, key_hash);
+    if (!key) return std::nullopt;
+    return keys.match(pki::sha256_hex(*key));
+  }
+
+  static net::HttpResponseOut unauthorized_response() {
+    auto r = error_response(401, "invalid_request_error", "invalid_api_key",
+                            "missing or invalid API key (Authorization: Bearer <key>)");
+    r.headers["WWW-Authenticate"] = "Bearer";
+    return r;
   }
 
   // On the io thread, on a request's head, before a byte of its body is
@@ -114,14 +123,13 @@ struct Proxy::Impl {
   // key never has a body buffered.
   std::optional<net::HttpResponseOut> check_head(const net::HttpRequestIn& head) {
     requests++;
-    if (!authorized(head)) {
+    auto key = key_of(head);
+    if (!key) {
       unauthorized++;
-      auto r = error_response(401, "invalid_request_error", "invalid_api_key",
-                              "missing or invalid API key (Authorization: Bearer <key>)");
-      r.headers["WWW-Authenticate"] = "Bearer";
-      return r;
+      return unauthorized_response();
     }
     auto route = match_route(head.method, head.path);
+    if (route.verdict != RouteVerdict::pass) usage.request(key->name, true, std::nullopt);
     if (route.verdict == RouteVerdict::not_found) {
       refused_paths++;
       return error_response(404, "invalid_request_error", "unknown_url",
@@ -133,6 +141,20 @@ struct Proxy::Impl {
       r.headers["Allow"] = route.allow;
       return r;
     }
+    // A request the limits refuse counts as one of the key's, and an error.
+    auto v = limits.admit(key->name, key->rpm, key->tpm);
+    if (!v.allowed) {
+      rate_limited++;
+      usage.request(key->name, true, std::nullopt);
+      auto r = error_response(
+          429, v.which, "rate_limit_exceeded",
+          "key " + key->name + " is past its limit of " +
+              std::to_string(std::string_view(v.which) == "requests" ? key->rpm.value_or(0)
+                                                                     : key->tpm.value_or(0)) +
+              " " + v.which + " per minute; retry after " + std::to_string(v.retry_after_s) + " s");
+      r.headers["Retry-After"] = std::to_string(v.retry_after_s);
+      return r;
+    }
     return std::nullopt;
   }
 
@@ -140,6 +162,12 @@ struct Proxy::Impl {
   // place among max_concurrent, then a worker.
   void handle(const std::shared_ptr<net::HttpExchange>& x) {
     const auto& req = x->request();
+    // Again, with the body read: a key revoked in between is refused here.
+    auto key = key_of(req);
+    if (!key) {
+      unauthorized++;
+      return x->respond(unauthorized_response());
+    }
     auto route = match_route(req.method, req.path);
     if (route.verdict != RouteVerdict::pass) {
       // check_head refused these; a key rotated in between lands here.
@@ -149,6 +177,7 @@ struct Proxy::Impl {
     if (in_flight.fetch_add(1) >= opts.max_concurrent) {
       in_flight--;
       busy++;
+      usage.request(key->name, true, std::nullopt);
       return x->respond(error_response(503, "server_error", "busy",
                                        "the endpoint is at its limit of " +
                                            std::to_string(opts.max_concurrent) +
@@ -160,8 +189,10 @@ struct Proxy::Impl {
     // chunk, which a silent Ollama may never send.
     auto cancel = std::make_shared<net::HttpCancel>();
     x->on_gone([cancel] { cancel->cancel(); });
-    if (!workers->post([this, x, target, cancel] { pass(*x, target, cancel); })) {
+    if (!workers->post(
+            [this, x, target, cancel, name = key->name] { pass(*x, target, cancel, name); })) {
       in_flight--;
+      usage.request(key->name, true, std::nullopt);
       x->respond(error_response(503, "server_error", "stopping", "the endpoint is stopping"));
     }
   }
@@ -174,16 +205,24 @@ struct Proxy::Impl {
 
   // On a worker: the request to Ollama, its answer back as it comes.
   void pass(net::HttpExchange& x, const std::string& target,
-            const std::shared_ptr<net::HttpCancel>& cancel) {
+            const std::shared_ptr<net::HttpCancel>& cancel, const std::string& key) {
     InFlight place{in_flight};
     const auto& req = x.request();
+    // The OpenAI-compatible paths count tokens in a usage chunk that a
+    // stream has only when asked for: asked here, and kept from a client
+    // that did not ask (filter below).
+    std::optional<std::string> asked_usage;
+    if (req.method == "POST" && (target == "/v1/chat/completions" || target == "/v1/completions"))
+      asked_usage = with_usage_requested(req.body);
+    UsageScanner scanner;
+    std::optional<UsageChunkFilter> filter;
     net::HttpRequest up;
     up.method = req.method;
     up.url = opts.upstream + target;
     up.timeout = opts.upstream_first_byte_timeout;
     up.idle_timeout = opts.upstream_idle_timeout;
     up.cancel = cancel;
-    up.body = req.body;
+    up.body = asked_usage ? *asked_usage : req.body;
     // Only what Ollama needs: never the customer's Authorization.
     if (auto ct = req.header("content-type"); !ct.empty()) up.headers["Content-Type"] = ct;
 
@@ -204,6 +243,8 @@ struct Proxy::Impl {
         buffered = end != cl->second.c_str() && *end == '\0' && n <= kBufferedLimit;
       }
       if (!buffered) {
+        if (asked_usage && content_type.find("text/event-stream") != std::string::npos)
+          filter.emplace();
         x.start_stream(status, content_type);
         started = true;
       }
@@ -214,13 +255,16 @@ struct Proxy::Impl {
         client_gone = true;
         return false;
       }
+      if (status == 200) scanner.feed(chunk);
       if (buffered) {
         body.append(chunk);
         return true;
       }
+      std::string out = filter ? filter->pass(chunk) : std::string(chunk);
+      if (out.empty()) return true;
       // False: the client left, or is a full stream queue behind: either
       // way nobody reads what Ollama would go on generating.
-      if (!x.write(std::string(chunk))) {
+      if (!x.write(std::move(out))) {
         client_gone = true;
         return false;
       }
@@ -246,6 +290,8 @@ struct Proxy::Impl {
     } else if (!r) {
       // The client left: nobody to answer, and Ollama is no longer read.
     } else if (started) {
+      if (filter)
+        if (auto rest = filter->finish(); !rest.empty()) (void)x.write(std::move(rest));
       x.end();
     } else if (!client_gone) {
       net::HttpResponseOut out;
@@ -254,6 +300,17 @@ struct Proxy::Impl {
       out.body = std::move(body);
       x.respond(std::move(out));
     }
+    // The key's count: an error when Ollama failed or answered 4xx/5xx; the
+    // tokens Ollama counted when it answered 200 (a client that left
+    // mid-answer has the tokens of the count it got, usually none).
+    std::optional<TokenCounts> tokens;
+    if (status == 200) {
+      scanner.finish();
+      tokens = scanner.counts();
+    }
+    const bool failed = (!r && !client_gone) || status >= 400 || (status == 0 && !client_gone);
+    usage.request(key, failed, tokens);
+    if (tokens) limits.add_tokens(key, tokens->prompt + tokens->completion);
     spdlog::debug("endpoint: {} {} -> {}{}", req.method, target, status,
                   client_gone ? " (client gone)" : "");
   }
@@ -312,10 +369,7 @@ struct Proxy::Impl {
       if (auto st = server->update_tls(tls_of(c)); !st)
         return st.error().with_context("endpoint: new certificate");
     }
-    {
-      std::lock_guard lk(hash_mu);
-      key_hash = c.key_sha256;
-    }
+    keys.set_default(c.key_sha256);
     creds = c;
     have_creds = true;
     not_after = cert_not_after;
@@ -396,6 +450,19 @@ int Proxy::port() const {
   return impl_->port.load();
 }
 
+void Proxy::set_named_keys(std::vector<NamedKey> keys) {
+  impl_->keys.set_named(std::move(keys));
+  impl_->limits.forget_except([this](const std::string& name) { return impl_->keys.knows(name); });
+}
+
+void Proxy::link_lost() {
+  impl_->keys.link_lost();
+}
+
+std::map<std::string, KeyUsage> Proxy::take_usage() {
+  return impl_->usage.take();
+}
+
 ProxyStats Proxy::stats() const {
   ProxyStats s;
   s.requests = impl_->requests;
@@ -404,6 +471,7 @@ ProxyStats Proxy::stats() const {
   s.refused_paths = impl_->refused_paths;
   s.busy = impl_->busy;
   s.upstream_errors = impl_->upstream_errors;
+  s.rate_limited = impl_->rate_limited;
   s.in_flight = impl_->in_flight;
   return s;
 }

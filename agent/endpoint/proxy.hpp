@@ -52,14 +52,24 @@
 // A body over max_request_body is refused by the server before the proxy
 // sees it: 413 {"error":{"code":"too_large","message":...}} (not counted).
 // Nothing logs a key: a refused request is counted, not logged.
+//
+// Keys (issue 28): the tenant's own (the Credentials' hash, "default") and
+// the named keys of the endpoint frame (named_keys.hpp), each request
+// counted under the key it came with (usage.hpp: requests, errors, and the
+// tokens Ollama's answer counts). A named key may have limits per minute
+// (key_limits.hpp): past one, 429 rate_limit_exceeded with Retry-After.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "agent/endpoint/named_keys.hpp"
+#include "agent/endpoint/usage.hpp"
 #include "common/error.hpp"
 
 namespace factory::agent::endpoint {
@@ -93,6 +103,9 @@ struct ProxyOptions {
   // Once it has begun, an upstream that says nothing for this long ends the
   // request (502; a stream already started ends with an error chunk).
   std::chrono::milliseconds upstream_idle_timeout{std::chrono::minutes(5)};
+  // Named keys are refused this long after the link to the coordinator
+  // drops (link_lost), until its next endpoint frame (named_keys.hpp).
+  std::chrono::milliseconds named_key_grace{std::chrono::seconds(3)};
 };
 
 // Counters since the proxy started, for health (health_sample's endpoint view).
@@ -103,6 +116,7 @@ struct ProxyStats {
   std::uint64_t refused_paths = 0;    // 404 outside the allowlist
   std::uint64_t busy = 0;             // 503 at max_concurrent
   std::uint64_t upstream_errors = 0;  // Ollama unreachable, cut (502) or too slow to begin (504)
+  std::uint64_t rate_limited = 0;     // 429: a named key past its rpm or tpm
   std::uint64_t in_flight = 0;
 };
 
@@ -121,6 +135,14 @@ class Proxy {
   // certificate serves every connection accepted from now on. Starts
   // serving if it was not yet (no credentials: not listening at all).
   Status apply(const Credentials& creds);
+  // The named keys (the coordinator's endpoint frame): the whole set,
+  // replacing the one before; in force from the next request on.
+  void set_named_keys(std::vector<NamedKey> keys);
+  // The link to the coordinator dropped: named keys stop after
+  // named_key_grace, until set_named_keys again.
+  void link_lost();
+  // Per key, since the last call: requests, errors, tokens.
+  std::map<std::string, KeyUsage> take_usage();
   // Every member is thread-safe; apply, load_saved and stop take turns.
   bool serving() const;
   int port() const;  // the bound port once serving (listen port 0 = any), else 0

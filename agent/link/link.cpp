@@ -630,6 +630,7 @@ struct AgentLink::Impl : std::enable_shared_from_this<Impl> {
           }
         } else {
           st = co_await session(backoff);
+          if (cb.on_session_end) cb.on_session_end();
         }
         if (stopping) break;
         auto d = backoff.next();

@@ -62,6 +62,10 @@ struct LinkCallbacks {
   // hello accepted): what a newly installed binary waits for to call itself
   // working (agent/upgrade). Runs on the link's thread: it must not wait.
   std::function<void()> on_health_sent;
+  // A session (welcomed or not) has ended, or could not begin: the
+  // coordinator's word may be changing unheard from now on (the model
+  // endpoint's named keys fail closed on it). Runs on the link's thread.
+  std::function<void()> on_session_end;
 };
 
 class AgentLink {

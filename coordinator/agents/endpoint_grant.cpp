@@ -13,6 +13,17 @@ std::optional<json> EndpointGrant::offer(const std::string& tenant) const {
   const std::string sha = rec->endpoint->key_sha256.value_or("");
   if (!pki::is_sha256_hex(sha)) return std::nullopt;
   json body = {{"key_sha256", sha}};
+  // The named keys, always (an empty list too): the proxy replaces its set
+  // whole with each frame, so a revoked key is one left out.
+  json keys = json::array();
+  for (const auto& k : rec->endpoint->keys.value_or(std::vector<store::EndpointKey>{})) {
+    if (!k.name || !k.sha256 || !pki::is_sha256_hex(*k.sha256)) continue;
+    json one = {{"name", *k.name}, {"sha256", *k.sha256}};
+    if (k.rpm) one["rpm"] = *k.rpm;
+    if (k.tpm) one["tpm"] = *k.tpm;
+    keys.push_back(std::move(one));
+  }
+  body["keys"] = std::move(keys);
   const std::string url = rec->endpoint->url.value_or("");
   if (!url.empty()) body["url"] = url;
   return body;

@@ -7,8 +7,10 @@
 // the tenant's record. Only a tenant whose record has an endpoint (its tier
 // serves one) gets anything; for the others an `endpoint_csr` is refused.
 //
-// The `endpoint` frame: {"key_sha256", "url"?, "certificate"?, "ca"?,
-// "expires_at"?}: the certificate fields only in the answer to a CSR.
+// The `endpoint` frame: {"key_sha256", "keys", "url"?, "certificate"?, "ca"?,
+// "expires_at"?}: the certificate fields only in the answer to a CSR;
+// "keys" the named keys (issue 28), [{name, sha256, rpm?, tpm?}], the
+// whole set each time.
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>

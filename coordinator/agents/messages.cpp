@@ -351,6 +351,9 @@ Decoded<AgentEvent> decode_event(const json& body) {
       rej.add(field, RejectReason::bad_format);
     }
     return Decoded<AgentEvent>{std::move(e), std::move(rej), ""};
+  } else if (e.kind == proto::kEndpointUsageEventKind) {
+    if (auto u = proto::read_endpoint_usage(f)) e.body = EndpointUsageReport{std::move(*u)};
+    return Decoded<AgentEvent>{std::move(e), std::move(rej), ""};
   } else if (e.kind == "log") {
     LogEvent l;
     l.level = f.one_of("level", {"trace", "debug", "info", "warning", "warn", "error", "critical"});
@@ -427,6 +430,10 @@ json AgentEvent::to_json() const {
           put(j, "deadline", b.deadline);
         } else if constexpr (std::is_same_v<T, AgentUpgradeReport>) {
           const json r = b.report.to_json();
+          for (auto& [k, v] : r.items())
+            if (k != "kind") j[k] = v;
+        } else if constexpr (std::is_same_v<T, EndpointUsageReport>) {
+          const json r = b.usage.to_json();
           for (auto& [k, v] : r.items())
             if (k != "kind") j[k] = v;
         } else if constexpr (std::is_same_v<T, LogEvent>) {

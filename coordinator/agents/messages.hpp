@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "contract/agent_upgrade.hpp"
+#include "contract/endpoint_usage.hpp"
 #include "contract/guest_input.hpp"
 
 namespace factory::coordinator {
@@ -152,6 +153,13 @@ struct TierUpgradeEvent {
 struct AgentUpgradeReport {
   proto::AgentUpgradeEvent report;
 };
+// {"kind":"endpoint_usage","key","requests","errors","prompt_tokens",
+// "completion_tokens"} (contract/endpoint_usage.hpp): a model endpoint's
+// usage of one key since the agent's previous report. One that fails the
+// contract's reader is stored as id and kind only.
+struct EndpointUsageReport {
+  proto::EndpointUsageEvent usage;
+};
 // {"kind":"log","level","message"}
 struct LogEvent {
   std::optional<std::string> level, message;
@@ -181,7 +189,7 @@ struct AgentEvent {
   // event without a valid step): stored as id/kind/time only.
   std::variant<std::monostate, ProgressEvent, PlanEvent, JournalResetEvent, LogEvent,
                DiagnosisEvent, HealthEvent, MaintenanceEvent, AgentUpgradeReport, OtherEvent,
-               TierUpgradeEvent>
+               TierUpgradeEvent, EndpointUsageReport>
       body;
 
   // The form stored and shown: only what was decoded.

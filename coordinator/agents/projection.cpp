@@ -215,7 +215,43 @@ bool project_event(store::TenantRecord& t, const AgentEvent& ev) {
   }
   if (const auto* u = std::get_if<AgentUpgradeReport>(&ev.body))
     return project_upgrade(t, u->report);
+  if (const auto* u = std::get_if<EndpointUsageReport>(&ev.body))
+    return project_endpoint_usage(t, u->usage, Clock::now());
   return false;
+}
+
+bool endpoint_key_known(const store::TenantRecord& t, const std::string& key) {
+  if (!t.endpoint) return false;
+  const auto& e = *t.endpoint;
+  if (key == "default") return true;
+  if (e.keys)
+    for (const auto& k : *e.keys)
+      if (k.name == key) return true;
+  return e.usage && e.usage->totals_since_creation().contains(key);
+}
+
+bool project_endpoint_usage(store::TenantRecord& t, const proto::EndpointUsageEvent& u,
+                            Clock::time_point received) {
+  // Only the sender's own tenant's endpoint, and only under one of its
+  // keys: "default", a named key it has, or one it had (a revoked key's
+  // last counts come after its revocation, which leaves its name in usage).
+  if (!t.endpoint) {
+    spdlog::warn("agents: tenant {}: endpoint_usage from a tenant without an endpoint; ignored",
+                 t.name);
+    return false;
+  }
+  auto& e = *t.endpoint;
+  if (!endpoint_key_known(t, u.key)) {
+    spdlog::warn("agents: tenant {}: endpoint_usage for a key it does not have; ignored", t.name);
+    return false;
+  }
+  if (!e.usage) e.usage.emplace();
+  store::UsageCounts c{u.requests, u.errors, u.prompt_tokens, u.completion_tokens};
+  if (auto st = e.usage->add(u.key, c, received); !st.ok()) {
+    spdlog::warn("agents: tenant {}: endpoint_usage: {}", t.name, st.error().message);
+    return false;
+  }
+  return true;
 }
 
 }  // namespace factory::coordinator

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/durations.hpp"
 #include "coordinator/agents/messages.hpp"
 #include "coordinator/store/store.hpp"
 
@@ -27,6 +28,13 @@ std::string last_bytes(std::string_view tail, std::size_t max = kProjectedTailBy
 // An agent_upgrade event applied to the tenant's upgrade journal
 // (status.agent_upgrade): true when it changed it.
 bool project_upgrade(store::TenantRecord& t, const proto::AgentUpgradeEvent& e);
+// Whether a tenant's endpoint may count usage under `key`: "default", a
+// named key it has, or one it had (a revoked key's name stays in its usage).
+bool endpoint_key_known(const store::TenantRecord& t, const std::string& key);
+// An endpoint_usage event folded into the tenant's endpoint usage, by the
+// time the coordinator received it: true when counted (a key of its own).
+bool project_endpoint_usage(store::TenantRecord& t, const proto::EndpointUsageEvent& u,
+                            Clock::time_point received);
 
 // Applies one agent event to the tenant's derived status and phase.
 // Returns true when the record changed and should be persisted.

@@ -329,6 +329,14 @@ void AgentSession::handle_event(const proto::Envelope& env) {
         "progress for step '" + p->step.substr(0, 64) + "', which is not in this tenant's plan",
         ""});
   }
+  // Usage under a key its tenant does not have is stored (the event is the
+  // agent's word) but counted nowhere: the projection ignores it, and the
+  // attempt is counted here, where the metric of rejected messages is.
+  if (const auto* u = std::get_if<EndpointUsageReport>(&in.event.body)) {
+    auto rec = ctx_.store.get_tenant(tenant_);
+    if (!rec || !endpoint_key_known(*rec, u->usage.key))
+      ctx_.ingestion.count(tenant_, "unknown_endpoint_key");
+  }
   store::StoredEvent e = std::move(in.stored);
   e.agent_id = agent_id_;
   const uint64_t id = e.id;

@@ -16,8 +16,10 @@ void add_host_commands(CLI::App& app, Context& ctx);   // host_commands.cpp
 void add_host_maintenance_commands(CLI::App* host, Context& ctx);
 void add_kubevirt_commands(CLI::App& app, Context& ctx);  // kubevirt_commands.cpp
 void add_tenant_commands(CLI::App& app, Context& ctx);    // tenant_commands.cpp
-void add_catalog_commands(CLI::App& app, Context& ctx);   // catalog_commands.cpp
-void add_install_commands(CLI::App& app, Context& ctx);   // install_commands.cpp
-void add_agent_commands(CLI::App& app, Context& ctx);     // agent_commands.cpp
+// `tenant keys`, under the tenant group (tenant_keys_commands.cpp).
+void add_tenant_keys_commands(CLI::App* tenant, Context& ctx);
+void add_catalog_commands(CLI::App& app, Context& ctx);  // catalog_commands.cpp
+void add_install_commands(CLI::App& app, Context& ctx);  // install_commands.cpp
+void add_agent_commands(CLI::App& app, Context& ctx);    // agent_commands.cpp
 
 }  // namespace factory::cli

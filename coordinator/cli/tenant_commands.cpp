@@ -948,6 +948,7 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
   cr->callback([&ctx, co] {
     ctx.run = [&ctx, co] { return credentials(ctx, co->name, co->rotate, co->out); };
   });
+  add_tenant_keys_commands(group, ctx);
 }
 
 }  // namespace factory::cli

@@ -1,5 +1,6 @@
 #include "coordinator/feed/metrics.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <map>
@@ -347,6 +348,37 @@ void render_endpoints(Exposition& x, const std::vector<TenantHealth>& all) {
   }
 }
 
+// A model endpoint's usage per key, since the endpoint's first report, as
+// the agent's endpoint_usage events were stored (each once; the record's
+// own totals, so no reset with the agent). factory_endpoint_requests_total
+// is the proxy's own count by result: these are by key, under their own
+// name. Key names are the record's (their grammar: [a-z0-9-]).
+void render_endpoint_usage(Exposition& x, const std::vector<store::TenantRecord>& tenants) {
+  x.family("factory_endpoint_tokens_total", "counter",
+           "Tokens a model endpoint's key used, as Ollama counted them, by direction.");
+  for (const auto& t : tenants) {
+    if (!t.endpoint || !t.endpoint->usage) continue;
+    for (const auto& [key, c] : t.endpoint->usage->totals_since_creation())
+      for (const auto& [n, direction] :
+           {std::pair{c.prompt_tokens, "prompt"}, std::pair{c.completion_tokens, "completion"}})
+        x.sample("factory_endpoint_tokens_total",
+                 labels({{"tenant", t.name}, {"key", key}, {"direction", direction}}),
+                 static_cast<double>(n));
+  }
+  x.family("factory_endpoint_key_requests_total", "counter",
+           "Requests a model endpoint's key made, by outcome (error: a 4xx or 5xx answer or the "
+           "model server failing).");
+  for (const auto& t : tenants) {
+    if (!t.endpoint || !t.endpoint->usage) continue;
+    for (const auto& [key, c] : t.endpoint->usage->totals_since_creation())
+      for (const auto& [n, outcome] : {std::pair{c.requests - std::min(c.errors, c.requests), "ok"},
+                                       std::pair{std::min(c.errors, c.requests), "error"}})
+        x.sample("factory_endpoint_key_requests_total",
+                 labels({{"tenant", t.name}, {"key", key}, {"outcome", outcome}}),
+                 static_cast<double>(n));
+  }
+}
+
 void render_step_durations(Exposition& x, const StepDurations& d) {
   x.family("factory_plan_step_duration_seconds", "histogram",
            "How long plan steps took on the guest, from started to succeeded or failed.");
@@ -444,6 +476,7 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
   render_gpu_faults(x, health);
   render_tenant_health(x, health);
   render_endpoints(x, health);
+  render_endpoint_usage(x, tenants);
   render_step_durations(x, state.step_durations());
 
   const AgentCounters& m = state.counters();

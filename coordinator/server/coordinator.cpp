@@ -38,6 +38,7 @@
 #include "coordinator/store/store.hpp"
 #include "coordinator/tenants/agent_binary.hpp"
 #include "coordinator/tenants/agent_control.hpp"
+#include "coordinator/tenants/endpoint_keys.hpp"
 #include "coordinator/tenants/service.hpp"
 
 namespace factory::coordinator {
@@ -76,6 +77,7 @@ struct Coordinator::Parts {
   std::unique_ptr<AgentsForTenants> agent_control;
   std::unique_ptr<ApiRouter> router;
   std::unique_ptr<tenants::TenantService> tenants;
+  std::unique_ptr<tenants::EndpointKeys> endpoint_keys;
   // The Tenant controller (tenants.source: kubernetes; null otherwise):
   // active while this replica leads, stopped before the service it calls.
   std::unique_ptr<controller::TenantController> controller;
@@ -333,6 +335,8 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   c->install_core_routes();
   p.feed->install_routes(*p.router, c->cfg_.metrics_public);
   p.tenants->install_routes(*p.router);
+  p.endpoint_keys = std::make_unique<tenants::EndpointKeys>(*p.store, *p.agent_control);
+  p.endpoint_keys->install_routes(*p.router);
   return c;
 }
 

@@ -31,6 +31,7 @@ Status read(const json& v, std::int64_t& out, const std::string& where);
 Status read(const json& v, std::uint64_t& out, const std::string& where);
 Status read(const json& v, double& out, const std::string& where);
 Status read(const json& v, json& out, const std::string& where);
+Status read(const json& v, EndpointUsage& out, const std::string& where);
 
 // The parts of the record (the types with an `extra`): each names its fields
 // once, in each_field below, and one reader and one writer walk them.
@@ -121,6 +122,13 @@ Status read(const json& v, double& out, const std::string& where) {
 
 Status read(const json& v, json& out, const std::string&) {
   out = v;
+  return {};
+}
+
+Status read(const json& v, EndpointUsage& out, const std::string& where) {
+  auto u = EndpointUsage::from_json(v);
+  if (!u) return Error(Errc::invalid_argument, where + ": " + u.error().message);
+  out = std::move(*u);
   return {};
 }
 
@@ -361,6 +369,15 @@ void each_field(S& s, V& v) {
   v("agent_upgrade", s.agent_upgrade);
 }
 
+template <Is<EndpointKey> S, class V>
+void each_field(S& k, V& v) {
+  v("name", k.name);
+  v("sha256", k.sha256);
+  v("created_at", k.created_at);
+  v("rpm", k.rpm);
+  v("tpm", k.tpm);
+}
+
 template <Is<EndpointState> S, class V>
 void each_field(S& e, V& v) {
   v("key_sha256", e.key_sha256);
@@ -368,6 +385,8 @@ void each_field(S& e, V& v) {
   v("host", e.host);
   v("rotated_at", e.rotated_at);
   v("url", e.url);
+  v("keys", e.keys);
+  v("usage", e.usage);
 }
 
 template <Part T>
@@ -385,6 +404,17 @@ json write(const T& part, const char* skip = nullptr);
 template <class T>
 requires(!Part<T>) json write(const T& v) {
   return json(v);
+}
+
+template <Part T>
+json write(const std::vector<T>& items) {
+  json a = json::array();
+  for (const auto& item : items) a.push_back(write(item));
+  return a;
+}
+
+json write(const EndpointUsage& u) {
+  return u.to_json();
 }
 
 template <class T>
@@ -504,6 +534,10 @@ Result<TenantStatus> TenantStatus::from_json(const json& j) {
 }
 
 // ---- EndpointState ----
+
+json EndpointKey::to_json() const {
+  return write(*this);
+}
 
 json EndpointState::to_json() const {
   return write(*this);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "coordinator/store/endpoint_usage.hpp"
 
 namespace factory::store {
 
@@ -290,6 +291,21 @@ struct TenantStatus {
   bool operator==(const TenantStatus&) const = default;
 };
 
+// A named key of a model endpoint (issue 28, `factory tenant keys`): its
+// SHA-256 only (the key is shown once, at create, and kept nowhere), and
+// its optional limits per minute.
+struct EndpointKey {
+  std::optional<std::string> name;
+  std::optional<std::string> sha256;
+  std::optional<std::string> created_at;
+  std::optional<std::int64_t> rpm;  // requests per minute
+  std::optional<std::int64_t> tpm;  // tokens (prompt + completion) per minute
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json to_json() const;
+  bool operator==(const EndpointKey&) const = default;
+};
+
 // A tier with a model endpoint. The hash of its API key only: the key
 // itself lives in the provider's Secret.
 struct EndpointState {
@@ -298,6 +314,11 @@ struct EndpointState {
   std::optional<std::string> host;
   std::optional<std::string> rotated_at;
   std::optional<std::string> url;  // once the Service has its node port
+  // The named keys beside the one above (which is the key named
+  // "default"); absent until the first is created.
+  std::optional<std::vector<EndpointKey>> keys;
+  // What the keys used, from the agent's endpoint_usage events.
+  std::optional<EndpointUsage> usage;
   nlohmann::json extra = nlohmann::json::object();
 
   nlohmann::json to_json() const;

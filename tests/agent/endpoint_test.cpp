@@ -22,10 +22,14 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
+#include "agent/endpoint/key_limits.hpp"
+#include "agent/endpoint/named_keys.hpp"
 #include "agent/endpoint/proxy.hpp"
 #include "agent/endpoint/routes.hpp"
+#include "agent/endpoint/usage.hpp"
 #include "common/net/http_client.hpp"
 #include "common/net/server.hpp"
 #include "common/pki.hpp"
@@ -885,6 +889,290 @@ TEST(EndpointKeys, KeyAndCsr) {
   EXPECT_NE(kc->private_key_pem.find("BEGIN PRIVATE KEY"), std::string::npos);
   EXPECT_NE(kc->csr_pem.find("BEGIN CERTIFICATE REQUEST"), std::string::npos);
   EXPECT_NE(make_key_and_csr("t5")->private_key_pem, kc->private_key_pem);
+}
+
+// ---- Issue 28: several keys, their limits, tokens per key ----
+
+const std::string kNamedA = "fk-endpoint-test-named-a";
+const std::string kNamedB = "fk-endpoint-test-named-b";
+
+// What the stand-in counted for one answer, read from the answer itself:
+// the final object of /api/generate and /api/chat (streamed or not), the
+// usage object of /v1/chat/completions. A stream whose client did not ask
+// for usage shows none (the proxy keeps it back): its counts are the
+// stand-in's rule, one chunk per token and the prompt's words.
+TokenCounts counted_in(const std::string& path, const std::string& request_body,
+                       const std::string& answer) {
+  TokenCounts c;
+  if (path.rfind("/api/", 0) == 0) {
+    std::size_t at = 0, nl;
+    std::string rest = answer + "\n";
+    while ((nl = rest.find('\n', at)) != std::string::npos) {
+      auto j = Json::parse(rest.substr(at, nl - at), nullptr, false);
+      at = nl + 1;
+      if (j.is_object() && j.value("done", false)) {
+        c.prompt = j.value("prompt_eval_count", 0u);
+        c.completion = j.value("eval_count", 0u);
+      }
+    }
+    return c;
+  }
+  if (answer.rfind("data: ", 0) != 0) {
+    auto j = Json::parse(answer);
+    return {j["usage"]["prompt_tokens"].get<std::uint64_t>(),
+            j["usage"]["completion_tokens"].get<std::uint64_t>()};
+  }
+  bool usage_seen = false;
+  std::uint64_t chunks = 0;
+  for (std::size_t at = 0; (at = answer.find("data: ", at)) != std::string::npos;) {
+    auto end = answer.find("\n\n", at);
+    auto j = Json::parse(answer.substr(at + 6, end - at - 6), nullptr, false);
+    at = end;
+    if (!j.is_object()) continue;
+    if (j.contains("usage") && j["usage"].is_object()) {
+      usage_seen = true;
+      c = {j["usage"]["prompt_tokens"].get<std::uint64_t>(),
+           j["usage"]["completion_tokens"].get<std::uint64_t>()};
+    } else if (!j["choices"].empty() && j["choices"][0]["finish_reason"].is_null()) {
+      chunks++;
+    }
+  }
+  if (usage_seen) return c;
+  auto req = Json::parse(request_body);
+  std::uint64_t words = 0;
+  for (const auto& m : req["messages"]) {
+    std::istringstream in(m.value("content", ""));
+    std::string w;
+    while (in >> w) words++;
+  }
+  return {words, chunks};
+}
+
+// Tokens per key through the real proxy, on each path Ollama counts on,
+// streamed and not: each key's sum is exactly the sum of the counts the
+// answers carried, requests and errors counted too.
+TEST_F(EndpointTest, TokensPerKeyAreTheSumOfOllamasOwnCounts) {
+  start();
+  proxy_->set_named_keys({{"a", pki::sha256_hex(kNamedA), std::nullopt, std::nullopt},
+                          {"b", pki::sha256_hex(kNamedB), std::nullopt, std::nullopt}});
+  struct Case {
+    std::string path, body;
+  };
+  auto chat = [](bool stream, const std::string& prompt, bool usage = false) {
+    Json j = {{"model", kModel},
+              {"stream", stream},
+              {"messages", {{{"role", "user"}, {"content", prompt}}}}};
+    if (usage) j["stream_options"] = {{"include_usage", true}};
+    return j.dump();
+  };
+  auto gen = [](bool stream, const std::string& prompt) {
+    return Json{{"model", kModel}, {"stream", stream}, {"prompt", prompt}}.dump();
+  };
+  const std::vector<Case> cases = {
+      {"/api/generate", gen(false, "why is the sky blue")},
+      {"/api/generate", gen(true, "tell me a story about a GPU")},
+      {"/api/chat", chat(false, "hello there")},
+      {"/api/chat", chat(true, "what is a tensor core exactly")},
+      {"/v1/chat/completions", chat(false, "one two three")},
+      {"/v1/chat/completions", chat(true, "stream me an answer please")},
+      {"/v1/chat/completions", chat(true, "with usage asked for", true)},
+  };
+  std::map<std::string, KeyUsage> want;
+  const std::vector<std::pair<std::string, std::string>> keys = {
+      {kDefaultKey, kKey}, {"a", kNamedA}, {"b", kNamedB}};
+  for (std::size_t k = 0; k < keys.size(); k++) {
+    const auto& [name, key] = keys[k];
+    // Each key its own share of the cases, so the sums differ.
+    for (std::size_t i = k; i < cases.size() + k; i++) {
+      const Case& c = cases[i % cases.size()];
+      auto r = call("POST", c.path, key, c.body);
+      ASSERT_EQ(r.status, 200) << c.path << ": " << r.body;
+      auto counts = counted_in(c.path, c.body, r.body);
+      EXPECT_GT(counts.completion, 0u) << c.path << ": " << r.body;
+      auto& w = want[name];
+      w.requests++;
+      w.prompt_tokens += counts.prompt;
+      w.completion_tokens += counts.completion;
+      // A client that did not ask for the usage chunk does not get one.
+      const bool asked = c.body.find("include_usage") != std::string::npos;
+      if (r.body.rfind("data: ", 0) == 0) {
+        EXPECT_EQ(r.body.find("\"usage\"") != std::string::npos, asked) << r.body;
+        EXPECT_NE(r.body.find("data: [DONE]\n\n"), std::string::npos) << r.body;
+      }
+    }
+  }
+  // An error: Ollama's 404 for a model it does not have, under key b.
+  auto missing = call("POST", "/api/chat", kNamedB,
+                      Json{{"model", "nope"}, {"messages", Json::array()}}.dump());
+  EXPECT_EQ(missing.status, 404) << missing.body;
+  want["b"].requests++;
+  want["b"].errors++;
+  ASSERT_TRUE(eventually([&] { return proxy_->stats().in_flight == 0; }, 2s));
+  auto got = proxy_->take_usage();
+  ASSERT_EQ(got.size(), 3u);
+  for (const auto& [name, w] : want) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(got[name].requests, w.requests);
+    EXPECT_EQ(got[name].errors, w.errors);
+    EXPECT_EQ(got[name].prompt_tokens, w.prompt_tokens);
+    EXPECT_EQ(got[name].completion_tokens, w.completion_tokens);
+  }
+  // take() empties: the next report has only what came after.
+  EXPECT_TRUE(proxy_->take_usage().empty());
+}
+
+// The named keys are replaced whole by each frame: one left out is refused
+// at once. Without the coordinator they stop after the grace, the tenant's
+// own key goes on serving, and the next frame brings them back.
+TEST_F(EndpointTest, NamedKeysAreReplacedWholeAndFailClosedWithoutTheCoordinator) {
+  auto o = options();
+  o.named_key_grace = 300ms;
+  start(o);
+  EXPECT_EQ(call("GET", "/v1/models", kNamedA).status, 401) << "no named key yet";
+  proxy_->set_named_keys({{"a", pki::sha256_hex(kNamedA), std::nullopt, std::nullopt},
+                          {"b", pki::sha256_hex(kNamedB), std::nullopt, std::nullopt}});
+  EXPECT_EQ(call("GET", "/v1/models", kNamedA).status, 200);
+  EXPECT_EQ(call("GET", "/v1/models", kNamedB).status, 200);
+  // b revoked: the frame without it.
+  proxy_->set_named_keys({{"a", pki::sha256_hex(kNamedA), std::nullopt, std::nullopt}});
+  auto refused = call("GET", "/v1/models", kNamedB);
+  EXPECT_EQ(refused.status, 401);
+  EXPECT_EQ(Json::parse(refused.body)["error"]["code"], "invalid_api_key");
+  EXPECT_EQ(call("GET", "/v1/models", kNamedA).status, 200);
+
+  proxy_->link_lost();
+  EXPECT_EQ(call("GET", "/v1/models", kNamedA).status, 200) << "within the grace";
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(call("GET", "/v1/models", kNamedA).status, 401) << "past the grace";
+  EXPECT_EQ(call("GET", "/v1/models", kKey).status, 200) << "the default key keeps serving";
+  proxy_->set_named_keys({{"a", pki::sha256_hex(kNamedA), std::nullopt, std::nullopt}});
+  EXPECT_EQ(call("GET", "/v1/models", kNamedA).status, 200) << "back with the next frame";
+}
+
+// Past a key's requests or tokens per minute: 429 in OpenAI's shape, with
+// Retry-After; other keys are not touched, and the refusals are counted as
+// the key's errors.
+TEST_F(EndpointTest, AKeyPastItsLimitGets429WithRetryAfter) {
+  start();
+  proxy_->set_named_keys({{"slow", pki::sha256_hex(kNamedA), 2, std::nullopt},
+                          {"few-tokens", pki::sha256_hex(kNamedB), std::nullopt, 1}});
+  EXPECT_EQ(call("GET", "/v1/models", kNamedA).status, 200);
+  EXPECT_EQ(call("GET", "/v1/models", kNamedA).status, 200);
+  long before = ollama_requests();
+  auto r = call("GET", "/v1/models", kNamedA);
+  ASSERT_EQ(r.status, 429) << r.body;
+  EXPECT_EQ(ollama_requests(), before) << "refused before Ollama";
+  auto j = Json::parse(r.body);
+  EXPECT_EQ(j["error"]["code"], "rate_limit_exceeded") << r.body;
+  EXPECT_EQ(j["error"]["type"], "requests") << r.body;
+  ASSERT_TRUE(r.headers.count("retry-after")) << r.body;
+  const int retry = std::stoi(r.headers["retry-after"]);
+  EXPECT_GE(retry, 1);
+  EXPECT_LE(retry, 60);
+  EXPECT_EQ(call("GET", "/v1/models", kKey).status, 200) << "the default key has no limit";
+
+  // One token a minute: the first answer spends it (tokens are known at its
+  // end), the next request is refused.
+  auto first = call("POST", "/api/generate", kNamedB,
+                    Json{{"model", kModel}, {"prompt", "hi"}, {"stream", false}}.dump());
+  EXPECT_EQ(first.status, 200) << first.body;
+  ASSERT_TRUE(eventually([&] { return proxy_->stats().in_flight == 0; }, 2s));
+  auto second = call("POST", "/api/generate", kNamedB,
+                     Json{{"model", kModel}, {"prompt", "hi"}, {"stream", false}}.dump());
+  ASSERT_EQ(second.status, 429) << second.body;
+  EXPECT_EQ(Json::parse(second.body)["error"]["type"], "tokens") << second.body;
+  EXPECT_TRUE(second.headers.count("retry-after"));
+  EXPECT_EQ(proxy_->stats().rate_limited, 2u);
+  auto usage = proxy_->take_usage();
+  EXPECT_EQ(usage["slow"].requests, 3u);
+  EXPECT_EQ(usage["slow"].errors, 1u);
+  EXPECT_EQ(usage["few-tokens"].requests, 2u);
+  EXPECT_EQ(usage["few-tokens"].errors, 1u);
+}
+
+TEST(EndpointKeyLimits, TheWindowSlidesAndRetryAfterSaysWhen) {
+  KeyLimits l;
+  const auto t0 = std::chrono::steady_clock::time_point(std::chrono::hours(1000));
+  EXPECT_TRUE(l.admit("k", 2, std::nullopt, t0).allowed);
+  EXPECT_TRUE(l.admit("k", 2, std::nullopt, t0 + 10s).allowed);
+  auto v = l.admit("k", 2, std::nullopt, t0 + 20s);
+  EXPECT_FALSE(v.allowed);
+  EXPECT_EQ(v.retry_after_s, 40) << "the first request leaves the window at t0 + 60 s";
+  EXPECT_TRUE(l.admit("k", 2, std::nullopt, t0 + 60s).allowed);
+  EXPECT_TRUE(l.admit("other", 2, std::nullopt, t0 + 20s).allowed) << "per key";
+  // Tokens: the window's sum against the limit.
+  EXPECT_TRUE(l.admit("t", std::nullopt, 100, t0).allowed);
+  l.add_tokens("t", 150, t0 + 1s);
+  auto tv = l.admit("t", std::nullopt, 100, t0 + 30s);
+  EXPECT_FALSE(tv.allowed);
+  EXPECT_STREQ(tv.which, "tokens");
+  EXPECT_EQ(tv.retry_after_s, 31);
+  EXPECT_TRUE(l.admit("t", std::nullopt, 100, t0 + 61s).allowed);
+}
+
+TEST(EndpointUsageScanner, CountsAcrossChunkBoundsAndSkipsHugeLines) {
+  const std::string ndjson =
+      "{\"response\":\"a\",\"done\":false}\n"
+      "{\"response\":\"\",\"done\":true,\"prompt_eval_count\":7,\"eval_count\":12}\n";
+  for (std::size_t cut = 1; cut < ndjson.size(); cut += 7) {
+    UsageScanner s;
+    s.feed(std::string_view(ndjson).substr(0, cut));
+    s.feed(std::string_view(ndjson).substr(cut));
+    s.finish();
+    ASSERT_TRUE(s.counts()) << cut;
+    EXPECT_EQ(s.counts()->prompt, 7u);
+    EXPECT_EQ(s.counts()->completion, 12u);
+  }
+  UsageScanner sse;
+  sse.feed(
+      "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\ndata: {\"choices\":[],"
+      "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\ndata: [DONE]\n\n");
+  sse.finish();
+  ASSERT_TRUE(sse.counts());
+  EXPECT_EQ(sse.counts()->prompt, 3u);
+  EXPECT_EQ(sse.counts()->completion, 4u);
+  // A whole body without a newline is one line.
+  UsageScanner whole;
+  whole.feed(R"({"usage":{"prompt_tokens":5,"completion_tokens":6},"choices":[]})");
+  whole.finish();
+  ASSERT_TRUE(whole.counts());
+  EXPECT_EQ(whole.counts()->completion, 6u);
+  // A line past the limit is skipped, the next one read; a negative or
+  // absurd count is no count.
+  UsageScanner big;
+  big.feed(std::string(UsageScanner::kMaxLine + 10, 'x'));
+  big.feed("\n{\"done\":true,\"prompt_eval_count\":-1,\"eval_count\":99999999999}\n");
+  big.finish();
+  EXPECT_FALSE(big.counts());
+}
+
+TEST(EndpointUsageScanner, TheUsageChunkIsAskedForAndKeptFromAClientThatDidNotAsk) {
+  auto asked = with_usage_requested(R"({"model":"m","stream":true,"messages":[]})");
+  ASSERT_TRUE(asked);
+  EXPECT_EQ(Json::parse(*asked)["stream_options"]["include_usage"], true);
+  EXPECT_FALSE(with_usage_requested(R"({"model":"m","messages":[]})")) << "not streamed";
+  EXPECT_FALSE(with_usage_requested(R"({"stream":true,"stream_options":{"include_usage":true}})"))
+      << "asked already";
+  EXPECT_FALSE(with_usage_requested("not json"));
+  UsageChunkFilter f;
+  std::string out = f.pass("data: {\"choices\":[{\"delta\":{}}]}\n\ndata: {\"choices\":[],\"us");
+  out += f.pass("age\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n");
+  out += f.finish();
+  EXPECT_EQ(out, "data: {\"choices\":[{\"delta\":{}}]}\n\ndata: [DONE]\n\n");
+}
+
+TEST(EndpointKeyRing, DefaultAndNamedKeys) {
+  KeyRing ring(std::chrono::seconds(3));
+  ring.set_default(pki::sha256_hex(kKey));
+  ring.set_named({{"a", pki::sha256_hex(kNamedA), 10, std::nullopt}});
+  EXPECT_EQ(ring.match(pki::sha256_hex(kKey))->name, kDefaultKey);
+  EXPECT_EQ(ring.match(pki::sha256_hex(kNamedA))->rpm, 10);
+  EXPECT_FALSE(ring.match(pki::sha256_hex(kNamedB)));
+  const auto t = std::chrono::steady_clock::now();
+  ring.link_lost(t);
+  EXPECT_TRUE(ring.match(pki::sha256_hex(kNamedA), t + 2900ms));
+  EXPECT_FALSE(ring.match(pki::sha256_hex(kNamedA), t + 3s));
+  EXPECT_TRUE(ring.match(pki::sha256_hex(kKey), t + 1h));
 }
 
 }  // namespace

@@ -422,5 +422,89 @@ TEST(AgentUpgradeEvents, AReasonWithEscapesIsRejectedAndStoredAsIdAndKindOnly) {
   EXPECT_FALSE(project_event(t, *d.value));
 }
 
+// Issue 28: an endpoint_usage event is read by the contract's reader (the
+// key by its grammar, each count bounded) and counted only under a key of
+// the sender's own tenant.
+TEST(EndpointUsageEvents, AreBoundedAndCountedOnlyUnderTheTenantsOwnKeys) {
+  auto decode = [](const json& fields) {
+    json body = {{"id", 9}, {"kind", "endpoint_usage"}};
+    for (auto& [k, v] : fields.items()) body[k] = v;
+    return decode_event(body);
+  };
+  const json good = {{"key", "ci"},
+                     {"requests", 4},
+                     {"errors", 1},
+                     {"prompt_tokens", 40},
+                     {"completion_tokens", 90}};
+  auto d = decode(good);
+  ASSERT_TRUE(d.value) << d.refusal;
+  ASSERT_TRUE(std::holds_alternative<EndpointUsageReport>(d.value->body));
+  EXPECT_TRUE(d.rejected.empty());
+  EXPECT_EQ(d.value->to_json()["prompt_tokens"], 40);
+  EXPECT_EQ(d.value->to_json()["kind"], "endpoint_usage");
+
+  // Each bad field: stored as id and kind only, the reason counted.
+  struct Bad {
+    json fields;
+    std::string field;
+    RejectReason why;
+  };
+  for (const auto& b : std::vector<Bad>{
+           {{{"key", "Bad Key" + kEscapes}}, "key", RejectReason::bad_format},
+           {{{"key", std::string(200, 'a')}}, "key", RejectReason::too_long},
+           {{{"requests", -1}}, "requests", RejectReason::out_of_range},
+           {{{"prompt_tokens", std::uint64_t{1000000000000000}}},
+            "prompt_tokens",
+            RejectReason::out_of_range},
+           {{{"completion_tokens", "9"}}, "completion_tokens", RejectReason::wrong_type},
+           {{{"errors", 5}}, "errors", RejectReason::out_of_range},  // more errors than requests
+           {{{"extra", 1}}, "extra", RejectReason::unknown_field},
+       }) {
+    json f = good;
+    for (auto& [k, v] : b.fields.items()) f[k] = v;
+    auto bad = decode(f);
+    ASSERT_TRUE(bad.value) << bad.refusal;
+    EXPECT_TRUE(rejected(bad.rejected, b.field, b.why))
+        << b.fields.dump() << ": " << ::testing::PrintToString(reasons_of(bad.rejected));
+    if (b.field != "extra") {
+      EXPECT_TRUE(std::holds_alternative<std::monostate>(bad.value->body)) << b.fields.dump();
+    }
+  }
+  json missing = good;
+  missing.erase("completion_tokens");
+  auto m = decode(missing);
+  EXPECT_TRUE(rejected(m.rejected, "completion_tokens", RejectReason::missing));
+
+  // The projection: only under default, a named key of the tenant's, or one
+  // it had; never into a tenant without an endpoint.
+  store::TenantRecord t;
+  t.name = "t5";
+  EXPECT_FALSE(project_event(t, *d.value)) << "no endpoint";
+  t.endpoint.emplace();
+  EXPECT_FALSE(project_event(t, *d.value)) << "no key named ci";
+  store::EndpointKey ci;
+  ci.name = "ci";
+  ci.sha256 = std::string(64, 'a');
+  t.endpoint->keys = std::vector<store::EndpointKey>{ci};
+  EXPECT_TRUE(project_event(t, *d.value));
+  EXPECT_TRUE(project_event(t, *d.value)) << "a second event counts again (the store dedups by id)";
+  auto totals = t.endpoint->usage->totals_since_creation();
+  EXPECT_EQ(totals.at("ci").requests, 8u);
+  EXPECT_EQ(totals.at("ci").completion_tokens, 180u);
+  json def = good;
+  def["key"] = "default";
+  EXPECT_TRUE(project_event(t, *decode(def).value));
+  // Revoked since: its name is in the usage, so its last report still counts.
+  t.endpoint->keys->clear();
+  EXPECT_TRUE(project_event(t, *d.value));
+  EXPECT_TRUE(endpoint_key_known(t, "ci"));
+  EXPECT_TRUE(endpoint_key_known(t, "default"));
+  EXPECT_FALSE(endpoint_key_known(t, "someone-elses"));
+  json other = good;
+  other["key"] = "someone-elses";
+  EXPECT_FALSE(project_event(t, *decode(other).value));
+  EXPECT_FALSE(t.endpoint->usage->totals_since_creation().contains("someone-elses"));
+}
+
 }  // namespace
 }  // namespace factory::coordinator

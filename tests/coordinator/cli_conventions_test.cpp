@@ -182,6 +182,9 @@ TEST(CliConventions, MainCommandsHelpHasExamples) {
                                                           {"tenant", "delete"},
                                                           {"tenant", "retry"},
                                                           {"tenant", "restart"},
+                                                          {"tenant", "keys", "create"},
+                                                          {"tenant", "keys", "list"},
+                                                          {"tenant", "keys", "revoke"},
                                                           {"catalog", "list"},
                                                           {"catalog", "show"},
                                                           {"catalog", "validate"},
@@ -371,6 +374,18 @@ TEST(CliConventions, TenantNamesAreCheckedBeforeAnyRequestIsSent) {
     expect_usage_error(r, "factory", command);
     EXPECT_NE(r.output.find("a-z, 0-9 and '-'"), std::string::npos)
         << "the rule it broke: " << r.output;
+  }
+  // A key name is checked the same way (issue 28): it is a path segment too.
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"tenant", "keys", "revoke", "t5", "--key-name", "ci/../default"},
+           {"tenant", "keys", "create", "t5", "--key-name", "Bad_Key"},
+           {"tenant", "keys", "create", "t5", "--key-name", "a.b", "--dry-run"},
+           {"tenant", "keys", "create", "t5/keys", "--key-name", "ci"},
+           {"tenant", "keys", "list", "t5/../t6"},
+       }) {
+    auto r = with(args);
+    expect_usage_error(r, "factory", "factory tenant keys " + args[2]);
+    EXPECT_NE(r.output.find("a-z, 0-9 and '-'"), std::string::npos) << r.output;
   }
   // A valid name goes through: the stand-in, which speaks no TLS, is reached.
   std::atomic<int> accepted{0};

@@ -8,6 +8,7 @@
 // SQLite store.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <sstream>
 
 #include "contract/health_sample.hpp"
@@ -151,6 +152,41 @@ TEST_F(GpuFaultMetrics, AHealthyCardShowsZerosAndALostOneSaysSo) {
   EXPECT_NE(m.find("factory_gpu_lost" + kOwnLabels + " 1\n"), std::string::npos) << m;
   EXPECT_EQ(m.find("DCGM_FI_DEV_PCIE_REPLAY_COUNTER{"), std::string::npos)
       << "a lost card's figures are unknown";
+  EXPECT_EQ(factory::testing::promtool_complaints(m), "") << m;
+}
+
+// Issue 28: a model endpoint's usage per key (the record's, as the agent's
+// endpoint_usage events were folded in) on /metrics, labels escaped as the
+// other series', and promtool checking the whole exposition.
+TEST_F(GpuFaultMetrics, AnEndpointsTokensAndRequestsPerKeyPassPromtool) {
+  store::TenantRecord t5;
+  t5.name = "t5";
+  t5.tier = "model-endpoint";
+  t5.phase = "ready";
+  t5.endpoint.emplace();
+  t5.endpoint->usage.emplace();
+  const auto at = std::chrono::system_clock::now();
+  ASSERT_TRUE(t5.endpoint->usage->add("default", {10, 2, 100, 250}, at).ok());
+  ASSERT_TRUE(t5.endpoint->usage->add("ci", {3, 0, 30, 70}, at).ok());
+  ASSERT_TRUE(t5.endpoint->usage->add("ci", {1, 1, 0, 0}, at).ok());
+  ASSERT_TRUE(store_->put_tenant(t5).ok());
+  std::string m = metrics();
+  for (const auto& line : std::vector<std::string>{
+           "factory_endpoint_tokens_total{tenant=\"t5\",key=\"default\",direction=\"prompt\"} "
+           "100\n",
+           "factory_endpoint_tokens_total{tenant=\"t5\",key=\"default\",direction=\"completion\"} "
+           "250\n",
+           "factory_endpoint_tokens_total{tenant=\"t5\",key=\"ci\",direction=\"prompt\"} 30\n",
+           "factory_endpoint_tokens_total{tenant=\"t5\",key=\"ci\",direction=\"completion\"} 70\n",
+           "factory_endpoint_key_requests_total{tenant=\"t5\",key=\"default\",outcome=\"ok\"} 8\n",
+           "factory_endpoint_key_requests_total{tenant=\"t5\",key=\"default\",outcome=\"error\"} "
+           "2\n",
+           "factory_endpoint_key_requests_total{tenant=\"t5\",key=\"ci\",outcome=\"ok\"} 3\n",
+           "factory_endpoint_key_requests_total{tenant=\"t5\",key=\"ci\",outcome=\"error\"} 1\n",
+       })
+    EXPECT_NE(m.find(line), std::string::npos) << line << m;
+  EXPECT_NE(m.find("# TYPE factory_endpoint_tokens_total counter\n"), std::string::npos);
+  EXPECT_EQ(m.find("tenant=\"tenant-1\",key="), std::string::npos) << "no endpoint, no series";
   EXPECT_EQ(factory::testing::promtool_complaints(m), "") << m;
 }
 

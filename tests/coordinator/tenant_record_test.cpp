@@ -294,5 +294,76 @@ TEST(TenantRecord, AStoredRecordWithAWrongTypeIsLeftOutNotCrashedOn) {
   EXPECT_EQ(all[0].spec.gpus, 1);
 }
 
+// Issue 28: an endpoint's named keys and its usage per key, in the record.
+TEST(TenantRecord, AnEndpointsNamedKeysAndUsageRoundTrip) {
+  const json in = json::parse(R"({
+    "key_sha256": "ff00", "port": 8443,
+    "keys": [{"name": "ci", "sha256": "aa", "created_at": "2026-12-01T00:00:00Z", "rpm": 60,
+              "future_key": 1},
+             {"name": "app", "sha256": "bb", "created_at": "2026-12-01T00:00:01Z", "tpm": 20000}],
+    "usage": {"total": {"ci": [3, 1, 30, 40]},
+              "hourly": [{"start": 1796083200, "keys": {"ci": [3, 1, 30, 40]}}],
+              "daily": []}
+  })");
+  auto e = EndpointState::from_json(in);
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  ASSERT_EQ(e->keys->size(), 2u);
+  EXPECT_EQ((*e->keys)[0].rpm, 60);
+  EXPECT_EQ((*e->keys)[1].tpm, 20000);
+  EXPECT_EQ((*e->keys)[0].extra, (json{{"future_key", 1}}));
+  EXPECT_EQ(e->usage->totals_since_creation().at("ci").completion_tokens, 40u);
+  EXPECT_EQ(e->to_json(), in);
+  // A record without them stays without them.
+  auto old = EndpointState::from_json(json{{"key_sha256", "ff00"}});
+  EXPECT_FALSE(old->keys.has_value());
+  EXPECT_FALSE(old->usage.has_value());
+  EXPECT_EQ(old->to_json(), (json{{"key_sha256", "ff00"}}));
+  // Usage that is not its shape is an error naming it.
+  auto bad = EndpointState::from_json(json{{"usage", {{"total", {{"ci", {1, 2}}}}}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("usage"), std::string::npos) << bad.error().message;
+}
+
+TEST(EndpointUsage, HourlyBucketsTotalsAndFoldingIntoDays) {
+  using std::chrono::hours;
+  using std::chrono::system_clock;
+  const auto t0 = system_clock::time_point(std::chrono::seconds(1796083200));  // on the hour
+  EndpointUsage u;
+  ASSERT_TRUE(u.add("default", {1, 0, 10, 20}, t0 + std::chrono::minutes(5)).ok());
+  ASSERT_TRUE(u.add("default", {2, 1, 5, 5}, t0 + std::chrono::minutes(50)).ok());
+  ASSERT_TRUE(u.add("ci", {4, 0, 40, 80}, t0 + hours(1)).ok());
+  EXPECT_EQ(u.hourly().size(), 2u);
+  auto all = u.totals(t0, t0 + hours(2));
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0], (KeyTotals{"ci", 4, 0, 40, 80}));
+  EXPECT_EQ(all[1], (KeyTotals{"default", 3, 1, 15, 25}));
+  // [since, until): the bucket starting at t0 + 1h is out of [t0, t0 + 1h).
+  auto first = u.totals(t0, t0 + hours(1));
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].key, "default");
+  // 40 days later the old hours are folded into their day, totals kept.
+  ASSERT_TRUE(u.add("ci", {1, 0, 1, 1}, t0 + hours(24 * 40)).ok());
+  EXPECT_EQ(u.hourly().size(), 1u);
+  ASSERT_EQ(u.daily().size(), 1u);
+  auto folded = u.totals(t0 - hours(24), t0 + hours(24));
+  ASSERT_EQ(folded.size(), 2u);
+  EXPECT_EQ(folded[1], (KeyTotals{"default", 3, 1, 15, 25}));
+  EXPECT_EQ(u.totals_since_creation().at("ci").requests, 5u);
+  auto again = EndpointUsage::from_json(u.to_json());
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(*again, u);
+  // Bounded: no more than kMaxKeys names, whatever is reported.
+  for (std::size_t i = 0; u.totals_since_creation().size() < EndpointUsage::kMaxKeys; i++)
+    ASSERT_TRUE(u.add("k" + std::to_string(i), {1, 0, 0, 0}, t0 + hours(24 * 40)).ok());
+  EXPECT_FALSE(u.add("one-too-many", {1, 0, 0, 0}, t0 + hours(24 * 40)).ok());
+  // And days past kMaxDaily are dropped, oldest first.
+  EndpointUsage years;
+  for (int d = 0; d < 800; d++)
+    ASSERT_TRUE(years.add("default", {1, 0, 0, 0}, t0 + hours(24 * d)).ok());
+  EXPECT_LE(years.daily().size(), EndpointUsage::kMaxDaily);
+  EXPECT_LE(years.hourly().size(), static_cast<std::size_t>(EndpointUsage::kHourlyDays) * 24 + 48);
+  EXPECT_EQ(years.totals_since_creation().at("default").requests, 800u);
+}
+
 }  // namespace
 }  // namespace factory::store

@@ -9,6 +9,9 @@
 // coordinator's endpoint CA; the calls are the real curl's over TLS.
 #include <gtest/gtest.h>
 
+#include <sstream>
+
+#include "common/pki.hpp"
 #include "tests/integration/tenant_fixture.hpp"
 
 using namespace factory::testing;
@@ -21,6 +24,7 @@ namespace {
 struct Reply {
   int status = 0;
   std::string body;
+  std::string headers;  // as curl -D wrote them
 };
 
 // One call through the endpoint with the real curl; the key, when given,
@@ -36,6 +40,8 @@ Reply call(const fs::path& dir, const std::string& ca_file, const std::string& u
                                    ca_file,
                                    "-o",
                                    (dir / "reply.body").string(),
+                                   "-D",
+                                   (dir / "reply.headers").string(),
                                    "-w",
                                    "%{http_code}",
                                    "-X",
@@ -57,7 +63,27 @@ Reply call(const fs::path& dir, const std::string& ca_file, const std::string& u
     ADD_FAILURE() << "curl printed no status: " << r.output;
   }
   out.body = slurp(dir / "reply.body");
+  out.headers = slurp(dir / "reply.headers");
   return out;
+}
+
+// The tokens the stand-in counted in one answer, as its answer says them:
+// the final object of /api/generate and /api/chat, the usage object of
+// /v1/chat/completions (streamed: its usage chunk, asked for).
+std::pair<std::uint64_t, std::uint64_t> tokens_in(const std::string& answer) {
+  std::pair<std::uint64_t, std::uint64_t> c{0, 0};
+  std::istringstream in(answer);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("data: ", 0) == 0) line = line.substr(6);
+    auto j = json::parse(line, nullptr, false);
+    if (!j.is_object()) continue;
+    if (j.contains("usage") && j["usage"].is_object())
+      c = {j["usage"].value("prompt_tokens", 0u), j["usage"].value("completion_tokens", 0u)};
+    else if (j.value("done", false))
+      c = {j.value("prompt_eval_count", 0u), j.value("eval_count", 0u)};
+  }
+  return c;
 }
 
 const char* kChat =
@@ -212,6 +238,176 @@ TEST_F(Tenants, AModelEndpointIsReadyKeyedAndItsKeyRotates) {
   EXPECT_TRUE(objects_of(kube_, "tenants", "t5").empty())
       << ::testing::PrintToString(objects_of(kube_, "tenants", "t5"));
   EXPECT_EQ(slurp(guests / "t5" / "root" / ".guestsim" / "log" / "guarded.log"), "");
+}
+
+// Issue 28: several keys on one endpoint, each shown once and stored as its
+// hash; a revoked one refused within 5 s (measured); a key's rate limit
+// answering 429 with Retry-After; and the tokens per key, reported by the
+// agent as durable events, equal to the sum of Ollama's own counts, on
+// /metrics as promtool accepts it.
+TEST_F(Tenants, SeveralKeysPerEndpointWorkAndARevokedOneIsRefusedWithinFiveSeconds) {
+  allowlist();
+  auto& h = coordinator();
+  fs::path guests = dir_.path() / "guests";
+  Process runner({"/usr/bin/python3", (source_dir() / "tests/guestsim/vm_runner.py").string(),
+                  "--kubeconfig", kube_.kubeconfig(), "--work", guests.string(),
+                  "--agent-arg=--heartbeat", "--agent-arg=1", "--agent-arg=--health-interval",
+                  "--agent-arg=1", "--agent-arg=--endpoint-usage-interval", "--agent-arg=1"},
+                 dir_.path() / "vm-runner.log");
+  auto r = h.factory(
+      {"tenant", "create", "t5", "--tier", "model-endpoint", "--wait", "--timeout", "3m"});
+  ASSERT_EQ(r.exit_code, 0) << r.output << "\n" << slurp(guests / "t5" / "agent.log");
+  json creds = json::parse(h.factory({"tenant", "credentials", "t5", "-o", "json"}).output);
+  const std::string url = creds.value("url", ""), own = creds.value("api_key", "");
+  const std::string ca = (dir_ / "endpoint-ca.crt").string();
+  write_text(ca, creds.value("ca", ""));
+
+  // A dry run makes nothing; each create shows its key once.
+  auto dry = h.factory({"tenant", "keys", "create", "t5", "--key-name", "ci", "--dry-run"});
+  ASSERT_EQ(dry.exit_code, 0) << dry.output;
+  EXPECT_NE(dry.output.find("nothing changed"), std::string::npos) << dry.output;
+  auto made = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"tenant", "keys", "create", "t5", "-o", "json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto c = h.factory(args);
+    EXPECT_EQ(c.exit_code, 0) << c.output;
+    json j = json::parse(c.output, nullptr, false);
+    EXPECT_EQ(j.value("guest_told", false), true) << c.output;
+    return j.value("api_key", "");
+  };
+  const std::string ci = made({"--key-name", "ci"});
+  const std::string app = made({"--key-name", "app", "--rpm", "3"});
+  ASSERT_EQ(ci.rfind("fmk-", 0), 0u);
+  ASSERT_NE(ci, app);
+  auto again = h.factory({"tenant", "keys", "create", "t5", "--key-name", "ci"});
+  expect_one_line_failure(again, "has a key named ci already");
+  auto def = h.factory({"tenant", "keys", "revoke", "t5", "--key-name", "default"});
+  expect_one_line_failure(def, "tenant credentials t5 --rotate");
+  // Only hashes: the keys are in no record, log or guest file.
+  const std::string record = h.stored_record("t5").value_or(json()).dump();
+  EXPECT_NE(record.find(factory::pki::sha256_hex(ci)), std::string::npos) << record;
+  for (const auto& k : {ci, app}) {
+    EXPECT_EQ(h.log().find(k), std::string::npos);
+    EXPECT_EQ(slurp(guests / "t5" / "agent.log").find(k), std::string::npos);
+    EXPECT_EQ(record.find(k), std::string::npos) << "a named key in the stored record";
+  }
+
+  // Each key works, on each path that counts tokens, streamed and not.
+  const std::string chat_stream_usage =
+      R"({"model":"llama3.2:1b","stream":true,"stream_options":{"include_usage":true},)"
+      R"("messages":[{"role":"user","content":"count my tokens please"}]})";
+  const std::vector<std::pair<std::string, std::string>> calls = {
+      {"/api/generate", R"({"model":"llama3.2:1b","prompt":"why is the sky blue","stream":false})"},
+      {"/api/generate", R"({"model":"llama3.2:1b","prompt":"tell me a story"})"},
+      {"/api/chat",
+       R"({"model":"llama3.2:1b","messages":[{"role":"user","content":"hello there you"}]})"},
+      {"/api/chat",
+       R"({"model":"llama3.2:1b","stream":false,"messages":[{"role":"user","content":"hi"}]})"},
+      {"/v1/chat/completions", kChat},
+      {"/v1/chat/completions", chat_stream_usage},
+  };
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> want;
+  for (const auto& [name, key] :
+       std::vector<std::pair<std::string, std::string>>{{"default", own}, {"ci", ci}}) {
+    for (const auto& [path, body] : calls) {
+      auto rep = call(dir_.path(), ca, url + path, key, "POST", body);
+      ASSERT_EQ(rep.status, 200) << name << " " << path << ": " << rep.body;
+      auto [p, c] = tokens_in(rep.body);
+      EXPECT_GT(c, 0u) << path << ": " << rep.body;
+      want[name].first += p;
+      want[name].second += c;
+    }
+  }
+  // app: 3 requests a minute, the 4th is 429 with Retry-After.
+  for (int i = 0; i < 3; i++) EXPECT_EQ(call(dir_.path(), ca, url + "/v1/models", app).status, 200);
+  auto limited = call(dir_.path(), ca, url + "/v1/models", app);
+  EXPECT_EQ(limited.status, 429) << limited.body;
+  EXPECT_NE(limited.headers.find("Retry-After: "), std::string::npos) << limited.headers;
+  EXPECT_NE(limited.body.find("rate_limit_exceeded"), std::string::npos) << limited.body;
+
+  // Revoked: refused within 5 s of the command's return (measured).
+  auto rv = h.factory({"tenant", "keys", "revoke", "t5", "--key-name", "ci"});
+  ASSERT_EQ(rv.exit_code, 0) << rv.output;
+  const auto revoked = std::chrono::steady_clock::now();
+  bool refused = eventually(
+      [&] { return call(dir_.path(), ca, url + "/v1/models", ci).status == 401; }, 5s, 20ms);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - revoked)
+                      .count();
+  EXPECT_TRUE(refused) << "the revoked key still works 5 s later";
+  std::cout << "revoked key refused " << ms << " ms after `tenant keys revoke` returned\n";
+  EXPECT_LT(ms, 5000);
+  EXPECT_EQ(call(dir_.path(), ca, url + "/v1/models", own).status, 200) << "the others serve";
+
+  // Usage per key, from the agent's events (every second here): the tokens
+  // are exactly the sums of the answers' counts.
+  json list;
+  bool reported = eventually(
+      [&] {
+        auto l = h.factory({"tenant", "keys", "list", "t5", "-o", "json"});
+        list = json::parse(l.output, nullptr, false);
+        if (!list.is_object()) return false;
+        std::map<std::string, json> by;
+        for (const auto& k : list["keys"]) by[k.value("name", "")] = k.value("usage", json());
+        auto tokens_are = [&](const std::string& k) {
+          return by[k].is_object() && by[k].value("prompt_tokens", 0u) == want[k].first &&
+                 by[k].value("completion_tokens", 0u) == want[k].second;
+        };
+        return tokens_are("default") && by["app"].is_object() &&
+               by["app"].value("requests", 0u) == 4 && by["app"].value("errors", 0u) == 1;
+      },
+      30s, 500ms);
+  EXPECT_TRUE(reported) << list.dump(2) << "\nwant default " << want["default"].first << "/"
+                        << want["default"].second;
+  // The revoked key's list entry is gone; its counts stay on /metrics.
+  std::string m;
+  bool on_metrics = eventually(
+      [&] {
+        m = h.metrics();
+        return m.find(
+                   "factory_endpoint_tokens_total{tenant=\"t5\",key=\"ci\",direction=\"prompt\"} " +
+                   std::to_string(want["ci"].first) + "\n") != std::string::npos &&
+               m.find(
+                   "factory_endpoint_tokens_total{tenant=\"t5\",key=\"ci\",direction="
+                   "\"completion\"} " +
+                   std::to_string(want["ci"].second) + "\n") != std::string::npos;
+      },
+      30s, 500ms);
+  EXPECT_TRUE(on_metrics) << m;
+  // (ci's ok count may pass 6: a request made while its revocation travels.)
+  EXPECT_NE(
+      m.find("factory_endpoint_key_requests_total{tenant=\"t5\",key=\"ci\",outcome=\"error\"} 0\n"),
+      std::string::npos)
+      << m;
+  EXPECT_NE(
+      m.find(
+          "factory_endpoint_key_requests_total{tenant=\"t5\",key=\"app\",outcome=\"error\"} 1\n"),
+      std::string::npos)
+      << m;
+  EXPECT_EQ(promtool_complaints(m), "") << m;
+
+  // Without the coordinator a revocation could go unheard: named keys are
+  // refused 3 s after the agent's session ends, the tenant's own key keeps
+  // serving, and the next session brings the named keys back.
+  const std::string ops = made({"--key-name", "ops"});
+  EXPECT_EQ(call(dir_.path(), ca, url + "/v1/models", ops).status, 200);
+  const auto down = std::chrono::steady_clock::now();  // the session ends after this
+  h.stop();
+  bool closed = eventually(
+      [&] { return call(dir_.path(), ca, url + "/v1/models", ops).status == 401; }, 10s, 100ms);
+  const auto closed_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - down)
+          .count();
+  EXPECT_TRUE(closed) << "a named key still served 10 s into the outage";
+  EXPECT_GE(closed_ms, 2900) << "refused before the 3 s grace";
+  std::cout << "named key refused " << closed_ms << " ms after the coordinator stopped\n";
+  EXPECT_EQ(call(dir_.path(), ca, url + "/v1/models", own).status, 200)
+      << "the default key serves through the outage";
+  h.start();
+  EXPECT_TRUE(eventually(
+      [&] { return call(dir_.path(), ca, url + "/v1/models", ops).status == 200; }, 30s, 200ms))
+      << "the named key is back with the next session";
+  runner.stop();
 }
 
 // A tier without login still lets the admin in with a key of their own:
