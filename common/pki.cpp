@@ -85,7 +85,10 @@ Result<std::string> make_csr(const std::string& key_pem, const std::string& comm
 Result<CertInfo> inspect_certificate(const std::string& cert_pem) {
   auto cert = ossl::load_certificate(cert_pem);
   if (!cert.ok()) return cert.error().with_context("inspect certificate");
-  X509* x = cert->get();
+  return inspect_certificate(cert->get());
+}
+
+Result<CertInfo> inspect_certificate(const X509* x) {
   CertInfo info;
   info.subject_cn = ossl::name_entry(X509_get_subject_name(x), NID_commonName);
   info.subject_o = ossl::name_entry(X509_get_subject_name(x), NID_organizationName);

@@ -8,6 +8,8 @@
 #include "common/durations.hpp"
 #include "common/error.hpp"
 
+struct x509_st;  // OpenSSL's X509
+
 namespace factory::pki {
 
 struct CertInfo {
@@ -27,6 +29,9 @@ Result<std::string> generate_private_key();
 // A PKCS#10 CSR signed by key_pem, subject CN=common_name.
 Result<std::string> make_csr(const std::string& key_pem, const std::string& common_name);
 Result<CertInfo> inspect_certificate(const std::string& cert_pem);
+// The same of a certificate OpenSSL holds already (a TLS peer's), without
+// writing and parsing it as PEM: what a server does on every handshake.
+Result<CertInfo> inspect_certificate(const x509_st* cert);
 // SHA-256 of the certificate's DER, lower-case hex: what `--ca-sha256` pins.
 Result<std::string> certificate_sha256(const std::string& cert_pem);
 // Splits a PEM bundle into its certificates (each a full PEM block).

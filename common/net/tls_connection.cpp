@@ -2,7 +2,6 @@
 // thread's buffer, the output queue any thread may fill, the deadlines, and
 // the one way a connection ends (fail, then finish).
 #include <openssl/err.h>
-#include <openssl/pem.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -33,13 +32,8 @@ void fill_peer_certificate(SSL* ssl, PeerInfo& p, bool accept_expired) {
   long vr = SSL_get_verify_result(ssl);
   bool expired = vr == X509_V_ERR_CERT_HAS_EXPIRED;
   if (vr != X509_V_OK && !(expired && accept_expired)) return;
-  BIO* bio = BIO_new(BIO_s_mem());
-  PEM_write_bio_X509(bio, cert);
-  char* data = nullptr;
-  long len = BIO_get_mem_data(bio, &data);
-  std::string pem(data, static_cast<std::size_t>(len));
-  BIO_free(bio);
-  auto info = pki::inspect_certificate(pem);
+  // Read where OpenSSL holds it: no PEM written and parsed again per handshake.
+  auto info = pki::inspect_certificate(cert);
   if (!info) return;
   // A resumed session carries the verification of its first handshake, when
   // the certificate may still have been valid: its notAfter is judged now.
