@@ -642,7 +642,12 @@ def check_service(store, obj, old):
     for i, p in enumerate(spec.get("ports") or []):
         np = p.get("nodePort")
         if np is None:
-            np = next(n for n in range(*NODE_PORT_RANGE) if n not in store.node_ports)
+            # At random among the free ones, as kube-apiserver's allocator
+            # does: two doubles of parallel tests (each guest proxy listening
+            # on 127.0.0.1:<nodePort>) then do not hand out the same port.
+            free = [n for n in range(NODE_PORT_RANGE[0], NODE_PORT_RANGE[1] + 1)
+                    if n not in store.node_ports]
+            np = secrets.SystemRandom().choice(free)
             p["nodePort"] = np
         elif not NODE_PORT_RANGE[0] <= np <= NODE_PORT_RANGE[1]:
             causes.append(("spec.ports[%d].nodePort" % i,
