@@ -209,9 +209,10 @@ class TenantService {
   // maintenance thread; at most every opts.usage_every).
   void usage_pass();
   // GET /v1/usage: GPU time and endpoint use per tenant over a window, the
-  // deleted tenants' included (usage_report.hpp). Reads the store's archive
+  // deleted tenants' included (usage_report.hpp), open intervals to the
+  // latest look (UsageMeter::catch_up). Reads the store's archive
   // from the disk: a worker's call.
-  Result<nlohmann::json> usage_report(const UsageQuery& q) const;
+  Result<nlohmann::json> usage_report(const UsageQuery& q);
   // What the tenant's agent is owed at each connection: the notice of a
   // drain it has not confirmed, the upgrade order it has not carried out
   // (AgentService::set_pending_commands).

@@ -92,6 +92,13 @@ Status UsageMeter::fold(const std::string& tenant, const store::UsageObservation
   return {};
 }
 
+void UsageMeter::catch_up(std::vector<store::TenantRecord>& records) {
+  std::lock_guard lk(mu_);
+  for (auto& t : records)
+    if (auto it = pending_.find(t.name); it != pending_.end() && t.status.gpu_usage)
+      catch_up(*t.status.gpu_usage, it->second.last_running);
+}
+
 Status UsageMeter::close_for_delete(const std::string& tenant, std::int64_t now) {
   double busy = 0;
   std::optional<store::UsageObservation> seen;

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
 #include "coordinator/store/store.hpp"
@@ -43,6 +44,11 @@ class UsageMeter {
   // Its delete: the open interval closed now (or at its last look, when
   // that is stale) and written, before the store archives it with the record.
   Status close_for_delete(const std::string& tenant, std::int64_t now);
+  // The records' open intervals carried to the latest look this meter made
+  // (written or not), for a report that is current to the look, not to the
+  // last write. A meter that made none (a replica that is not the leader)
+  // leaves them as written.
+  void catch_up(std::vector<store::TenantRecord>& records);
 
  private:
   struct Pending {

@@ -169,8 +169,10 @@ json usage_report(const std::vector<store::TenantRecord>& records,
               {"tenants", tenants}};
 }
 
-Result<json> TenantService::usage_report(const UsageQuery& q) const {
-  return tenants::usage_report(deps_.store.list_tenants(), deps_.store.archived_usage(), q);
+Result<json> TenantService::usage_report(const UsageQuery& q) {
+  auto records = deps_.store.list_tenants();
+  usage_meter_.catch_up(records);
+  return tenants::usage_report(records, deps_.store.archived_usage(), q);
 }
 
 }  // namespace factory::tenants
