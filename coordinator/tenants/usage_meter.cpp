@@ -95,8 +95,10 @@ Status UsageMeter::fold(const std::string& tenant, const store::UsageObservation
 void UsageMeter::catch_up(std::vector<store::TenantRecord>& records) {
   std::lock_guard lk(mu_);
   for (auto& t : records)
-    if (auto it = pending_.find(t.name); it != pending_.end() && t.status.gpu_usage)
+    if (auto it = pending_.find(t.name); it != pending_.end() && t.status.gpu_usage) {
       catch_up(*t.status.gpu_usage, it->second.last_running);
+      t.status.gpu_usage->add_busy(it->second.last_look, it->second.busy);
+    }
 }
 
 Status UsageMeter::close_for_delete(const std::string& tenant, std::int64_t now) {
