@@ -12,6 +12,7 @@
 # machines (tests/guestsim/).
 #
 # Writes build/demo/: status.json (the final `factory status -o json`),
+# usage.json (`factory usage -o json`),
 # tenants.json (GET /v1/tenants), tenant-1.json, tenant-2.json, metrics.txt,
 # events.txt (GET /v1/events for the whole run), dashboard.png (the dashboard
 # in headless Chromium; skipped, saying so, where chromium is not installed),
@@ -226,4 +227,19 @@ if bad:
     print("not ready: " + ", ".join(bad))
     sys.exit(1)
 print("every tenant is ready; see build/demo/status.json")
+PYEOF
+
+# GPU time per tenant, from the VM provider's own timestamps (docs/usage.md):
+# the leader looks at each VM every 15 s, so every tenant has some by now.
+say "factory usage   (GPU-seconds per tenant over the last 30 days; docs/usage.md)"
+"$factory" "${cfg[@]}" usage
+"$factory" "${cfg[@]}" usage -o json > "$out/usage.json"
+"$py" - "$out/usage.json" <<'PYEOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))["tenants"]
+idle = sorted({r["name"] for r in rows if r["gpu_model"] and r["gpu_seconds"] <= 0})
+if idle:
+    print("no GPU time counted for: " + ", ".join(idle))
+    sys.exit(1)
+print("GPU time counted for every tenant with a card; see build/demo/usage.json")
 PYEOF
