@@ -45,9 +45,9 @@ class UsageMeter {
   // that is stale) and written, before the store archives it with the record.
   Status close_for_delete(const std::string& tenant, std::int64_t now);
   // The records' open intervals carried to the latest look this meter made
-  // (written or not), with the busy seconds not yet written, for a report that is current to the look, not to the
-  // last write. A meter that made none (a replica that is not the leader)
-  // leaves them as written.
+  // (written or not), with the busy seconds not yet written, for a report that is current to the
+  // look, not to the last write. A meter that made none (a replica that is not the leader) leaves
+  // them as written.
   void catch_up(std::vector<store::TenantRecord>& records);
 
  private:
