@@ -12,6 +12,7 @@
 # machines (tests/guestsim/).
 #
 # Writes build/demo/: status.json (the final `factory status -o json`),
+# usage.json (`factory usage -o json`),
 # tenants.json (GET /v1/tenants), tenant-1.json, tenant-2.json, metrics.txt,
 # events.txt (GET /v1/events for the whole run), dashboard.png (the dashboard
 # in headless Chromium; skipped, saying so, where chromium is not installed),
@@ -105,7 +106,8 @@ pids+=($!)
 
 say "Simulated VMs: when KubeVirt reports a VMI Running, boot a simulated L4 guest and run its user-data [simulated]"
 "$py" tests/guestsim/vm_runner.py --kubeconfig "$kubeconfig" --work "$work/guests" \
-  --agent-arg=--heartbeat --agent-arg=1 > "$out/vm-runner.log" 2>&1 &
+  --agent-arg=--heartbeat --agent-arg=1 \
+  --agent-arg=--endpoint-usage-interval --agent-arg=2 > "$out/vm-runner.log" 2>&1 &
 runner=$!
 pids+=($runner)
 
@@ -226,4 +228,33 @@ if bad:
     print("not ready: " + ", ".join(bad))
     sys.exit(1)
 print("every tenant is ready; see build/demo/status.json")
+PYEOF
+
+# GPU time per tenant, from the VM provider's own timestamps, and t5's tokens
+# per key, from Ollama's own counts as its agent reported them (durable
+# events, every 2 s in this demo, 60 s by default) (docs/usage.md): the
+# leader looks at each VM every 15 s, so every tenant has some by now; t5's
+# report of the chat completion above may take a few seconds more.
+for _ in $(seq 1 30); do
+  "$factory" "${cfg[@]}" usage --tenant t5 -o json > "$out/usage-t5.json"
+  "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if any(k["completion_tokens"] > 0 for t in d["tenants"] for k in t["keys"]) else 1)' "$out/usage-t5.json" && break
+  sleep 1
+done
+say "factory usage   (GPU-seconds per tenant, tokens per key, over the last 30 days; docs/usage.md)"
+"$factory" "${cfg[@]}" usage
+"$factory" "${cfg[@]}" usage -o json > "$out/usage.json"
+"$py" - "$out/usage.json" <<'PYEOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))["tenants"]
+idle = sorted({r["name"] for r in rows if r["gpu_model"] and r["gpu_seconds"] <= 0})
+if idle:
+    print("no GPU time counted for: " + ", ".join(idle))
+    sys.exit(1)
+t5 = [k for r in rows if r["name"] == "t5" for k in r["keys"]]
+if not any(k["completion_tokens"] > 0 for k in t5):
+    print("no tokens counted for t5's key: %s" % t5)
+    sys.exit(1)
+print("GPU time counted for every tenant with a card, and t5's tokens (%s); see build/demo/usage.json"
+      % ", ".join("%s: %d prompt + %d completion in %d requests"
+                  % (k["name"], k["prompt_tokens"], k["completion_tokens"], k["requests"]) for k in t5))
 PYEOF

@@ -21,5 +21,6 @@ void add_tenant_keys_commands(CLI::App* tenant, Context& ctx);
 void add_catalog_commands(CLI::App& app, Context& ctx);  // catalog_commands.cpp
 void add_install_commands(CLI::App& app, Context& ctx);  // install_commands.cpp
 void add_agent_commands(CLI::App& app, Context& ctx);    // agent_commands.cpp
+void add_usage_command(CLI::App& app, Context& ctx);     // usage_command.cpp
 
 }  // namespace factory::cli

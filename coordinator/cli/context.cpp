@@ -48,6 +48,19 @@ CLI::Validator tenant_name_rule() {
   return rule(enroll::validate_tenant_name, "NAME");
 }
 
+namespace {
+Status validate_project(std::string_view s) {
+  if (tenants::is_dns1123_label(s)) return {};
+  return Error(Errc::invalid_argument,
+               "project '" + std::string(s.substr(0, 63)) +
+                   "' is not a DNS-1123 label (lower-case letters, digits, '-'; at most 63)");
+}
+}  // namespace
+
+CLI::Validator project_rule() {
+  return rule(validate_project, "PROJECT");
+}
+
 CLI::Validator namespace_rule() {
   return rule(tenants::validate_namespace_name, "NAMESPACE");
 }

@@ -47,6 +47,8 @@ int fail(const Error& e);
 CLI::Validator tenant_name_rule();
 // The same for a Kubernetes namespace (a DNS-1123 label).
 CLI::Validator namespace_rule();
+// The same for a project (quotas and usage; a DNS-1123 label).
+CLI::Validator project_rule();
 
 // The coordinator config --config names. The default path may be absent
 // (then defaults apply); a path given explicitly must exist.

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   add_catalog_commands(app, ctx);
   add_install_commands(app, ctx);
   add_agent_commands(app, ctx);
+  add_usage_command(app, ctx);
 
   if (auto done = parse(app, argc, argv)) return *done;
   factory::setup_logging("factory", ctx.global.log_level.empty() ? "warn" : ctx.global.log_level);

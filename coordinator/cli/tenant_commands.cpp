@@ -38,7 +38,7 @@ using namespace factory::tenants;
 namespace fs = std::filesystem;
 
 struct CreateOptions {
-  std::string name, tier, cpu, memory, disk, image, gpu_resource, ns, catalog_file;
+  std::string name, tier, cpu, memory, disk, image, gpu_resource, ns, catalog_file, project;
   int gpus = 1;
   CLI::Option* gpus_opt = nullptr;
   std::vector<std::string> ssh_keys;
@@ -129,6 +129,7 @@ Result<TenantRequest> build_request(const Context& ctx, const CreateOptions& o) 
   r.disk = o.disk;
   r.image = o.image;
   r.gpu_resource = o.gpu_resource;
+  r.project = o.project;
   r.ns = o.ns;
   r.ssh_node_port = o.ssh_node_port;
   for (const auto& m : o.models)
@@ -796,6 +797,10 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
                 "Namespace for the tenant's objects (default: the "
                 "coordinator's kube.namespace, tenants)")
       ->check(namespace_rule());
+  c->add_option("--project", o->project,
+                "Project whose GPU quota and usage the tenant counts under (default: default; "
+                "docs/usage.md)")
+      ->check(project_rule());
   c->add_flag("--wait", o->wait,
               "Follow the VM and then the agent's plan, step by step, until the tenant is ready");
   c->add_option("--timeout", o->timeout, "How long --wait waits, e.g. 30m")->capture_default_str();
@@ -813,6 +818,8 @@ void add_tenant_commands(CLI::App& app, Context& ctx) {
                      "a GPU VM running its own Kubernetes"},
                     {"factory tenant create alice --tier gpu-vm --dry-run",
                      "the objects it would create, contacting nothing"},
+                    {"factory tenant create carol --tier gpu-vm --project ml",
+                     "counted against project ml's GPU quota"},
                     {"factory tenant create t5 --tier model-endpoint --wait",
                      "a keyed model API, no login; then `factory tenant credentials t5`"}});
   c->callback([&ctx, o] {

@@ -105,6 +105,44 @@ Status read_quota(validation::ConfigMap& q, CoordinatorConfig& c) {
   return q.done();
 }
 
+// quotas.projects: project -> {gpus: {card model: GPUs}} (docs/usage.md).
+// Every name and number checked here, so a typo stops `factory serve`.
+Status read_project_quotas(validation::ConfigMap& q, CoordinatorConfig& c) {
+  const nlohmann::json* v = q.take("projects");
+  if (!v) return q.done();
+  const char* want = "a map of project -> {gpus: {card model: GPUs}}";
+  if (!v->is_object()) return q.wrong_type("projects", want);
+  auto label = [](const std::string& s) {
+    if (s.empty() || s.size() > 63 || s.front() == '-' || s.back() == '-') return false;
+    return std::all_of(s.begin(), s.end(), [](char ch) {
+      return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-';
+    });
+  };
+  for (const auto& [project, body] : v->items()) {
+    if (!label(project))
+      return q.bad_value("projects", "'" + project.substr(0, 63) +
+                                         "' is not a project name (a DNS-1123 label: lower-case "
+                                         "letters, digits, '-'; at most 63)");
+    if (body.is_null()) continue;
+    if (!body.is_object()) return q.wrong_type("projects", want);
+    for (const auto& [k, gpus] : body.items()) {
+      if (k != "gpus")
+        return q.bad_value("projects", project + ": unknown key '" + k + "' (want gpus)");
+      if (!gpus.is_object()) return q.wrong_type("projects", want);
+      for (const auto& [model, n] : gpus.items()) {
+        if (model.find('/') == std::string::npos || model.size() > 317)
+          return q.bad_value("projects", project + ".gpus: '" + model.substr(0, 64) +
+                                             "' is not a card model (nvidia.com/GH100_H200)");
+        if (!n.is_number_integer() || n.get<std::int64_t>() < 0 || n.get<std::int64_t>() > 100000)
+          return q.bad_value("projects",
+                             project + ".gpus." + model + ": want a whole number of GPUs from 0");
+        c.project_gpu_quotas[project][model] = n.get<int>();
+      }
+    }
+  }
+  return q.done();
+}
+
 // guest_ranges: every range parsed here, so a typo stops `factory serve`
 // instead of a tenant's create.
 Status read_guest_ranges(validation::ConfigMap& g, CoordinatorConfig& c) {
@@ -247,6 +285,18 @@ Status read_keys(const nlohmann::json& doc, const std::string& path, Coordinator
                            "want auto, systemd or child (got " + c.qemu.supervisor + ")");
   if (c.qemu.binary.empty() || c.qemu.img.empty())
     return qemu->bad_value("binary", "qemu.binary and qemu.img must not be empty");
+
+  auto usage = top->section("usage");
+  if (!usage) return usage.error();
+  for (auto st : {read_duration(*usage, "observe_every", c.usage_observe_every), usage->done()})
+    if (!st.ok()) return st;
+  if (c.usage_observe_every < std::chrono::seconds(1) ||
+      c.usage_observe_every > std::chrono::minutes(5))
+    return usage->bad_value("observe_every", "want 1s to 5m");
+
+  auto quotas = top->section("quotas");
+  if (!quotas) return quotas.error();
+  if (auto st = read_project_quotas(*quotas, c); !st.ok()) return st;
 
   auto guest_ranges = top->section("guest_ranges");
   if (!guest_ranges) return guest_ranges.error();

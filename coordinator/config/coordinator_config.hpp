@@ -87,6 +87,13 @@
 //                                      # core, at most 4)
 //     workers: 4                       # threads for what may wait: Kubernetes
 //                                      # calls, signatures, disk syncs
+//   usage:                             # GPU time per tenant (docs/usage.md)
+//     observe_every: 15s               # how often the leader looks at each VM (1s to 5m)
+//   quotas:                            # docs/usage.md
+//     projects: {}                     # project -> {gpus: {card model: GPUs}}: the most
+//                                      # GPUs of that model the project's tenants may
+//                                      # hold (e.g. ml: {gpus: {nvidia.com/GH100_H200: 4}});
+//                                      # a project or model not named has no limit
 //   guest_ranges:                      # a gpu-k8s guest cluster's own ranges
 //     avoid: []                        # ranges the host's API does not show that the
 //                                      # guest must not use (an overlay's pool such as
@@ -104,6 +111,7 @@
 //   log_level: info
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -176,6 +184,9 @@ struct CoordinatorConfig {
   // what the host cluster's API shows, and where they pick them.
   std::vector<ranges::Fact> guest_ranges_avoid;
   ranges::Pool guest_ranges_pool;
+  std::chrono::seconds usage_observe_every{15};
+  // quotas.projects: project -> card model -> GPUs its tenants may hold.
+  std::map<std::string, std::map<std::string, int>> project_gpu_quotas;
   std::string catalog;  // as written; catalog::load_configured resolves it
   std::string log_level = "info";
   std::string source;  // the file it came from, for messages

@@ -271,6 +271,28 @@ void render_gpu_faults(Exposition& x, const std::vector<TenantHealth>& all) {
   });
 }
 
+// GPU time per tenant (docs/usage.md), from the record's GpuUsage: what the
+// VM provider saw, so these are the coordinator's counts, not the guest's
+// (the busy seconds are the guest's utilization). A deleted tenant's series
+// ends with it; `factory usage` reports it from the archive.
+void render_gpu_usage(Exposition& x, const std::vector<store::TenantRecord>& tenants) {
+  x.family("factory_tenant_gpu_seconds_total", "counter",
+           "GPU-seconds the tenant's VM ran with its cards, by card model (the VM provider's "
+           "observations).");
+  for (const auto& t : tenants)
+    if (t.status.gpu_usage)
+      for (const auto& [model, s] : t.status.gpu_usage->gpu_seconds_total())
+        x.sample("factory_tenant_gpu_seconds_total",
+                 labels({{"tenant", t.name}, {"tier", t.tier}, {"gpu_model", model}}), s);
+  x.family("factory_tenant_gpu_busy_seconds_total", "counter",
+           "Busy GPU-seconds of the tenant's cards (utilization x time, from its health).");
+  for (const auto& t : tenants)
+    if (t.status.gpu_usage)
+      x.sample("factory_tenant_gpu_busy_seconds_total",
+               labels({{"tenant", t.name}, {"tier", t.tier}}),
+               t.status.gpu_usage->busy_seconds_total());
+}
+
 void render_tenant_health(Exposition& x, const std::vector<TenantHealth>& all) {
   x.family("factory_tenant_gpus", "gauge", "GPUs the tenant's guest sees (its latest health).");
   for (const auto& t : all)
@@ -468,6 +490,8 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
     x.sample("factory_agent_spool_dropped_events", labels({{"tenant", t.name}}),
              static_cast<double>(it != presence.end() ? it->second.dropped_events : 0));
   }
+
+  render_gpu_usage(x, tenants);
 
   std::vector<TenantHealth> health;
   for (auto& t : tenants)

@@ -1,5 +1,9 @@
 #include "coordinator/feed/tenant_view.hpp"
 
+#include <cmath>
+
+#include "common/durations.hpp"
+
 namespace factory::feed {
 
 nlohmann::json TenantView::tenant(const store::TenantRecord& t) const {
@@ -36,6 +40,18 @@ nlohmann::json TenantView::tenant(const store::TenantRecord& t) const {
   // show: their hashes say which they are (`tenant show` lists their pins).
   if (j.contains("tier_plan")) j["tier_plan"].erase("plan");
   if (j.contains("tier_upgrade")) j["tier_upgrade"].erase("to_plan");
+  // GPU usage's intervals are `factory usage`'s to report: the view says
+  // what it adds up to, and whether an interval is open.
+  if (t.status.gpu_usage) {
+    const store::GpuUsage& u = *t.status.gpu_usage;
+    double total = 0;
+    for (const auto& [m, s] : u.gpu_seconds_total()) total += s;
+    nlohmann::json v = {{"gpu_model", u.gpu_model()},
+                        {"gpu_seconds_total", std::llround(total)},
+                        {"gpu_busy_seconds_total", std::llround(u.busy_seconds_total())}};
+    if (u.open()) v["running_since"] = format_rfc3339(Clock::from_time_t(u.open()->start));
+    j["gpu_usage"] = v;
+  }
   // Health is the store's latest sample; a record written before health
   // was state may still hold an old copy, which is not it.
   auto health = store_.get_health(t.name);

@@ -507,6 +507,20 @@ Result<VmObservation> KubeVirtProvider::observe(const std::string& tenant, const
     o.phase = vmi->value("/status/phase"_json_pointer, std::string());
     o.instance = vmi->value("/metadata/uid"_json_pointer, std::string());
     o.node = vmi->value("/status/nodeName"_json_pointer, std::string());
+    // virt-controller's record of when the VMI entered each phase; the
+    // latest entry of a phase wins.
+    for (const auto& t :
+         vmi->value("/status/phaseTransitionTimestamps"_json_pointer, json::array())) {
+      if (!t.is_object()) continue;
+      auto text = [&t](const char* k) {
+        auto it = t.find(k);
+        return it != t.end() && it->is_string() ? it->get<std::string>() : std::string();
+      };
+      const std::string p = text("phase"), at = text("phaseTransitionTimestamp");
+      if (p == "Running") o.running_since = at;
+      if ((p == "Succeeded" || p == "Failed") && (o.phase == "Succeeded" || o.phase == "Failed"))
+        o.stopped_at = at;
+    }
     for (const auto& i : vmi->value("/status/interfaces"_json_pointer, json::array())) {
       o.ip = i.value("ipAddress", "");
       if (!o.ip.empty()) break;

@@ -617,6 +617,8 @@ Result<QemuObservation> QemuProvider::observe_qemu(const std::string& tenant) {
   if (s.running) {
     d.pid = s.pid;
     o.instance = "pid:" + std::to_string(s.pid);
+    if (const std::int64_t t = process_started_unix(s.pid); t > 0)
+      o.running_since = format_rfc3339(Clock::from_time_t(t));
     auto q = qmp_execute(l.qmp_socket(), "query-status", json::object(),
                          std::chrono::milliseconds(1500));
     if (q && q->is_object()) {

@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include "common/atomic_file.hpp"
@@ -35,6 +37,31 @@ char proc_state(int pid) {
   if (close == std::string::npos || close + 2 >= stat.size()) return '?';
   return stat[close + 2];
 }
+
+}  // namespace
+
+std::int64_t process_started_unix(int pid) {
+  const std::string stat = read_small("/proc/" + std::to_string(pid) + "/stat");
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  // After the command's ")": field 3 (state) onwards; starttime is field 22.
+  std::istringstream fields(stat.substr(close + 2));
+  std::string f;
+  unsigned long long start_ticks = 0;
+  for (int field = 3; field <= 22 && fields >> f; ++field)
+    if (field == 22) start_ticks = std::strtoull(f.c_str(), nullptr, 10);
+  if (start_ticks == 0) return 0;
+  std::istringstream proc_stat(read_small("/proc/stat"));
+  std::string line;
+  long long btime = 0;
+  while (std::getline(proc_stat, line))
+    if (line.rfind("btime ", 0) == 0) btime = std::atoll(line.c_str() + 6);
+  const long ticks = ::sysconf(_SC_CLK_TCK);
+  if (btime == 0 || ticks <= 0) return 0;
+  return btime + static_cast<std::int64_t>(start_ticks / static_cast<unsigned long long>(ticks));
+}
+
+namespace {
 
 bool cmdline_names(int pid, const std::string& pidfile) {
   std::string cmd = read_small("/proc/" + std::to_string(pid) + "/cmdline");

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,12 @@ struct ProcState {
 // The QEMU of this pidfile, if one runs: the pid in the file is alive, not a
 // zombie, and its command line names this pidfile (a reused pid does not).
 int running_qemu_pid(const std::string& pidfile);
+
+// When the process started, by the kernel's account (its start time in
+// /proc/<pid>/stat after the boot time of /proc/stat), in unix seconds; 0
+// when it cannot be read. What GPU usage counts a QEMU's interval from:
+// the host's clock, not the guest's.
+std::int64_t process_started_unix(int pid);
 
 class Supervisor {
  public:

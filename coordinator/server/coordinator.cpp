@@ -255,6 +255,8 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   to.ca_pem = p.ca->certificate_pem();
   to.guest_ranges_avoid = c->cfg_.guest_ranges_avoid;
   to.guest_ranges_pool = c->cfg_.guest_ranges_pool;
+  to.project_gpu_quotas = c->cfg_.project_gpu_quotas;
+  to.usage_every = c->cfg_.usage_observe_every;
   to.endpoint_ca_pem = endpoint_ca->certificate_pem();
   to.endpoint_host = c->cfg_.endpoints_host;
   if (to.endpoint_host.empty())

@@ -76,6 +76,28 @@ std::vector<StoredEvent> BatchingStore::recent_events(const std::string& tenant,
   return backend_->recent_events(tenant, max);
 }
 
+std::vector<ArchivedUsage> BatchingStore::archived_usage() const {
+  std::vector<ArchivedUsage> out;
+  for (const auto& body : backend_->archived_usage()) {
+    auto j = nlohmann::json::parse(body, nullptr, false);
+    auto u = j.is_object() ? GpuUsage::from_json(j.value("gpu_usage", nlohmann::json::object()))
+                           : Result<GpuUsage>(Error(Errc::invalid_argument, "not an object"));
+    if (!u) {
+      spdlog::error("store: an archived usage row is not readable: {}", u.error().message);
+      continue;
+    }
+    ArchivedUsage a;
+    a.tenant = j.value("tenant", "");
+    a.tier = j.value("tier", "");
+    a.project = j.value("project", "default");
+    a.created_at = j.value("created_at", "");
+    a.deleted_at = j.value("deleted_at", "");
+    a.usage = std::move(*u);
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
 // --- writes ------------------------------------------------------------------
 
 Status BatchingStore::put_tenant(const TenantRecord& t) {
@@ -375,6 +397,17 @@ Status BatchingStore::apply_ops(std::deque<Op>& batch, Overlay& ov, std::vector<
       case Op::Kind::reload:  // done first, with the locks (lock_and_reload)
         break;
       case Op::Kind::remove:
+        // Its GPU usage outlives it, in the same transaction: never lost,
+        // never both archived and still in a record.
+        if (auto rec = current(ov, op.tenant); rec && rec->status.gpu_usage) {
+          const nlohmann::json body = {{"tenant", rec->name},
+                                       {"tier", rec->tier},
+                                       {"project", rec->spec.project.value_or("default")},
+                                       {"created_at", rec->created_at},
+                                       {"deleted_at", format_rfc3339(Clock::from_time_t(now_unix))},
+                                       {"gpu_usage", rec->status.gpu_usage->to_json()}};
+          if (auto w = backend_->archive_usage(op.tenant, now_unix, body.dump()); !w.ok()) return w;
+        }
         if (auto w = backend_->delete_tenant(op.tenant); !w.ok()) return w;
         ov.changed.insert(op.tenant);
         ov.tenants[op.tenant] = std::nullopt;

@@ -75,6 +75,8 @@ class StoreBackend {
   // Before each batch: a backend whose connection can be lost makes it
   // again here, and sets `reloaded` to what the database holds then (it
   // replaces memory's tenants, cursors and counts). An error fails the batch.
+  // The archived usage rows' bodies (ArchivedUsage's JSON), oldest first.
+  virtual std::vector<std::string> archived_usage() const = 0;
   virtual Status reconnect_if_lost(std::optional<Snapshot>& reloaded) = 0;
   virtual Status begin() = 0;
   virtual Status commit() = 0;
@@ -96,6 +98,9 @@ class StoreBackend {
   virtual Status put_health(const std::string& tenant, const std::string& sample) = 0;
   // The record, its events, cursors, count and health.
   virtual Status delete_tenant(const std::string& name) = 0;
+  // In the delete's transaction: a deleted tenant's usage (ArchivedUsage's JSON).
+  virtual Status archive_usage(const std::string& tenant, std::int64_t deleted_unix,
+                               const std::string& body) = 0;
   // Deletes the tenant's oldest events beyond the newest `keep`; how many.
   virtual Result<std::int64_t> trim_tenant(const std::string& tenant, std::int64_t keep) = 0;
   // Deletes every event received before `before_unix`; how many, per tenant.
@@ -153,6 +158,7 @@ class BatchingStore final : public Store {
   StoreStats stats() const override;
 
   std::vector<StoredEvent> recent_events(const std::string& tenant, std::size_t max) const override;
+  std::vector<ArchivedUsage> archived_usage() const override;
 
   Status put_tenant(const TenantRecord& t) override;
   Status delete_tenant(const std::string& name) override;

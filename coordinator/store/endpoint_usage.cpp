@@ -3,26 +3,23 @@
 #include <algorithm>
 #include <limits>
 
+#include "coordinator/store/time_buckets.hpp"
+
 namespace factory::store {
 
 using nlohmann::json;
 
 namespace {
 
-constexpr std::int64_t kHour = 3600;
-constexpr std::int64_t kDay = 24 * kHour;
+using buckets::floor_to;
+using buckets::kDay;
+using buckets::kHour;
 
 // Adds without wrapping: a counter that would pass 2^64 stays at its top.
 std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) {
   return a > std::numeric_limits<std::uint64_t>::max() - b
              ? std::numeric_limits<std::uint64_t>::max()
              : a + b;
-}
-
-std::int64_t floor_to(std::int64_t t, std::int64_t step) {
-  std::int64_t q = t / step;
-  if (t % step < 0) q--;
-  return q * step;
 }
 
 std::int64_t unix_of(std::chrono::system_clock::time_point t) {

@@ -86,6 +86,11 @@ CREATE TABLE IF NOT EXISTS feed_log (
   appended_unix bigint NOT NULL,
   CONSTRAINT feed_log_once UNIQUE (origin, origin_seq));
 CREATE INDEX IF NOT EXISTS feed_log_by_age ON feed_log (appended_unix);
+CREATE TABLE IF NOT EXISTS usage_archive (
+  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  tenant text NOT NULL,
+  deleted_unix bigint NOT NULL,
+  body text NOT NULL);
 )sql";
 
 // Every statement with a value in it, prepared on each connection: values
@@ -121,6 +126,9 @@ const Prepared kStatements[] = {
      "INSERT INTO health(tenant, sample) VALUES ($1, $2) "
      "ON CONFLICT (tenant) DO UPDATE SET sample = excluded.sample"},
     {"del_tenant", "DELETE FROM tenants WHERE name = $1"},
+    {"archive_usage",
+     "INSERT INTO usage_archive(tenant, deleted_unix, body) VALUES ($1, $2::bigint, $3)"},
+    {"archived_usage", "SELECT body FROM usage_archive ORDER BY id"},
     {"del_events", "DELETE FROM events WHERE tenant = $1"},
     {"del_cursors", "DELETE FROM cursors WHERE tenant = $1"},
     {"del_count", "DELETE FROM event_counts WHERE tenant = $1"},
@@ -232,6 +240,20 @@ class PostgresBackend final : public StoreBackend {
   Result<Snapshot> open(const FeedLogOptions& feed);
 
   std::vector<StoredEvent> recent_events(const std::string& tenant, std::size_t max) const override;
+  std::vector<std::string> archived_usage() const override {
+    std::vector<std::string> out;
+    auto r = read("archived_usage", {});
+    if (!r) {
+      spdlog::error("{} (archived usage)", r.error().message);
+      return out;
+    }
+    for (int i = 0; i < PQntuples(r->get()); ++i) out.push_back(cell(r->get(), i, 0));
+    return out;
+  }
+  Status archive_usage(const std::string& tenant, std::int64_t deleted_unix,
+                       const std::string& body) override {
+    return done(run(wconn_, "archive_usage", {tenant, std::to_string(deleted_unix), body}));
+  }
 
   Status reconnect_if_lost(std::optional<Snapshot>& reloaded) override;
   Status begin() override { return done(exec(wconn_, "BEGIN")); }

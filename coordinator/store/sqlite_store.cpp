@@ -45,6 +45,11 @@ CREATE TABLE IF NOT EXISTS cursors (
   PRIMARY KEY (tenant, agent_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS event_counts (tenant TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS health (tenant TEXT PRIMARY KEY, sample TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS usage_archive (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  tenant TEXT NOT NULL,
+  deleted_unix INTEGER NOT NULL,
+  body TEXT NOT NULL);
 )sql";
 
 Error db_error(sqlite3* db, const std::string& what) {
@@ -149,6 +154,19 @@ class SqliteBackend final : public StoreBackend {
     return out;
   }
 
+  std::vector<std::string> archived_usage() const override {
+    std::lock_guard lk(read_mu_);
+    std::vector<std::string> out;
+    Stmt q(rdb_, "SELECT body FROM usage_archive ORDER BY id");
+    while (q.step() == SQLITE_ROW) out.push_back(q.text(0));
+    return out;
+  }
+
+  Status archive_usage(const std::string& tenant, std::int64_t deleted_unix,
+                       const std::string& body) override {
+    return written(stmts_->archive_usage.bind(1, tenant).bind(2, deleted_unix).bind(3, body).run());
+  }
+
   // A file is never lost the way a connection is.
   Status reconnect_if_lost(std::optional<Snapshot>& /*reloaded*/) override { return {}; }
   Status begin() override { return written(stmts_->begin.run()); }
@@ -234,7 +252,8 @@ class SqliteBackend final : public StoreBackend {
  private:
   struct Statements {
     Stmt begin, commit, rollback, put_tenant, insert_event, put_cursor, put_count, put_health,
-        del_tenant, del_events, del_cursors, del_count, del_health, trim_tenant, expire;
+        del_tenant, del_events, del_cursors, del_count, del_health, trim_tenant, expire,
+        archive_usage;
   };
 
   Error write_error() const { return db_error(db_, "write"); }
@@ -317,6 +336,8 @@ Result<Snapshot> SqliteBackend::open() {
            "DELETE FROM events WHERE tenant = ?1 AND seq <= "
            "(SELECT seq FROM events WHERE tenant = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)");
   s.expire = Stmt(db_, "DELETE FROM events WHERE received_unix < ?1 RETURNING tenant");
+  s.archive_usage =
+      Stmt(db_, "INSERT INTO usage_archive(tenant, deleted_unix, body) VALUES (?1, ?2, ?3)");
 
   Snapshot snap;
   if (auto st = load(snap); !st.ok()) return st.error();

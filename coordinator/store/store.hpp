@@ -101,10 +101,14 @@ class Store {
   // From the disk: workers only.
   virtual std::vector<StoredEvent> recent_events(const std::string& tenant,
                                                  std::size_t max) const = 0;
+  // The GPU usage of every deleted tenant (gpu_usage.hpp), archived in the
+  // transaction that deleted its record, so a delete neither loses a
+  // tenant's usage nor, half done, counts it twice.
+  virtual std::vector<ArchivedUsage> archived_usage() const = 0;
 
   // Durable when they return: workers and the CLI, never an io thread.
   virtual Status put_tenant(const TenantRecord& t) = 0;
-  // Deletes the record, its events and its health.
+  // Deletes the record, its events and its health; archives its GPU usage.
   virtual Status delete_tenant(const std::string& name) = 0;
   // Read-modify-write of one record on the writer thread, so it never loses
   // a change made at the same time by an event's projection. not_found when

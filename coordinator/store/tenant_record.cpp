@@ -32,6 +32,9 @@ Status read(const json& v, std::uint64_t& out, const std::string& where);
 Status read(const json& v, double& out, const std::string& where);
 Status read(const json& v, json& out, const std::string& where);
 Status read(const json& v, EndpointUsage& out, const std::string& where);
+// GpuUsage reads and writes itself (gpu_usage.hpp).
+Status read(const json& v, GpuUsage& out, const std::string& where);
+json write(const GpuUsage& u);
 
 // The parts of the record (the types with an `extra`): each names its fields
 // once, in each_field below, and one reader and one writer walk them.
@@ -132,6 +135,17 @@ Status read(const json& v, EndpointUsage& out, const std::string& where) {
   return {};
 }
 
+Status read(const json& v, GpuUsage& out, const std::string& where) {
+  auto u = GpuUsage::from_json(v);
+  if (!u) return Error(Errc::invalid_argument, where + ": " + u.error().message);
+  out = std::move(*u);
+  return {};
+}
+
+json write(const GpuUsage& u) {
+  return u.to_json();
+}
+
 // An object's fields, read one by one; what is left (unknown keys, and
 // known ones that are null) becomes the type's `extra`.
 class Fields {
@@ -194,6 +208,7 @@ void each_field(S& s, V& v) {
   v("ssh_authorized_keys", s.ssh_authorized_keys);
   v("models", s.models);
   v("guest_ranges", s.guest_ranges);
+  v("project", s.project);
 }
 
 template <Is<AgentPresence> S, class V>
@@ -367,6 +382,7 @@ void each_field(S& s, V& v) {
   v("tier_plan", s.tier_plan);
   v("tier_upgrade", s.tier_upgrade);
   v("agent_upgrade", s.agent_upgrade);
+  v("gpu_usage", s.gpu_usage);
 }
 
 template <Is<EndpointKey> S, class V>

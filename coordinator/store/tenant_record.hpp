@@ -25,6 +25,7 @@
 
 #include "common/error.hpp"
 #include "coordinator/store/endpoint_usage.hpp"
+#include "coordinator/store/gpu_usage.hpp"
 
 namespace factory::store {
 
@@ -61,6 +62,9 @@ struct TenantSpec {
   std::optional<std::vector<std::string>> ssh_authorized_keys;
   std::optional<std::vector<std::string>> models;  // written only when some
   std::optional<GuestRanges> guest_ranges;
+  // The project whose quota the tenant counts against (docs/usage.md);
+  // absent in records from before projects: "default".
+  std::optional<std::string> project;
   nlohmann::json extra = nlohmann::json::object();
 
   bool empty() const;  // no key at all
@@ -283,6 +287,8 @@ struct TenantStatus {
   std::optional<TierPlan> tier_plan;
   std::optional<TierUpgradeJournal> tier_upgrade;
   std::optional<AgentUpgradeJournal> agent_upgrade;
+  // The GPU time its VM ran, as the provider saw it (gpu_usage.hpp).
+  std::optional<GpuUsage> gpu_usage;
   nlohmann::json extra = nlohmann::json::object();
 
   bool empty() const;

@@ -549,6 +549,12 @@ void TenantService::start_maintenance(std::chrono::milliseconds every) {
       } catch (const std::exception& e) {
         spdlog::error("tenants: agent rollout pass: {}", e.what());
       }
+      // And GPU usage: one look at each VM, the leader's only.
+      try {
+        usage_pass();
+      } catch (const std::exception& e) {
+        spdlog::error("tenants: usage pass: {}", e.what());
+      }
       lk.lock();
     }
   });

@@ -30,7 +30,8 @@ const std::set<std::string> kKeys = {"name",
                                      "ssh_node_port",
                                      "ssh_authorized_keys",
                                      "models",
-                                     "password"};
+                                     "password",
+                                     "project"};
 
 Status read_string(const json& j, const char* key, std::string& out) {
   if (!j.contains(key) || j[key].is_null()) return {};
@@ -53,6 +54,7 @@ json TenantRequest::to_json(bool with_password) const {
   put("image", image);
   put("gpu_resource", gpu_resource);
   put("namespace", ns);
+  put("project", project);
   if (ssh_node_port != 0) j["ssh_node_port"] = ssh_node_port;
   j["ssh_authorized_keys"] = ssh_authorized_keys;
   if (!models.empty()) j["models"] = models;
@@ -73,7 +75,8 @@ Result<TenantRequest> TenantRequest::from_json(const json& j) {
                                                           {"image", &r.image},
                                                           {"gpu_resource", &r.gpu_resource},
                                                           {"namespace", &r.ns},
-                                                          {"password", &r.password}};
+                                                          {"password", &r.password},
+                                                          {"project", &r.project}};
   for (auto [key, out] : strings)
     if (auto st = read_string(j, key, *out); !st.ok()) return st.error();
   // Ranges are checked on the JSON number itself: 4294967297 must not wrap
@@ -116,6 +119,9 @@ Result<TenantRequest> TenantRequest::from_json(const json& j) {
       r.models.push_back(m.get<std::string>());
     }
   }
+  if (!r.project.empty() && !is_dns1123_label(r.project))
+    return invalid("project '" + r.project.substr(0, 63) +
+                   "' is not a DNS-1123 label (lower-case letters, digits, '-'; at most 63)");
   if (r.name.empty()) return invalid("no tenant name");
   if (r.tier.empty()) return invalid("no tier for tenant " + r.name + " (--tier gpu-vm|gpu-k8s)");
   return r;
@@ -195,6 +201,7 @@ store::TenantSpec stored_spec(const VmSpec& vm, const TenantRequest& req) {
   store::TenantSpec s = vm_spec_to_stored(vm);
   s.ssh_authorized_keys = req.ssh_authorized_keys;
   if (!req.models.empty()) s.models = req.models;
+  s.project = req.project.empty() ? "default" : req.project;
   return s;
 }
 
@@ -232,6 +239,8 @@ std::vector<std::string> request_differences(const store::TenantSpec& stored,
     differs("ssh_authorized_keys", stored_value(stored.ssh_authorized_keys),
             req.ssh_authorized_keys);
   if (!req.models.empty()) differs("models", stored_value(stored.models), req.models);
+  if (!req.project.empty())
+    differs("project", json(stored.project.value_or("default")), req.project);
   return out;
 }
 

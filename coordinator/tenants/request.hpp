@@ -40,6 +40,9 @@ struct TenantRequest {
   // The ubuntu user's password; "" = generated. Never stored by the
   // coordinator (it goes into the cloud-init Secret only).
   std::string password;
+  // The project its GPUs count against (quotas, usage; docs/usage.md): a
+  // DNS-1123 label; "" = "default".
+  std::string project;
 
   // The wire form (POST /v1/tenants). The password is included only when
   // with_password, so a stored spec never holds it.

@@ -229,6 +229,18 @@ Result<CreateOutcome> TenantService::create(const TenantRequest& req) {
   if (!existing)
     if (const catalog::Tier* tier = catalog_.find(vm.tier)) vm.needs_mig = tier_needs_mig(*tier);
   if (auto st = provider_->preflight(vm); !st.ok()) return st.error();
+  // The project's quota, checked here, under the changes lock that every
+  // create holds until its record is stored: two creates at once cannot
+  // both take the last card.
+  {
+    const std::string project = existing
+                                    ? existing->spec.project.value_or("default")
+                                    : (req.project.empty() ? std::string("default") : req.project);
+    if (auto st = check_gpu_quota(store.list_tenants(), req.name, project, vm.gpu_resource, vm.gpus,
+                                  opts_.project_gpu_quotas);
+        !st.ok())
+      return st.error();
+  }
   // An interrupted create keeps what it read: its agent may hold the plan.
   std::optional<store::GuestRanges> guest_ranges;
   if (existing && existing->spec.guest_ranges) {
@@ -545,6 +557,12 @@ Result<json> TenantService::remove(const std::string& name, const std::string& n
     }
     deleted = std::move(*d);
   }
+  // Its GPU time closed now that its VM is gone; the store archives it
+  // with the record's delete (store::Store::archived_usage).
+  if (rec)
+    if (auto st = usage_meter_.close_for_delete(name, unix_seconds(Clock::now())); !st.ok())
+      return Error(st.error().code, st.error().message + "; tenant " + name +
+                                        " is left in phase deleting: run delete again");
   if (rec)
     if (auto st = store.delete_tenant(name); !st.ok())
       return st.error().with_context("tenant " + name);
@@ -1016,6 +1034,24 @@ void TenantService::install_routes(coordinator::ApiRouter& r) {
         });
       },
       kBlocking);
+  // GPU time and endpoint use per tenant (usage_report.hpp): reads the
+  // store's archive from the disk, so on a worker; read-only tokens may.
+  r.add(
+      "GET", "/v1/usage",
+      [this](const net::HttpRequestIn& req, auto&) {
+        return guarded("GET /v1/usage", [&] {
+          auto arg = [&](const char* k) {
+            auto it = req.query.find(k);
+            return it == req.query.end() ? std::string() : it->second;
+          };
+          auto q = usage_query(arg("since"), arg("until"), arg("tenant"), arg("project"),
+                               unix_seconds(Clock::now()));
+          if (!q) return error_reply(q.error());
+          auto j = usage_report(*q);
+          return j ? coordinator::json_response(*j) : error_reply(j.error());
+        });
+      },
+      coordinator::RouteOptions{.blocking = true, .read_only = true});
   r.add(
       "GET", "/v1/tenants/{name}",
       [this](auto&, const coordinator::PathParams& p) {

@@ -57,6 +57,8 @@
 #include "coordinator/tenants/maintenance.hpp"
 #include "coordinator/tenants/request.hpp"
 #include "coordinator/tenants/tenant_objects.hpp"
+#include "coordinator/tenants/usage_meter.hpp"
+#include "coordinator/tenants/usage_report.hpp"
 #include "coordinator/tenants/vm_provider.hpp"
 
 namespace factory::tenants {
@@ -87,6 +89,13 @@ struct TenantServiceOptions {
   // and certificates (endpoints.host, or external_url's host).
   std::string endpoint_ca_pem;
   std::string endpoint_host;
+  // GPU usage (docs/usage.md): how often the leader looks at each tenant's
+  // VM, and what is written when (usage_meter.hpp).
+  std::chrono::seconds usage_every{15};
+  UsageMeterOptions usage;
+  // Per-project limits on the GPUs tenants hold (docs/usage.md): project ->
+  // card model -> GPUs. A project not named, or a model not named, has none.
+  std::map<std::string, std::map<std::string, int>> project_gpu_quotas;
 };
 
 // What the service works with, all owned by the server and outliving it.
@@ -196,6 +205,14 @@ class TenantService {
   // failed, the rest of a rollout that went wrong held.
   void rollout_pass();
 
+  // One look at every tenant's VM, folded into its GPU usage (the leader's
+  // maintenance thread; at most every opts.usage_every).
+  void usage_pass();
+  // GET /v1/usage: GPU time and endpoint use per tenant over a window, the
+  // deleted tenants' included (usage_report.hpp), open intervals to the
+  // latest look (UsageMeter::catch_up). Reads the store's archive
+  // from the disk: a worker's call.
+  Result<nlohmann::json> usage_report(const UsageQuery& q);
   // What the tenant's agent is owed at each connection: the notice of a
   // drain it has not confirmed, the upgrade order it has not carried out
   // (AgentService::set_pending_commands).
@@ -330,6 +347,9 @@ class TenantService {
   Clock::time_point upgrade_last_scan_{};
   std::atomic<bool> upgrade_rescan_{true};
   std::atomic<bool> maint_forget_cordons_{false};
+  // GPU usage (usage_meter.hpp): the meter, and when the last pass ran.
+  UsageMeter usage_meter_{deps_.store, opts_.usage};
+  Clock::time_point usage_last_pass_{};
   // The maintenance thread.
   std::mutex maint_mu_;
   std::condition_variable maint_cv_;

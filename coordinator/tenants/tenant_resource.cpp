@@ -310,6 +310,7 @@ Status read_spec(const json& spec, TenantResource& r) {
                               "'" + r.project.substr(0, 63) +
                                   "' is not a DNS-1123 label (lower-case letters, digits, "
                                   "'-'; at most 63)");
+  q.project = r.project;
   if (auto st = read_spec_string(spec, "catalogVersion", r.catalog_version); !st.ok()) return st;
   bool version_ok = r.catalog_version.size() <= 64;
   for (std::size_t i = 0; i < r.catalog_version.size(); ++i) {
@@ -427,7 +428,10 @@ json tenant_object(const TenantResource& r) {
   for (const auto& ref : r.ssh_key_refs)
     keys.push_back({{"secretKeyRef", {{"name", ref.name}, {"key", ref.key}}}});
   if (!keys.empty()) spec["sshKeys"] = std::move(keys);
-  if (!r.project.empty()) spec["project"] = r.project;
+  if (!r.project.empty())
+    spec["project"] = r.project;
+  else if (!q.project.empty())
+    spec["project"] = q.project;
   if (!r.catalog_version.empty()) spec["catalogVersion"] = r.catalog_version;
   return {{"apiVersion", kTenantApiVersion},
           {"kind", kTenantKind},

@@ -9,6 +9,8 @@ nlohmann::json VmObservation::to_json() const {
   if (!provider.empty()) j["provider"] = provider;
   if (!gpus.empty()) j["gpus"] = gpus;
   if (!instance.empty()) j["instance"] = instance;
+  if (!running_since.empty()) j["running_since"] = running_since;
+  if (!stopped_at.empty()) j["stopped_at"] = stopped_at;
   if (endpoint_node_port != 0) j["endpoint_node_port"] = endpoint_node_port;
   if (details.is_object()) j.update(details);
   return j;

@@ -43,6 +43,15 @@ struct VmObservation {
   // What runs now, to tell one boot from the next: the VMI's uid (KubeVirt),
   // "pid:N" of the QEMU process; "" while nothing runs.
   std::string instance;
+  // The provider's own word on when `instance` started running and, once it
+  // finished, when it stopped (RFC 3339, the provider's clock; "" when it
+  // does not say): KubeVirt's status.phaseTransitionTimestamps of the VMI
+  // (Running; Succeeded or Failed), the kernel's start time of the QEMU
+  // process. GPU usage is counted from these (docs/usage.md), never from
+  // what the guest says.
+  std::string running_since, stopped_at;
+  // The VM runs with its cards now: the provider says Running.
+  bool running() const { return !instance.empty() && (phase == "Running" || phase == "running"); }
   // What only this provider knows (the QEMU provider's process and
   // accelerator), written by its own type's to_json(): tenant logic reads none
   // of it, `tenant show` prints it with the fields above. An object.

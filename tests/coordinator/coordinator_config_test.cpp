@@ -120,6 +120,41 @@ TEST(CoordinatorConfig, TenantsSourceAndLeaderElection) {
   refused("leader_election:\n  lease_duration: 5s\n  renew_deadline: 7s\n", "lease_duration");
 }
 
+// docs/usage.md: how often the leader looks at each VM, and the projects'
+// GPU quotas, each name and number checked at load.
+TEST(CoordinatorConfig, UsageAndProjectQuotas) {
+  TempDir dir("cfg");
+  auto p = dir.path() / "c.yaml";
+  auto c = coordinator::load_coordinator_config(p.string(), false);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->usage_observe_every, std::chrono::seconds(15));
+  EXPECT_TRUE(c->project_gpu_quotas.empty()) << "no limits by default";
+
+  std::ofstream(p) << "usage:\n  observe_every: 5s\nquotas:\n  projects:\n    ml:\n      gpus:\n"
+                      "        nvidia.com/GH100_H200: 4\n        nvidia.com/AD104GL_L4: 0\n"
+                      "    research:\n";
+  c = coordinator::load_coordinator_config(p.string(), true);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->usage_observe_every, std::chrono::seconds(5));
+  EXPECT_EQ(c->project_gpu_quotas.at("ml").at("nvidia.com/GH100_H200"), 4);
+  EXPECT_EQ(c->project_gpu_quotas.at("ml").at("nvidia.com/AD104GL_L4"), 0);
+  EXPECT_FALSE(c->project_gpu_quotas.count("research"));
+
+  auto refused = [&](const std::string& yaml, const std::string& needle) {
+    std::ofstream(p) << yaml;
+    auto r = coordinator::load_coordinator_config(p.string(), true);
+    ASSERT_FALSE(r.ok()) << yaml;
+    EXPECT_NE(r.error().message.find(needle), std::string::npos) << r.error().message;
+  };
+  refused("usage:\n  observe_every: 0s\n", "1s to 5m");
+  refused("usage:\n  every: 5s\n", "every");
+  refused("quotas:\n  projects:\n    ML:\n      gpus: {}\n", "not a project name");
+  refused("quotas:\n  projects:\n    ml:\n      cpus: {}\n", "unknown key 'cpus'");
+  refused("quotas:\n  projects:\n    ml:\n      gpus:\n        h200: 4\n", "not a card model");
+  refused("quotas:\n  projects:\n    ml:\n      gpus:\n        nvidia.com/X: -1\n", "whole number");
+  refused("quotas:\n  limits: {}\n", "limits");
+}
+
 TEST(Router, MatchesParamsAndRequiresTheToken) {
   WorkerPool workers(1);
   coordinator::ApiRouter r("secret-token-secret-token-secret-token", workers);

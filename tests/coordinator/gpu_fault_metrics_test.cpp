@@ -190,5 +190,36 @@ TEST_F(GpuFaultMetrics, AnEndpointsTokensAndRequestsPerKeyPassPromtool) {
   EXPECT_EQ(factory::testing::promtool_complaints(m), "") << m;
 }
 
+// GPU time per tenant (docs/usage.md): counters from the record's GpuUsage,
+// by tenant, tier and card model; promtool accepts them.
+TEST_F(GpuFaultMetrics, GpuSecondsPerTenantAreCountersPromtoolAccepts) {
+  auto r = store_->update_tenant("tenant-1", [](store::TenantRecord& t) {
+    store::GpuUsage u;
+    store::UsageObservation o;
+    o.running = true;
+    o.instance = "vmi-1";
+    o.gpu_model = "nvidia.com/GH100_H200";
+    o.gpus = 2;
+    o.now = 1796000000;
+    o.running_since = 1796000000 - 100;
+    u.observe(o);
+    u.add_busy(o.now, 50);
+    t.status.gpu_usage = u;
+    return Status{};
+  });
+  ASSERT_TRUE(r.ok());
+  std::string m = metrics();
+  EXPECT_NE(m.find("# TYPE factory_tenant_gpu_seconds_total counter\n"), std::string::npos);
+  EXPECT_NE(m.find("factory_tenant_gpu_seconds_total{tenant=\"tenant-1\",tier=\"gpu-vm\","
+                   "gpu_model=\"nvidia.com/GH100_H200\"} 200\n"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("factory_tenant_gpu_busy_seconds_total{tenant=\"tenant-1\",tier=\"gpu-vm\"} "
+                   "50\n"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(factory::testing::promtool_complaints(m), "") << m;
+}
+
 }  // namespace
 }  // namespace factory::feed

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "common/atomic_file.hpp"
+#include "common/durations.hpp"
 #include "coordinator/host/quarantine.hpp"
 #include "coordinator/qemu/qmp.hpp"
 #include "coordinator/qemu/supervisor.hpp"
@@ -386,6 +387,11 @@ TEST_F(QemuProviderTest, ARestartStartsQemuAgainOnceEvenWhenResumed) {
   ASSERT_TRUE(before.ok());
   ASSERT_GT(before->qemu.pid, 0);
   EXPECT_EQ(before->vm.instance, "pid:" + std::to_string(before->qemu.pid));
+  // When it started, by the kernel's account (what GPU usage counts from):
+  // a moment ago, on the host's clock.
+  auto since = parse_rfc3339(before->vm.running_since);
+  ASSERT_TRUE(since.ok()) << before->vm.running_since;
+  EXPECT_LE(std::chrono::abs(Clock::now() - *since), std::chrono::seconds(30));
   const std::string disk_id = factory::testing::slurp(vm_dir("vm-r") + "/meta-data");
 
   tenants::RestartRequest dry;

@@ -943,7 +943,8 @@ class KubeVirtController:
                 new = s.make(self.res["vmi"], {
                     "metadata": {"name": md["name"], "labels": labels, "ownerReferences": owner},
                     "spec": copy.deepcopy(tmpl.get("spec") or {})}, ns)
-                new["status"] = {"phase": "Pending"}
+                new["status"] = {"phase": "Pending", "phaseTransitionTimestamps": [
+                    {"phase": "Pending", "phaseTransitionTimestamp": now_rfc3339()}]}
                 s.put(self.res["vmi"], new, "ADDED")
                 vmi = new
             phase = (vmi or {}).get("status", {}).get("phase")
@@ -1045,6 +1046,7 @@ class KubeVirtController:
                     began = s.shutdowns.setdefault(vmi["metadata"]["uid"], time.monotonic())
                     if time.monotonic() - began >= self.shutdown_delay(vmi):
                         st["phase"] = "Succeeded"
+                note_phase_transition(st, phase)
                 self.update_status(self.res["vmi"], vmi, st)
                 continue
             if phase == "Pending":
@@ -1075,7 +1077,17 @@ class KubeVirtController:
                                      "infoSource": "domain, guest-agent"}]
                 st["conditions"] = [{"type": "Ready", "status": "True"}]
                 s.vm_event(vmi["metadata"]["namespace"] + "/" + vmi["metadata"]["name"], "started")
+            note_phase_transition(st, phase)
             self.update_status(self.res["vmi"], vmi, st)
+
+
+def note_phase_transition(st, before):
+    """virt-controller's updateStatus: each phase the VMI enters is appended
+    to status.phaseTransitionTimestamps with the time it entered it
+    ({"phase", "phaseTransitionTimestamp"}, metav1.Time at seconds)."""
+    if st.get("phase") != before:
+        st.setdefault("phaseTransitionTimestamps", []).append(
+            {"phase": st.get("phase"), "phaseTransitionTimestamp": now_rfc3339()})
 
 
 def fit_error(node_reasons, node_preemption):

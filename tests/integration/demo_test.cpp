@@ -79,6 +79,25 @@ TEST(Demo, BothTiersBecomeReadyWithTheirGpus) {
   EXPECT_NE(agent_log.find("enrolled as tenant tenant-1"), std::string::npos);
   auto cloud = slurp(dir.path() / "tenant-1-cloud-init-output.log");
   EXPECT_NE(cloud.find("(exit 0)"), std::string::npos) << cloud;
+  // `factory usage` at the demo's end: GPU time counted for every tenant,
+  // from the Kubernetes double's VMI timestamps (docs/usage.md).
+  auto usage = nlohmann::json::parse(slurp(dir.path() / "usage.json"));
+  for (const std::string name : {"tenant-1", "tenant-2", "t5"}) {
+    auto u = by_name(usage["tenants"], name);
+    EXPECT_EQ(u["gpu_model"], "nvidia.com/AD104GL_L4") << u;
+    EXPECT_GT(u.value("gpu_seconds", 0), 0) << u;
+    EXPECT_TRUE(u["keys"].is_array()) << u;
+    EXPECT_EQ(u["project"], "default") << u;
+  }
+  // t5's one chat completion, counted under its default key from the stand-in
+  // Ollama's own counts, as its agent reported them (a durable event).
+  auto t5_keys = by_name(usage["tenants"], "t5")["keys"];
+  ASSERT_EQ(t5_keys.size(), 1u) << t5_keys;
+  EXPECT_EQ(t5_keys[0]["name"], "default");
+  EXPECT_GE(t5_keys[0].value("requests", 0), 1) << t5_keys;
+  EXPECT_GT(t5_keys[0].value("completion_tokens", 0), 0) << t5_keys;
+  EXPECT_NE(r.output.find("GPU-SECONDS"), std::string::npos) << "the demo prints factory usage";
+  EXPECT_NE(r.output.find("PROMPT TOKENS"), std::string::npos) << "and t5's tokens per key";
   // The metrics the status feed serves are valid Prometheus text (promtool),
   // with the DCGM series of both tenants' GPUs.
   const std::string metrics = slurp(dir.path() / "metrics.txt");

@@ -308,6 +308,15 @@ class VmDrainDouble(VmHelpers, unittest.TestCase):
         self.assertIn(("MODIFIED", True, "Succeeded"), mine)
         self.assertEqual(mine[-1][0], "DELETED")
         self.assertEqual(mine[-1][2], "Succeeded")
+        # virt-controller's phaseTransitionTimestamps (what GPU usage counts
+        # from): each phase entered, in order, with its time.
+        last = [o for t, o in w.events if o["metadata"]["name"] == name][-1]
+        stamps = last["status"]["phaseTransitionTimestamps"]
+        self.assertEqual([p["phase"] for p in stamps],
+                         ["Pending", "Scheduling", "Scheduled", "Running", "Succeeded"], stamps)
+        times = [p["phaseTransitionTimestamp"] for p in stamps]
+        self.assertEqual(times, sorted(times))
+        self.assertRegex(times[-1], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
     def test_e_grace_period_cuts_the_shutdown(self):
         # A template's terminationGracePeriodSeconds caps it...
