@@ -12,8 +12,8 @@
 #include <sys/stat.h>
 
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
 #include <mutex>
 #include <thread>
 
