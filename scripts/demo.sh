@@ -204,6 +204,15 @@ for g in "$work"/guests/*/; do
   cp "$g/cloud-init-output.log" "$out/$n-cloud-init-output.log" 2>/dev/null || true
 done
 
+# t5's agent reports its key's counts every 2 s here (a durable event): wait
+# for the chat completion's tokens to be stored while the guests still run
+# (a report spooled at a guest's stop is delivered at its next start).
+for _ in $(seq 1 30); do
+  "$factory" "${cfg[@]}" usage --tenant t5 -o json > "$out/usage-t5.json"
+  "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if any(k["completion_tokens"] > 0 for t in d["tenants"] for k in t["keys"]) else 1)' "$out/usage-t5.json" && break
+  sleep 1
+done
+
 # Stopped now, the simulator says whether anything went wrong in it (exit 1:
 # a command reached a guard; the log says which).
 kill -TERM "$runner"
@@ -232,14 +241,9 @@ PYEOF
 
 # GPU time per tenant, from the VM provider's own timestamps, and t5's tokens
 # per key, from Ollama's own counts as its agent reported them (durable
-# events, every 2 s in this demo, 60 s by default) (docs/usage.md): the
-# leader looks at each VM every 15 s, so every tenant has some by now; t5's
-# report of the chat completion above may take a few seconds more.
-for _ in $(seq 1 30); do
-  "$factory" "${cfg[@]}" usage --tenant t5 -o json > "$out/usage-t5.json"
-  "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if any(k["completion_tokens"] > 0 for t in d["tenants"] for k in t["keys"]) else 1)' "$out/usage-t5.json" && break
-  sleep 1
-done
+# events, every 2 s in this demo, 60 s by default, waited for above while
+# the guests still ran) (docs/usage.md): the leader looks at each VM every
+# 15 s, so every tenant has some by now.
 say "factory usage   (GPU-seconds per tenant, tokens per key, over the last 30 days; docs/usage.md)"
 "$factory" "${cfg[@]}" usage
 "$factory" "${cfg[@]}" usage -o json > "$out/usage.json"
