@@ -93,6 +93,14 @@ std::vector<ArchivedUsage> BatchingStore::archived_usage() const {
     a.created_at = j.value("created_at", "");
     a.deleted_at = j.value("deleted_at", "");
     a.usage = std::move(*u);
+    if (auto e = j.find("endpoint_usage"); e != j.end()) {
+      auto eu = EndpointUsage::from_json(*e);
+      if (!eu)
+        spdlog::error("store: the archived key usage of {} is not readable: {}", a.tenant,
+                      eu.error().message);
+      else
+        a.endpoint_usage = std::move(*eu);
+    }
     out.push_back(std::move(a));
   }
   return out;
@@ -397,15 +405,19 @@ Status BatchingStore::apply_ops(std::deque<Op>& batch, Overlay& ov, std::vector<
       case Op::Kind::reload:  // done first, with the locks (lock_and_reload)
         break;
       case Op::Kind::remove:
-        // Its GPU usage outlives it, in the same transaction: never lost,
-        // never both archived and still in a record.
-        if (auto rec = current(ov, op.tenant); rec && rec->status.gpu_usage) {
-          const nlohmann::json body = {{"tenant", rec->name},
-                                       {"tier", rec->tier},
-                                       {"project", rec->spec.project.value_or("default")},
-                                       {"created_at", rec->created_at},
-                                       {"deleted_at", format_rfc3339(Clock::from_time_t(now_unix))},
-                                       {"gpu_usage", rec->status.gpu_usage->to_json()}};
+        // Its usage (GPU time, its keys' counts) outlives it, in the same
+        // transaction: never lost, never both archived and still in a record.
+        if (auto rec = current(ov, op.tenant);
+            rec && (rec->status.gpu_usage || (rec->endpoint && rec->endpoint->usage))) {
+          nlohmann::json body = {
+              {"tenant", rec->name},
+              {"tier", rec->tier},
+              {"project", rec->spec.project.value_or("default")},
+              {"created_at", rec->created_at},
+              {"deleted_at", format_rfc3339(Clock::from_time_t(now_unix))},
+              {"gpu_usage", rec->status.gpu_usage.value_or(GpuUsage{}).to_json()}};
+          if (rec->endpoint && rec->endpoint->usage)
+            body["endpoint_usage"] = rec->endpoint->usage->to_json();
           if (auto w = backend_->archive_usage(op.tenant, now_unix, body.dump()); !w.ok()) return w;
         }
         if (auto w = backend_->delete_tenant(op.tenant); !w.ok()) return w;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "coordinator/store/endpoint_usage.hpp"
 
 namespace factory::store {
 
@@ -107,10 +108,12 @@ class GpuUsage {
   std::map<std::int64_t, double> busy_hourly_, busy_daily_;
 };
 
-// A deleted tenant's usage as the store archived it with its delete.
+// A deleted tenant's usage as the store archived it with its delete: its
+// GPU time and, for a model endpoint, its keys' counts.
 struct ArchivedUsage {
   std::string tenant, tier, project, created_at, deleted_at;
   GpuUsage usage;
+  std::optional<EndpointUsage> endpoint_usage;
 };
 
 }  // namespace factory::store

@@ -82,14 +82,22 @@ json KeyUsage::to_json() const {
           {"completion_tokens", completion_tokens}};
 }
 
-std::vector<KeyUsage> endpoint_key_usage(const store::TenantRecord& t, std::int64_t since,
-                                         std::int64_t until) {
+namespace {
+
+std::vector<KeyUsage> key_usage(const std::optional<store::EndpointUsage>& usage,
+                                std::int64_t since, std::int64_t until) {
   std::vector<KeyUsage> out;
-  if (!t.endpoint || !t.endpoint->usage) return out;
-  for (const auto& k :
-       t.endpoint->usage->totals(Clock::from_time_t(since), Clock::from_time_t(until)))
+  if (!usage) return out;
+  for (const auto& k : usage->totals(Clock::from_time_t(since), Clock::from_time_t(until)))
     out.push_back({k.key, k.requests, k.errors, k.prompt_tokens, k.completion_tokens});
   return out;
+}
+
+}  // namespace
+
+std::vector<KeyUsage> endpoint_key_usage(const store::TenantRecord& t, std::int64_t since,
+                                         std::int64_t until) {
+  return key_usage(t.endpoint ? t.endpoint->usage : std::nullopt, since, until);
 }
 
 void TenantService::usage_pass() {
@@ -162,8 +170,10 @@ json usage_report(const std::vector<store::TenantRecord>& records,
     if (!wanted(a.tenant, a.project)) continue;
     double in_window = a.usage.busy_seconds(q.since, q.until);
     for (const auto& [m, s] : a.usage.gpu_seconds(q.since, q.until)) in_window += s;
+    auto keys = key_usage(a.endpoint_usage, q.since, q.until);
+    for (const auto& k : keys) in_window += static_cast<double>(k.requests);
     if (in_window <= 0) continue;
-    for (auto& row : tenant_rows(a.tenant, a.tier, a.project, "", a.usage, {}, q)) {
+    for (auto& row : tenant_rows(a.tenant, a.tier, a.project, "", a.usage, keys, q)) {
       row["deleted_at"] = a.deleted_at;
       tenants.push_back(std::move(row));
     }

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
 #include <optional>
 
 #include "common/durations.hpp"
@@ -317,6 +318,39 @@ TEST_P(MeteredStore, AVmRunning3600sCounts3600sAcrossAKillADrainAndADelete) {
       tenants::usage_report({}, archived, {T0, T0 + 86400, "", "other"})["tenants"].empty());
   EXPECT_EQ(tenants::usage_report({}, archived, {T0, T0 + 86400, "t1", "ml"})["tenants"].size(),
             1u);
+}
+
+// A deleted model endpoint's keys' counts are archived with its delete, as
+// its GPU time is, and reported for the windows they fall in.
+TEST_P(MeteredStore, ADeletedEndpointsKeyCountsAreArchivedAndReported) {
+  const auto at = std::chrono::system_clock::from_time_t(T0 + 100);
+  {
+    auto s = open();
+    store::TenantRecord t = gpu_tenant("t5");
+    t.tier = "model-endpoint";
+    t.endpoint.emplace();
+    t.endpoint->usage.emplace();
+    ASSERT_TRUE(t.endpoint->usage->add("default", {4, 1, 60, 220}, at).ok());
+    ASSERT_TRUE(t.endpoint->usage->add("ci", {2, 0, 10, 30}, at).ok());
+    ASSERT_TRUE(s->put_tenant(t).ok());
+    ASSERT_TRUE(s->delete_tenant("t5").ok());
+  }
+  auto s = open();
+  auto archived = s->archived_usage();
+  ASSERT_EQ(archived.size(), 1u);
+  ASSERT_TRUE(archived[0].endpoint_usage);
+  // Kept in hourly buckets: the window holds the hour of T0 + 100.
+  auto report = tenants::usage_report({}, archived, {T0 - 3600, T0 + 3600, "", ""});
+  ASSERT_EQ(report["tenants"].size(), 1u) << report.dump(2);
+  const auto& row = report["tenants"][0];
+  EXPECT_TRUE(row["deleted_at"].is_string());
+  std::map<std::string, std::uint64_t> completion;
+  for (const auto& k : row["keys"])
+    completion[k["name"].get<std::string>()] = k["completion_tokens"].get<std::uint64_t>();
+  EXPECT_EQ(completion, (std::map<std::string, std::uint64_t>{{"ci", 30}, {"default", 220}}));
+  // Outside the window: nothing of it, so not listed.
+  EXPECT_TRUE(
+      tenants::usage_report({}, archived, {T0 + 7200, T0 + 9000, "", ""})["tenants"].empty());
 }
 
 // Gone while the coordinator was down, and the provider cannot say when
