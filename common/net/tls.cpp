@@ -5,6 +5,7 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/rand.h>
+#include <openssl/sha.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
@@ -216,10 +217,10 @@ Result<std::shared_ptr<ssl::context>> make_server_context(const TlsServerOptions
                        o.accept_expired_client_certs ? verify_allowing_expired_leaf : nullptr);
     // A session resumes only under the CA that verified its certificate:
     // the context names the CA (SHA-256, 32 bytes, OpenSSL's maximum).
-    std::string ca_hash = pki::sha256_hex("factory-agents\n" + o.client_ca_pem);
-    unsigned char sid_ctx[SSL_MAX_SID_CTX_LENGTH];
-    for (std::size_t i = 0; i < sizeof sid_ctx; ++i)
-      sid_ctx[i] = static_cast<unsigned char>(std::stoi(ca_hash.substr(2 * i, 2), nullptr, 16));
+    const std::string named = "factory-agents\n" + o.client_ca_pem;
+    unsigned char sid_ctx[SHA256_DIGEST_LENGTH];
+    static_assert(sizeof sid_ctx <= SSL_MAX_SID_CTX_LENGTH);
+    SHA256(reinterpret_cast<const unsigned char*>(named.data()), named.size(), sid_ctx);
     SSL_CTX_set_session_id_context(ctx->native_handle(), sid_ctx, sizeof sid_ctx);
     STACK_OF(X509_NAME)* names = sk_X509_NAME_new_null();
     for (auto& pem : pki::split_pem_certificates(o.client_ca_pem)) {

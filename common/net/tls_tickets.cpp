@@ -130,17 +130,14 @@ Result<std::shared_ptr<TicketKeys>> TicketKeys::open(const std::filesystem::path
 Result<bool> TicketKeys::rotate_if_due() {
   const auto at = now_();
   std::vector<TicketKey> next;
+  bool forgot = false;
   {
     std::lock_guard lk(mu_);
     for (const auto& k : keys_)
       if (opens(k, at)) next.push_back(k);
-  }
-  bool rotate = next.empty() || !seals(next.back(), at);
-  bool forgot = false;
-  {
-    std::lock_guard lk(mu_);
     forgot = next.size() != keys_.size();
   }
+  const bool rotate = next.empty() || !seals(next.back(), at);
   if (!rotate && !forgot) return false;
   if (rotate) {
     auto k = new_key(at);
