@@ -678,6 +678,21 @@ class RealAgent:
 
 # --- printing ----------------------------------------------------------------------------
 
+PROJECTED_AGENTS = 100_000
+
+
+def cores_for(step: Optional["Step"], agents: int = PROJECTED_AGENTS) -> Optional[float]:
+    """Cores the target would need for `agents` agents under the same load
+    per agent (health every 10 s, heartbeat, events), from the CPU it spent
+    per message at this step's N: the messages a second scale with the
+    agents, the cost per message is taken as measured (it grew with N in
+    every run so far, so this is a floor, not a ceiling)."""
+    if step is None or not step.n or step.cpu_per_1000 is None or not step.msgs_per_s:
+        return None
+    return step.msgs_per_s * agents / step.n * step.cpu_per_1000 / 1000
+
+
+
 def fmt(v, digits: int = 0) -> str:
     if v is None:
         return "-"
@@ -726,6 +741,14 @@ def print_table(fr: TargetResult, nr: Optional[TargetResult], ro: dict, agent: d
             f"{fmt(b.ack_p50, 1)} / {fmt(b.ack_p99, 1)}" if b else "-")
         row("  (load generator late ms p50 / p99)", f"{fmt(s.lag_p50, 1)} / {fmt(s.lag_p99, 1)}",
             f"{fmt(b.lag_p50, 1)} / {fmt(b.lag_p99, 1)}" if b else "-")
+    # Issue 29: the cost per message at the largest N, projected to 100,000
+    # agents at the same load each; the target is 2 cores.
+    if fr.steps:
+        top = fr.steps[-1]
+        b = by_n.get(top.n)
+        row(f"{PROJECTED_AGENTS:,} agents: cores needed at N={top.n}'s cost per msg (want <= 2)",
+            fmt(cores_for(top), 2), fmt(cores_for(b), 2) if b else "-",
+            ratio(cores_for(top), cores_for(b) if b else None))
     row("mTLS connection alone (no websocket), KiB each", fmt(fr.tls_only_kib, 1),
         fmt(nr.tls_only_kib, 1) if nr else "-",
         ratio(fr.tls_only_kib, nr.tls_only_kib if nr else None))
@@ -1006,6 +1029,9 @@ async def amain(a) -> int:
                            "projection_s": {"tokens": project(ro.get("tokens_marks", []), 10000),
                                             "enrollments": project(ro.get("enroll_marks", []), 10000)}
                            if ro else None,
+                           "projected_cores_100k": {
+                               "factory": cores_for(fr.steps[-1]) if fr.steps else None,
+                               "node": cores_for(nr.steps[-1]) if nr and nr.steps else None},
                            "load_start": load_start, "load_end": loadavg()}, f, indent=1)
         return 0
     finally:
