@@ -264,9 +264,17 @@ std::map<int, std::string> QemuProvider::held_ports() const {
   return out;
 }
 
-const Accelerator& QemuProvider::accelerator() {
-  std::call_once(accel_once_, [this] {
-    accel_ = choose_accelerator(opts_.accel, resolve_tool(opts_.qemu_binary), opts_.vms_dir);
+const Accelerator& QemuProvider::accelerator(const BaseImage& image, int vcpus) {
+  std::call_once(accel_once_, [&] {
+    AcceleratorProbe probe;
+    probe.mode = opts_.accel;
+    probe.qemu_binary = resolve_tool(opts_.qemu_binary);
+    probe.work_dir = opts_.vms_dir;
+    // The kernel tenants boot when the image names it; else the host's, as
+    // near as this host gets to a cloud image's own.
+    probe.kernel = image.direct_kernel() ? image.kernel : host_kernel();
+    probe.vcpus = std::max(1, vcpus);
+    accel_ = choose_accelerator(probe);
     if (accel_.name == "kvm")
       spdlog::info("qemu: tenants' VMs run under KVM");
     else
@@ -401,7 +409,7 @@ Status QemuProvider::provision(const tenants::VmSpec& spec, const std::string& u
       rec.gpu_resource = pick->resource;
       rec.gpus = pick->addresses;
     }
-    const Accelerator& a = accelerator();
+    const Accelerator& a = accelerator(*img, rec.vcpus);
     rec.accel = a.name;
     rec.accel_reason = a.reason;
   }

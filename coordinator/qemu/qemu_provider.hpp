@@ -161,7 +161,8 @@ class QemuProvider : public tenants::VmProvider {
   // address -> tenant, and port -> tenant, over every vm.json.
   std::map<std::string, std::string> held_gpus() const;
   std::map<int, std::string> held_ports() const;
-  const Accelerator& accelerator();
+  // Probed once, at the first VM this process creates (KVM, else TCG).
+  const Accelerator& accelerator(const BaseImage& image, int vcpus);
   // Starts the VM and waits until QEMU answers on QMP (or ended: its log's tail).
   Status start_vm(const VmRecord& r, Runtime& rt);
   Status stop_vm(const std::string& tenant);

@@ -161,8 +161,96 @@ TEST(QemuAccel, ProbeSectorIsABootSectorThatEndsQemu) {
   EXPECT_EQ(static_cast<unsigned char>(s[510]), 0x55);
   EXPECT_EQ(static_cast<unsigned char>(s[511]), 0xAA);
   EXPECT_NE(s.find(kProbeBanner), std::string::npos);
-  EXPECT_EQ(choose_accelerator("tcg", "qemu-system-x86_64", "/nonexistent").name, "tcg");
-  EXPECT_EQ(choose_accelerator("kvm", "qemu-system-x86_64", "/nonexistent").name, "kvm");
+  AcceleratorProbe p;
+  p.qemu_binary = "qemu-system-x86_64";
+  p.work_dir = "/nonexistent";
+  p.mode = "tcg";
+  EXPECT_EQ(choose_accelerator(p).name, "tcg");
+  p.mode = "kvm";
+  EXPECT_EQ(choose_accelerator(p).name, "kvm");
+}
+
+namespace {
+
+// Stands in for the kernel that hung under KVM on a CI machine: it printed
+// its setup code's line, then nothing, for good. A multiboot image QEMU's
+// -kernel loads (the header's a.out fields: loaded whole at 1 MiB), whose
+// 32-bit code writes that line to COM1 and halts.
+std::string setup_line_then_silence_kernel() {
+  const std::uint32_t base = 0x100000, magic = 0x1BADB002, flags = 0x00010000;
+  std::string k;
+  auto u32 = [&](std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) k.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  u32(magic);
+  u32(flags);
+  u32(0u - (magic + flags));
+  u32(base);       // header_addr
+  u32(base);       // load_addr
+  u32(0);          // load_end_addr: the whole file
+  u32(0);          // bss_end_addr: none
+  u32(base + 32);  // entry: right after this header
+  // mov edx,0x3f8; mov esi,msg; loop: lodsb; test al,al; jz halt; out dx,al;
+  // jmp loop; halt: cli; hlt; jmp halt; msg:
+  const unsigned char code[] = {0xBA, 0xF8, 0x03, 0x00, 0x00, 0xBE, 0,    0,    0,    0,    0xAC,
+                                0x84, 0xC0, 0x74, 0x03, 0xEE, 0xEB, 0xF8, 0xFA, 0xF4, 0xEB, 0xFC};
+  k.append(reinterpret_cast<const char*>(code), sizeof code);
+  const std::uint32_t msg = base + static_cast<std::uint32_t>(k.size());
+  for (int i = 0; i < 4; ++i) k[32 + 6 + i] = static_cast<char>((msg >> (8 * i)) & 0xff);
+  k += "Probing EDD (edd=off to disable)... ok\r\n";
+  k.push_back('\0');
+  k.resize(4096, '\0');
+  return k;
+}
+
+}  // namespace
+
+// The real-mode probe under TCG (KVM is absent on most machines this runs
+// on): the banner is seen, and a sector that prints something else and
+// halts is a problem that names what it printed.
+TEST(QemuAccel, BootSectorProbeSeesItsBannerAndNamesWhatElseCame) {
+  factory::testing::TempDir dir;
+  const std::string disk = (dir.path() / "probe.img").string();
+  std::string image = probe_boot_sector();
+  image.resize(1 << 20, '\0');
+  ASSERT_TRUE(write_file_atomic(disk, image, 0600).ok());
+  EXPECT_EQ(boot_sector_problem("qemu-system-x86_64", "tcg", disk, kProbeBanner,
+                                std::chrono::seconds(30)),
+            "");
+
+  image = probe_boot_sector("something else", /*exit=*/false);
+  image.resize(1 << 20, '\0');
+  ASSERT_TRUE(write_file_atomic(disk, image, 0600).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string problem =
+      boot_sector_problem("qemu-system-x86_64", "tcg", disk, kProbeBanner, std::chrono::seconds(3));
+  EXPECT_NE(problem.find("something else"), std::string::npos) << problem;
+  // It halted rather than exiting: the deadline ended it.
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2900));
+}
+
+// The CI machine's failure: a kernel that gets through its setup code and
+// then says nothing is not a kernel that boots. The probe ends it at the
+// deadline and reports the last line, and a file that is no kernel at all
+// is reported as such; both mean TCG (choose_accelerator). A real kernel
+// reaching its root mount is checked in e2e_vm, with the image's kernel.
+TEST(QemuAccel, AKernelSilentAfterItsSetupLineHasNotBooted) {
+  factory::testing::TempDir dir;
+  const std::string kernel = (dir.path() / "vmlinuz").string();
+  ASSERT_TRUE(write_file_atomic(kernel, setup_line_then_silence_kernel(), 0600).ok());
+  auto b = probe_kernel_boot("qemu-system-x86_64", "tcg", kernel, 2, std::chrono::seconds(3));
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  EXPECT_FALSE(b->reached_root_mount);
+  EXPECT_TRUE(b->timed_out);
+  EXPECT_EQ(b->last_line, "Probing EDD (edd=off to disable)... ok");
+  EXPECT_GE(b->seconds, 2.9);
+
+  ASSERT_TRUE(write_file_atomic(kernel, std::string(4096, 'x'), 0600).ok());
+  b = probe_kernel_boot("qemu-system-x86_64", "tcg", kernel, 2, std::chrono::seconds(10));
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  EXPECT_FALSE(b->reached_root_mount);
+  EXPECT_FALSE(b->timed_out);
+  EXPECT_FALSE(b->last_line.empty());
 }
 
 // ---- cards ----

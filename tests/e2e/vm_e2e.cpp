@@ -44,6 +44,8 @@
 #include <thread>
 
 #include "contract/agent_upgrade.hpp"
+#include "coordinator/qemu/accel.hpp"
+#include "coordinator/qemu/launch.hpp"
 #include "tests/support/coordinator_harness.hpp"
 #include "tests/support/test_support.hpp"
 
@@ -389,6 +391,33 @@ class VmE2E : public ::testing::Test {
 };
 
 }  // namespace
+
+// The accelerator probe's yardstick, with the image's own kernel: booted with
+// no disk and no initramfs it must reach its root mount ("VFS:"), or the
+// probe would call a working KVM broken. Under TCG here, which every machine
+// has; then what the probe decides on this machine, printed (a CI machine
+// whose KVM hung kernels after their setup line left every guest pending).
+TEST_F(VmE2E, TheImagesKernelReachesItsRootMountAsTheKvmProbeExpects) {
+  using namespace factory::qemu;
+  auto img = load_base_image(image_);
+  ASSERT_TRUE(img.ok()) << img.error().message;
+  ASSERT_TRUE(img->direct_kernel()) << image_ << " names no kernel";
+  auto b = probe_kernel_boot("qemu-system-x86_64", "tcg", img->kernel, 2, std::chrono::minutes(3));
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  std::printf("the image's kernel under TCG: %s in %.1f s%s%s\n",
+              b->reached_root_mount ? "reached its root mount" : "did NOT reach its root mount",
+              b->seconds, b->last_line.empty() ? "" : "; last line: ", b->last_line.c_str());
+  EXPECT_TRUE(b->reached_root_mount);
+
+  AcceleratorProbe p;
+  p.qemu_binary = "qemu-system-x86_64";
+  p.work_dir = (dir_ / "probe").string();
+  p.kernel = img->kernel;
+  const auto t0 = Steady::now();
+  Accelerator a = choose_accelerator(p);
+  std::printf("this machine's accelerator: %s%s%s (decided in %.1f s)\n", a.name.c_str(),
+              a.reason.empty() ? "" : " - ", a.reason.c_str(), secs(Steady::now() - t0));
+}
 
 // Both scenarios at once: two guests side by side keep both cores busy
 // (much of a boot is one busy vCPU), which halves the wall time on 2 cores.
