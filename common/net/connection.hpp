@@ -135,6 +135,7 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   // socket to be readable or writable and the wait is set; false when the
   // connection cannot go on (the caller says why).
   bool wait_as_tls_asks(int ssl_ret);
+  void coalesce_head();
   void wait_read();
   void wait_write();
   void post_flush();
@@ -186,6 +187,10 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   bool read_waiting_ = false, write_waiting_ = false;
   bool in_pump_ = false, pump_again_ = false;
   bool want_write_ = false;  // SSL asked to write before it can go on
+  // An SSL_write that could not finish: it must be called again with the
+  // same bytes (OpenSSL's "bad write retry" otherwise), so the head item is
+  // not coalesced with others until it has gone.
+  bool write_retry_ = false;
   bool shutdown_sent_ = false;
   std::atomic<bool> gone_{false};
 

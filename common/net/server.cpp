@@ -322,6 +322,7 @@ ServerStats Server::stats() const {
   s.handshake_failures = c.handshake_failures;
   s.handshakes_full = c.handshakes_full;
   s.handshakes_resumed = c.handshakes_resumed;
+  s.tls_writes = c.tls_writes;
   s.deadline_closes = c.deadline_closes;
   s.oversize_closes = c.oversize_closes;
   s.strangers_open = impl_->admission.strangers_open();

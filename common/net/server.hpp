@@ -236,6 +236,9 @@ struct ServerStats {
   std::uint64_t handshake_failures = 0;
   std::uint64_t handshakes_full = 0;
   std::uint64_t handshakes_resumed = 0;
+  // SSL_write calls that wrote: one per TLS record the server sent, where
+  // queued messages are coalesced up to a record's 16 KiB (Conn::flush).
+  std::uint64_t tls_writes = 0;
   std::uint64_t deadline_closes = 0;  // handshake, request, stranger or idle deadline
   std::uint64_t oversize_closes = 0;  // a message or body over its limit
 };

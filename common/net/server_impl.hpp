@@ -59,7 +59,8 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
 
   struct Counters {
     std::atomic<std::uint64_t> accepted{0}, open{0}, refused_capacity{0}, handshake_failures{0},
-        handshakes_full{0}, handshakes_resumed{0}, deadline_closes{0}, oversize_closes{0};
+        handshakes_full{0}, handshakes_resumed{0}, tls_writes{0}, deadline_closes{0},
+        oversize_closes{0};
     // The counter a close adds to, as decide_close named it.
     void add(CloseAction::Count c) {
       switch (c) {

@@ -231,6 +231,7 @@ bool Conn::flush() {
         out_bytes_ = 0;
         break;
       }
+      if (!write_retry_) coalesce_head();
       chunk = out_[out_head_].rest();
     }
     ERR_clear_error();
@@ -238,6 +239,8 @@ bool Conn::flush() {
                       static_cast<int>(std::min<std::size_t>(chunk.size(), 1 << 30)));
     if (n > 0) {
       want_write_ = false;
+      write_retry_ = false;
+      srv_->counters.tls_writes++;
       std::lock_guard lk(out_mu_);
       auto& item = out_[out_head_];
       item.off += static_cast<std::size_t>(n);
@@ -248,7 +251,10 @@ bool Conn::flush() {
       }
       continue;
     }
-    if (wait_as_tls_asks(n)) return true;
+    if (wait_as_tls_asks(n)) {
+      write_retry_ = true;
+      return true;
+    }
     ERR_clear_error();
     fail(CloseReason::write_failed, {0, "write"});
     return false;
@@ -256,6 +262,27 @@ bool Conn::flush() {
   // Nothing left to write.
   if (state_ == State::http_write) answer_written();
   return state_ != State::closed;
+}
+
+// Small messages queued behind one another (the acknowledgements of a
+// batch of events, a feed's lines) become one TLS record and one write(2)
+// instead of one each: a record carries up to 16 KiB, and its header, MAC
+// and system call cost the same for 30 bytes as for 16,000. An item over
+// that is written by itself, uncopied. Under out_mu_.
+void Conn::coalesce_head() {
+  constexpr std::size_t kRecord = 16 * 1024;
+  std::size_t total = 0, end = out_head_;
+  while (end < out_.size() && total + out_[end].rest().size() <= kRecord)
+    total += out_[end++].rest().size();
+  if (end - out_head_ < 2) return;
+  std::string merged;
+  merged.reserve(total);
+  for (std::size_t i = out_head_; i < end; ++i) {
+    merged += out_[i].rest();
+    out_[i] = OutItem{};
+  }
+  out_head_ = end - 1;
+  out_[out_head_] = owned(std::move(merged));
 }
 
 bool Conn::wait_as_tls_asks(int ret) {

@@ -685,6 +685,39 @@ TEST_F(ServerTest, WebsocketEchoesAndReportsThePeersCloseWithItsReason) {
   EXPECT_TRUE(c->wait_closed(5s));
 }
 
+// Messages queued together go out together: one TLS record (and one
+// write) for many small ones, as a batch of events' acknowledgements is
+// queued, instead of one record each (issue 29: a fifth of the coordinator's
+// CPU in an event flood was the kernel's write path, a call per ack). Each
+// message still arrives whole and in order.
+TEST_F(ServerTest, SmallMessagesQueuedTogetherShareATlsRecord) {
+  constexpr int kReplies = 600;  // ~27 KB in all: more than one record holds
+  struct Burst : Recorder {
+    void on_message(std::string_view) override {
+      // On the io thread: all are queued before the connection flushes.
+      for (int i = 0; i < kReplies; ++i)
+        conn->send("reply " + std::to_string(i) + " of a burst, padded to forty bytes");
+    }
+  };
+  auto rec = std::make_shared<Burst>();
+  ws_ = [&](const HttpRequestIn&, const PeerInfo&) -> std::shared_ptr<WsHandler> { return rec; };
+  start(options());
+  auto c = connect();
+  ASSERT_TRUE(c->ws_upgrade("/ws").ok());
+  const auto before = server_->stats().tls_writes;
+  ASSERT_TRUE(c->ws_send_text("go").ok());
+  for (int i = 0; i < kReplies; ++i) {
+    auto f = c->ws_read(5s);
+    ASSERT_TRUE(f.ok()) << "reply " << i << ": " << f.error().message;
+    ASSERT_EQ(f->payload, "reply " + std::to_string(i) + " of a burst, padded to forty bytes");
+  }
+  const auto writes = server_->stats().tls_writes - before;
+  std::printf("%d messages in %llu TLS writes\n", kReplies,
+              static_cast<unsigned long long>(writes));
+  EXPECT_GE(writes, 2u);  // no record over 16 KiB
+  EXPECT_LE(writes, 3u);
+}
+
 TEST_F(ServerTest, UpgradeToAPathWithoutHandlerIs404) {
   ws_ = [](auto&, auto&) { return nullptr; };
   start(options());
