@@ -354,7 +354,8 @@ void AgentSession::handle_event(const proto::Envelope& env) {
       tenant_, std::move(e),
       [event = std::move(in.event)](store::TenantRecord& t) { return project_event(t, event); },
       // On the store's writer thread: count, then come back to this session.
-      [self = shared_from_this(), id, seq, failed, body](Result<store::AppendOutcome> r) {
+      [self = shared_from_this(), id, seq, failed,
+       body = std::move(body)](Result<store::AppendOutcome> r) {
         if (!r) {
           failed->store(true);
         } else if (r->stored) {

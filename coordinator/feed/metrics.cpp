@@ -550,6 +550,14 @@ std::string render_metrics(const store::Store& store, const FeedState& state) {
           "Stored agent events dropped by retention, oldest first (agents.quota.max_events_stored, "
           "max_event_age).",
           store.stats().events_expired);
+  const auto store_stats = store.stats();
+  counter("factory_store_transactions_total",
+          "Transactions the store's writer committed (each a batch of events and record changes).",
+          store_stats.transactions);
+  counter("factory_store_records_written_total",
+          "Tenant records the store wrote: an event's projection, at most once per tenant per "
+          "transaction, or a change of the record.",
+          store_stats.records_written);
   const BusStats bus = state.bus().stats();
   x.family("factory_feed_readers", "gauge", "Readers of GET /v1/events now.");
   x.sample("factory_feed_readers", "", static_cast<double>(bus.subscribers));

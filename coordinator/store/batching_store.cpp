@@ -114,7 +114,7 @@ Status BatchingStore::put_tenant(const TenantRecord& t) {
   Op op;
   op.kind = Op::Kind::put;
   op.tenant = t.name;
-  op.record = t;
+  op.record = std::make_unique<TenantRecord>(t);
   op.status_done = [&p](Status st) { p.set_value(std::move(st)); };
   enqueue(std::move(op));
   return p.get_future().get();
@@ -316,13 +316,27 @@ void BatchingStore::writer_loop() {
   }
 }
 
+TenantRecord* BatchingStore::batch_record(Overlay& ov, const std::string& name) const {
+  auto it = ov.tenants.find(name);
+  if (it == ov.tenants.end()) it = ov.tenants.emplace(name, current(ov, name)).first;
+  return it->second ? &*it->second : nullptr;
+}
+
+void BatchingStore::record_replaced(Overlay& ov, const std::string& name, bool removed) {
+  ov.projected.erase(name);
+  if (removed) {
+    ov.count_moves.erase(name);
+    ov.record_wanted.erase(name);
+  }
+}
+
 Status BatchingStore::apply_append(Op& op, Overlay& ov, Outcome& out, std::int64_t now_unix,
                                    std::uint64_t& stored, std::uint64_t& duplicates) {
   if (op.still_wanted && !op.still_wanted()) {
     out.status = Error(Errc::conflict, "store: cancelled (an earlier event of the session failed)");
     return {};
   }
-  auto rec = current(ov, op.tenant);
+  TenantRecord* rec = batch_record(ov, op.tenant);
   if (!rec) {
     out.status = Error(Errc::not_found, "store: no tenant " + op.tenant);
     return {};
@@ -344,24 +358,48 @@ Status BatchingStore::apply_append(Op& op, Overlay& ov, Outcome& out, std::int64
   out.append.seq = ins->seq;
   ov.cursors[key] = op.event.id;
   ov.changed.insert(op.tenant);
-  if (auto st = add_count(ov, op.tenant, 1); !st.ok()) return st;
+  ++ov.count_moves[op.tenant];
   if (op.project) {
-    TenantRecord changed = std::move(*rec);
+    // In place, in the batch's copy: a thousand events of one tenant in a
+    // batch are one copy of its record and one write, not a thousand.
     bool did = false;
     try {
-      did = op.project(changed);
+      did = op.project(*rec);
     } catch (const std::exception& e) {
+      // The projection's assignments are each whole: what it did before it
+      // threw stays, a record still valid, and the event is stored.
       spdlog::error("store: projection of an event of {} threw: {}", op.tenant, e.what());
+      did = true;
     }
     if (did) {
-      if (auto st = backend_->write_record(changed); !st.ok()) return st;
-      ov.changed.insert(op.tenant);
-      ov.tenants[op.tenant] = changed;
-      out.append.record = std::move(changed);
+      ov.projected.insert(op.tenant);
+      ov.record_wanted[op.tenant].push_back(&out.append);
     }
   }
   out.append.stored = true;
   ++stored;
+  return {};
+}
+
+Status BatchingStore::finish_appends(Overlay& ov) {
+  for (const auto& [tenant, n] : ov.count_moves)
+    if (auto st = add_count(ov, tenant, n); !st.ok()) return st;
+  ov.count_moves.clear();
+  for (const auto& tenant : ov.projected) {
+    const TenantRecord* rec = batch_record(ov, tenant);
+    if (!rec) continue;
+    if (auto st = backend_->write_record(*rec); !st.ok()) return st;
+    ++ov.records_written;
+    ov.changed.insert(tenant);
+  }
+  ov.projected.clear();
+  for (auto& [tenant, outcomes] : ov.record_wanted) {
+    const TenantRecord* rec = batch_record(ov, tenant);
+    if (!rec) continue;
+    auto shared = std::make_shared<const TenantRecord>(*rec);
+    for (AppendOutcome* o : outcomes) o->record = shared;
+  }
+  ov.record_wanted.clear();
   return {};
 }
 
@@ -392,15 +430,19 @@ Status BatchingStore::apply_ops(std::deque<Op>& batch, Overlay& ov, std::vector<
           break;
         }
         if (auto w = backend_->write_record(*rec); !w.ok()) return w;
+        ++ov.records_written;
+        record_replaced(ov, op.tenant, false);
         ov.changed.insert(op.tenant);
         ov.tenants[op.tenant] = *rec;
         out.record = std::move(*rec);
         break;
       }
       case Op::Kind::put:
-        if (auto w = backend_->write_record(op.record); !w.ok()) return w;
+        if (auto w = backend_->write_record(*op.record); !w.ok()) return w;
+        ++ov.records_written;
+        record_replaced(ov, op.tenant, false);
         ov.changed.insert(op.tenant);
-        ov.tenants[op.tenant] = op.record;
+        ov.tenants[op.tenant] = *op.record;
         break;
       case Op::Kind::reload:  // done first, with the locks (lock_and_reload)
         break;
@@ -421,6 +463,7 @@ Status BatchingStore::apply_ops(std::deque<Op>& batch, Overlay& ov, std::vector<
           if (auto w = backend_->archive_usage(op.tenant, now_unix, body.dump()); !w.ok()) return w;
         }
         if (auto w = backend_->delete_tenant(op.tenant); !w.ok()) return w;
+        record_replaced(ov, op.tenant, true);
         ov.changed.insert(op.tenant);
         ov.tenants[op.tenant] = std::nullopt;
         ov.counts.erase(op.tenant);
@@ -434,7 +477,7 @@ Status BatchingStore::apply_ops(std::deque<Op>& batch, Overlay& ov, std::vector<
         break;
     }
   }
-  return {};
+  return finish_appends(ov);
 }
 
 // A shared database: the records this batch changes are read as the
@@ -585,6 +628,7 @@ void BatchingStore::run_batch(std::deque<Op>& batch, bool maintenance_due, bool 
     stats_.events_stored += stored;
     stats_.events_duplicate += duplicates;
     stats_.events_expired += expired;
+    stats_.records_written += ov.records_written;
     ++stats_.transactions;
   }
   tell(batch, outcomes);

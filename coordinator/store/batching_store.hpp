@@ -189,7 +189,9 @@ class BatchingStore final : public Store {
     std::function<bool()> still_wanted;
     std::function<Status(TenantRecord&)> change;
     std::function<void(Result<TenantRecord>)> update_done;
-    TenantRecord record;
+    // A put's record; behind a pointer, so that the thousands of events'
+    // operations do not each make and destroy an empty TenantRecord.
+    std::unique_ptr<TenantRecord> record;
     std::function<void(Status)> status_done;
     Invalidation reload;
   };
@@ -204,6 +206,14 @@ class BatchingStore final : public Store {
     // Shared database only: what this batch changed in the database (the
     // other replicas are told).
     std::set<std::string> changed;
+    // The events' share, coalesced per tenant and written once at the end
+    // of the batch's operations (finish_appends): the count's moves, the
+    // records their projections changed in place (in `tenants`), and the
+    // outcomes that get the record as committed.
+    std::map<std::string, std::int64_t> count_moves;
+    std::set<std::string> projected;
+    std::map<std::string, std::vector<AppendOutcome*>> record_wanted;
+    std::uint64_t records_written = 0;
   };
 
   // What one operation of a batch comes to, told once the batch is committed.
@@ -248,6 +258,15 @@ class BatchingStore final : public Store {
   void publish_batch(Overlay& ov);
   static void tell(std::deque<Op>& batch, std::vector<Outcome>& outcomes);
   std::optional<TenantRecord> current(const Overlay& ov, const std::string& name) const;
+  // The batch's own copy of the record, made on first use (nullptr: no such
+  // tenant); the events' projections change it in place.
+  TenantRecord* batch_record(Overlay& ov, const std::string& name) const;
+  // After the last operation: each tenant's count moved and its projected
+  // record written, once.
+  Status finish_appends(Overlay& ov);
+  // A put, update or removal of the record: what the events projected is
+  // written with it (or gone with it).
+  static void record_replaced(Overlay& ov, const std::string& name, bool removed);
   std::uint64_t current_cursor(const Overlay& ov, const std::string& key) const;
   std::int64_t current_count(const Overlay& ov, const std::string& tenant) const;
   Status add_count(Overlay& ov, const std::string& tenant, std::int64_t delta);

@@ -169,9 +169,24 @@ class SqliteBackend final : public StoreBackend {
 
   // A file is never lost the way a connection is.
   Status reconnect_if_lost(std::optional<Snapshot>& /*reloaded*/) override { return {}; }
-  Status begin() override { return written(stmts_->begin.run()); }
-  Status commit() override { return written(stmts_->commit.run()); }
-  void rollback() override { stmts_->rollback.run(); }
+  Status begin() override {
+    cursor_moves_.clear();
+    return written(stmts_->begin.run());
+  }
+  // The agents' cursors, one upsert per agent per transaction however many
+  // of its events it holds: they only ever move with the events, in the
+  // same transaction.
+  Status commit() override {
+    auto& put = stmts_->put_cursor;
+    for (const auto& [who, id] : cursor_moves_)
+      if (!put.bind(1, who.first).bind(2, who.second).bind(3, id).run()) return write_error();
+    cursor_moves_.clear();
+    return written(stmts_->commit.run());
+  }
+  void rollback() override {
+    cursor_moves_.clear();
+    stmts_->rollback.run();
+  }
 
   Status write_record(const TenantRecord& rec) override {
     return written(stmts_->put_tenant.bind(1, rec.name).bind(2, rec.to_json().dump()).run());
@@ -190,11 +205,8 @@ class SqliteBackend final : public StoreBackend {
     Inserted out;
     out.stored = true;
     out.seq = static_cast<std::uint64_t>(sqlite3_last_insert_rowid(db_));
-    if (!s.put_cursor.bind(1, tenant)
-             .bind(2, e.agent_id)
-             .bind(3, static_cast<std::int64_t>(e.id))
-             .run())
-      return write_error();
+    auto& moved = cursor_moves_[{tenant, e.agent_id}];
+    moved = std::max(moved, static_cast<std::int64_t>(e.id));
     return out;
   }
 
@@ -210,6 +222,8 @@ class SqliteBackend final : public StoreBackend {
   }
 
   Status delete_tenant(const std::string& name) override {
+    // Its cursors go with it, the ones this transaction moved too.
+    std::erase_if(cursor_moves_, [&](const auto& m) { return m.first.first == name; });
     auto& s = *stmts_;
     return written(s.del_tenant.bind(1, name).run() && s.del_events.bind(1, name).run() &&
                    s.del_cursors.bind(1, name).run() && s.del_count.bind(1, name).run() &&
@@ -250,6 +264,9 @@ class SqliteBackend final : public StoreBackend {
   }
 
  private:
+  // Cursors moved by this transaction's events, written at its commit.
+  std::map<std::pair<std::string, std::string>, std::int64_t> cursor_moves_;
+
   struct Statements {
     Stmt begin, commit, rollback, put_tenant, insert_event, put_cursor, put_count, put_health,
         del_tenant, del_events, del_cursors, del_count, del_health, trim_tenant, expire,

@@ -71,6 +71,9 @@ struct StoreStats {
   std::uint64_t events_duplicate = 0;
   std::uint64_t events_expired = 0;  // dropped by retention, oldest first
   std::uint64_t transactions = 0;
+  // Tenant records written: by the events' projections at most one per
+  // tenant per batch, however many of its events the batch holds.
+  std::uint64_t records_written = 0;
   std::uint64_t write_failures = 0;
   std::uint64_t queued = 0;  // operations waiting for the writer now
 };
@@ -80,8 +83,11 @@ struct StoreStats {
 using Projection = std::function<bool(TenantRecord&)>;
 
 struct AppendOutcome {
-  bool stored = false;                 // false: this agent's id was stored before (a replay)
-  std::optional<TenantRecord> record;  // the record after the projection, when it changed
+  bool stored = false;  // false: this agent's id was stored before (a replay)
+  // The record as its batch committed it, when this event's projection
+  // changed it: one copy per tenant per batch, shared by the batch's events
+  // of that tenant (a later event of the same batch may be in it too).
+  std::shared_ptr<const TenantRecord> record;
   std::uint64_t seq = 0;
 };
 
