@@ -69,31 +69,26 @@ std::string telling_line(const std::string& text) {
   return l;
 }
 
+// A probe machine: q35 on `accel` with `memory`, its serial line on stdout
+// and nothing else; under KVM the CPU model tenants get (launch.cpp).
+std::vector<std::string> probe_machine(const std::string& qemu_binary, const std::string& accel,
+                                       const std::string& memory) {
+  std::vector<std::string> argv = {qemu_binary, "-machine", "q35", "-accel", accel};
+  if (accel == "kvm") argv.insert(argv.end(), {"-cpu", "host"});
+  argv.insert(argv.end(), {"-m", memory, "-nodefaults", "-no-user-config", "-display", "none",
+                           "-serial", "stdio"});
+  return argv;
+}
+
 }  // namespace
 
 std::string boot_sector_problem(const std::string& qemu_binary, const std::string& accel,
                                 const std::string& disk, const std::string& want,
                                 std::chrono::milliseconds timeout) {
   CommandSpec spec;
-  spec.argv = {qemu_binary,
-               "-machine",
-               "q35",
-               "-accel",
-               accel,
-               "-m",
-               "64M",
-               "-nodefaults",
-               "-no-user-config",
-               "-display",
-               "none",
-               "-serial",
-               "stdio",
-               "-drive",
-               "file=" + disk + ",format=raw,if=ide,index=0",
-               "-device",
-               "isa-debug-exit,iobase=0xf4,iosize=0x04"};
-  // The CPU model tenants get under KVM (launch.cpp).
-  if (accel == "kvm") spec.argv.insert(spec.argv.begin() + 5, {"-cpu", "host"});
+  spec.argv = probe_machine(qemu_binary, accel, "64M");
+  spec.argv.insert(spec.argv.end(), {"-drive", "file=" + disk + ",format=raw,if=ide,index=0",
+                                     "-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"});
   spec.timeout = timeout;
   // The boot code ends QEMU through isa-debug-exit; a guest that hangs is
   // ended by the deadline. What counts is whether the line came.
@@ -112,27 +107,9 @@ Result<KernelBoot> probe_kernel_boot(const std::string& qemu_binary, const std::
   // No disk, no initramfs, no root=: a kernel that runs gets to mounting a
   // root file system, says "VFS: Cannot open root device" and panics;
   // panic=-1 reboots at once and -no-reboot turns that into QEMU's exit.
-  spec.argv = {qemu_binary,
-               "-machine",
-               "q35",
-               "-accel",
-               accel,
-               "-smp",
-               std::to_string(vcpus),
-               "-m",
-               "512M",
-               "-nodefaults",
-               "-no-user-config",
-               "-display",
-               "none",
-               "-serial",
-               "stdio",
-               "-no-reboot",
-               "-kernel",
-               kernel,
-               "-append",
-               "console=ttyS0 panic=-1 loglevel=4"};
-  if (accel == "kvm") spec.argv.insert(spec.argv.begin() + 5, {"-cpu", "host"});
+  spec.argv = probe_machine(qemu_binary, accel, "512M");
+  spec.argv.insert(spec.argv.end(), {"-smp", std::to_string(vcpus), "-no-reboot", "-kernel", kernel,
+                                     "-append", "console=ttyS0 panic=-1 loglevel=4"});
   spec.timeout = timeout;
   spec.max_output = 64 << 10;
   const auto t0 = std::chrono::steady_clock::now();
