@@ -330,6 +330,16 @@ void BatchingStore::record_replaced(Overlay& ov, const std::string& name, bool r
   }
 }
 
+Status BatchingStore::write_whole_record(Overlay& ov, const std::string& name,
+                                         const TenantRecord& rec) {
+  if (auto w = backend_->write_record(rec); !w.ok()) return w;
+  ++ov.records_written;
+  record_replaced(ov, name, false);
+  ov.changed.insert(name);
+  ov.tenants[name] = rec;
+  return {};
+}
+
 Status BatchingStore::apply_append(Op& op, Overlay& ov, Outcome& out, std::int64_t now_unix,
                                    std::uint64_t& stored, std::uint64_t& duplicates) {
   if (op.still_wanted && !op.still_wanted()) {
@@ -429,20 +439,12 @@ Status BatchingStore::apply_ops(std::deque<Op>& batch, Overlay& ov, std::vector<
           out.status = st;
           break;
         }
-        if (auto w = backend_->write_record(*rec); !w.ok()) return w;
-        ++ov.records_written;
-        record_replaced(ov, op.tenant, false);
-        ov.changed.insert(op.tenant);
-        ov.tenants[op.tenant] = *rec;
+        if (auto w = write_whole_record(ov, op.tenant, *rec); !w.ok()) return w;
         out.record = std::move(*rec);
         break;
       }
       case Op::Kind::put:
-        if (auto w = backend_->write_record(*op.record); !w.ok()) return w;
-        ++ov.records_written;
-        record_replaced(ov, op.tenant, false);
-        ov.changed.insert(op.tenant);
-        ov.tenants[op.tenant] = *op.record;
+        if (auto w = write_whole_record(ov, op.tenant, *op.record); !w.ok()) return w;
         break;
       case Op::Kind::reload:  // done first, with the locks (lock_and_reload)
         break;

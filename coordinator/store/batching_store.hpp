@@ -267,6 +267,8 @@ class BatchingStore final : public Store {
   // A put, update or removal of the record: what the events projected is
   // written with it (or gone with it).
   static void record_replaced(Overlay& ov, const std::string& name, bool removed);
+  // A put's or an update's record, written whole and taken as the batch's.
+  Status write_whole_record(Overlay& ov, const std::string& name, const TenantRecord& rec);
   std::uint64_t current_cursor(const Overlay& ov, const std::string& key) const;
   std::int64_t current_count(const Overlay& ov, const std::string& tenant) const;
   Status add_count(Overlay& ov, const std::string& tenant, std::int64_t delta);
