@@ -49,10 +49,26 @@ Result<Envelope> parse(std::string_view frame) {
 }
 
 std::string serialize(const Envelope& e) {
-  nlohmann::json j = {{"v", e.v}, {"type", e.type}, {"seq", e.seq}};
-  if (e.ack) j["ack"] = *e.ack;
-  j["body"] = e.body;
-  return j.dump();
+  // Written field by field, in the order a JSON object of them would dump
+  // (its keys sorted): only the body goes through the serializer, and it
+  // is not copied into an envelope's tree first (a plan's body is large,
+  // and every acknowledgement was a tree built and freed).
+  std::string out = "{";
+  if (e.ack) {
+    out += "\"ack\":";
+    out += std::to_string(*e.ack);
+    out += ',';
+  }
+  out += "\"body\":";
+  out += e.body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  out += ",\"seq\":";
+  out += std::to_string(e.seq);
+  out += ",\"type\":";
+  out += nlohmann::json(e.type).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  out += ",\"v\":";
+  out += std::to_string(e.v);
+  out += '}';
+  return out;
 }
 
 }  // namespace factory::proto

@@ -32,10 +32,13 @@ Answer<IngestedEvent> Ingestion::check(const std::string& tenant, const nlohmann
   }
   const std::string now = format_rfc3339(Clock::now());
   feed_.agent_seen(tenant, now);
-  IngestedEvent out{{}, std::move(*decoded.value)};
+  IngestedEvent out{{}, std::move(*decoded.value), {}};
   out.stored.id = out.event.id;
   out.stored.received_at = now;
-  out.stored.event = out.event.to_json();
+  out.tree = out.event.to_json();
+  // A guest's strings may hold any bytes: an invalid UTF-8 sequence becomes
+  // U+FFFD here rather than an exception on the store's writer.
+  out.stored.json = out.tree.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return out;
 }
 

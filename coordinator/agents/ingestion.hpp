@@ -28,11 +28,13 @@
 
 namespace factory::coordinator {
 
-// An event ready for the store: its stored form and its decoded one (for
-// the projection).
+// An event ready for the store: its stored form (its JSON serialized once,
+// here), its decoded one (for the projection) and the same JSON as a tree
+// (for the feed, which takes it: moved along, never copied).
 struct IngestedEvent {
   store::StoredEvent stored;
   AgentEvent event;
+  nlohmann::json tree;
 };
 
 struct HealthIntake {

@@ -344,7 +344,7 @@ void AgentSession::handle_event(const proto::Envelope& env) {
   auto failed = store_failed_;
   // What the feed's counters and readers get: the decoded event, its
   // output tail as the record keeps it (the history keeps the whole).
-  nlohmann::json body = e.event;
+  nlohmann::json body = std::move(in.tree);
   if (auto t = body.find("output_tail"); t != body.end() && t->is_string())
     *t = last_bytes(t->get_ref<const std::string&>());
   // A health sample sent as an event (an agent older than the health
@@ -355,7 +355,7 @@ void AgentSession::handle_event(const proto::Envelope& env) {
       [event = std::move(in.event)](store::TenantRecord& t) { return project_event(t, event); },
       // On the store's writer thread: count, then come back to this session.
       [self = shared_from_this(), id, seq, failed,
-       body = std::move(body)](Result<store::AppendOutcome> r) {
+       body = std::move(body)](Result<store::AppendOutcome> r) mutable {
         if (!r) {
           failed->store(true);
         } else if (r->stored) {
@@ -363,7 +363,9 @@ void AgentSession::handle_event(const proto::Envelope& env) {
           self->ctx_.feed.count_event(body.value("kind", ""));
           if (r->record && body.value("kind", "") == "progress")
             observe_step_duration(self->ctx_.feed, self->ctx_, *r->record, body);
-          self->ctx_.feed.event_stored(self->tenant_, body, r->record ? &*r->record : nullptr);
+          // The store calls this once: the feed takes the tree.
+          self->ctx_.feed.event_stored(self->tenant_, std::move(body),
+                                       r->record ? &*r->record : nullptr);
         } else {
           ++self->ctx_.feed.counters().events_duplicate;
         }

@@ -228,7 +228,7 @@ void FeedState::phase_now(const std::string& tenant, const std::string& phase) {
   bus_.publish("phase", tenant, {{"phase", phase}});
 }
 
-void FeedState::event_stored(const std::string& tenant, const nlohmann::json& event,
+void FeedState::event_stored(const std::string& tenant, nlohmann::json event,
                              const store::TenantRecord* after) {
   const std::string kind = event.value("kind", "");
   nlohmann::json plan;
@@ -239,19 +239,19 @@ void FeedState::event_stored(const std::string& tenant, const nlohmann::json& ev
     plan = after->status.plan->to_json(/*with_steps=*/false);
   }
   if (kind == "progress" || kind == "plan") {
-    nlohmann::json d = event;
+    nlohmann::json d = std::move(event);
     d.erase("kind");
     d.erase("id");
     if (!plan.is_null()) d["plan"] = plan;
     bus_.publish(kind, tenant, std::move(d));
   } else if (kind == "diagnosis") {
-    nlohmann::json d = event;
+    nlohmann::json d = std::move(event);
     d.erase("kind");
     d.erase("id");
     bus_.publish("diagnosis", tenant, std::move(d));
   } else if (kind == "tier_upgrade") {
     // The agent's turn of a tier upgrade, with the journal it made of it.
-    nlohmann::json d = event;
+    nlohmann::json d = std::move(event);
     d.erase("kind");
     d.erase("id");
     if (after && after->status.tier_upgrade) {

@@ -103,7 +103,7 @@ class FeedState {
   // An agent event stored (on the store's writer): a `progress`, `plan` or
   // `diagnosis` event, and a `phase` event when `after` (the record as the
   // event left it, when it changed) has a new phase.
-  void event_stored(const std::string& tenant, const nlohmann::json& event,
+  void event_stored(const std::string& tenant, nlohmann::json event,
                     const store::TenantRecord* after);
   // A phase the tenant has now (set outside the agents' events: a new
   // tenant, an enrollment); published when it differs from the last one.

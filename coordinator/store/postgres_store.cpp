@@ -270,7 +270,7 @@ class PostgresBackend final : public StoreBackend {
                                 std::int64_t received_unix) override {
     auto r = run(wconn_, "append",
                  {tenant, e.agent_id, std::to_string(static_cast<std::int64_t>(e.id)),
-                  e.received_at, std::to_string(received_unix), e.event.dump()});
+                  e.received_at, std::to_string(received_unix), e.json});
     if (!r) return r.error();
     Inserted out;
     if (PQntuples(r->get()) > 0) {
@@ -607,7 +607,7 @@ std::vector<StoredEvent> PostgresBackend::recent_events(const std::string& tenan
     e.agent_id = cell(res, i, 1);
     e.id = static_cast<std::uint64_t>(cell_int(res, i, 2));
     e.received_at = cell(res, i, 3);
-    e.event = nlohmann::json::parse(cell(res, i, 4), nullptr, false);
+    e.json = cell(res, i, 4);
     out.push_back(std::move(e));
   }
   return out;

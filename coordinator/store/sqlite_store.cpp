@@ -146,7 +146,7 @@ class SqliteBackend final : public StoreBackend {
       e.agent_id = q.text(1);
       e.id = static_cast<std::uint64_t>(q.int64(2));
       e.received_at = q.text(3);
-      e.event = nlohmann::json::parse(q.text(4), nullptr, false);
+      e.json = q.text(4);
       out.push_back(std::move(e));
     }
     q.reset();
@@ -200,7 +200,7 @@ class SqliteBackend final : public StoreBackend {
         .bind(3, static_cast<std::int64_t>(e.id))
         .bind(4, e.received_at)
         .bind(5, received_unix)
-        .bind(6, e.event.dump());
+        .bind(6, e.json);
     if (!s.insert_event.run()) return write_error();
     Inserted out;
     out.stored = true;

@@ -51,7 +51,9 @@ struct StoredEvent {
   std::string agent_id;
   std::uint64_t id = 0;  // the agent's durable event id
   std::string received_at;
-  nlohmann::json event;
+  // The event as it is stored: one line of JSON, serialized once where it
+  // was validated (the io thread), written and read back as these bytes.
+  std::string json;
   std::uint64_t seq = 0;  // the store's own order over every tenant, set when stored
 };
 

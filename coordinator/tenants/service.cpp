@@ -693,7 +693,9 @@ Result<json> TenantService::show(const std::string& name) {
   json j = deps_.view.tenant(*rec);
   json events = json::array();
   for (auto& e : deps_.store.recent_events(rec->name, 50))
-    events.push_back({{"id", e.id}, {"received_at", e.received_at}, {"event", e.event}});
+    events.push_back({{"id", e.id},
+                      {"received_at", e.received_at},
+                      {"event", json::parse(e.json, nullptr, /*allow_exceptions=*/false)}});
   j["recent_events"] = events;
   j["plan_steps"] = plan_steps(*rec);
   if (const catalog::Tier* tier = catalog_.find(rec->tier))

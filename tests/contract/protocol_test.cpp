@@ -21,6 +21,38 @@ TEST(Protocol, RoundTrip) {
   EXPECT_EQ(p->body["id"], 42);
 }
 
+// serialize() writes the envelope field by field: the bytes are those of
+// the envelope as one JSON object dumped whole (what it did before), with
+// and without an ack, with a type that needs escaping, with an empty body;
+// and a body holding bytes that are not UTF-8 is written with U+FFFD, not
+// an exception on the sender's thread.
+TEST(Protocol, SerializesAsTheEnvelopeObjectWould) {
+  auto whole = [](const proto::Envelope& e) {
+    nlohmann::json j = {{"v", e.v}, {"type", e.type}, {"seq", e.seq}, {"body", e.body}};
+    if (e.ack) j["ack"] = *e.ack;
+    return j.dump();
+  };
+  proto::Envelope e;
+  e.type = "ack";
+  e.seq = 18446744073709551615ull;
+  e.body = {{"event_id", 9}, {"nested", {{"b", {1, 2}}, {"a", "x\"y"}}}};
+  EXPECT_EQ(proto::serialize(e), whole(e));
+  e.ack = 0;
+  EXPECT_EQ(proto::serialize(e), whole(e));
+  e.type = "odd\"type\n";
+  e.body = nlohmann::json();
+  EXPECT_EQ(proto::serialize(e), whole(e));
+  e.body = nlohmann::json::object();
+  EXPECT_EQ(proto::serialize(e), whole(e));
+
+  e.body = {{"message", std::string("bad \xff byte")}};
+  std::string text;
+  ASSERT_NO_THROW(text = proto::serialize(e));
+  auto back = proto::parse(text);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->body["message"], "bad \xef\xbf\xbd byte");
+}
+
 TEST(Protocol, RejectsWithReasons) {
   auto why = [](const std::string& f) {
     auto p = proto::parse(f);

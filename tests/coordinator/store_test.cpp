@@ -47,7 +47,7 @@ StoredEvent event(std::uint64_t id, const std::string& agent = "a1",
   e.agent_id = agent;
   e.id = id;
   e.received_at = "2026-12-01T00:00:01Z";
-  e.event = {{"id", id}, {"kind", kind}};
+  e.json = nlohmann::json{{"id", id}, {"kind", kind}}.dump();
   return e;
 }
 
@@ -616,7 +616,7 @@ TEST_F(PostgresStoreTest, AStoreReopenedOnTheSameDatabaseSeesEverything) {
   auto recent = s->recent_events("t1", 3);
   ASSERT_EQ(recent.size(), 3u);
   EXPECT_EQ(recent[0].id, 3u);
-  EXPECT_EQ(recent[2].event["kind"], "progress");
+  EXPECT_EQ(nlohmann::json::parse(recent[2].json)["kind"], "progress");
 }
 
 // The server ends the store's connections (a failover, a restart, an
