@@ -129,4 +129,111 @@ void DurableAppender::close() {
   fd_ = -1;
 }
 
+GroupCommitLog::GroupCommitLog(SyncFn sync) : sync_(sync ? sync : &::fdatasync) {}
+
+GroupCommitLog::~GroupCommitLog() {
+  close(false);
+}
+
+Status GroupCommitLog::open(const fs::path& path, mode_t mode) {
+  auto a = DurableAppender::open(path, mode);  // creates it, 0600, its folder synced
+  if (!a.ok()) return a.error();
+  a->close();
+  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) return errno_error("open " + path.string(), errno);
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size < 0) {
+    const int err = errno;
+    ::close(fd);
+    return errno_error("seek " + path.string(), err);
+  }
+  close(false);
+  std::lock_guard lk(mu_);
+  fd_ = fd;
+  path_ = path;
+  written_ = synced_ = static_cast<std::uint64_t>(size);
+  failure_.reset();
+  return {};
+}
+
+bool GroupCommitLog::is_open() const {
+  std::lock_guard lk(mu_);
+  return fd_ >= 0;
+}
+
+Result<GroupCommitLog::Mark> GroupCommitLog::write(std::string_view data) {
+  std::lock_guard lk(mu_);
+  if (fd_ < 0) return Error(Errc::internal, "append to closed file " + path_.string());
+  if (failure_) return *failure_;
+  if (auto st = write_all(fd_, data, path_.string()); !st.ok()) return st.error();
+  written_ += data.size();
+  return Mark{file_, written_};
+}
+
+void GroupCommitLog::close(bool durable) {
+  std::lock_guard lk(mu_);
+  if (fd_ < 0) return;
+  // A sync under way holds its own descriptor (a dup): closing this one
+  // does not pull the file from under it.
+  ::close(fd_);
+  fd_ = -1;
+  ended_[file_] = durable;
+  // Waiters are short-lived: a few closed files back is plenty to answer.
+  while (ended_.size() > 64) ended_.erase(ended_.begin());
+  ++file_;
+  written_ = synced_ = 0;
+  failure_.reset();
+  cv_.notify_all();
+}
+
+Status GroupCommitLog::wait_durable(Mark m) {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    if (m.file != file_) {
+      auto it = ended_.find(m.file);
+      if (it != ended_.end() && it->second) return {};
+      return Error(Errc::io, path_.string() + " was closed before the change was synced");
+    }
+    if (failure_) return *failure_;
+    if (synced_ >= m.end) return {};
+    if (!syncing_) {
+      // This thread syncs for every write made so far, its own included.
+      syncing_ = true;
+      const std::uint64_t file = file_, target = written_;
+      const int fd = ::dup(fd_);
+      lk.unlock();
+      const int rc = fd < 0 ? -1 : sync_(fd);
+      const int err = errno;
+      if (fd >= 0) ::close(fd);
+      lk.lock();
+      syncing_ = false;
+      ++syncs_;
+      if (file == file_) {
+        if (rc == 0)
+          synced_ = std::max(synced_, target);
+        else
+          failure_ = errno_error("fdatasync " + path_.string(), err);
+      }
+      cv_.notify_all();
+      continue;
+    }
+    cv_.wait(lk);
+  }
+}
+
+bool GroupCommitLog::failed() const {
+  std::lock_guard lk(mu_);
+  return failure_.has_value();
+}
+
+std::uint64_t GroupCommitLog::synced() const {
+  std::lock_guard lk(mu_);
+  return synced_;
+}
+
+std::uint64_t GroupCommitLog::syncs() const {
+  std::lock_guard lk(mu_);
+  return syncs_;
+}
+
 }  // namespace factory

@@ -188,8 +188,8 @@ Status apply_record(const json& r, std::unordered_map<std::string, TokenRecord>&
 
 }  // namespace
 
-Result<TokenBook> TokenBook::load(const fs::path& path) {
-  TokenBook book(path);
+Result<TokenBook> TokenBook::load(const fs::path& path, GroupCommitLog::SyncFn sync) {
+  TokenBook book(path, sync);
   std::error_code ec;
   const bool have_snapshot = fs::exists(path, ec);
   if (ec) return Error(Errc::io, "token book " + path.string() + ": " + ec.message());
@@ -289,7 +289,7 @@ Status TokenBook::write_snapshot(const std::vector<TokenRecord>& tokens, std::ui
 }
 
 Status TokenBook::open_journal() {
-  if (journal_.is_open()) return {};
+  if (journal_->is_open()) return {};
   const fs::path jpath = journal_path();
   std::error_code ec;
   // The folder exists once the snapshot does, which is written first.
@@ -312,38 +312,48 @@ Status TokenBook::open_journal() {
     if (::truncate(jpath.c_str(), static_cast<off_t>(journal_good_bytes_)) != 0)
       return errno_error("truncate " + jpath.string(), errno);
   }
-  auto a = DurableAppender::open(jpath, 0600);
-  if (!a.ok()) return a.error();
-  journal_ = std::move(*a);
-  return {};
+  return journal_->open(jpath, 0600);
+}
+
+void TokenBook::drop_journal() {
+  if (!journal_->is_open()) return;
+  // Lines written after the last good sync may or may not be on disk (and
+  // their callers were told they failed): the next opening cuts them off.
+  journal_good_bytes_ = std::min(journal_good_bytes_, journal_->synced());
+  journal_->close(/*durable=*/false);
 }
 
 Status TokenBook::compact() {
   if (auto st = write_snapshot(oldest_first(tokens_), generation_ + 1); !st.ok()) return st;
   ++generation_;
-  journal_.close();
+  // The snapshot holds every change made so far, the journal's unsynced
+  // ones too: their waiters are done.
+  journal_->close(/*durable=*/true);
   journal_current_ = false;  // the next change starts the new generation's journal
   journal_lines_ = 0;
   compact_after_ = std::max<std::uint64_t>(kMinCompactRecords, tokens_.size());
   return {};
 }
 
-Status TokenBook::record(const std::string& line) {
-  if (auto st = open_journal(); !st.ok()) return st;
-  if (auto st = journal_.append(line + "\n"); !st.ok()) {
+Result<GroupCommitLog::Mark> TokenBook::record(const std::string& line) {
+  if (journal_->failed()) drop_journal();
+  if (auto st = open_journal(); !st.ok()) return st.error();
+  auto mark = journal_->write(line + "\n");
+  if (!mark.ok()) {
     // What reached the file is cut off before the next append.
-    journal_.close();
-    return st;
+    drop_journal();
+    return mark.error();
   }
   ++journal_lines_;
   journal_good_bytes_ += line.size() + 1;
   if (journal_lines_ >= compact_after_) {
-    // The change is already durable in the journal: a snapshot that cannot
-    // be written now is tried again after as many records more.
+    // The change is in the journal (durable once its sync is done): a
+    // snapshot that cannot be written now is tried again after as many
+    // records more.
     if (!compact().ok())
       compact_after_ += std::max<std::uint64_t>(kMinCompactRecords, tokens_.size());
   }
-  return {};
+  return mark;
 }
 
 void TokenBook::prune(Clock::time_point now) {
@@ -379,22 +389,35 @@ Result<NewToken> make_token(const std::string& tenant, std::chrono::seconds ttl,
 
 Result<IssuedToken> TokenBook::issue(const std::string& tenant, std::chrono::seconds ttl,
                                      Clock::time_point now) {
-  std::lock_guard lk(*mu_);
-  auto made = make_token(tenant, ttl, now);
-  if (!made) return made.error();
-  prune(made->record.created_at);
-  // 36^6 ids: a clash is rare but would make one of two tokens unusable.
-  while (tokens_.contains(made->record.id)) {
-    made = make_token(tenant, ttl, now);
-    if (!made) return made.error();
+  std::optional<NewToken> made;
+  GroupCommitLog::Mark mark;
+  {
+    std::lock_guard lk(*mu_);
+    auto m = make_token(tenant, ttl, now);
+    if (!m) return m.error();
+    prune(m->record.created_at);
+    // 36^6 ids: a clash is rare but would make one of two tokens unusable.
+    while (tokens_.contains(m->record.id)) {
+      m = make_token(tenant, ttl, now);
+      if (!m) return m.error();
+    }
+    made = std::move(*m);
+    tokens_.emplace(made->record.id, made->record);
+    auto written = record(json{{"op", "issue"}, {"token", to_json(made->record)}}.dump());
+    if (!written) {
+      // Never shown, so never usable: take it back out.
+      tokens_.erase(made->record.id);
+      return written.error().with_context("create token");
+    }
+    mark = *written;
   }
-  const TokenRecord& rec = made->record;
-  tokens_.emplace(rec.id, rec);
-  if (auto st = record(json{{"op", "issue"}, {"token", to_json(rec)}}.dump()); !st.ok()) {
-    // Never shown, so never usable: take it back out.
-    tokens_.erase(rec.id);
+  // Until this returns nobody has the secret, so nobody can use the token.
+  if (auto st = durable(mark); !st.ok()) {
+    std::lock_guard lk(*mu_);
+    tokens_.erase(made->record.id);
     return st.error().with_context("create token");
   }
+  const TokenRecord& rec = made->record;
   return IssuedToken{made->token, rec.id, rec.tenant, rec.expires_at};
 }
 
@@ -442,19 +465,27 @@ Result<std::string> TokenBook::check(std::string_view token, Clock::time_point n
 }
 
 Result<std::string> TokenBook::redeem(std::string_view token, Clock::time_point now) {
-  std::lock_guard lk(*mu_);
-  now = floor_seconds(now);
-  prune(now);
-  auto found = find_valid(token, now);
-  if (!found) return found.error();
-  TokenRecord& t = **found;
-  // Fail closed: once we try to record the use, the token stays used in this
-  // process even if the write failed (the admin makes a new token).
-  t.used_at = now;
-  std::string tenant = t.tenant;
-  std::string id = t.id;
-  json r = {{"op", "use"}, {"id", id}, {"at", format_rfc3339(now)}};
-  if (auto st = record(r.dump()); !st.ok()) return use_not_recorded(id, st.error());
+  std::string tenant, id;
+  GroupCommitLog::Mark mark;
+  {
+    std::lock_guard lk(*mu_);
+    now = floor_seconds(now);
+    prune(now);
+    auto found = find_valid(token, now);
+    if (!found) return found.error();
+    TokenRecord& t = **found;
+    // Fail closed: once we try to record the use, the token stays used in
+    // this process even if the write failed (the admin makes a new token).
+    t.used_at = now;
+    tenant = t.tenant;
+    id = t.id;
+    json r = {{"op", "use"}, {"id", id}, {"at", format_rfc3339(now)}};
+    auto written = record(r.dump());
+    if (!written) return use_not_recorded(id, written.error());
+    mark = *written;
+  }
+  // Enrollments at once wait here together, for one sync.
+  if (auto st = durable(mark); !st.ok()) return use_not_recorded(id, st.error());
   return tenant;
 }
 
@@ -464,20 +495,29 @@ std::vector<TokenRecord> TokenBook::list() const {
 }
 
 Result<size_t> TokenBook::revoke_tenant(const std::string& tenant, Clock::time_point now) {
-  std::lock_guard lk(*mu_);
-  now = floor_seconds(now);
-  prune(now);
-  json ids = json::array();
-  for (auto& [id, t] : tokens_) {
-    if (t.tenant == tenant && !t.used_at && !t.revoked) {
-      t.revoked = true;
-      ids.push_back(id);
+  std::size_t revoked = 0;
+  GroupCommitLog::Mark mark;
+  {
+    std::lock_guard lk(*mu_);
+    now = floor_seconds(now);
+    prune(now);
+    json ids = json::array();
+    for (auto& [id, t] : tokens_) {
+      if (t.tenant == tenant && !t.used_at && !t.revoked) {
+        t.revoked = true;
+        ids.push_back(id);
+      }
     }
+    if (ids.empty()) return size_t{0};
+    revoked = ids.size();
+    // Revoked in memory already, whatever the disk says (fail closed).
+    auto written = record(json{{"op", "revoke"}, {"ids", ids}}.dump());
+    if (!written) return written.error().with_context("revoke tokens of " + tenant);
+    mark = *written;
   }
-  if (ids.empty()) return size_t{0};
-  if (auto st = record(json{{"op", "revoke"}, {"ids", ids}}.dump()); !st.ok())
+  if (auto st = durable(mark); !st.ok())
     return st.error().with_context("revoke tokens of " + tenant);
-  return ids.size();
+  return revoked;
 }
 
 }  // namespace factory::enroll

@@ -107,7 +107,9 @@ class TokenBook final : public Tokens {
  public:
   // A missing file is an empty book; an unreadable or corrupt one is an error
   // (never silently treated as empty, which would lose revocations).
-  static Result<TokenBook> load(const std::filesystem::path& path);
+  // `sync`: how the journal is flushed (::fdatasync; a test's slower disk).
+  static Result<TokenBook> load(const std::filesystem::path& path,
+                                GroupCommitLog::SyncFn sync = nullptr);
 
   // A new token for a valid tenant name; persisted before it is returned.
   Result<IssuedToken> issue(const std::string& tenant, std::chrono::seconds ttl,
@@ -134,14 +136,24 @@ class TokenBook final : public Tokens {
   std::vector<TokenRecord> list() const;
   Result<std::vector<TokenRecord>> records() const override { return list(); }
   const std::filesystem::path& path() const { return path_; }
+  // fdatasync calls made on the journal: changes made at once share one.
+  std::uint64_t journal_syncs() const { return journal_->syncs(); }
   std::filesystem::path journal_path() const { return path_.string() + ".journal"; }
 
  private:
-  explicit TokenBook(std::filesystem::path path)
-      : path_(std::move(path)), mu_(std::make_unique<std::mutex>()) {}
-  // Appends one change to the journal (opening or starting it first), then
-  // compacts when the journal has outgrown the book.
-  Status record(const std::string& line);
+  TokenBook(std::filesystem::path path, GroupCommitLog::SyncFn sync)
+      : path_(std::move(path)),
+        journal_(std::make_unique<GroupCommitLog>(sync)),
+        mu_(std::make_unique<std::mutex>()) {}
+  // Writes one change to the journal (opening or starting it first), then
+  // compacts when the journal has outgrown the book. Under mu_. The change
+  // is durable once durable() returns for the mark, which is called
+  // without mu_: changes made meanwhile by other threads share its sync.
+  Result<GroupCommitLog::Mark> record(const std::string& line);
+  Status durable(GroupCommitLog::Mark m) { return journal_->wait_durable(m); }
+  // The journal's file is given up after a failed write or sync: cut back,
+  // when it is opened again, to what is known durable.
+  void drop_journal();
   Status open_journal();
   // The snapshot file: these tokens at that generation, written atomically.
   Status write_snapshot(const std::vector<TokenRecord>& tokens, std::uint64_t generation);
@@ -155,7 +167,7 @@ class TokenBook final : public Tokens {
   std::filesystem::path path_;
   std::unordered_map<std::string, TokenRecord> tokens_;  // by id
   std::uint64_t generation_ = 0;
-  DurableAppender journal_;
+  std::unique_ptr<GroupCommitLog> journal_;
   std::uint64_t journal_lines_ = 0;       // records in the current journal
   std::uint64_t journal_good_bytes_ = 0;  // before a torn tail found at load
   bool journal_current_ = false;          // the file on disk is this generation's

@@ -4,10 +4,13 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <thread>
 
 #include "common/atomic_file.hpp"
 #include "common/pki.hpp"
@@ -429,4 +432,114 @@ TEST(EnrollTokens, AJournalAlreadyFoldedIntoTheSnapshotIsNotReplayed) {
   auto b = TokenBook::load(path);
   ASSERT_FALSE(b.ok());
   EXPECT_NE(b.error().message.find("newer than the book"), std::string::npos) << b.error().message;
+}
+
+namespace {
+
+// A disk whose cache flush takes 20 ms (a busy spinning disk, a network
+// volume): what makes one sync per change the rollout's limit. The real
+// fdatasync still runs after the wait.
+int slow_fdatasync(int fd) {
+  std::this_thread::sleep_for(20ms);
+  return ::fdatasync(fd);
+}
+
+// A disk that fails its flushes while `failing` is set (EIO, as a dying
+// disk or a thin volume out of space does).
+std::atomic<bool> failing{false};
+int flaky_fdatasync(int fd) {
+  if (failing.load()) {
+    std::this_thread::sleep_for(5ms);
+    errno = EIO;
+    return -1;
+  }
+  return ::fdatasync(fd);
+}
+
+TokenBook load_with(const fs::path& p, factory::GroupCommitLog::SyncFn sync) {
+  auto b = TokenBook::load(p, sync);
+  EXPECT_TRUE(b.ok()) << (b.ok() ? "" : b.error().message);
+  return std::move(b).value();
+}
+
+}  // namespace
+
+// Enrollments redeem their tokens at once (the coordinator's workers): the
+// changes made while one sync runs share the next, instead of one fdatasync
+// each under the book's lock. Each redeem still returns only once its use is
+// on disk: after the last one returns, a fresh load finds every token used.
+TEST(EnrollTokens, ChangesMadeAtOnceShareTheirSyncs) {
+  TempDir tmp("tok");
+  fs::path path = tmp / "tokens.json";
+  TokenBook book = load_with(path, &slow_fdatasync);
+  constexpr int kThreads = 8, kEach = 6;
+  std::vector<std::string> tokens;
+  for (int i = 0; i < kThreads * kEach; ++i)
+    tokens.push_back(issue(book, "r" + std::to_string(i), 1h, t0));
+  const auto before = book.journal_syncs();
+  EXPECT_EQ(before, static_cast<std::uint64_t>(kThreads * kEach));  // one after the other: one each
+
+  std::atomic<int> redeemed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i)
+        if (book.redeem(tokens[t * kEach + i], t0 + 1min).ok()) ++redeemed;
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(redeemed.load(), kThreads * kEach);
+  const auto syncs = book.journal_syncs() - before;
+  // 48 changes from 8 threads: about one sync per round of the 8, not 48.
+  EXPECT_LE(syncs, static_cast<std::uint64_t>(kThreads * kEach / 3)) << syncs << " syncs";
+  EXPECT_GE(syncs, static_cast<std::uint64_t>(kEach));
+
+  TokenBook again = load(path);
+  auto all = again.list();
+  ASSERT_EQ(all.size(), tokens.size());
+  for (const auto& t : all) EXPECT_EQ(t.used_at, t0 + 1min) << t.id;
+}
+
+// A sync that fails fails every change written since the last good one,
+// whichever thread waits for it: issues are taken back (never shown), uses
+// stay refused in this process (fail closed), and the journal is cut back
+// to what was durable before the next change, which succeeds once the disk
+// does. The book loads after it.
+TEST(EnrollTokens, AFailedSyncFailsEveryChangeItCoveredAndTheJournalRecovers) {
+  TempDir tmp("tok");
+  fs::path path = tmp / "tokens.json";
+  TokenBook book = load_with(path, &flaky_fdatasync);
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 4; ++i) tokens.push_back(issue(book, "r" + std::to_string(i), 1h, t0));
+  const std::string good = factory::testing::slurp(book.journal_path());
+
+  failing = true;
+  std::vector<factory::Result<std::string>> answers(4, std::string());
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i)
+    threads.emplace_back([&, i] { answers[i] = book.redeem(tokens[i], t0 + 1min); });
+  for (auto& th : threads) th.join();
+  auto issued = book.issue("late", 1h, t0);
+  failing = false;
+
+  for (auto& a : answers) {
+    ASSERT_FALSE(a.ok());
+    EXPECT_EQ(a.error().code, Errc::unavailable);
+    EXPECT_NE(a.error().message.find("fdatasync"), std::string::npos) << a.error().message;
+  }
+  ASSERT_FALSE(issued.ok());
+  EXPECT_EQ(book.list().size(), 4u);  // the token whose issue failed is gone
+  for (const auto& t : tokens) expect_refused(book.redeem(t, t0 + 2min), "token already used at");
+
+  // The next change reopens the journal, cut back to the last good sync.
+  std::string fresh = issue(book, "after", 1h, t0);
+  ASSERT_TRUE(book.redeem(fresh, t0 + 3min).ok());
+  // What was durable, then the two changes since: nothing of the failed ones.
+  const std::string journal = factory::testing::slurp(book.journal_path());
+  ASSERT_EQ(journal.rfind(good, 0), 0u);
+  const std::string added = journal.substr(good.size());
+  EXPECT_EQ(std::count(added.begin(), added.end(), '\n'), 2) << added;
+  EXPECT_NE(added.find("\"after\""), std::string::npos) << added;
+  TokenBook again = load(path);
+  EXPECT_EQ(again.list().size(), 5u);
+  expect_refused(again.redeem(fresh, t0 + 4min), "token already used at");
 }
