@@ -38,6 +38,15 @@ std::vector<TenantRecord> BatchingStore::list_tenants() const {
   return out;
 }
 
+std::vector<TenantRecord> BatchingStore::tenants_where(
+    const std::function<bool(const TenantRecord&)>& keep) const {
+  std::shared_lock lk(mu_);
+  std::vector<TenantRecord> out;
+  for (const auto& [_, t] : tenants_)
+    if (keep(t)) out.push_back(t);
+  return out;
+}
+
 std::optional<TenantRecord> BatchingStore::get_tenant(const std::string& name) const {
   std::shared_lock lk(mu_);
   auto it = tenants_.find(name);

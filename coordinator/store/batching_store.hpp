@@ -151,6 +151,8 @@ class BatchingStore final : public Store {
   BatchingStore& operator=(const BatchingStore&) = delete;
 
   std::vector<TenantRecord> list_tenants() const override;
+  std::vector<TenantRecord> tenants_where(
+      const std::function<bool(const TenantRecord&)>& keep) const override;
   std::optional<TenantRecord> get_tenant(const std::string& name) const override;
   std::uint64_t last_event_id(const std::string& tenant, const std::string& agent) const override;
   std::size_t event_count(const std::string& tenant) const override;

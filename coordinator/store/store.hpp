@@ -99,6 +99,13 @@ class Store {
 
   // From memory; any thread.
   virtual std::vector<TenantRecord> list_tenants() const = 0;
+  // The records `keep` says yes to, copied; the others are only looked at.
+  // For the passes that look at every tenant and act on a few (drains,
+  // agent rollouts, usage), which copied every record every few seconds.
+  // `keep` runs under the store's read lock: it must be quick and must not
+  // call the store.
+  virtual std::vector<TenantRecord> tenants_where(
+      const std::function<bool(const TenantRecord&)>& keep) const = 0;
   virtual std::optional<TenantRecord> get_tenant(const std::string& name) const = 0;
   virtual std::uint64_t last_event_id(const std::string& tenant,
                                       const std::string& agent_id) const = 0;

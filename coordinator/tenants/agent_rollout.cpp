@@ -389,11 +389,8 @@ void TenantService::rollout_pass() {
   if (upgrade_rescan_.exchange(false) || now - upgrade_last_scan_ >= kMaintenanceScanEvery) {
     upgrade_last_scan_ = now;
     upgrade_tenants_.clear();
-    for (auto& t : deps_.store.list_tenants())
-      if (watched(t)) {
-        upgrade_tenants_.insert(t.name);
-        records.push_back(std::move(t));
-      }
+    records = deps_.store.tenants_where(watched);
+    for (const auto& t : records) upgrade_tenants_.insert(t.name);
   } else {
     for (auto it = upgrade_tenants_.begin(); it != upgrade_tenants_.end();) {
       auto t = deps_.store.get_tenant(*it);
@@ -411,9 +408,11 @@ void TenantService::rollout_pass() {
   std::map<std::string, std::vector<store::TenantRecord>> rollouts;
   std::set<std::string> live;
   for (const auto& t : records) live.insert(t.status.agent_upgrade->rollout_id.value_or(""));
-  for (auto& t : deps_.store.list_tenants())
-    if (t.status.agent_upgrade && live.count(t.status.agent_upgrade->rollout_id.value_or("")))
-      rollouts[t.status.agent_upgrade->rollout_id.value_or("")].push_back(std::move(t));
+  for (auto& t : deps_.store.tenants_where([&live](const store::TenantRecord& r) {
+         return r.status.agent_upgrade &&
+                live.count(r.status.agent_upgrade->rollout_id.value_or(""));
+       }))
+    rollouts[t.status.agent_upgrade->rollout_id.value_or("")].push_back(std::move(t));
 
   for (auto& [id, tenants] : rollouts) {
     std::sort(tenants.begin(), tenants.end(), [](const auto& a, const auto& b) {

@@ -352,7 +352,9 @@ void TenantService::maintenance_pass() {
   // undrain; between, only the tenants with a journal under way.
   std::vector<store::TenantRecord> records;
   if (maint_rescan_.exchange(false) || now - maint_last_scan_ >= kMaintenanceScanEvery) {
-    records = deps_.store.list_tenants();
+    // Only the tenants with a journal: nothing below acts on the others.
+    records = deps_.store.tenants_where(
+        [](const store::TenantRecord& t) { return t.status.maintenance.has_value(); });
     maint_last_scan_ = now;
     maint_tenants_.clear();
     for (const auto& t : records)

@@ -104,8 +104,11 @@ void TenantService::usage_pass() {
   const auto now = Clock::now();
   if (now - usage_last_pass_ < opts_.usage_every) return;
   usage_last_pass_ = now;
-  for (const auto& t : deps_.store.list_tenants()) {
-    if (!has_vm(t) || t.phase == "deleting" || t.spec.gpus.value_or(0) <= 0) continue;
+  // The tenants with a VM that has cards; the provider is asked outside
+  // the store's lock.
+  for (const auto& t : deps_.store.tenants_where([](const store::TenantRecord& r) {
+         return has_vm(r) && r.phase != "deleting" && r.spec.gpus.value_or(0) > 0;
+       })) {
     const VmSpec vm = stored_vm(t);
     auto obs = provider_->observe(t.name, vm.ns);
     if (!obs) {

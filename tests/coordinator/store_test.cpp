@@ -157,6 +157,29 @@ TEST_P(StoreTest, TenantsSurviveAReopen) {
   EXPECT_EQ(all[0].phase, "ready");
 }
 
+// tenants_where: every record is looked at, the ones kept are copies of
+// the records as they are now, in the store's order.
+TEST_P(StoreTest, TenantsWhereKeepsOnlyWhatItsPredicateSaysYesTo) {
+  auto s = open();
+  for (const char* n : {"a", "b", "c", "d"}) ASSERT_TRUE(s->put_tenant(tenant(n)).ok());
+  for (const char* n : {"b", "d"})
+    ASSERT_TRUE(s->update_tenant(n, [](TenantRecord& t) {
+                   t.phase = "ready";
+                   return Status{};
+                 }).ok());
+  std::vector<std::string> seen;
+  auto ready = s->tenants_where([&](const TenantRecord& t) {
+    seen.push_back(t.name);
+    return t.phase == "ready";
+  });
+  EXPECT_EQ(seen, (std::vector<std::string>{"a", "b", "c", "d"}));
+  ASSERT_EQ(ready.size(), 2u);
+  EXPECT_EQ(ready[0].name, "b");
+  EXPECT_EQ(ready[1].name, "d");
+  EXPECT_EQ(ready[1].phase, "ready");
+  EXPECT_TRUE(s->tenants_where([](const TenantRecord&) { return false; }).empty());
+}
+
 TEST_P(StoreTest, AnAgentUpgradeJournalSurvivesAReopenFieldByField) {
   AgentUpgradeJournal j;
   j.state = "sent";
