@@ -103,17 +103,30 @@ DurableAppender& DurableAppender::operator=(DurableAppender&& o) noexcept {
   return *this;
 }
 
-Result<DurableAppender> DurableAppender::open(const fs::path& path, mode_t mode) {
+namespace {
+// `path` opened for appending; created with `mode` when missing, and then
+// its folder synced so that the new entry survives a crash.
+Result<int> open_for_append(const fs::path& path, mode_t mode) {
   bool existed = fs::exists(path);
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, mode);
   if (fd < 0) return errno_error("open " + path.string(), errno);
-  DurableAppender a;
-  a.fd_ = fd;
-  a.path_ = path;
   if (!existed) {
     ::fchmod(fd, mode);
-    if (auto st = fsync_dir(path.parent_path()); !st.ok()) return st.error();
+    if (auto st = fsync_dir(path.parent_path()); !st.ok()) {
+      ::close(fd);
+      return st.error();
+    }
   }
+  return fd;
+}
+}  // namespace
+
+Result<DurableAppender> DurableAppender::open(const fs::path& path, mode_t mode) {
+  auto fd = open_for_append(path, mode);
+  if (!fd.ok()) return fd.error();
+  DurableAppender a;
+  a.fd_ = *fd;
+  a.path_ = path;
   return a;
 }
 
@@ -136,11 +149,9 @@ GroupCommitLog::~GroupCommitLog() {
 }
 
 Status GroupCommitLog::open(const fs::path& path, mode_t mode) {
-  auto a = DurableAppender::open(path, mode);  // creates it, 0600, its folder synced
-  if (!a.ok()) return a.error();
-  a->close();
-  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd < 0) return errno_error("open " + path.string(), errno);
+  auto opened = open_for_append(path, mode);
+  if (!opened.ok()) return opened.error();
+  const int fd = *opened;
   const off_t size = ::lseek(fd, 0, SEEK_END);
   if (size < 0) {
     const int err = errno;
