@@ -55,6 +55,10 @@ typedef struct { unsigned int gpu, memory; } util_t;
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gi, ci; } proc_t;
 typedef struct { unsigned int fieldId, scopeId; long long timestamp, latencyUsec; int valueType, nvmlReturn; union { double d; unsigned int ui; unsigned long ul; unsigned long long ull; } value; } field_t;
 typedef struct { void* device; unsigned long long eventType, eventData; unsigned int gpuInstanceId, computeInstanceId; } event_t;
+/* Initializations not yet shut down: NVML counts them, and shuts down only
+   when the count reaches zero (nvmlShutdown's documentation), so a watcher
+   that lets go of the library leaves the probe's handle working; a
+   shutdown more than the inits is not an error. */
 static int inited;
 /* The control file's values for key (at most n): their count, -1 when the key is absent. */
 static int ctl(const char* key, unsigned long long* v, int n) {
@@ -70,11 +74,11 @@ static int ctl(const char* key, unsigned long long* v, int n) {
   return got;
 }
 static unsigned long long lost_mode(void) { unsigned long long v = 0; return ctl("lost", &v, 1) > 0 ? v : 0; }
-int nvmlInit_v2(void) { inited = 1; return 0; }
-int nvmlShutdown(void) { inited = 0; return 0; }
+int nvmlInit_v2(void) { __atomic_add_fetch(&inited, 1, __ATOMIC_SEQ_CST); return 0; }
+int nvmlShutdown(void) { int n = __atomic_load_n(&inited, __ATOMIC_SEQ_CST); while (n > 0 && !__atomic_compare_exchange_n(&inited, &n, n - 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {} return 0; }
 const char* nvmlErrorString(int r) { return r == 15 ? "GPU is lost" : r == 10 ? "Timeout" : r ? "Unknown Error" : "Success"; }
 int nvmlSystemGetCudaDriverVersion_v2(int* v) { *v = 13000; return 0; }
-int nvmlDeviceGetCount_v2(unsigned int* n) { if (!inited) return 1; *n = 1; return 0; }
+int nvmlDeviceGetCount_v2(unsigned int* n) { if (!__atomic_load_n(&inited, __ATOMIC_SEQ_CST)) return 1; *n = 1; return 0; }
 int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void** d) { if (i) return 2; if (lost_mode() == 1) return 15; *d = (void*)0x1; return 0; }
 int nvmlDeviceGetName(void* d, char* b, unsigned int n) { if (lost_mode()) return 15; strncpy(b, "NVIDIA H200", n); return 0; }
 int nvmlDeviceGetUUID(void* d, char* b, unsigned int n) { if (lost_mode()) return 15; strncpy(b, "GPU-93c19784-9a89-60fe-0a12-f2f7720f62a2", n); return 0; }

@@ -394,6 +394,31 @@ TEST(Nvml, ReadsThroughAStandInLibrary) {
   EXPECT_EQ(via_root->gpus.size(), 1u);
 }
 
+// The health probe keeps its NVML loaded (read_gpus_via_nvml) while the
+// fault watcher loads and lets go of its own: NVML counts initializations
+// and shuts down only at zero, so the watcher's nvmlShutdown leaves the
+// probe's reads working. The stand-in once shut down at the first call, and
+// FaultyCard.AnXid79IsReportedAtOnceAndKeptUntilAcknowledged failed on CI
+// when a restarted agent's first sample ran after the old watcher let go.
+TEST(Nvml, AHolderLettingGoLeavesTheOtherHoldersReadsWorking) {
+  factory::testing::TempDir dir("nvml-holders");
+  auto so = build_fake_nvml(dir.path(), fake_nvml_source());
+  GuestEnv env;
+  env.root = dir.path() / "root";
+  std::filesystem::create_directories(env.root / "usr/lib/x86_64-linux-gnu");
+  std::filesystem::copy_file(so, env.root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
+  auto kept = read_gpus_via_nvml(env);
+  ASSERT_TRUE(kept) << kept.error().message;
+  {
+    auto watcher = NvmlLibrary::load(nvml_library_candidates(env));
+    ASSERT_TRUE(watcher) << watcher.error().message;
+    ASSERT_TRUE((*watcher)->read());
+  }
+  auto after = read_gpus_via_nvml(env);
+  ASSERT_TRUE(after) << after.error().message;
+  EXPECT_EQ(after->gpus.size(), 1u);
+}
+
 // A driver older than R510 has no v2 memory info: used is v1's (reserved
 // in it, as that driver's nvidia-smi showed it) and reserved stays unknown,
 // never guessed; the figures such a driver lacks stay unknown too.
