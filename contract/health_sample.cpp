@@ -2,9 +2,9 @@
 
 #include <cmath>
 #include <limits>
-#include <regex>
 
 #include "common/durations.hpp"
+#include "common/json_writer.hpp"
 #include "contract/mig_cards.hpp"
 
 namespace factory::proto {
@@ -14,56 +14,303 @@ namespace lim = health_limits;
 
 namespace {
 
-template <class T>
-json opt(const std::optional<T>& v) {
-  if (v) return *v;
-  return nullptr;
+// Each type's fields, listed once: to_json() writes them into a tree and
+// to_text() into bytes (common/json_writer.hpp), from this one list.
+
+// Declared first: list() finds each by ordinary lookup (not by argument-
+// dependent lookup, which skips this unnamed namespace).
+template <class W>
+void write(W& w, const DiagnosisSample& d);
+template <class W>
+void write(W& w, const GpuProcessSample& p);
+template <class W>
+void write(W& w, const MigInstanceSample& m);
+template <class W>
+void write(W& w, const XidSample& x);
+template <class W>
+void write(W& w, const GpuSample& g);
+template <class W>
+void write(W& w, const OllamaModelSample& m);
+template <class W>
+void write(W& w, const K8sNodeSample& n);
+template <class W>
+void write(W& w, const K8sPodSample& p);
+
+template <class W>
+void text_or_null(W& w, std::string_view k, const std::string& s) {
+  w.key(k);
+  if (s.empty())
+    w.value(nullptr);
+  else
+    w.value(s);
 }
 
-json text_or_null(const std::string& s) {
-  return s.empty() ? json(nullptr) : json(s);
+template <class W, class T>
+void member(W& w, std::string_view k, const T& v) {
+  w.key(k);
+  w.value(v);
 }
 
-json diagnoses_json(const std::vector<DiagnosisSample>& ds) {
-  json out = json::array();
-  for (const auto& d : ds) out.push_back(d.to_json());
-  return out;
+template <class W>
+void write(W& w, const DiagnosisSample& d) {
+  w.begin_object();
+  member(w, "code", d.code);
+  member(w, "summary", d.summary);
+  member(w, "fix", d.fix);
+  member(w, "details", d.details);
+  w.end_object();
+}
+
+template <class W, class T>
+void list(W& w, std::string_view k, const std::vector<T>& xs) {
+  w.key(k);
+  w.begin_array();
+  for (const auto& x : xs) write(w, x);
+  w.end_array();
 }
 
 // Optional keys: present only when they say something.
-void put_error_and_diagnoses(json& j, const std::string& error,
-                             const std::vector<DiagnosisSample>& ds) {
-  if (!error.empty()) j["error"] = error;
-  if (!ds.empty()) j["diagnoses"] = diagnoses_json(ds);
+template <class W>
+void error_and_diagnoses(W& w, const std::string& error, const std::vector<DiagnosisSample>& ds) {
+  if (!error.empty()) member(w, "error", error);
+  if (!ds.empty()) list(w, "diagnoses", ds);
+}
+
+template <class W>
+void write(W& w, const GpuProcessSample& p) {
+  w.begin_object();
+  member(w, "pid", p.pid);
+  member(w, "name", p.name);
+  member(w, "used_memory_mib", p.used_memory_mib);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const MigInstanceSample& m) {
+  w.begin_object();
+  member(w, "profile", m.profile);
+  member(w, "memory_gib", m.memory_gib);
+  member(w, "uuid", m.uuid);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const XidSample& x) {
+  w.begin_object();
+  member(w, "xid", x.xid);
+  member(w, "count", x.count);
+  text_or_null(w, "first_at", x.first_at);
+  text_or_null(w, "last_at", x.last_at);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const NvlinkSample& n) {
+  w.begin_object();
+  member(w, "links", n.links);
+  member(w, "crc_flit_errors", n.crc_flit_errors);
+  member(w, "crc_data_errors", n.crc_data_errors);
+  member(w, "replay_errors", n.replay_errors);
+  member(w, "recovery_errors", n.recovery_errors);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const GpuSample& g) {
+  w.begin_object();
+  member(w, "index", g.index);
+  member(w, "name", g.name);
+  text_or_null(w, "uuid", g.uuid);
+  member(w, "pci_bus_id", g.pci_bus_id);
+  member(w, "minor_number", g.minor_number);
+  member(w, "memory_total_mib", g.memory_total_mib);
+  member(w, "memory_used_mib", g.memory_used_mib);
+  member(w, "memory_free_mib", g.memory_free_mib);
+  member(w, "memory_reserved_mib", g.memory_reserved_mib);
+  member(w, "utilization_percent", g.utilization_percent);
+  member(w, "memory_utilization_percent", g.memory_utilization_percent);
+  member(w, "temperature_c", g.temperature_c);
+  member(w, "memory_temperature_c", g.memory_temperature_c);
+  member(w, "power_draw_w", g.power_draw_w);
+  member(w, "power_limit_w", g.power_limit_w);
+  member(w, "sm_clock_mhz", g.sm_clock_mhz);
+  member(w, "memory_clock_mhz", g.memory_clock_mhz);
+  text_or_null(w, "pstate", g.pstate);
+  member(w, "ecc_errors_uncorrected_volatile", g.ecc_errors_uncorrected_volatile);
+  text_or_null(w, "mig_mode", g.mig_mode);
+  list(w, "processes", g.processes);
+  text_or_null(w, "serial", g.serial);
+  member(w, "lost", g.lost);
+  member(w, "ecc_errors_corrected_volatile", g.ecc_errors_corrected_volatile);
+  member(w, "ecc_errors_corrected_aggregate", g.ecc_errors_corrected_aggregate);
+  member(w, "ecc_errors_uncorrected_aggregate", g.ecc_errors_uncorrected_aggregate);
+  member(w, "remapped_rows_correctable", g.remapped_rows_correctable);
+  member(w, "remapped_rows_uncorrectable", g.remapped_rows_uncorrectable);
+  member(w, "remapped_rows_pending", g.remapped_rows_pending);
+  member(w, "remapped_rows_failure", g.remapped_rows_failure);
+  member(w, "retired_pages_sbe", g.retired_pages_sbe);
+  member(w, "retired_pages_dbe", g.retired_pages_dbe);
+  member(w, "retired_pages_pending", g.retired_pages_pending);
+  member(w, "pcie_replay_count", g.pcie_replay_count);
+  member(w, "clocks_event_reasons", g.clocks_event_reasons);
+  member(w, "energy_mj", g.energy_mj);
+  list(w, "xids", g.xids);
+  if (g.nvlink) {
+    w.key("nvlink");
+    write(w, *g.nvlink);
+  }
+  if (!g.mig_instances.empty()) list(w, "mig_instances", g.mig_instances);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const GpuSection& s) {
+  w.begin_object();
+  member(w, "source", s.source);
+  text_or_null(w, "driver_version", s.driver_version);
+  text_or_null(w, "cuda_driver_version", s.cuda_driver_version);
+  list(w, "gpus", s.gpus);
+  if (!s.via.empty()) member(w, "via", s.via);
+  error_and_diagnoses(w, s.error, s.diagnoses);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const OllamaModelSample& m) {
+  w.begin_object();
+  member(w, "name", m.name);
+  member(w, "size", m.size);
+  member(w, "size_vram", m.size_vram);
+  member(w, "gpu_percent", m.gpu_percent);
+  member(w, "context_length", m.context_length);
+  text_or_null(w, "expires_at", m.expires_at);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const OllamaSection& o) {
+  w.begin_object();
+  text_or_null(w, "version", o.version);
+  list(w, "models", o.models);
+  error_and_diagnoses(w, o.error, o.diagnoses);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const K8sNodeSample& n) {
+  w.begin_object();
+  member(w, "name", n.name);
+  member(w, "ready", n.ready);
+  member(w, "allocatable", n.allocatable);
+  member(w, "capacity", n.capacity);
+  text_or_null(w, "gpu_label", n.gpu_label);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const K8sPodSample& p) {
+  w.begin_object();
+  member(w, "namespace", p.ns);
+  member(w, "name", p.name);
+  member(w, "phase", p.phase);
+  member(w, "status", p.status);
+  member(w, "node", p.node);
+  member(w, "gpus", p.gpus);
+  member(w, "gpumem_mib", p.gpumem_mib);
+  member(w, "gpumem_percentage", p.gpumem_percentage);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const K8sSection& k) {
+  w.begin_object();
+  member(w, "resource", k.resource);
+  member(w, "allocatable", k.allocatable);
+  member(w, "capacity", k.capacity);
+  list(w, "nodes", k.nodes);
+  list(w, "pods", k.pods);
+  error_and_diagnoses(w, k.error, k.diagnoses);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const ProbeSample& p) {
+  w.begin_object();
+  member(w, "model", p.model);
+  member(w, "ok", p.ok);
+  member(w, "ttft_ms", p.ttft_ms);
+  member(w, "total_ms", p.total_ms);
+  text_or_null(w, "at", p.at);
+  if (!p.error.empty()) member(w, "error", p.error);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const EndpointSection& e) {
+  w.begin_object();
+  member(w, "serving", e.serving);
+  member(w, "requests", e.requests);
+  member(w, "served", e.served);
+  member(w, "unauthorized", e.unauthorized);
+  member(w, "refused_paths", e.refused_paths);
+  member(w, "busy", e.busy);
+  member(w, "upstream_errors", e.upstream_errors);
+  member(w, "in_flight", e.in_flight);
+  text_or_null(w, "certificate_expires_at", e.certificate_expires_at);
+  w.key("probe");
+  if (e.probe)
+    write(w, *e.probe);
+  else
+    w.value(nullptr);
+  w.end_object();
+}
+
+template <class W>
+void write(W& w, const HealthSample& h) {
+  w.begin_object();
+  member(w, "time", h.time);
+  member(w, "hostname", h.hostname);
+  w.key("gpu");
+  write(w, h.gpu);
+  if (!h.plan_hash.empty()) member(w, "plan_hash", h.plan_hash);
+  if (h.ollama) {
+    w.key("ollama");
+    write(w, *h.ollama);
+  }
+  if (h.k8s) {
+    w.key("k8s");
+    write(w, *h.k8s);
+  }
+  if (h.endpoint) {
+    w.key("endpoint");
+    write(w, *h.endpoint);
+  }
+  w.end_object();
+}
+
+template <class T>
+json tree_of(const T& x) {
+  JsonTree w;
+  write(w, x);
+  return w.take();
 }
 
 }  // namespace
 
 json DiagnosisSample::to_json() const {
-  return {{"code", code}, {"summary", summary}, {"fix", fix}, {"details", details}};
+  return tree_of(*this);
 }
-
 json GpuProcessSample::to_json() const {
-  return {{"pid", pid}, {"name", name}, {"used_memory_mib", opt(used_memory_mib)}};
+  return tree_of(*this);
 }
-
 json MigInstanceSample::to_json() const {
-  return {{"profile", profile}, {"memory_gib", opt(memory_gib)}, {"uuid", uuid}};
+  return tree_of(*this);
 }
-
 json XidSample::to_json() const {
-  return {{"xid", xid},
-          {"count", count},
-          {"first_at", text_or_null(first_at)},
-          {"last_at", text_or_null(last_at)}};
+  return tree_of(*this);
 }
-
 json NvlinkSample::to_json() const {
-  return {{"links", opt(links)},
-          {"crc_flit_errors", opt(crc_flit_errors)},
-          {"crc_data_errors", opt(crc_data_errors)},
-          {"replay_errors", opt(replay_errors)},
-          {"recovery_errors", opt(recovery_errors)}};
+  return tree_of(*this);
 }
 
 int GpuSample::last_xid() const {
@@ -83,147 +330,41 @@ int GpuSample::last_xid() const {
 }
 
 json GpuSample::to_json() const {
-  json procs = json::array();
-  for (const auto& p : processes) procs.push_back(p.to_json());
-  json xs = json::array();
-  for (const auto& x : xids) xs.push_back(x.to_json());
-  json j = {{"index", index},
-            {"name", name},
-            {"uuid", text_or_null(uuid)},
-            {"pci_bus_id", pci_bus_id},
-            {"minor_number", opt(minor_number)},
-            {"memory_total_mib", opt(memory_total_mib)},
-            {"memory_used_mib", opt(memory_used_mib)},
-            {"memory_free_mib", opt(memory_free_mib)},
-            {"memory_reserved_mib", opt(memory_reserved_mib)},
-            {"utilization_percent", opt(utilization_percent)},
-            {"memory_utilization_percent", opt(memory_utilization_percent)},
-            {"temperature_c", opt(temperature_c)},
-            {"memory_temperature_c", opt(memory_temperature_c)},
-            {"power_draw_w", opt(power_draw_w)},
-            {"power_limit_w", opt(power_limit_w)},
-            {"sm_clock_mhz", opt(sm_clock_mhz)},
-            {"memory_clock_mhz", opt(memory_clock_mhz)},
-            {"pstate", text_or_null(pstate)},
-            {"ecc_errors_uncorrected_volatile", opt(ecc_errors_uncorrected_volatile)},
-            {"mig_mode", text_or_null(mig_mode)},
-            {"processes", std::move(procs)},
-            {"serial", text_or_null(serial)},
-            {"lost", lost},
-            {"ecc_errors_corrected_volatile", opt(ecc_errors_corrected_volatile)},
-            {"ecc_errors_corrected_aggregate", opt(ecc_errors_corrected_aggregate)},
-            {"ecc_errors_uncorrected_aggregate", opt(ecc_errors_uncorrected_aggregate)},
-            {"remapped_rows_correctable", opt(remapped_rows_correctable)},
-            {"remapped_rows_uncorrectable", opt(remapped_rows_uncorrectable)},
-            {"remapped_rows_pending", opt(remapped_rows_pending)},
-            {"remapped_rows_failure", opt(remapped_rows_failure)},
-            {"retired_pages_sbe", opt(retired_pages_sbe)},
-            {"retired_pages_dbe", opt(retired_pages_dbe)},
-            {"retired_pages_pending", opt(retired_pages_pending)},
-            {"pcie_replay_count", opt(pcie_replay_count)},
-            {"clocks_event_reasons", opt(clocks_event_reasons)},
-            {"energy_mj", opt(energy_mj)},
-            {"xids", std::move(xs)}};
-  if (nvlink) j["nvlink"] = nvlink->to_json();
-  if (!mig_instances.empty()) {
-    json mig = json::array();
-    for (const auto& m : mig_instances) mig.push_back(m.to_json());
-    j["mig_instances"] = std::move(mig);
-  }
-  return j;
+  return tree_of(*this);
 }
-
 json GpuSection::to_json() const {
-  json g = json::array();
-  for (const auto& r : gpus) g.push_back(r.to_json());
-  json j = {{"source", source},
-            {"driver_version", text_or_null(driver_version)},
-            {"cuda_driver_version", text_or_null(cuda_driver_version)},
-            {"gpus", std::move(g)}};
-  if (!via.empty()) j["via"] = via;
-  put_error_and_diagnoses(j, error, diagnoses);
-  return j;
+  return tree_of(*this);
 }
-
 json OllamaModelSample::to_json() const {
-  return {{"name", name},
-          {"size", size},
-          {"size_vram", size_vram},
-          {"gpu_percent", gpu_percent},
-          {"context_length", opt(context_length)},
-          {"expires_at", text_or_null(expires_at)}};
+  return tree_of(*this);
 }
-
 json OllamaSection::to_json() const {
-  json m = json::array();
-  for (const auto& x : models) m.push_back(x.to_json());
-  json j = {{"version", text_or_null(version)}, {"models", std::move(m)}};
-  put_error_and_diagnoses(j, error, diagnoses);
-  return j;
+  return tree_of(*this);
 }
-
 json K8sNodeSample::to_json() const {
-  return {{"name", name},
-          {"ready", ready},
-          {"allocatable", opt(allocatable)},
-          {"capacity", opt(capacity)},
-          {"gpu_label", text_or_null(gpu_label)}};
+  return tree_of(*this);
 }
-
 json K8sPodSample::to_json() const {
-  return {{"namespace", ns},
-          {"name", name},
-          {"phase", phase},
-          {"status", status},
-          {"node", node},
-          {"gpus", opt(gpus)},
-          {"gpumem_mib", opt(gpumem_mib)},
-          {"gpumem_percentage", opt(gpumem_percentage)}};
+  return tree_of(*this);
 }
-
 json K8sSection::to_json() const {
-  json n = json::array(), p = json::array();
-  for (const auto& x : nodes) n.push_back(x.to_json());
-  for (const auto& x : pods) p.push_back(x.to_json());
-  json j = {{"resource", resource},
-            {"allocatable", opt(allocatable)},
-            {"capacity", opt(capacity)},
-            {"nodes", std::move(n)},
-            {"pods", std::move(p)}};
-  put_error_and_diagnoses(j, error, diagnoses);
-  return j;
+  return tree_of(*this);
 }
-
 json ProbeSample::to_json() const {
-  json j = {{"model", model},
-            {"ok", ok},
-            {"ttft_ms", opt(ttft_ms)},
-            {"total_ms", opt(total_ms)},
-            {"at", text_or_null(at)}};
-  if (!error.empty()) j["error"] = error;
-  return j;
+  return tree_of(*this);
 }
-
 json EndpointSection::to_json() const {
-  return {{"serving", serving},
-          {"requests", requests},
-          {"served", served},
-          {"unauthorized", unauthorized},
-          {"refused_paths", refused_paths},
-          {"busy", busy},
-          {"upstream_errors", upstream_errors},
-          {"in_flight", in_flight},
-          {"certificate_expires_at", text_or_null(certificate_expires_at)},
-          {"probe", probe ? probe->to_json() : json(nullptr)}};
+  return tree_of(*this);
+}
+json HealthSample::to_json() const {
+  return tree_of(*this);
 }
 
-json HealthSample::to_json() const {
-  json j = {{"time", time}, {"hostname", hostname}, {"gpu", gpu.to_json()}};
-  if (!plan_hash.empty()) j["plan_hash"] = plan_hash;
-  if (ollama) j["ollama"] = ollama->to_json();
-  if (k8s) j["k8s"] = k8s->to_json();
-  if (endpoint) j["endpoint"] = endpoint->to_json();
-  return j;
+std::string HealthSample::to_text() const {
+  // A whole H200 sample is about 1.9 KB.
+  JsonText w(2048);
+  write(w, *this);
+  return w.take();
 }
 
 std::vector<const DiagnosisSample*> HealthSample::all_diagnoses() const {
@@ -419,14 +560,13 @@ bool clean_json(const json& j, std::size_t depth = 0) {
 }
 
 std::vector<DiagnosisSample> read_diagnoses(FieldReader& r) {
-  static const std::regex code_re("^[a-z][a-z0-9_]{0,63}$");
   std::vector<DiagnosisSample> out;
   int i = 0;
   for (const json* e : r.objects("diagnoses", lim::kDiagnoses)) {
     FieldReader d(*e, r.rejections(), r.item("diagnoses", i++));
     DiagnosisSample s;
     auto code = d.matching("code", lim::kShort,
-                           [](const std::string& c) { return std::regex_match(c, code_re); });
+                           [](const std::string& c) { return health_formats::diagnosis_code(c); });
     if (!code) {
       // A diagnosis is its code: without one it is nothing to show.
       if (!d.get("code")) d.reject("code", RejectReason::missing);
@@ -529,8 +669,7 @@ GpuSample read_gpu(FieldReader& r, int position) {
   g.sm_clock_mhz = r.integer<int>("sm_clock_mhz", 0, 100000);
   g.memory_clock_mhz = r.integer<int>("memory_clock_mhz", 0, 100000);
   g.pstate = text(r, "pstate", 4);
-  static const std::regex pstate_re("^P([0-9]|1[0-5])$");
-  if (!g.pstate.empty() && !std::regex_match(g.pstate, pstate_re)) {
+  if (!g.pstate.empty() && !health_formats::pstate(g.pstate)) {
     r.reject("pstate", RejectReason::bad_format);
     g.pstate.clear();
   }
@@ -553,7 +692,6 @@ GpuSample read_gpu(FieldReader& r, int position) {
     g.processes.push_back(std::move(s));
   }
   i = 0;
-  static const std::regex mig_uuid("^MIG-[0-9A-Za-z-]{1,60}$");
   for (const json* e : r.objects("mig_instances", lim::kMigInstances)) {
     FieldReader m(*e, r.rejections(), r.item("mig_instances", i++));
     MigInstanceSample s;
@@ -564,7 +702,7 @@ GpuSample read_gpu(FieldReader& r, int position) {
     }
     s.memory_gib = m.number("memory_gib", 0, 4096);
     s.uuid = text(m, "uuid", lim::kShort);
-    if (!s.uuid.empty() && !std::regex_match(s.uuid, mig_uuid)) {
+    if (!s.uuid.empty() && !health_formats::mig_uuid(s.uuid)) {
       m.reject("uuid", RejectReason::bad_format);
       s.uuid.clear();
     }
@@ -620,10 +758,9 @@ OllamaSection read_ollama(FieldReader& r) {
 }
 
 K8sSection read_k8s(FieldReader& r) {
-  static const std::regex resource_re("^[A-Za-z0-9.-]+/[A-Za-z0-9_.-]+$");
   K8sSection s;
   s.resource = text(r, "resource", lim::kName);
-  if (!std::regex_match(s.resource, resource_re)) {
+  if (!health_formats::k8s_resource(s.resource)) {
     if (!s.resource.empty()) r.reject("resource", RejectReason::bad_format);
     s.resource = "nvidia.com/gpu";
   }
@@ -694,6 +831,48 @@ EndpointSection read_endpoint(FieldReader& r) {
 }
 
 }  // namespace
+
+namespace health_formats {
+
+namespace {
+bool lower_or_digit(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+}
+bool alnum(char c) {
+  return lower_or_digit(c) || (c >= 'A' && c <= 'Z');
+}
+template <class Allowed>
+bool all_of(std::string_view s, Allowed ok) {
+  for (char c : s)
+    if (!ok(c)) return false;
+  return true;
+}
+}  // namespace
+
+bool diagnosis_code(std::string_view s) {
+  return !s.empty() && s.size() <= 64 && s[0] >= 'a' && s[0] <= 'z' &&
+         all_of(s, [](char c) { return lower_or_digit(c) || c == '_'; });
+}
+
+bool pstate(std::string_view s) {
+  if (s.size() == 2) return s[0] == 'P' && s[1] >= '0' && s[1] <= '9';
+  return s.size() == 3 && s[0] == 'P' && s[1] == '1' && s[2] >= '0' && s[2] <= '5';
+}
+
+bool mig_uuid(std::string_view s) {
+  return s.size() > 4 && s.size() <= 64 && s.substr(0, 4) == "MIG-" &&
+         all_of(s.substr(4), [](char c) { return alnum(c) || c == '-'; });
+}
+
+bool k8s_resource(std::string_view s) {
+  auto slash = s.find('/');
+  if (slash == std::string_view::npos || slash == 0 || slash + 1 == s.size()) return false;
+  return all_of(s.substr(0, slash), [](char c) { return alnum(c) || c == '.' || c == '-'; }) &&
+         all_of(s.substr(slash + 1),
+                [](char c) { return alnum(c) || c == '_' || c == '.' || c == '-'; });
+}
+
+}  // namespace health_formats
 
 Decoded<HealthSample> decode_health_sample(const json& body) {
   Decoded<HealthSample> out;

@@ -77,7 +77,12 @@ std::uint64_t EventBus::publish(const std::string& type, const std::string& tena
   if (!data.contains("time")) data["time"] = format_rfc3339(Clock::now());
   // What a guest sent may hold any bytes; an invalid UTF-8 sequence becomes
   // U+FFFD instead of an exception on a publisher's thread.
-  std::string text = data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return publish_text(type, tenant,
+                      data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+std::uint64_t EventBus::publish_text(const std::string& type, const std::string& tenant,
+                                     std::string text) {
   if (log_) {
     // Queued only: it reaches the readers (this replica's too) once the
     // database has numbered it (from_log).

@@ -124,6 +124,10 @@ class EventBus {
   // Adds "tenant" and "time" to data. Returns the event's id; 0 with a
   // log, where the database gives it (readers get the event once it has).
   std::uint64_t publish(const std::string& type, const std::string& tenant, nlohmann::json data);
+  // The same with data already written as one line of JSON: an object
+  // holding "tenant" and "time" (a publisher on a hot path writes it
+  // without a tree, common/json_writer.hpp).
+  std::uint64_t publish_text(const std::string& type, const std::string& tenant, std::string text);
   // With a log: a note to the other replicas (type kNoteType), through the
   // log to their on_logged, never to a reader. Without one, nothing.
   void publish_note(nlohmann::json data);

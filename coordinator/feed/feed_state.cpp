@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/durations.hpp"
+#include "common/json_writer.hpp"
 #include "coordinator/feed/tenant_view.hpp"
 
 namespace factory::feed {
@@ -210,11 +212,39 @@ AgentPresence FeedState::shown_locked(AgentPresence p,
 }
 
 void FeedState::health_changed(const std::string& tenant, const store::LatestHealth& sample) {
-  // The feed is an edge: the sample leaves as JSON here.
-  nlohmann::json health = sample.to_json();
-  nlohmann::json diagnoses = active_diagnoses(store::TenantStatus{}, health);
-  bus_.publish("health", tenant,
-               {{"health", std::move(health)}, {"diagnoses", std::move(diagnoses)}});
+  // The feed is an edge: the sample leaves as JSON here, written straight
+  // to bytes (every agent's every sample comes this way). The value is
+  // publish()'s of {"health": sample.to_json(), "diagnoses":
+  // active_diagnoses(no plan, health)}: FeedStateEvents in
+  // tests/coordinator/event_bus_test.cpp holds it to that.
+  JsonText w(2560);
+  w.begin_object();
+  w.key("diagnoses");
+  w.begin_array();
+  for (const proto::DiagnosisSample* d : sample.sample.all_diagnoses()) {
+    // active_diagnoses()'s form, from the health.
+    w.begin_object();
+    w.key("code");
+    w.value(d->code);
+    w.key("summary");
+    w.value(d->summary);
+    w.key("fix");
+    w.value(d->fix);
+    w.key("details");
+    w.value(d->details);
+    w.key("source");
+    w.value("health");
+    w.end_object();
+  }
+  w.end_array();
+  w.key("health");
+  w.raw(sample.to_text());
+  w.key("tenant");
+  w.value(tenant);
+  w.key("time");
+  w.value(format_rfc3339(Clock::now()));
+  w.end_object();
+  bus_.publish_text("health", tenant, w.take());
 }
 
 void FeedState::phase_now(const std::string& tenant, const std::string& phase) {

@@ -726,7 +726,7 @@ Status BatchingStore::flush_health(HealthWritten& written) {
     }
   }
   for (auto& [tenant, sample] : written)
-    if (auto st = backend_->put_health(tenant, sample->to_json().dump()); !st.ok()) return st;
+    if (auto st = backend_->put_health(tenant, sample->to_text()); !st.ok()) return st;
   return {};
 }
 

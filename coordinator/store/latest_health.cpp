@@ -1,6 +1,7 @@
 // LatestHealth at the store's edges: the JSON the API, the feed and the
 // database hold (store.hpp).
 #include "common/durations.hpp"
+#include "common/json_writer.hpp"
 #include "coordinator/store/store.hpp"
 
 namespace factory::store {
@@ -9,6 +10,16 @@ nlohmann::json LatestHealth::to_json() const {
   nlohmann::json j = sample.to_json();
   j["received_at"] = received_at;
   return j;
+}
+
+std::string LatestHealth::to_text() const {
+  std::string text = sample.to_text();
+  // The sample's object, "received_at" beside its keys.
+  text.pop_back();
+  text += ",\"received_at\":";
+  append_json_string(text, received_at);
+  text += '}';
+  return text;
 }
 
 std::optional<LatestHealth> LatestHealth::from_json(const nlohmann::json& j) {

@@ -42,6 +42,9 @@ struct LatestHealth {
   // The form of the API, the feed and the database: the sample's JSON
   // with "received_at" beside its keys.
   nlohmann::json to_json() const;
+  // That form as bytes, written without a tree (what the store's flush
+  // writes and the feed's health event embeds); keys in writing order.
+  std::string to_text() const;
   // Back from that form, through the sample's reader (what a database
   // holds came from a guest); nullopt when it is not one.
   static std::optional<LatestHealth> from_json(const nlohmann::json& j);

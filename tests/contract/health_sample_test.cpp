@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <regex>
+
 namespace proto = factory::proto;
 using nlohmann::json;
 
@@ -79,6 +81,124 @@ TEST(HealthSample, WhatTheAgentSendsReadsBackTheSame) {
   EXPECT_EQ(b["gpu"]["source"], "none");
   EXPECT_TRUE(b["gpu"]["driver_version"].is_null());
   EXPECT_FALSE(b.contains("ollama"));
+}
+
+// to_text() writes the bytes without a tree (the coordinator's feed and
+// store take every sample): the same JSON value as to_json() for every
+// section, every optional key present and absent.
+TEST(HealthSample, TheTextIsTheSameValueAsTheTree) {
+  proto::HealthSample full = h200_sample();
+  auto& g = full.gpu.gpus[0];
+  g.serial = "1654123456789";
+  g.lost = true;
+  g.ecc_errors_corrected_volatile = 3;
+  g.remapped_rows_pending = true;
+  g.remapped_rows_failure = false;
+  g.retired_pages_dbe = 2;
+  g.pcie_replay_count = 17;
+  g.clocks_event_reasons = proto::clocks_event::kSwPowerCap | proto::clocks_event::kGpuIdle;
+  g.energy_mj = 123456789;
+  g.nvlink = proto::NvlinkSample{18, 0, 1, std::nullopt, 4};
+  g.mig_instances.push_back({"1g.18gb", 16.0, "MIG-6c1d8c5e-0f0b-5a8e-9b7c-0c1b2a3d4e5f"});
+  g.xids.push_back({79, 2, "2026-12-01T09:00:00Z", "2026-12-01T09:30:00Z"});
+  g.processes.push_back({7, "caf\xc3\xa9 \"worker\"", std::nullopt});
+  proto::GpuSample second;
+  second.index = 1;
+  full.gpu.gpus.push_back(second);
+  full.gpu.via = "chroot /run/nvidia/driver";
+  full.gpu.diagnoses.push_back({"gpu_xid_79", "GPU has fallen off the bus",
+                                "factory host quarantine", json{{"impact", "card"}, {"xid", 79}}});
+  full.ollama->error = "model not loaded";
+  full.ollama->diagnoses.push_back({"ollama_down", "s", "f", json::object()});
+  proto::K8sSection k;
+  k.allocatable = 10;
+  k.nodes.push_back({"node-1", true, 10, 10, "on"});
+  k.pods.push_back({"default", "pod", "Running", "ok", "node-1", 1, 4096, std::nullopt});
+  k.diagnoses.push_back({"k8s_x", "s", "f", json{{"n", 1}}});
+  full.k8s = k;
+  proto::EndpointSection e;
+  e.serving = true;
+  e.requests = 9;
+  e.certificate_expires_at = "2027-01-01T00:00:00Z";
+  e.probe = proto::ProbeSample{"llama3.2:1b", false, 12.5, std::nullopt, "", "timed out"};
+  full.endpoint = e;
+
+  proto::HealthSample no_probe = full;
+  no_probe.endpoint->probe.reset();
+  proto::HealthSample failed;
+  failed.gpu.error = "nvidia-smi: not found";
+
+  proto::HealthSample blank;
+  for (const auto* h : {&full, &no_probe, &failed, &blank}) {
+    std::string text = h->to_text();
+    EXPECT_EQ(json::parse(text), h->to_json()) << text;
+  }
+  EXPECT_TRUE(json::parse(no_probe.to_text())["endpoint"]["probe"].is_null());
+  // Every section and optional key of the list made it into the tree.
+  json t = full.to_json();
+  for (const char* key : {"time", "hostname", "plan_hash", "gpu", "ollama", "k8s", "endpoint"})
+    EXPECT_TRUE(t.contains(key)) << key;
+  EXPECT_EQ(t["gpu"]["gpus"][0].size(), 39u) << t["gpu"]["gpus"][0].dump();
+  EXPECT_EQ(t["gpu"]["gpus"][1].size(), 37u) << "no nvlink, no MIG instances";
+  EXPECT_EQ(t["gpu"]["via"], "chroot /run/nvidia/driver");
+  EXPECT_EQ(t["gpu"]["diagnoses"][0]["details"]["xid"], 79);
+  EXPECT_EQ(t["ollama"]["error"], "model not loaded");
+  EXPECT_EQ(t["endpoint"]["probe"]["error"], "timed out");
+  EXPECT_FALSE(json::parse(failed.to_text())["gpu"].contains("diagnoses"));
+}
+
+// The coded fields' formats, written out by hand, are exactly the regular
+// expressions they replaced: every string of up to four characters over an
+// alphabet of each format's edges, and the length limits.
+TEST(HealthSample, HandWrittenFormatsAreTheirRegularExpressions) {
+  namespace f = proto::health_formats;
+  struct Format {
+    const char* name;
+    std::regex re;
+    bool (*check)(std::string_view);
+  };
+  const std::vector<Format> formats = {
+      {"diagnosis_code", std::regex("^[a-z][a-z0-9_]{0,63}$"), f::diagnosis_code},
+      {"pstate", std::regex("^P([0-9]|1[0-5])$"), f::pstate},
+      {"mig_uuid", std::regex("^MIG-[0-9A-Za-z-]{1,60}$"), f::mig_uuid},
+      {"k8s_resource", std::regex("^[A-Za-z0-9.-]+/[A-Za-z0-9_.-]+$"), f::k8s_resource},
+  };
+  const std::string alphabet = "azAZ0159_-./PMIG \n\xc3";
+  std::vector<std::string> inputs = {"",
+                                     "MIG-",
+                                     "MIG-a",
+                                     "MIG-6c1d8c5e-0f0b",
+                                     "nvidia.com/gpu",
+                                     "P16",
+                                     "P01",
+                                     "P10",
+                                     "P15",
+                                     "a/b/c",
+                                     "/gpu",
+                                     "nvidia.com/",
+                                     "gpu_xid_79",
+                                     "ollama_not_answering"};
+  for (std::size_t len = 1; len <= 4; ++len) {
+    std::vector<std::size_t> at(len, 0);
+    for (;;) {
+      std::string x;
+      for (auto i : at) x += alphabet[i];
+      inputs.push_back(x);
+      std::size_t k = 0;
+      while (k < len && ++at[k] == alphabet.size()) at[k++] = 0;
+      if (k == len) break;
+    }
+  }
+  for (std::size_t n : {63, 64, 65}) inputs.push_back("a" + std::string(n - 1, 'b'));
+  for (std::size_t n : {59, 60, 61}) inputs.push_back("MIG-" + std::string(n, 'A'));
+  std::size_t accepted = 0;
+  for (const auto& fmt : formats)
+    for (const auto& x : inputs) {
+      bool want = std::regex_match(x, fmt.re);
+      accepted += want;
+      ASSERT_EQ(fmt.check(x), want) << fmt.name << " on \"" << x << "\"";
+    }
+  EXPECT_GT(accepted, 1000u) << "the inputs reach both sides of every format";
 }
 
 TEST(HealthSample, BadFieldsAreDroppedAndCountedByReason) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/feed/feed_state.hpp"
+#include "coordinator/feed/tenant_view.hpp"
 #include "tests/support/test_support.hpp"
 
 using namespace factory::feed;
@@ -257,6 +258,8 @@ TEST(FeedStateEvents, ConnectsDisconnectsHealthProgressAndPhaseChanges) {
   st.agent_connected("t1", p);
   factory::store::LatestHealth health;
   health.sample.gpu.diagnoses.push_back({"no_gpu", "none", "", json::object()});
+  health.sample.ollama.emplace();
+  health.sample.ollama->diagnoses.push_back({"ollama_down", "s", "f", json{{"port", 11434}}});
   health.received_at = "2026-12-01T00:00:00Z";
   st.health_changed("t1", health);
   factory::store::TenantRecord rec;
@@ -289,6 +292,14 @@ TEST(FeedStateEvents, ConnectsDisconnectsHealthProgressAndPhaseChanges) {
   EXPECT_EQ(data[0]["agent_id"], "a1");
   EXPECT_EQ(data[1]["diagnoses"][0]["code"], "no_gpu");
   EXPECT_EQ(data[1]["diagnoses"][0]["source"], "health");
+  // Written straight to bytes, the health event is the value the tree form
+  // gives: the sample with received_at, and active_diagnoses() of it.
+  json tree = {{"health", health.to_json()},
+               {"diagnoses", active_diagnoses(factory::store::TenantStatus{}, health.to_json())},
+               {"tenant", "t1"},
+               {"time", data[1]["time"]}};
+  EXPECT_EQ(data[1], tree);
+  EXPECT_EQ(data[1]["health"]["received_at"], "2026-12-01T00:00:00Z");
   EXPECT_EQ(data[2]["step"], "a");
   EXPECT_EQ(data[2]["plan"]["steps_done"], 1);
   EXPECT_FALSE(data[2]["plan"].contains("steps"));
