@@ -139,10 +139,14 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   void wait_read();
   void wait_write();
   void post_flush();
+  // The same after `delay`: what else is queued meanwhile goes with it.
+  void post_delayed_flush(std::chrono::milliseconds delay);
   void enqueue_raw(std::string bytes);
   // Queues items (bytes in all) from any thread, within limit (0: none),
-  // and has the io thread flush them; false when closing or past the limit.
-  bool enqueue_posted(OutItem* items, std::size_t n, std::size_t bytes, std::size_t limit);
+  // and has the io thread flush them, `delay` later at most; false when
+  // closing or past the limit.
+  bool enqueue_posted(OutItem* items, std::size_t n, std::size_t bytes, std::size_t limit,
+                      std::chrono::milliseconds delay = std::chrono::milliseconds(0));
   void start_closing();
   void end_handshake();
   // Ends the connection as decide_close says for why.
@@ -203,6 +207,9 @@ class Conn : public WsConnection, public std::enable_shared_from_this<Conn> {
   std::size_t out_bytes_ = 0;
   bool flush_posted_ = false;
   bool closing_output_ = false;  // nothing more is accepted
+  // A stream's delayed flush (ServerOptions::stream_flush_delay); made on
+  // the io thread at the first one, used only there.
+  std::unique_ptr<boost::asio::steady_timer> flush_timer_;
 };
 
 class Exchange : public HttpExchange {

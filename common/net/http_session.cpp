@@ -344,7 +344,8 @@ bool Conn::queue_stream_chunk(std::shared_ptr<const std::string> chunk) {
   const std::size_t bytes = size_line.size() + chunk->size() + 2;
   static const auto kCrlf = std::make_shared<const std::string>("\r\n");
   OutItem items[] = {owned(std::move(size_line)), {std::move(chunk), 0}, {kCrlf, 0}};
-  return enqueue_posted(items, 3, bytes, srv_->opts.max_stream_queue);
+  return enqueue_posted(items, 3, bytes, srv_->opts.max_stream_queue,
+                        srv_->opts.stream_flush_delay);
 }
 
 void Conn::finish_stream(bool keep_alive) {

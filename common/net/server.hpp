@@ -210,6 +210,12 @@ struct ServerOptions {
   std::size_t ws_max_message = 1 << 20;
   std::size_t ws_send_queue_bytes = 8 << 20;
   std::size_t max_stream_queue = 1 << 20;
+  // How long a streamed answer's chunk may wait for the chunks after it,
+  // so that a stream fed many small events a second (the status feed: a
+  // health sample of every agent) writes them in one TLS record and one
+  // system call instead of one each. 0: each is written as soon as the io
+  // thread gets to it.
+  std::chrono::milliseconds stream_flush_delay{0};
   // 0: no cap but the file-descriptor limit (then accept pauses, it does not spin).
   std::size_t max_connections = 0;
   // Connections from one source address at once, whatever they are; past it

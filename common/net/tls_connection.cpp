@@ -337,7 +337,23 @@ void Conn::enqueue_raw(std::string bytes) {
   out_.push_back(owned(std::move(bytes)));
 }
 
-bool Conn::enqueue_posted(OutItem* items, std::size_t n, std::size_t bytes, std::size_t limit) {
+void Conn::post_delayed_flush(std::chrono::milliseconds delay) {
+  asio::post(tc_.io, [self = shared_from_this(), delay] {
+    if (!self->flush_timer_)
+      self->flush_timer_ = std::make_unique<asio::steady_timer>(self->tc_.io);
+    self->flush_timer_->expires_after(delay);
+    self->flush_timer_->async_wait([self](const boost::system::error_code&) {
+      {
+        std::lock_guard lk(self->out_mu_);
+        self->flush_posted_ = false;
+      }
+      self->pump();
+    });
+  });
+}
+
+bool Conn::enqueue_posted(OutItem* items, std::size_t n, std::size_t bytes, std::size_t limit,
+                          std::chrono::milliseconds delay) {
   bool post = false;
   {
     std::lock_guard lk(out_mu_);
@@ -350,7 +366,12 @@ bool Conn::enqueue_posted(OutItem* items, std::size_t n, std::size_t bytes, std:
   // Always through the io context, never inline: a handler sending to
   // another connection of this thread must not run that connection's read
   // loop (and its use of the thread's read buffer) in the middle of its own.
-  if (post) post_flush();
+  if (post) {
+    if (delay.count() > 0)
+      post_delayed_flush(delay);
+    else
+      post_flush();
+  }
   return true;
 }
 

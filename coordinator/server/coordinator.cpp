@@ -570,6 +570,11 @@ Status Coordinator::start() {
   // fell behind on the same events. Its whole replay (the bus keeps at most
   // 512 KiB of history) fits.
   po.max_stream_queue = 1 << 20;
+  // A feed reader of a fleet gets an event for every agent's every health
+  // sample (1,000 a second at 10,000 agents): written as they come, each
+  // was its own TLS record and system call, half the coordinator's writes.
+  // Gathered for 5 ms they go a record at a time, 5 ms later at most.
+  po.stream_flush_delay = std::chrono::milliseconds(5);
   net_->api = std::make_unique<net::Server>(*net_->pool, po);
   net_->api->on_http(
       [&p](std::shared_ptr<net::HttpExchange> x) { p.router->handle(std::move(x)); });

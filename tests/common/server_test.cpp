@@ -588,6 +588,56 @@ TEST_F(ServerTest, ChunksPushedFromOtherThreadsWhileOthersAreWrittenArriveWhole)
   EXPECT_EQ(received, kWriters * kChunks);
 }
 
+// A stream fed many small events a second (the status feed at 10,000
+// agents: 1,000 health events a second) wrote each as its own TLS record
+// and system call. With a flush delay, the chunks that come within it go
+// together: 20 chunks a millisecond apart, one or two writes.
+TEST_F(ServerTest, StreamChunksWithinTheFlushDelayShareATlsRecord) {
+  std::shared_ptr<HttpExchange> held;
+  std::mutex mu;
+  http_ = [&](std::shared_ptr<HttpExchange> x) {
+    x->start_stream(200, "text/event-stream");
+    std::lock_guard lk(mu);
+    held = x;
+  };
+  auto o = options();
+  o.stream_flush_delay = 500ms;  // far longer than the 20 ms of writes, on a busy CI machine too
+  start(o);
+  auto c = connect();
+  ASSERT_TRUE(c->write(get("/v1/events")).ok());
+  ASSERT_TRUE(c->read_until("\r\n\r\n", 5s).ok());
+  ASSERT_TRUE(factory::testing::eventually([&] {
+    std::lock_guard lk(mu);
+    return held != nullptr;
+  }));
+  std::shared_ptr<HttpExchange> x;
+  {
+    std::lock_guard lk(mu);
+    x = held;
+  }
+  // Let the head's write be counted before the chunks' are.
+  std::this_thread::sleep_for(50ms);
+  const auto before = server_->stats().tls_writes;
+  constexpr int kChunks = 20;
+  for (int i = 0; i < kChunks; ++i) {
+    ASSERT_TRUE(x->write_shared(
+        std::make_shared<const std::string>("data: event " + std::to_string(i) + "\n\n")));
+    std::this_thread::sleep_for(1ms);
+  }
+  auto all = c->read_until("event " + std::to_string(kChunks - 1) + "\n\n\r\n", 5s);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  for (int i = 0; i < kChunks; ++i)
+    EXPECT_NE(all->find("data: event " + std::to_string(i) + "\n\n"), std::string::npos) << i;
+  auto writes = server_->stats().tls_writes - before;
+  for (auto until = std::chrono::steady_clock::now() + 2s;
+       writes < 1 && std::chrono::steady_clock::now() < until;
+       writes = server_->stats().tls_writes - before)
+    std::this_thread::sleep_for(10ms);
+  std::printf("%d chunks in %llu TLS writes\n", kChunks, static_cast<unsigned long long>(writes));
+  EXPECT_GE(writes, 1u);
+  EXPECT_LE(writes, 2u);
+}
+
 TEST_F(ServerTest, AStreamToAReaderThatNeverReadsStopsAcceptingWrites) {
   std::shared_ptr<HttpExchange> held;
   std::mutex mu;
