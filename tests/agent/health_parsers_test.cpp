@@ -387,8 +387,7 @@ TEST(Nvml, ReadsThroughAStandInLibrary) {
   // Under a simulated root, the library is found in the root's lib directory.
   GuestEnv env;
   env.root = dir.path() / "root";
-  std::filesystem::create_directories(env.root / "usr/lib/x86_64-linux-gnu");
-  std::filesystem::copy_file(so, env.root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
+  install_fake_nvml(env.root, so);
   auto via_root = read_gpus_via_nvml(env);
   ASSERT_TRUE(via_root) << via_root.error().message;
   EXPECT_EQ(via_root->gpus.size(), 1u);
@@ -405,8 +404,7 @@ TEST(Nvml, AHolderLettingGoLeavesTheOtherHoldersReadsWorking) {
   auto so = build_fake_nvml(dir.path(), fake_nvml_source());
   GuestEnv env;
   env.root = dir.path() / "root";
-  std::filesystem::create_directories(env.root / "usr/lib/x86_64-linux-gnu");
-  std::filesystem::copy_file(so, env.root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
+  install_fake_nvml(env.root, so);
   auto kept = read_gpus_via_nvml(env);
   ASSERT_TRUE(kept) << kept.error().message;
   {

@@ -194,6 +194,32 @@ class ServerTest : public ::testing::Test {
 TempDir* ServerTest::dir_ = nullptr;
 
 // A websocket handler that records what happened and echoes text back.
+// A handler that starts an event stream and keeps its exchange, so the
+// test writes into it from its own thread once the client has the head.
+class HeldStream {
+ public:
+  HttpHandler handler() {
+    return [this](std::shared_ptr<HttpExchange> x) {
+      x->start_stream(200, "text/event-stream");
+      std::lock_guard lk(mu_);
+      held_ = std::move(x);
+    };
+  }
+  // The exchange once the handler has run; null if it has not within 5 s.
+  std::shared_ptr<HttpExchange> wait() {
+    factory::testing::eventually([&] {
+      std::lock_guard lk(mu_);
+      return held_ != nullptr;
+    });
+    std::lock_guard lk(mu_);
+    return held_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::shared_ptr<HttpExchange> held_;
+};
+
 struct Recorder : WsHandler {
   std::mutex mu;
   std::condition_variable cv;
@@ -502,28 +528,16 @@ TEST_F(ServerTest, StreamDeliversChunksAndNoticesTheClientLeaving) {
 // refusing the retry of a write that had waited for the socket ("bad write
 // retry"). The demo's /v1/events reader ended early that way under load.
 TEST_F(ServerTest, ChunksPushedFromOtherThreadsWhileOthersAreWrittenArriveWhole) {
-  std::shared_ptr<HttpExchange> held;
-  std::mutex mu;
-  http_ = [&](std::shared_ptr<HttpExchange> x) {
-    x->start_stream(200, "text/event-stream");
-    std::lock_guard lk(mu);
-    held = x;
-  };
+  HeldStream stream;
+  http_ = stream.handler();
   auto o = options();
   o.max_stream_queue = 256 << 20;
   start(o);
   auto c = connect();
   ASSERT_TRUE(c->write(get("/v1/events")).ok());
   ASSERT_TRUE(c->read_until("\r\n\r\n", 5s).ok());
-  ASSERT_TRUE(factory::testing::eventually([&] {
-    std::lock_guard lk(mu);
-    return held != nullptr;
-  }));
-  std::shared_ptr<HttpExchange> x;
-  {
-    std::lock_guard lk(mu);
-    x = held;
-  }
+  std::shared_ptr<HttpExchange> x = stream.wait();
+  ASSERT_TRUE(x);
   constexpr int kWriters = 2, kChunks = 20000;
   auto line = [](int w, int i) {
     return "w" + std::to_string(w) + " " + std::to_string(i) + " " + std::string(80, 'p') + "\n";
@@ -593,28 +607,16 @@ TEST_F(ServerTest, ChunksPushedFromOtherThreadsWhileOthersAreWrittenArriveWhole)
 // and system call. With a flush delay, the chunks that come within it go
 // together: 20 chunks a millisecond apart, one or two writes.
 TEST_F(ServerTest, StreamChunksWithinTheFlushDelayShareATlsRecord) {
-  std::shared_ptr<HttpExchange> held;
-  std::mutex mu;
-  http_ = [&](std::shared_ptr<HttpExchange> x) {
-    x->start_stream(200, "text/event-stream");
-    std::lock_guard lk(mu);
-    held = x;
-  };
+  HeldStream stream;
+  http_ = stream.handler();
   auto o = options();
   o.stream_flush_delay = 500ms;  // far longer than the 20 ms of writes, on a busy CI machine too
   start(o);
   auto c = connect();
   ASSERT_TRUE(c->write(get("/v1/events")).ok());
   ASSERT_TRUE(c->read_until("\r\n\r\n", 5s).ok());
-  ASSERT_TRUE(factory::testing::eventually([&] {
-    std::lock_guard lk(mu);
-    return held != nullptr;
-  }));
-  std::shared_ptr<HttpExchange> x;
-  {
-    std::lock_guard lk(mu);
-    x = held;
-  }
+  std::shared_ptr<HttpExchange> x = stream.wait();
+  ASSERT_TRUE(x);
   // Let the head's write be counted before the chunks' are.
   std::this_thread::sleep_for(50ms);
   const auto before = server_->stats().tls_writes;
