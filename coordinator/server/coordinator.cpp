@@ -199,6 +199,10 @@ Result<std::unique_ptr<Coordinator>> Coordinator::open(CoordinatorConfig cfg) {
   store::StoreOptions so;
   so.max_events_per_tenant = c->cfg_.quota_max_events_stored;
   so.max_event_age = c->cfg_.quota_max_event_age;
+  // 10,000 agents' steady events come a few ms apart, and each was its own
+  // transaction and sync (a sixth of the coordinator's CPU, docs/scale.md,
+  // stop 43): a writer busy lately lets an event wait up to 10 ms for others.
+  so.commit_delay = std::chrono::milliseconds(10);
   auto store = c->cfg_.store.empty()
                    ? store::open_sqlite_store((fs::path(dir) / "store").string(), so)
                    : store::open_postgres_store(c->cfg_.store, so);

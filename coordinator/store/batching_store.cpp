@@ -220,15 +220,22 @@ Status BatchingStore::refuse_on_writer(const char* what) const {
 }
 
 void BatchingStore::enqueue(Op op) {
+  bool wake = false;
   {
     std::lock_guard lk(queue_mu_);
     if (stopping_) {
       fail_op(op, Error(Errc::unavailable, "store: closed"));
       return;
     }
+    wake = queue_.empty();
+    if (wake) queue_since_ = std::chrono::steady_clock::now();
     queue_.push_back(std::move(op));
+    // The writer waits on the condition only for a first operation, or for
+    // a full batch while it waits for company: any other wake is a context
+    // switch per event for nothing.
+    wake = wake || queue_.size() >= opts_.max_batch;
   }
-  queue_cv_.notify_one();
+  if (wake) queue_cv_.notify_one();
 }
 
 void BatchingStore::fail_op(Op& op, const Error& e) {
@@ -293,9 +300,22 @@ Status BatchingStore::add_count(Overlay& ov, const std::string& tenant, std::int
   return {};
 }
 
+void BatchingStore::wait_for_company(std::unique_lock<std::mutex>& lk,
+                                     std::chrono::steady_clock::time_point last_commit) {
+  const auto delay = opts_.commit_delay;
+  if (delay.count() <= 0 || stopping_ || queue_.empty() || queue_.size() >= opts_.max_batch) return;
+  // Busy lately: the last transaction ended less than a delay before this
+  // one's first operation came. Otherwise nothing suggests company is coming.
+  if (queue_since_ - last_commit >= delay) return;
+  queue_cv_.wait_until(lk, queue_since_ + delay,
+                       [&] { return stopping_ || queue_.size() >= opts_.max_batch; });
+}
+
 void BatchingStore::writer_loop() {
   auto next_maintenance = std::chrono::steady_clock::now() + opts_.maintenance_every;
   auto next_health = std::chrono::steady_clock::now() + opts_.health_flush;
+  // When the last batch of operations ended; long ago at the start.
+  auto last_commit = std::chrono::steady_clock::time_point{};
   for (;;) {
     std::deque<Op> batch;
     bool stopping = false;
@@ -304,6 +324,7 @@ void BatchingStore::writer_loop() {
       auto wake = std::min(next_maintenance, next_health);
       if (deferred_reload_) wake = std::min(wake, next_reload_retry_);
       queue_cv_.wait_until(lk, wake, [&] { return stopping_ || !queue_.empty(); });
+      wait_for_company(lk, last_commit);
       stopping = stopping_;
       while (!queue_.empty() && batch.size() < opts_.max_batch) {
         batch.push_back(std::move(queue_.front()));
@@ -318,6 +339,7 @@ void BatchingStore::writer_loop() {
     const bool reload_due = deferred_reload_ && now >= next_reload_retry_;
     if (!batch.empty() || maintenance || health || reload_due)
       run_batch(batch, maintenance, health);
+    if (!batch.empty()) last_commit = std::chrono::steady_clock::now();
     if (stopping) {
       std::lock_guard lk(queue_mu_);
       if (queue_.empty()) return;

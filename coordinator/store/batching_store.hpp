@@ -243,6 +243,10 @@ class BatchingStore final : public Store {
   void publish(Snapshot snap, bool with_health);
 
   void writer_loop();
+  // Under queue_mu_ (lk), once the queue holds something: waits for more to
+  // share the transaction when opts_.commit_delay says so (store.hpp).
+  void wait_for_company(std::unique_lock<std::mutex>& lk,
+                        std::chrono::steady_clock::time_point last_commit);
   void run_batch(std::deque<Op>& batch, bool maintenance_due, bool health_due);
   // Runs the operations of a batch inside its transaction; the first
   // statement that fails ends it with that statement's error.
@@ -292,6 +296,8 @@ class BatchingStore final : public Store {
   mutable std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<Op> queue_;
+  // When the oldest queued operation arrived: the commit delay counts from it.
+  std::chrono::steady_clock::time_point queue_since_{};
   bool stopping_ = false;
   StoreStats stats_;
   std::thread writer_;

@@ -67,6 +67,13 @@ struct StoreOptions {
   std::chrono::seconds health_flush{std::chrono::seconds(30)};
   std::chrono::seconds maintenance_every{std::chrono::seconds(60)};
   std::size_t max_batch = 4096;  // operations in one transaction
+  // Group commit for a writer that is busy but not flooded (PostgreSQL's
+  // commit_delay): when the last transaction ended less than this ago, an
+  // operation waits up to this long, counted from its arrival, for others to
+  // share its transaction and its sync. 0: every wake commits what it finds.
+  // An idle store never waits (nothing committed lately), and a flood never
+  // does either (its queue waited the delay out during the last commit).
+  std::chrono::milliseconds commit_delay{0};
   // The status feed's log, on a database shared by replicas (PostgreSQL).
   FeedLogOptions feed_log;
 };

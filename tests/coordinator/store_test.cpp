@@ -351,6 +351,67 @@ TEST_P(StoreTest, ATenantsEventsInOneBatchAreOneRecordWriteAndAllProjected) {
   EXPECT_FALSE(replay->stored);
 }
 
+// Group commit for a writer busy but not flooded (StoreOptions::commit_delay,
+// issue 29): an event after a quiet spell is committed at once; events that
+// come while the writer was busy lately wait, from the first one's arrival,
+// for company, and share one transaction; a full batch does not wait.
+TEST_P(StoreTest, AWriterBusyLatelyWaitsForCompanyAndAnIdleOneDoesNot) {
+  using namespace std::chrono_literals;
+  using Clock = std::chrono::steady_clock;
+  StoreOptions o;
+  o.commit_delay = 2s;
+  o.max_batch = 8;
+  auto s = open(o);
+  ASSERT_TRUE(s->put_tenant(tenant("t1")).ok());
+  std::uint64_t id = 0;
+  auto send = [&] {
+    auto p = std::make_shared<std::promise<Result<AppendOutcome>>>();
+    s->append_event("t1", event(++id), nullptr,
+                    [p](Result<AppendOutcome> r) { p->set_value(std::move(r)); });
+    return p->get_future();
+  };
+
+  // Quiet: the put committed more than a delay ago.
+  std::this_thread::sleep_for(o.commit_delay + 100ms);
+  StoreStats before = s->stats();
+  auto t0 = Clock::now();
+  auto alone = send();
+  ASSERT_EQ(alone.wait_for(o.commit_delay / 2), std::future_status::ready)
+      << "an event after a quiet spell waited for company";
+  ASSERT_TRUE(alone.get().ok());
+  EXPECT_EQ(s->stats().transactions - before.transactions, 1u);
+
+  // Busy lately: three events 20 ms apart wait the delay out together.
+  before = s->stats();
+  t0 = Clock::now();
+  std::vector<std::future<Result<AppendOutcome>>> three;
+  for (int i = 0; i < 3; ++i) {
+    three.push_back(send());
+    std::this_thread::sleep_for(20ms);
+  }
+  for (auto& f : three) {
+    ASSERT_EQ(f.wait_for(30s), std::future_status::ready);
+    auto r = f.get();
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_TRUE(r->stored);
+  }
+  EXPECT_GE(Clock::now() - t0, o.commit_delay - 50ms) << "they did not wait for company";
+  EXPECT_EQ(s->stats().transactions - before.transactions, 1u);
+
+  // Busy, and a full batch at once: committed without waiting the delay out.
+  before = s->stats();
+  t0 = Clock::now();
+  std::vector<std::future<Result<AppendOutcome>>> full;
+  for (std::size_t i = 0; i < o.max_batch; ++i) full.push_back(send());
+  for (auto& f : full) {
+    ASSERT_EQ(f.wait_until(t0 + o.commit_delay / 2), std::future_status::ready)
+        << "a full batch waited for more";
+    ASSERT_TRUE(f.get().ok());
+  }
+  EXPECT_EQ(s->stats().transactions - before.transactions, 1u);
+  EXPECT_EQ(s->event_count("t1"), static_cast<std::size_t>(id));
+}
+
 // What a batch's events projected is never written after a change that
 // came later in the same batch: a delete stays a delete (no record, count
 // or cursor comes back), a put's record is the one kept.
