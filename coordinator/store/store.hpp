@@ -71,8 +71,9 @@ struct StoreOptions {
   // commit_delay): when the last transaction ended less than this ago, an
   // operation waits up to this long, counted from its arrival, for others to
   // share its transaction and its sync. 0: every wake commits what it finds.
-  // An idle store never waits (nothing committed lately), and a flood never
-  // does either (its queue waited the delay out during the last commit).
+  // An idle store never waits (nothing committed lately), nor does a flood
+  // whose transactions take longer than the delay (its queue waited during
+  // the last commit); a full batch ends the wait.
   std::chrono::milliseconds commit_delay{0};
   // The status feed's log, on a database shared by replicas (PostgreSQL).
   FeedLogOptions feed_log;
