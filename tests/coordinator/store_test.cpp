@@ -374,7 +374,6 @@ TEST_P(StoreTest, AWriterBusyLatelyWaitsForCompanyAndAnIdleOneDoesNot) {
   // Quiet: the put committed more than a delay ago.
   std::this_thread::sleep_for(o.commit_delay + 100ms);
   StoreStats before = s->stats();
-  auto t0 = Clock::now();
   auto alone = send();
   ASSERT_EQ(alone.wait_for(o.commit_delay / 2), std::future_status::ready)
       << "an event after a quiet spell waited for company";
@@ -383,7 +382,7 @@ TEST_P(StoreTest, AWriterBusyLatelyWaitsForCompanyAndAnIdleOneDoesNot) {
 
   // Busy lately: three events 20 ms apart wait the delay out together.
   before = s->stats();
-  t0 = Clock::now();
+  auto t0 = Clock::now();
   std::vector<std::future<Result<AppendOutcome>>> three;
   for (int i = 0; i < 3; ++i) {
     three.push_back(send());
