@@ -8,11 +8,12 @@ set -euo pipefail
 
 # python3: the configure step finds it for the module graph test (tests/).
 # libpq-dev: the PostgreSQL store's client library (coordinator/store).
+# libgoogle-perftools-dev: tcmalloc, the coordinator's allocator, linked into factory.
 build_pkgs=(
   build-essential cmake ninja-build ccache pkg-config python3
   libboost1.81-dev libssl-dev nlohmann-json3-dev libyaml-cpp-dev
   libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev libsqlite3-dev
-  libpq-dev
+  libpq-dev libgoogle-perftools-dev
 )
 # What scripts/demo.sh runs besides the two binaries: the Kubernetes API test
 # double (python3 with yaml, jsonschema and kubernetes; its PKI is made with

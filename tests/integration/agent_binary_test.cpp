@@ -15,27 +15,10 @@
 using namespace factory::testing;
 namespace fs = std::filesystem;
 
-namespace {
-std::set<std::string> needed(const std::string& binary) {
-  auto r = run({"readelf", "--dynamic", "--wide", binary});
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  std::set<std::string> libs;
-  std::istringstream in(r.output);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto a = line.find("(NEEDED)");
-    if (a == std::string::npos) continue;
-    auto l = line.find('[', a), rb = line.find(']', a);
-    libs.insert(line.substr(l + 1, rb - l - 1));
-  }
-  return libs;
-}
-}  // namespace
-
 TEST(AgentBinary, DependsOnGlibcOnly) {
   const std::set<std::string> glibc = {"libc.so.6",       "libm.so.6",  "libdl.so.2",
                                        "libpthread.so.0", "librt.so.1", "ld-linux-x86-64.so.2"};
-  auto libs = needed(agent_bin());
+  auto libs = needed_libraries(agent_bin());
   ASSERT_FALSE(libs.empty()) << "a dynamic executable: glibc is not linked statically";
   for (auto& l : libs)
     EXPECT_TRUE(glibc.count(l)) << agent_bin() << " needs " << l << ", which a stock guest lacks";

@@ -86,6 +86,21 @@ CommandResult run(const std::vector<std::string>& argv, std::chrono::millisecond
   return *r;
 }
 
+std::set<std::string> needed_libraries(const std::string& binary) {
+  auto r = run({"readelf", "--dynamic", "--wide", binary});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::set<std::string> libs;
+  std::istringstream in(r.output);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto a = line.find("(NEEDED)");
+    if (a == std::string::npos) continue;
+    auto l = line.find('[', a), rb = line.find(']', a);
+    libs.insert(line.substr(l + 1, rb - l - 1));
+  }
+  return libs;
+}
+
 std::string promtool_complaints(const std::string& metrics) {
   CommandSpec check;
   check.argv = {"promtool", "check", "metrics"};

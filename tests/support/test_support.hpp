@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,6 +53,10 @@ int free_loopback_port();
 CommandResult run(const std::vector<std::string>& argv,
                   std::chrono::milliseconds timeout = std::chrono::seconds(60),
                   const std::map<std::string, std::string>& env = {});
+
+// The shared libraries an executable names as NEEDED (`readelf --dynamic`):
+// what must be installed where it runs. Fails the test when readelf does.
+std::set<std::string> needed_libraries(const std::string& binary);
 
 // `promtool check metrics` (Debian's prometheus package) on an exposition:
 // "" when it has nothing to say, else what it said. The one lint it is
